@@ -1,0 +1,53 @@
+"""The Python API the CLI is a thin layer over."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import inventory as inventory_mod
+from .inventory import Inventory
+from .pki import issue
+from .pki.material import Changes, Material, ensure
+from .render.files import HostPlan
+from .render.kubeconfig import kubeconfig
+from .render.plan import render_cluster, write_tree
+from .state import StateDir, default_state_dir, write_atomic
+
+
+@dataclass
+class Prepared:
+    inventory: Inventory
+    state: StateDir
+    material: Material
+    changes: Changes
+    plans: dict[str, HostPlan]
+
+
+def validate(path: str | Path) -> Inventory:
+    return inventory_mod.load(path)
+
+
+def state_for(inv: Inventory, state_dir: str | Path | None) -> StateDir:
+    return StateDir(Path(state_dir) if state_dir else default_state_dir(inv.metadata.name))
+
+
+def prepare(path: str | Path, state_dir: str | Path | None = None,
+            now: dt.datetime | None = None) -> Prepared:
+    """Validate, bring the PKI in the state directory up to date, and render every host."""
+    inv = validate(path)
+    state = state_for(inv, state_dir)
+    material, changes = ensure(inv, state.load(inv), now)
+    state.save(material)
+    ca = material.pair("ca")
+    write_atomic(state.admin_kubeconfig,
+                 kubeconfig(inv.metadata.name, inv.api_url, issue.cert_pem(ca.cert), "kubernetes-admin",
+                            client=material.pair("admin")), 0o600)
+    return Prepared(inv, state, material, changes, render_cluster(inv, material))
+
+
+def render(path: str | Path, out: str | Path, state_dir: str | Path | None = None) -> Prepared:
+    p = prepare(path, state_dir)
+    write_tree(p.plans, Path(out), p.inventory, p.material)
+    return p

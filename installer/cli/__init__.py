@@ -1,0 +1,1 @@
+"""Command-line interface: a thin click layer over ``installer.api``."""

@@ -1,0 +1,77 @@
+"""``installer``: validate, plan and (later) apply a hidden-control-plane cluster."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+
+import click
+
+from .. import __version__, api
+from ..errors import InstallerError
+from ..inventory import json_schema
+
+STATE_HELP = ("Local state directory holding the PKI (0700). "
+              "Default: $XDG_STATE_HOME/hiddenplane/<cluster> (~/.local/state/hiddenplane/<cluster>).")
+
+
+def domain_errors(fn):
+    """Turn a domain error into one clear message on stderr and its exit code: no traceback."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except InstallerError as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(e.exit_code)
+    return wrapper
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="installer (hiddenplane)")
+def cli():
+    """Kubernetes the hard way, with a hidden control plane."""
+
+
+@cli.command()
+@click.argument("inventory", type=click.Path(dir_okay=False))
+@domain_errors
+def validate(inventory):
+    """Check INVENTORY and report every problem at once."""
+    inv = api.validate(inventory)
+    click.echo(f"{inventory}: valid — cluster {inv.metadata.name}, Kubernetes {inv.spec.kubernetes.version}, "
+               f"{len(inv.controls)} control host(s), {len(inv.workers)} worker(s), API {inv.api_url}")
+
+
+@cli.command()
+@click.argument("inventory", type=click.Path(dir_okay=False))
+@click.option("--render", "render_dir", type=click.Path(file_okay=False),
+              help="Write every host's files to DIR/<host>/<path> with a MANIFEST per host.")
+@click.option("--state", "state_dir", type=click.Path(file_okay=False), help=STATE_HELP)
+@domain_errors
+def plan(inventory, render_dir, state_dir):
+    """Compute what every host must hold (PKI is created or updated in the state directory)."""
+    p = api.render(inventory, render_dir, state_dir) if render_dir else api.prepare(inventory, state_dir)
+    for name, why in sorted(p.changes.reasons.items()):
+        click.echo(f"pki: {name}: {why}")
+    for name, hp in p.plans.items():
+        click.echo(f"{name} ({hp.role}): {len(hp.files)} files, {len(hp.dirs)} directories, units: "
+                   + ", ".join(u.removesuffix(".service") for u in hp.units))
+    click.echo(f"state: {p.state.root}")
+    if render_dir:
+        click.echo(f"rendered to {render_dir}/<host>/ (see MANIFEST in each)")
+
+
+@cli.command()
+def schema():
+    """Print the inventory's JSON Schema (for editors)."""
+    click.echo(json.dumps(json_schema(), indent=2))
+
+
+def main():
+    cli(prog_name="installer")
+
+
+if __name__ == "__main__":
+    main()

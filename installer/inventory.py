@@ -1,0 +1,437 @@
+"""The inventory: a validated description of one cluster.
+
+Validation has two layers, and both always run so that a user sees every problem at once:
+field checks (pydantic: unknown fields, types, formats) and cluster checks over the whole
+document (roles, overlaps, address families), which read the raw data defensively so that a
+bad field elsewhere never hides them.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic_core import PydanticCustomError
+
+from . import versions
+from .errors import InventoryError
+
+API_VERSION = "hiddenplane/v1alpha1"
+DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+DNS1123_SUBDOMAIN = re.compile(
+    r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+)
+BOTH_ROLES = {"control+worker", "controller+worker", "worker+control", "both", "single"}
+HIDDEN_MSG = (
+    "a host cannot be both control and worker: it would run a kubelet beside the control "
+    "plane and register it as a node, un-hiding the control plane; use separate hosts"
+)
+
+
+# --- field types ---------------------------------------------------------------------------
+
+def _label(v: str) -> str:
+    if not DNS1123_LABEL.match(v):
+        raise PydanticCustomError(
+            "dns1123", "'{value}' is not a DNS-1123 label (lower-case a-z, 0-9, '-', at most "
+            "63 characters, starting and ending alphanumeric)", {"value": v})
+    return v
+
+
+def _subdomain(v: str) -> str:
+    if not DNS1123_SUBDOMAIN.match(v):
+        raise PydanticCustomError("dns1123", "'{value}' is not a DNS-1123 subdomain", {"value": v})
+    return v
+
+
+def _ip(v: str) -> str:
+    try:
+        return str(ipaddress.ip_address(v))
+    except ValueError:
+        raise PydanticCustomError("ip", "'{value}' is not an IP address", {"value": v}) from None
+
+
+def _cidr(v: str) -> str:
+    try:
+        return str(ipaddress.ip_network(v, strict=True))
+    except ValueError:
+        raise PydanticCustomError(
+            "cidr", "'{value}' is not a network in CIDR notation with host bits zero "
+            "(for example 10.244.0.0/16)", {"value": v}) from None
+
+
+def _ip_or_name(v: str) -> str:
+    try:
+        return str(ipaddress.ip_address(v))
+    except ValueError:
+        pass
+    if DNS1123_SUBDOMAIN.match(v):
+        return v
+    raise PydanticCustomError("host", "'{value}' is neither an IP address nor a DNS name", {"value": v})
+
+
+def _version(v: str) -> str:
+    parsed = versions.parse(v)
+    if parsed is None:
+        raise PydanticCustomError(
+            "version", "'{value}' is not a version of the form vMAJOR.MINOR.PATCH (for example {d})",
+            {"value": v, "d": versions.DEFAULT_KUBERNETES_VERSION})
+    if not versions.is_supported(parsed):
+        raise PydanticCustomError(
+            "version", "'{value}' is outside the supported range {r}",
+            {"value": v, "r": versions.supported_range_text()})
+    return v
+
+
+def _role(v: Any) -> Any:
+    if isinstance(v, str) and v.strip().lower() in BOTH_ROLES:
+        raise PydanticCustomError("role", HIDDEN_MSG)
+    return v
+
+
+def _port(v: int) -> int:
+    if not 1 <= v <= 65535:
+        raise PydanticCustomError("port", "{value} is not a TCP port (1-65535)", {"value": v})
+    return v
+
+
+Label = Annotated[str, AfterValidator(_label)]
+Subdomain = Annotated[str, AfterValidator(_subdomain)]
+IP = Annotated[str, AfterValidator(_ip)]
+CIDR = Annotated[str, AfterValidator(_cidr)]
+IPOrName = Annotated[str, AfterValidator(_ip_or_name)]
+Port = Annotated[int, AfterValidator(_port)]
+Role = Annotated[Literal["control", "worker"], BeforeValidator(_role)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --- the document --------------------------------------------------------------------------
+
+class Metadata(_Strict):
+    name: Label = Field(description="Cluster name; also names the state directory.")
+
+
+class KubernetesSpec(_Strict):
+    version: Annotated[str, AfterValidator(_version)] = Field(
+        versions.DEFAULT_KUBERNETES_VERSION,
+        description=f"Kubernetes release, vMAJOR.MINOR.PATCH, supported {versions.supported_range_text()}.")
+
+
+class NetworkSpec(_Strict):
+    podCIDR: CIDR = Field("10.244.0.0/16", description="Pod network; each worker gets a slice.")
+    serviceCIDR: CIDR = Field("10.96.0.0/12", description="ClusterIP range; its first address is the kubernetes Service.")
+    clusterDNS: IP = Field("10.96.0.10", description="ClusterIP of the cluster DNS Service.")
+    clusterDomain: Subdomain = "cluster.local"
+    resolvConf: str | None = Field(
+        None, description="resolv.conf the kubelet hands to pods with dnsPolicy Default (and CoreDNS "
+        "uses upstream). Default: /run/systemd/resolve/resolv.conf on hosts running systemd-resolved "
+        "(its stub 127.0.0.53 would make CoreDNS loop), else /etc/resolv.conf.")
+
+
+class ApiServerSpec(_Strict):
+    endpoint: IPOrName | None = Field(
+        None, description="Address clients and workers use for the API (VIP, LB name or a control "
+        "host's IP). Default: the first control host's address.")
+    port: Port = 6443
+    extraSANs: list[IPOrName] = Field(default_factory=list, description="More names/IPs for the serving certificate.")
+    alwaysPullImages: bool = Field(
+        True, description="Enable the AlwaysPullImages admission plugin (CIS 1.2.11). Turn off for "
+        "clusters whose images are imported into containerd with no registry to pull from.")
+
+
+class SSHSpec(_Strict):
+    user: str = "root"
+    port: Port = 22
+    keyPath: str = Field("~/.ssh/id_ed25519", description="Private key used to log in.")
+    knownHosts: str = Field("~/.ssh/known_hosts", description="Host keys are verified against this file.")
+
+
+class HostSSHSpec(_Strict):
+    user: str | None = None
+    port: Port | None = None
+    keyPath: str | None = None
+    knownHosts: str | None = None
+
+
+class HostSpec(_Strict):
+    name: Label = Field(description="Host and node name (a DNS-1123 label); must equal the host's hostname.")
+    address: IP
+    role: Role
+    ssh: HostSSHSpec = Field(default_factory=HostSSHSpec, description="Per-host overrides of spec.ssh.")
+
+
+class ArtifactsSpec(_Strict):
+    source: Literal["download", "dir"] = "download"
+    path: str | None = Field(None, description="With source: dir, the directory holding binaries and SHA256SUMS (relative to the inventory).")
+
+
+class PKISpec(_Strict):
+    keyAlgorithm: Literal["ecdsa-p256", "rsa-2048"] = "ecdsa-p256"
+    caValidityDays: Annotated[int, Field(gt=0)] = 3650
+    certValidityDays: Annotated[int, Field(gt=0)] = 365
+    bootstrapTokenTTLHours: Annotated[int, Field(gt=0, le=24 * 7)] = 24
+    kubeletClientCertHours: Annotated[int, Field(gt=0, le=24 * 30)] = Field(
+        24, description="Lifetime of kubelet client certificates the controller-manager signs "
+        "(--cluster-signing-duration); short, so a stolen one dies soon.")
+
+
+class ClusterSpec(_Strict):
+    kubernetes: KubernetesSpec = Field(default_factory=KubernetesSpec)
+    network: NetworkSpec = Field(default_factory=NetworkSpec)
+    apiServer: ApiServerSpec = Field(default_factory=ApiServerSpec)
+    ssh: SSHSpec = Field(default_factory=SSHSpec)
+    hosts: list[HostSpec]
+    artifacts: ArtifactsSpec = Field(default_factory=ArtifactsSpec)
+    pki: PKISpec = Field(default_factory=PKISpec)
+
+
+class Inventory(_Strict):
+    apiVersion: Literal["hiddenplane/v1alpha1"]
+    kind: Literal["Cluster"]
+    metadata: Metadata
+    spec: ClusterSpec
+
+    # Where the file lives: relative artifact paths are resolved against it.
+    base_dir: Path = Field(default=Path("."), exclude=True, json_schema_extra={"hidden": True})
+
+    @property
+    def controls(self) -> list[HostSpec]:
+        return [h for h in self.spec.hosts if h.role == "control"]
+
+    @property
+    def workers(self) -> list[HostSpec]:
+        return [h for h in self.spec.hosts if h.role == "worker"]
+
+    @property
+    def endpoint(self) -> str:
+        return self.spec.apiServer.endpoint or self.controls[0].address
+
+    @property
+    def api_url(self) -> str:
+        host = self.endpoint
+        if ":" in host:  # IPv6 literal
+            host = f"[{host}]"
+        return f"https://{host}:{self.spec.apiServer.port}"
+
+    @property
+    def kubernetes_service_ip(self) -> str:
+        return str(ipaddress.ip_network(self.spec.network.serviceCIDR)[1])
+
+    def host(self, name: str) -> HostSpec:
+        for h in self.spec.hosts:
+            if h.name == name:
+                return h
+        raise KeyError(name)
+
+    def artifacts_dir(self) -> Path | None:
+        p = self.spec.artifacts.path
+        return None if p is None else (self.base_dir / Path(p).expanduser()).resolve()
+
+
+def json_schema() -> dict:
+    schema = Inventory.model_json_schema()
+    schema.get("properties", {}).pop("base_dir", None)
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "hiddenplane inventory (hiddenplane/v1alpha1, kind Cluster)"
+    return schema
+
+
+# --- loading and error reporting -----------------------------------------------------------
+
+def _path(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif str(part).startswith("function-") or part in ("literal['control','worker']",):
+            continue
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(document)"
+
+
+def _describe(err: dict) -> str:
+    path, kind, value = _path(err["loc"]), err["type"], err.get("input")
+    if kind == "extra_forbidden":
+        return f"{path}: unknown field"
+    if kind == "missing":
+        return f"{path}: required field is missing"
+    if kind == "literal_error":
+        return f"{path}: {value!r} is not allowed; expected {err['ctx']['expected']}"
+    if kind in ("dns1123", "ip", "cidr", "host", "version", "role", "port"):
+        return f"{path}: {err['msg']}"
+    return f"{path}: {value!r}: {err['msg']}"
+
+
+def _get(data: Any, *keys: Any) -> Any:
+    for k in keys:
+        if isinstance(k, int):
+            if not isinstance(data, list) or k >= len(data):
+                return None
+            data = data[k]
+        else:
+            if not isinstance(data, dict):
+                return None
+            data = data.get(k)
+    return data
+
+
+def _as_net(v: Any):
+    try:
+        return ipaddress.ip_network(v, strict=True) if isinstance(v, str) else None
+    except ValueError:
+        return None
+
+
+def _as_ip(v: Any):
+    try:
+        return ipaddress.ip_address(v) if isinstance(v, str) else None
+    except ValueError:
+        return None
+
+
+def _network_problems(data: dict, hosts: list) -> list[str]:
+    out: list[str] = []
+    defaults = NetworkSpec()
+    net = _get(data, "spec", "network") or {}
+    raw = {k: (net.get(k) if isinstance(net, dict) and k in net else getattr(defaults, k))
+           for k in ("podCIDR", "serviceCIDR", "clusterDNS")}
+    pod, svc, dns = _as_net(raw["podCIDR"]), _as_net(raw["serviceCIDR"]), _as_ip(raw["clusterDNS"])
+    endpoint = _as_ip(_get(data, "spec", "apiServer", "endpoint"))
+
+    if pod and svc:
+        if pod.version != svc.version:
+            out.append(f"spec.network.podCIDR: {pod} is IPv{pod.version} but serviceCIDR {svc} is "
+                       f"IPv{svc.version}; dual-stack is not supported yet")
+        elif pod.overlaps(svc):
+            out.append(f"spec.network.serviceCIDR: {svc} overlaps spec.network.podCIDR {pod}")
+    if svc:
+        limit = 12 if svc.version == 4 else 108
+        if svc.prefixlen < limit:
+            out.append(f"spec.network.serviceCIDR: {svc} is too large; kube-apiserver accepts at "
+                       f"most /{limit} for IPv{svc.version}")
+    if svc and dns:
+        if dns.version != svc.version or dns not in svc:
+            out.append(f"spec.network.clusterDNS: '{dns}' is outside spec.network.serviceCIDR {svc}")
+        elif dns == svc[1]:
+            out.append(f"spec.network.clusterDNS: '{dns}' is the first address of the service CIDR, "
+                       "which the kubernetes Service takes; pick another (for example the tenth)")
+    if svc and endpoint and endpoint.version != svc.version:
+        out.append(f"spec.apiServer.endpoint: '{endpoint}' is IPv{endpoint.version} but "
+                   f"spec.network.serviceCIDR {svc} is IPv{svc.version}")
+    for label, n in (("podCIDR", pod), ("serviceCIDR", svc)):
+        if not n:
+            continue
+        for i, h in enumerate(hosts):
+            ip = _as_ip(_get(h, "address"))
+            if ip and ip.version == n.version and ip in n:
+                out.append(f"spec.hosts[{i}].address: '{ip}' lies inside spec.network.{label} {n}")
+        if endpoint and endpoint.version == n.version and endpoint in n:
+            out.append(f"spec.apiServer.endpoint: '{endpoint}' lies inside spec.network.{label} {n}")
+    return out
+
+
+def _host_problems(hosts: list) -> list[str]:
+    out: list[str] = []
+    names: dict[str, int] = {}
+    addrs: dict[str, int] = {}
+    roles = {"control": 0, "worker": 0}
+    for i, h in enumerate(hosts):
+        if not isinstance(h, dict):
+            continue
+        name, role, ip = h.get("name"), h.get("role"), _as_ip(h.get("address"))
+        if role in roles:
+            roles[role] += 1
+        if isinstance(name, str):
+            if name in names:
+                first = hosts[names[name]]
+                if {first.get("role"), role} == {"control", "worker"}:
+                    out.append(f"spec.hosts[{i}].name: '{name}' is listed as both control "
+                               f"and worker: {HIDDEN_MSG}")
+                else:
+                    out.append(f"spec.hosts[{i}].name: '{name}' duplicates spec.hosts[{names[name]}].name")
+            else:
+                names[name] = i
+        if ip is not None:
+            key = str(ip)
+            if key in addrs:
+                j = addrs[key]
+                if {hosts[j].get("role"), role} == {"control", "worker"}:
+                    out.append(f"spec.hosts[{i}].address: '{key}' is used by a control and a worker "
+                               f"host: {HIDDEN_MSG}")
+                else:
+                    out.append(f"spec.hosts[{i}].address: '{key}' duplicates spec.hosts[{j}].address")
+            else:
+                addrs[key] = i
+    if not hosts:
+        out.append("spec.hosts: no hosts; a cluster needs at least one control host and one worker")
+        return out
+    if roles["control"] == 0:
+        out.append("spec.hosts: no host has role control; the control plane needs one (or 3, 5)")
+    elif roles["control"] % 2 == 0:
+        out.append(f"spec.hosts: {roles['control']} control hosts; each runs an etcd member and an "
+                   "even count adds no fault tolerance: use 1, 3 or 5")
+    if roles["worker"] == 0:
+        out.append("spec.hosts: no host has role worker; workloads need at least one worker "
+                   "(control hosts never run pods)")
+    return out
+
+
+def _artifact_problems(data: dict, base_dir: Path) -> list[str]:
+    art = _get(data, "spec", "artifacts")
+    if not isinstance(art, dict) or art.get("source") != "dir":
+        return []
+    path = art.get("path")
+    if not isinstance(path, str) or not path:
+        return ["spec.artifacts.path: required when spec.artifacts.source is 'dir'"]
+    resolved = (base_dir / Path(path).expanduser()).resolve()
+    if not resolved.is_dir():
+        return [f"spec.artifacts.path: '{path}' is not a directory (resolved to {resolved})"]
+    return []
+
+
+def cluster_problems(data: dict, base_dir: Path) -> list[str]:
+    hosts = _get(data, "spec", "hosts")
+    hosts = hosts if isinstance(hosts, list) else []
+    return _host_problems(hosts) + _network_problems(data, hosts) + _artifact_problems(data, base_dir)
+
+
+def parse(data: Any, source: str = "inventory", base_dir: Path | None = None) -> Inventory:
+    """Validate a loaded document; raise InventoryError listing every problem."""
+    base_dir = base_dir or Path(".")
+    if not isinstance(data, dict):
+        raise InventoryError(source, ["(document): expected a mapping with apiVersion, kind, metadata, spec"])
+    problems: list[str] = []
+    model = None
+    try:
+        model = Inventory.model_validate({**data, "base_dir": base_dir})
+    except ValidationError as e:
+        problems += [_describe(err) for err in e.errors()]
+    problems += cluster_problems(data, base_dir)
+    if problems:
+        # one problem can be found by both layers (a role alias, say); say it once
+        raise InventoryError(source, list(dict.fromkeys(problems)))
+    assert model is not None
+    return model
+
+
+def load(path: str | Path) -> Inventory:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise InventoryError(str(path), [f"(file): cannot read: {e.strerror}"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(file)"
+        raise InventoryError(str(path), [f"{where}: not valid YAML: {getattr(e, 'problem', e)}"]) from None
+    return parse(data, str(path), path.parent.resolve())

@@ -1,0 +1,279 @@
+"""Files of a control host: etcd and the three control-plane components as systemd units.
+
+No kubelet, no container runtime, no CNI: the host never becomes a node. Every flag that a
+CIS check reads is on the command line (kube-bench reads the process arguments), except the
+scheduler's deprecated ones, which live in its KubeSchedulerConfiguration.
+"""
+
+from __future__ import annotations
+
+from ..inventory import HostSpec, Inventory
+from ..pki import issue
+from ..pki.material import Material
+from ..pki.specs import CLUSTER_CA, ETCD_CA, FRONT_PROXY_CA, FRONT_PROXY_CLIENT_CN
+from .files import (BIN_DIR, K8S_DIR, PKI_DIR, HostDir, HostFile, HostPlan, SystemUser, flags, to_yaml,
+                    unit_file)
+from .kubeconfig import kubeconfig
+
+# CIS: only these six suites, everywhere (etcd included).
+CIPHER_SUITES = (
+    "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256", "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384", "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384",
+    "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256", "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256",
+)
+ETCD_DATA_DIR = "/var/lib/etcd"
+AUDIT_DIR = "/var/log/kubernetes/audit"
+LOCAL_API = "https://127.0.0.1:{port}"
+
+P = {  # host paths of PKI files, by state name
+    "ca.crt": f"{PKI_DIR}/ca.crt", "ca.key": f"{PKI_DIR}/ca.key",
+    "front-proxy-ca.crt": f"{PKI_DIR}/front-proxy-ca.crt",
+    "etcd-ca.crt": f"{PKI_DIR}/etcd/ca.crt",
+    "sa.key": f"{PKI_DIR}/sa.key", "sa.pub": f"{PKI_DIR}/sa.pub",
+}
+
+
+def _pem_pair(plan: HostPlan, name: str, host_stem: str, material: Material, owner: str = "root",
+              restarts: tuple[str, ...] = ()) -> None:
+    pair = material.pair(name)
+    plan.add(HostFile(f"{PKI_DIR}/{host_stem}.crt", issue.cert_pem(pair.cert), 0o644, owner, owner, restarts=restarts))
+    plan.add(HostFile(f"{PKI_DIR}/{host_stem}.key", issue.key_pem(pair.key), 0o600, owner, owner,
+                      secret=True, restarts=restarts))
+
+
+def _url_host(address: str) -> str:
+    return f"[{address}]" if ":" in address else address
+
+
+def etcd_flags(inv: Inventory, host: HostSpec) -> list[str]:
+    ip = _url_host(host.address)
+    cluster = ",".join(f"{c.name}=https://{_url_host(c.address)}:2380" for c in inv.controls)
+    return flags({
+        "--name": host.name,
+        "--data-dir": ETCD_DATA_DIR,
+        "--listen-client-urls": f"https://{ip}:2379,https://127.0.0.1:2379",
+        "--advertise-client-urls": f"https://{ip}:2379",
+        "--listen-peer-urls": f"https://{ip}:2380",
+        "--initial-advertise-peer-urls": f"https://{ip}:2380",
+        "--initial-cluster": cluster,
+        "--initial-cluster-state": "new",
+        "--initial-cluster-token": f"{inv.metadata.name}-etcd",
+        "--listen-metrics-urls": "http://127.0.0.1:2381",
+        "--cert-file": f"{PKI_DIR}/etcd/server.crt",
+        "--key-file": f"{PKI_DIR}/etcd/server.key",
+        "--trusted-ca-file": P["etcd-ca.crt"],
+        "--client-cert-auth": True,
+        "--peer-cert-file": f"{PKI_DIR}/etcd/peer.crt",
+        "--peer-key-file": f"{PKI_DIR}/etcd/peer.key",
+        "--peer-trusted-ca-file": P["etcd-ca.crt"],
+        "--peer-client-cert-auth": True,
+        "--cipher-suites": CIPHER_SUITES,
+    })
+
+
+def etcd_servers(inv: Inventory) -> str:
+    return ",".join(f"https://{_url_host(c.address)}:2379" for c in inv.controls)
+
+
+def apiserver_flags(inv: Inventory, host: HostSpec) -> list[str]:
+    net, api = inv.spec.network, inv.spec.apiServer
+    admission = ["NodeRestriction", "DenyServiceExternalIPs", "EventRateLimit"]
+    if api.alwaysPullImages:
+        admission.append("AlwaysPullImages")
+    return flags({
+        "--advertise-address": host.address,
+        "--bind-address": "0.0.0.0" if ":" not in host.address else "::",
+        "--secure-port": api.port,
+        "--allow-privileged": True,
+        "--anonymous-auth": False,
+        "--authorization-mode": "Node,RBAC",
+        "--enable-admission-plugins": admission,
+        "--admission-control-config-file": f"{K8S_DIR}/admission-config.yaml",
+        "--enable-bootstrap-token-auth": True,
+        "--client-ca-file": P["ca.crt"],
+        "--tls-cert-file": f"{PKI_DIR}/apiserver.crt",
+        "--tls-private-key-file": f"{PKI_DIR}/apiserver.key",
+        "--tls-cipher-suites": CIPHER_SUITES,
+        "--tls-min-version": "VersionTLS12",
+        "--etcd-servers": etcd_servers(inv),
+        "--etcd-cafile": P["etcd-ca.crt"],
+        "--etcd-certfile": f"{PKI_DIR}/apiserver-etcd-client.crt",
+        "--etcd-keyfile": f"{PKI_DIR}/apiserver-etcd-client.key",
+        "--kubelet-certificate-authority": P["ca.crt"],
+        "--kubelet-client-certificate": f"{PKI_DIR}/apiserver-kubelet-client.crt",
+        "--kubelet-client-key": f"{PKI_DIR}/apiserver-kubelet-client.key",
+        # control hosts may not resolve worker names: dial the InternalIP first
+        "--kubelet-preferred-address-types": "InternalIP,ExternalIP,Hostname",
+        "--proxy-client-cert-file": f"{PKI_DIR}/front-proxy-client.crt",
+        "--proxy-client-key-file": f"{PKI_DIR}/front-proxy-client.key",
+        "--requestheader-client-ca-file": P["front-proxy-ca.crt"],
+        "--requestheader-allowed-names": FRONT_PROXY_CLIENT_CN,
+        "--requestheader-username-headers": "X-Remote-User",
+        "--requestheader-group-headers": "X-Remote-Group",
+        "--requestheader-extra-headers-prefix": "X-Remote-Extra-",
+        "--service-account-issuer": f"https://kubernetes.default.svc.{net.clusterDomain}",
+        "--service-account-key-file": P["sa.pub"],
+        "--service-account-signing-key-file": P["sa.key"],
+        "--service-account-lookup": True,
+        "--service-account-extend-token-expiration": False,
+        "--service-cluster-ip-range": net.serviceCIDR,
+        "--encryption-provider-config": f"{K8S_DIR}/encryption-config.yaml",
+        "--audit-policy-file": f"{K8S_DIR}/audit-policy.yaml",
+        "--audit-log-path": f"{AUDIT_DIR}/audit.log",
+        "--audit-log-maxage": 30,
+        "--audit-log-maxbackup": 10,
+        "--audit-log-maxsize": 100,
+        "--profiling": False,
+    })
+
+
+def controller_manager_flags(inv: Inventory) -> list[str]:
+    kc = f"{K8S_DIR}/controller-manager.conf"
+    return flags({
+        "--bind-address": "127.0.0.1",
+        "--kubeconfig": kc,
+        "--authentication-kubeconfig": kc,
+        "--authorization-kubeconfig": kc,
+        "--client-ca-file": P["ca.crt"],
+        "--requestheader-client-ca-file": P["front-proxy-ca.crt"],
+        "--cluster-name": inv.metadata.name,
+        "--cluster-signing-cert-file": P["ca.crt"],
+        "--cluster-signing-key-file": P["ca.key"],
+        "--cluster-signing-duration": f"{inv.spec.pki.kubeletClientCertHours}h0m0s",
+        "--controllers": "*,bootstrapsigner,tokencleaner",
+        "--leader-elect": True,
+        "--profiling": False,
+        "--root-ca-file": P["ca.crt"],
+        "--service-account-private-key-file": P["sa.key"],
+        "--service-cluster-ip-range": inv.spec.network.serviceCIDR,
+        "--terminated-pod-gc-threshold": 1000,
+        "--use-service-account-credentials": True,
+        "--tls-cipher-suites": CIPHER_SUITES,
+        "--tls-min-version": "VersionTLS12",
+    })
+
+
+def scheduler_flags() -> list[str]:
+    kc = f"{K8S_DIR}/scheduler.conf"
+    return flags({
+        "--config": f"{K8S_DIR}/kube-scheduler.yaml",
+        "--bind-address": "127.0.0.1",
+        "--authentication-kubeconfig": kc,
+        "--authorization-kubeconfig": kc,
+        "--tls-cipher-suites": CIPHER_SUITES,
+        "--tls-min-version": "VersionTLS12",
+    })
+
+
+def scheduler_config() -> dict:
+    return {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        # the --kubeconfig and --profiling flags are deprecated upstream: set them here
+        "clientConnection": {"kubeconfig": f"{K8S_DIR}/scheduler.conf"},
+        "enableProfiling": False,
+        "leaderElection": {"leaderElect": True},
+    }
+
+
+def encryption_config(material: Material) -> dict:
+    return {
+        "apiVersion": "apiserver.config.k8s.io/v1",
+        "kind": "EncryptionConfiguration",
+        "resources": [{
+            "resources": ["secrets"],
+            "providers": [
+                {"secretbox": {"keys": [{"name": "key1", "secret": material.encryption_key_b64}]}},
+                {"identity": {}},   # reads objects written before encryption was on
+            ],
+        }],
+    }
+
+
+def audit_policy() -> dict:
+    return {
+        "apiVersion": "audit.k8s.io/v1",
+        "kind": "Policy",
+        "omitStages": ["RequestReceived"],
+        "rules": [
+            # never log secret payloads: Metadata only
+            {"level": "Metadata", "resources": [
+                {"group": "", "resources": ["secrets", "configmaps"]},
+                {"group": "authentication.k8s.io", "resources": ["tokenreviews"]}]},
+            {"level": "None", "users": ["system:kube-proxy"], "verbs": ["watch"],
+             "resources": [{"group": "", "resources": ["endpoints", "services", "services/status"]}]},
+            {"level": "None", "nonResourceURLs": ["/healthz*", "/livez*", "/readyz*", "/version"]},
+            {"level": "Request", "verbs": ["create", "update", "patch", "delete", "deletecollection"]},
+            {"level": "Metadata"},
+        ],
+    }
+
+
+def admission_config() -> dict:
+    return {
+        "apiVersion": "apiserver.config.k8s.io/v1",
+        "kind": "AdmissionConfiguration",
+        "plugins": [{
+            "name": "EventRateLimit",
+            "configuration": {
+                "apiVersion": "eventratelimit.admission.k8s.io/v1alpha1",
+                "kind": "Configuration",
+                "limits": [{"type": "Server", "qps": 50, "burst": 100},
+                           {"type": "Namespace", "qps": 10, "burst": 50, "cacheSize": 2000}],
+            },
+        }],
+    }
+
+
+def render_control(inv: Inventory, host: HostSpec, material: Material) -> HostPlan:
+    plan = HostPlan(host.name, "control")
+    plan.users.append(SystemUser("etcd", ETCD_DATA_DIR))
+    for d in (HostDir(K8S_DIR, 0o755), HostDir(PKI_DIR, 0o755), HostDir(f"{PKI_DIR}/etcd", 0o755),
+              HostDir(ETCD_DATA_DIR, 0o700, "etcd", "etcd"), HostDir("/var/log/kubernetes", 0o755),
+              HostDir(AUDIT_DIR, 0o700)):
+        plan.mkdir(d)
+
+    api, cm, sched, etcd = ("kube-apiserver.service", "kube-controller-manager.service",
+                            "kube-scheduler.service", "etcd.service")
+    ca = material.pair(CLUSTER_CA)
+    plan.add(HostFile(P["ca.crt"], issue.cert_pem(ca.cert), 0o644, restarts=(api, cm, sched)))
+    # the controller-manager signs kubelet client certificates with the cluster CA
+    plan.add(HostFile(P["ca.key"], issue.key_pem(ca.key), 0o600, secret=True, restarts=(cm,)))
+    plan.add(HostFile(P["front-proxy-ca.crt"], issue.cert_pem(material.pair(FRONT_PROXY_CA).cert), 0o644,
+                      restarts=(api, cm)))
+    plan.add(HostFile(P["etcd-ca.crt"], issue.cert_pem(material.pair(ETCD_CA).cert), 0o644, restarts=(etcd, api)))
+    plan.add(HostFile(P["sa.key"], issue.key_pem(material.sa_key), 0o600, secret=True, restarts=(api, cm)))
+    plan.add(HostFile(P["sa.pub"], issue.public_pem(material.sa_key), 0o644, restarts=(api,)))
+    for name in ("apiserver", "apiserver-kubelet-client", "apiserver-etcd-client", "front-proxy-client"):
+        _pem_pair(plan, name, name, material, restarts=(api,))
+    _pem_pair(plan, "etcd/healthcheck-client", "etcd/healthcheck-client", material)
+    _pem_pair(plan, f"etcd/server-{host.name}", "etcd/server", material, owner="etcd", restarts=(etcd,))
+    _pem_pair(plan, f"etcd/peer-{host.name}", "etcd/peer", material, owner="etcd", restarts=(etcd,))
+
+    local = LOCAL_API.format(port=inv.spec.apiServer.port)
+    ca_pem = issue.cert_pem(ca.cert)
+    for conf, cert, user, unit in (("admin.conf", "admin", "kubernetes-admin", ()),
+                                   ("controller-manager.conf", "controller-manager",
+                                    "system:kube-controller-manager", (cm,)),
+                                   ("scheduler.conf", "scheduler", "system:kube-scheduler", (sched,))):
+        plan.add(HostFile(f"{K8S_DIR}/{conf}", kubeconfig(inv.metadata.name, local, ca_pem, user,
+                                                          client=material.pair(cert)),
+                          0o600, secret=True, restarts=unit))
+
+    plan.add(HostFile(f"{K8S_DIR}/encryption-config.yaml", to_yaml(encryption_config(material)), 0o600,
+                      secret=True, restarts=(api,)))
+    plan.add(HostFile(f"{K8S_DIR}/audit-policy.yaml", to_yaml(audit_policy()), 0o600, restarts=(api,)))
+    plan.add(HostFile(f"{K8S_DIR}/admission-config.yaml", to_yaml(admission_config()), 0o600, restarts=(api,)))
+    plan.add(HostFile(f"{K8S_DIR}/kube-scheduler.yaml", to_yaml(scheduler_config()), 0o600, restarts=(sched,)))
+
+    plan.add(unit_file(etcd, "etcd.service.j2", binary=f"{BIN_DIR}/etcd", flags=etcd_flags(inv, host),
+                       member=host.name, cluster=inv.metadata.name, data_dir=ETCD_DATA_DIR))
+    plan.add(unit_file(api, "kube-apiserver.service.j2", binary=f"{BIN_DIR}/kube-apiserver",
+                       flags=apiserver_flags(inv, host)))
+    plan.add(unit_file(cm, "kube-controller-manager.service.j2", binary=f"{BIN_DIR}/kube-controller-manager",
+                       flags=controller_manager_flags(inv)))
+    plan.add(unit_file(sched, "kube-scheduler.service.j2", binary=f"{BIN_DIR}/kube-scheduler",
+                       flags=scheduler_flags()))
+    plan.units += [etcd, api, cm, sched]
+    return plan
+

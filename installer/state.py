@@ -1,0 +1,147 @@
+"""The local state directory: the cluster's PKI, tokens and kubeconfigs on the operator machine.
+
+Layout (all under one directory, 0700; every key, token and kubeconfig 0600)::
+
+    pki/ca.crt ca.key front-proxy-ca.* etcd/ca.* apiserver.* ... sa.key sa.pub
+    pki/etcd/server-<host>.* pki/etcd/peer-<host>.* pki/kubelet/<node>-serving.*
+    secrets/encryption.key       base64, 32 bytes for secretbox
+    secrets/tokens.yaml          per-node bootstrap tokens with expiry
+    admin.conf                   admin kubeconfig pointing at the API endpoint
+
+Writes are atomic (temp file + rename) and only touch what changed.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import os
+import stat
+from pathlib import Path
+
+import yaml
+
+from .errors import StateError
+from .pki import issue
+from .pki.issue import Pair
+from .pki.material import BootstrapToken, Material
+from .pki.specs import CAS, cert_specs
+from .inventory import Inventory
+
+
+def default_state_dir(cluster: str) -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "hiddenplane" / cluster
+
+
+def write_atomic(path: Path, data: bytes, mode: int) -> bool:
+    """Write ``data`` to ``path`` with ``mode``; return False (and touch nothing) if unchanged."""
+    try:
+        if path.read_bytes() == data and stat.S_IMODE(path.stat().st_mode) == mode:
+            return False
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return True
+
+
+class StateDir:
+    def __init__(self, root: Path):
+        self.root = Path(root).expanduser()
+
+    # -- layout --
+    def pki(self, name: str, ext: str) -> Path:
+        return self.root / "pki" / f"{name}.{ext}"
+
+    @property
+    def tokens_path(self) -> Path:
+        return self.root / "secrets" / "tokens.yaml"
+
+    @property
+    def encryption_key_path(self) -> Path:
+        return self.root / "secrets" / "encryption.key"
+
+    @property
+    def admin_kubeconfig(self) -> Path:
+        return self.root / "admin.conf"
+
+    # -- permissions --
+    def ensure_root(self) -> None:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+            if stat.S_IMODE(self.root.stat().st_mode) != 0o700:
+                os.chmod(self.root, 0o700)
+        except OSError as e:
+            raise StateError(f"state directory {self.root}: {e.strerror}") from None
+
+    # -- reading --
+    def _read(self, path: Path) -> bytes | None:
+        try:
+            return path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise StateError(f"{path}: {e.strerror}") from None
+
+    def _pair(self, name: str) -> Pair | None:
+        crt, key = self._read(self.pki(name, "crt")), self._read(self.pki(name, "key"))
+        if crt is None or key is None:
+            return None
+        try:
+            return Pair(issue.load_cert(crt), issue.load_key(key))
+        except ValueError:
+            # Name the file, never its content: it holds a private key.
+            raise StateError(f"{self.pki(name, 'crt')} or its .key is not valid PEM; move them away "
+                             "to have them re-issued") from None
+
+    def load(self, inv: Inventory) -> Material:
+        m = Material()
+        for ca in CAS:
+            if (p := self._pair(ca.name)) is not None:
+                m.cas[ca.name] = p
+        for spec in cert_specs(inv):
+            if (p := self._pair(spec.name)) is not None:
+                m.certs[spec.name] = p
+        if (sa := self._read(self.pki("sa", "key"))) is not None:
+            m.sa_key = issue.load_key(sa)
+        if (ek := self._read(self.encryption_key_path)) is not None:
+            m.encryption_key = base64.b64decode(ek.strip())
+        if (tk := self._read(self.tokens_path)) is not None:
+            for node, t in (yaml.safe_load(tk) or {}).items():
+                m.tokens[node] = BootstrapToken(t["id"], t["secret"], dt.datetime.fromisoformat(t["expires"]))
+        return m
+
+    # -- writing --
+    def save(self, m: Material) -> list[Path]:
+        """Write whatever differs from the disk (unchanged files are not touched)."""
+        self.ensure_root()
+        written: list[Path] = []
+
+        def put(path: Path, data: bytes, mode: int) -> None:
+            if write_atomic(path, data, mode):
+                written.append(path)
+
+        for name, pair in {**m.cas, **m.certs}.items():
+            put(self.pki(name, "key"), issue.key_pem(pair.key), 0o600)
+            put(self.pki(name, "crt"), issue.cert_pem(pair.cert), 0o644)
+        if m.sa_key is not None:
+            put(self.pki("sa", "key"), issue.key_pem(m.sa_key), 0o600)
+            put(self.pki("sa", "pub"), issue.public_pem(m.sa_key), 0o644)
+        if m.encryption_key is not None:
+            put(self.encryption_key_path, m.encryption_key_b64.encode() + b"\n", 0o600)
+        tokens = {n: {"id": t.id, "secret": t.secret, "expires": t.expires.isoformat()}
+                  for n, t in sorted(m.tokens.items())}
+        put(self.tokens_path, yaml.safe_dump(tokens, sort_keys=True).encode(), 0o600)
+        return written
