@@ -38,6 +38,7 @@ def prepare(path: str | Path, state_dir: str | Path | None = None,
     """Validate, bring the PKI in the state directory up to date, and render every host."""
     inv = validate(path)
     state = state_for(inv, state_dir)
+    state.ensure_root()
     material, changes = ensure(inv, state.load(inv), now)
     state.save(material)
     ca = material.pair("ca")
