@@ -14,6 +14,7 @@ import secrets as pysecrets
 import string
 from dataclasses import dataclass, field
 
+from ..errors import StateError
 from ..inventory import Inventory
 from . import issue
 from .issue import Pair, PrivateKey
@@ -75,6 +76,12 @@ def _ensure_cas(inv: Inventory, old: Material, new: Material, ch: Changes, now: 
         pair = old.cas.get(ca.name)
         # A CA is never silently replaced: if its files exist it is kept (rotation is explicit).
         if pair is not None and issue.key_matches(pair.cert, pair.key):
+            if pair.cert.not_valid_after_utc <= now:
+                # Issuing under it would fail (a leaf cannot end before it starts); say so.
+                raise StateError(
+                    f"the {ca.cn} certificate (pki/{ca.name}.crt) expired on "
+                    f"{pair.cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC; rotating a CA is explicit: "
+                    f"move pki/{ca.name}.crt and pki/{ca.name}.key away to create a new one")
             new.cas[ca.name] = pair
             continue
         key = issue.new_key(algo)
