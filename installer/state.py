@@ -117,10 +117,20 @@ class StateDir:
         if (sa := self._read(self.pki("sa", "key"))) is not None:
             m.sa_key = issue.load_key(sa)
         if (ek := self._read(self.encryption_key_path)) is not None:
-            m.encryption_key = base64.b64decode(ek.strip())
+            try:
+                m.encryption_key = base64.b64decode(ek.strip(), validate=True)
+            except ValueError:
+                m.encryption_key = None
+            if m.encryption_key is None or len(m.encryption_key) != 32:
+                # never re-create it silently: secrets in etcd are encrypted with it
+                raise StateError(f"{self.encryption_key_path} is not a base64 32-byte key; restore it "
+                                 "from a backup (Secrets in etcd are encrypted with it)")
         if (tk := self._read(self.tokens_path)) is not None:
-            for node, t in (yaml.safe_load(tk) or {}).items():
-                m.tokens[node] = BootstrapToken(t["id"], t["secret"], dt.datetime.fromisoformat(t["expires"]))
+            try:
+                for node, t in (yaml.safe_load(tk) or {}).items():
+                    m.tokens[node] = BootstrapToken(t["id"], t["secret"], dt.datetime.fromisoformat(t["expires"]))
+            except (yaml.YAMLError, AttributeError, KeyError, TypeError, ValueError):
+                raise StateError(f"{self.tokens_path} is corrupt; move it away to have tokens re-issued") from None
         return m
 
     # -- writing --

@@ -409,9 +409,10 @@ def _is_kubeconfig(f: HostFile) -> bool:
     return isinstance(doc, dict) and doc.get("kind") == "Config"
 
 
-# etcd runs as its dedicated user and must read its own serving and peer pairs: these four
-# files are etcd:etcd on purpose (kube-bench's literal 1.1.19 check would list them).
-ETCD_OWNED = {f"{PKI_DIR}/etcd/{n}" for n in ("server.crt", "server.key", "peer.crt", "peer.key")}
+# etcd runs as its dedicated user and must read its own CA, serving and peer pairs: they live
+# in /etc/etcd/pki, etcd:etcd, so that /etc/kubernetes/pki stays root:root (CIS 1.1.19).
+ETCD_PKI = "/etc/etcd/pki"
+ETCD_OWNED = {f"{ETCD_PKI}/{n}" for n in ("ca.crt", "server.crt", "server.key", "peer.crt", "peer.key")}
 
 
 @dataclass(frozen=True)
@@ -463,9 +464,14 @@ FILE_RULES = [
              lambda f: mode_at_most(f.mode, 0o644)),
     FileRule("1.1.21", "private keys exactly 0600", None,
              lambda p: [f for f in p.files.values() if _is_key(f)], lambda f: f.mode == 0o600),
-    FileRule("1.1.19", "PKI files root:root (etcd's own member pair: etcd:etcd)", None,
+    FileRule("1.1.19", "every file under /etc/kubernetes/pki is root:root", None,
              lambda p: [f for f in p.files.values() if f.path.startswith(PKI_DIR + "/")],
-             lambda f: (f.owner, f.group) == (("etcd", "etcd") if f.path in ETCD_OWNED else ("root", "root"))),
+             lambda f: (f.owner, f.group) == ("root", "root")),
+    FileRule("etcd-pki", "etcd's own CA cert and member pairs: etcd:etcd, keys 0600", "control",
+             lambda p: [f for f in p.files.values() if f.path.startswith(ETCD_PKI + "/")],
+             lambda f: f.path in ETCD_OWNED and (f.owner, f.group) == ("etcd", "etcd")
+             and (f.mode == 0o600 if f.path.endswith(".key") else mode_at_most(f.mode, 0o644)),
+             lambda p: len(ETCD_OWNED)),
     FileRule("secrets", "every file marked secret <= 0600", None,
              lambda p: [f for f in p.files.values() if f.secret], lambda f: mode_at_most(f.mode, 0o600)),
 ]

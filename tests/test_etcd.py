@@ -99,7 +99,7 @@ def etcd(example_doc, tmp_path_factory):
     ports = dict(zip(RENDERED_PORTS, _free_ports(3)))
 
     def localize(arg: str) -> str:
-        arg = arg.replace("/etc/kubernetes/", f"{host}/etc/kubernetes/")
+        arg = arg.replace("/etc/kubernetes/", f"{host}/etc/kubernetes/").replace("/etc/etcd/", f"{host}/etc/etcd/")
         arg = re.sub(r"=/var/lib/etcd$", f"={data_dir}", arg)
         return re.sub(r":(2379|2380|2381)(?=$|[,/])", lambda m: f":{ports[int(m[1])]}", arg)
 
@@ -287,7 +287,7 @@ def test_only_cis_cipher_suites_are_offered(etcd):
 
 def test_peer_port_requires_an_etcd_peer_certificate(etcd):
     peer = etcd.ports[2380]
-    assert _handshake(_tls_context(etcd, etcd.pki("etcd/peer.crt"), etcd.pki("etcd/peer.key")), peer, HOST_ADDRESS)
+    assert _handshake(_tls_context(etcd, str(etcd.host / "etc/etcd/pki/peer.crt"), str(etcd.host / "etc/etcd/pki/peer.key")), peer, HOST_ADDRESS)
     with pytest.raises(ssl.SSLError):
         _handshake(_tls_context(etcd, None, None), peer, HOST_ADDRESS)
     with pytest.raises(ssl.SSLError):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import dataclasses
 import datetime as dt
 import ipaddress
 import re
@@ -27,7 +28,11 @@ from installer.errors import StateError
 from installer.pki import issue
 from installer.pki.material import ensure
 
-from .conftest import write_inventory
+from click.testing import CliRunner
+
+from installer.cli.main import cli
+
+from .conftest import NOW, write_inventory
 
 OPENSSL = shutil.which("openssl")
 UTC = dt.timezone.utc
@@ -535,10 +540,15 @@ def test_token_expiry_reuse_and_replacement(doc, tmp_path):
     on_disk = yaml.safe_load((state_dir / "secrets/tokens.yaml").read_text())
     assert {n: f"{v['id']}.{v['secret']}" for n, v in on_disk.items()} == {n: t.value for n, t in toks.items()}
 
-    # still valid a minute before expiry: reused, nothing changes
-    m, ch = ensure(inv, loaded, now=now + dt.timedelta(hours=ttl) - dt.timedelta(minutes=1))
+    # more than a quarter of the TTL left: reused, nothing changes
+    m, ch = ensure(inv, loaded, now=now + dt.timedelta(hours=ttl * 0.7))
     assert m.tokens == toks
     assert not ch
+
+    # in its last quarter: replaced, so no host gets a token about to expire
+    m, ch = ensure(inv, loaded, now=now + dt.timedelta(hours=ttl) - dt.timedelta(minutes=1))
+    assert ch.reasons == {"token/node2": "expiring", "token/node3": "expiring"}
+    assert all(m.tokens[n].id != toks[n].id for n in toks)
 
     # expired: replaced with a fresh token, valid for the TTL from the new now
     later = now + dt.timedelta(hours=ttl, seconds=1)
@@ -574,3 +584,40 @@ def test_encryption_key_and_config(prepared, rendered):
     assert providers[-1] == {"identity": {}}
     unit = (rendered / "cp1/etc/systemd/system/kube-apiserver.service").read_text()
     assert "--encryption-provider-config=/etc/kubernetes/encryption-config.yaml" in unit
+
+
+def test_changing_key_algorithm_on_existing_state_is_refused(doc, tmp_path):
+    path = write_inventory(tmp_path, doc)
+    api.prepare(path, tmp_path / "state")
+    doc["spec"]["pki"]["keyAlgorithm"] = "rsa-2048"
+    before = {p: p.read_bytes() for p in (tmp_path / "state").rglob("*") if p.is_file()}
+    with pytest.raises(StateError, match="key is ecdsa-p256 but spec.pki.keyAlgorithm is rsa-2048"):
+        api.prepare(write_inventory(tmp_path, doc), tmp_path / "state")
+    # refused before anything was written
+    assert {p: p.read_bytes() for p in before} == before
+
+
+def test_changed_usages_are_reissued(prepared):
+    from installer.pki.specs import cert_specs
+    from installer.pki.issue import why_reissue
+    spec = next(s for s in cert_specs(prepared.inventory) if s.name == "kube-proxy")
+    server_too = dataclasses.replace(spec, server=True)
+    pair, ca = prepared.material.certs["kube-proxy"], prepared.material.cas["ca"]
+    assert why_reissue(spec, pair, ca, "ecdsa-p256", NOW) is None
+    assert why_reissue(server_too, pair, ca, "ecdsa-p256", NOW) == "usages changed"
+
+
+@pytest.mark.parametrize("name,content,message", [
+    ("secrets/encryption.key", b"not-base64!!\n", "is not a base64 32-byte key"),
+    ("secrets/encryption.key", b"c2hvcnQ=\n", "is not a base64 32-byte key"),
+    ("secrets/tokens.yaml", b"node2: [unclosed\n", "tokens.yaml is corrupt"),
+    ("pki/apiserver.crt", b"-----BEGIN CERTIFICATE-----\nnope\n-----END CERTIFICATE-----\n", "is not valid PEM"),
+])
+def test_corrupt_state_is_a_clear_error(doc, tmp_path, name, content, message):
+    path = write_inventory(tmp_path, doc)
+    api.prepare(path, tmp_path / "state")
+    (tmp_path / "state" / name).write_bytes(content)
+    result = CliRunner().invoke(cli, ["plan", str(path), "--state", str(tmp_path / "state")])
+    assert result.exit_code == 2
+    assert message in result.output
+    assert "Traceback" not in result.output and "PRIVATE KEY" not in result.output

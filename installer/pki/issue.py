@@ -105,6 +105,15 @@ def sans_of(cert: x509.Certificate) -> frozenset[str]:
         str(i) for i in ext.get_values_for_type(x509.IPAddress))
 
 
+def usages_of(cert: x509.Certificate) -> tuple[bool, bool]:
+    """(serverAuth, clientAuth) from the extended key usage."""
+    try:
+        ekus = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    except x509.ExtensionNotFound:
+        return (False, False)
+    return (ExtendedKeyUsageOID.SERVER_AUTH in ekus, ExtendedKeyUsageOID.CLIENT_AUTH in ekus)
+
+
 def subject_of(cert: x509.Certificate) -> tuple[str, tuple[str, ...]]:
     cn = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
     orgs = cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)
@@ -143,6 +152,8 @@ def why_reissue(spec: CertSpec, pair: Pair, ca: Pair, algorithm: str, now: dt.da
         return "subject changed"
     if sans_of(pair.cert) != spec.sans:
         return "SANs changed"
+    if usages_of(pair.cert) != (spec.server, spec.client):
+        return "usages changed"
     if pair.cert.not_valid_after_utc <= now:
         return "expired"
     return None

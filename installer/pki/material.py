@@ -74,6 +74,12 @@ def _ensure_cas(inv: Inventory, old: Material, new: Material, ch: Changes, now: 
     algo, days = inv.spec.pki.keyAlgorithm, inv.spec.pki.caValidityDays
     for ca in CAS:
         pair = old.cas.get(ca.name)
+        if pair is not None and issue.key_algorithm(pair.key) != algo:
+            # one algorithm for every key: mixing would follow from re-keying leaves only
+            raise StateError(
+                f"the state's {ca.cn} key is {issue.key_algorithm(pair.key)} but spec.pki.keyAlgorithm "
+                f"is {algo}; changing the algorithm means a new PKI: use a new state directory "
+                "(or set keyAlgorithm back)")
         # A CA is never silently replaced: if its files exist it is kept (rotation is explicit).
         if pair is not None and issue.key_matches(pair.cert, pair.key):
             if pair.cert.not_valid_after_utc <= now:
@@ -126,9 +132,11 @@ def ensure(inv: Inventory, old: Material, now: dt.datetime | None = None) -> tup
     ttl = dt.timedelta(hours=inv.spec.pki.bootstrapTokenTTLHours)
     for h in inv.workers:
         tok = old.tokens.get(h.name)
-        if tok is not None and tok.expires > now:
+        # a token handed out in its last quarter could expire before the kubelet uses it
+        if tok is not None and tok.expires - now > ttl / 4:
             new.tokens[h.name] = tok
         else:
             new.tokens[h.name] = new_token(now + ttl)
-            ch.add(f"token/{h.name}", "new" if tok is None else "expired")
+            why = "new" if tok is None else "expired" if tok.expires <= now else "expiring"
+            ch.add(f"token/{h.name}", why)
     return new, ch

@@ -22,6 +22,9 @@ CIPHER_SUITES = (
     "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256", "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256",
 )
 ETCD_DATA_DIR = "/var/lib/etcd"
+# etcd runs as its own user and must read its member pairs: they live outside
+# /etc/kubernetes/pki so that directory stays entirely root:root (CIS 1.1.19).
+ETCD_PKI_DIR = "/etc/etcd/pki"
 AUDIT_DIR = "/var/log/kubernetes/audit"
 LOCAL_API = "https://127.0.0.1:{port}"
 
@@ -33,12 +36,13 @@ P = {  # host paths of PKI files, by state name
 }
 
 
-def _pem_pair(plan: HostPlan, name: str, host_stem: str, material: Material, owner: str = "root",
+def _pem_pair(plan: HostPlan, name: str, stem: str, material: Material, owner: str = "root",
               restarts: tuple[str, ...] = ()) -> None:
+    """``stem`` is the host path without extension (relative ones are under PKI_DIR)."""
     pair = material.pair(name)
-    plan.add(HostFile(f"{PKI_DIR}/{host_stem}.crt", issue.cert_pem(pair.cert), 0o644, owner, owner, restarts=restarts))
-    plan.add(HostFile(f"{PKI_DIR}/{host_stem}.key", issue.key_pem(pair.key), 0o600, owner, owner,
-                      secret=True, restarts=restarts))
+    stem = stem if stem.startswith("/") else f"{PKI_DIR}/{stem}"
+    plan.add(HostFile(f"{stem}.crt", issue.cert_pem(pair.cert), 0o644, owner, owner, restarts=restarts))
+    plan.add(HostFile(f"{stem}.key", issue.key_pem(pair.key), 0o600, owner, owner, secret=True, restarts=restarts))
 
 
 def _url_host(address: str) -> str:
@@ -59,13 +63,13 @@ def etcd_flags(inv: Inventory, host: HostSpec) -> list[str]:
         "--initial-cluster-state": "new",
         "--initial-cluster-token": f"{inv.metadata.name}-etcd",
         "--listen-metrics-urls": "http://127.0.0.1:2381",
-        "--cert-file": f"{PKI_DIR}/etcd/server.crt",
-        "--key-file": f"{PKI_DIR}/etcd/server.key",
-        "--trusted-ca-file": P["etcd-ca.crt"],
+        "--cert-file": f"{ETCD_PKI_DIR}/server.crt",
+        "--key-file": f"{ETCD_PKI_DIR}/server.key",
+        "--trusted-ca-file": f"{ETCD_PKI_DIR}/ca.crt",
         "--client-cert-auth": True,
-        "--peer-cert-file": f"{PKI_DIR}/etcd/peer.crt",
-        "--peer-key-file": f"{PKI_DIR}/etcd/peer.key",
-        "--peer-trusted-ca-file": P["etcd-ca.crt"],
+        "--peer-cert-file": f"{ETCD_PKI_DIR}/peer.crt",
+        "--peer-key-file": f"{ETCD_PKI_DIR}/peer.key",
+        "--peer-trusted-ca-file": f"{ETCD_PKI_DIR}/ca.crt",
         "--peer-client-cert-auth": True,
         "--cipher-suites": CIPHER_SUITES,
     })
@@ -229,6 +233,7 @@ def render_control(inv: Inventory, host: HostSpec, material: Material) -> HostPl
     plan = HostPlan(host.name, "control")
     plan.users.append(SystemUser("etcd", ETCD_DATA_DIR))
     for d in (HostDir(K8S_DIR, 0o755), HostDir(PKI_DIR, 0o755), HostDir(f"{PKI_DIR}/etcd", 0o755),
+              HostDir("/etc/etcd", 0o755), HostDir(ETCD_PKI_DIR, 0o700, "etcd", "etcd"),
               HostDir(ETCD_DATA_DIR, 0o700, "etcd", "etcd"), HostDir("/var/log/kubernetes", 0o755),
               HostDir(AUDIT_DIR, 0o700)):
         plan.mkdir(d)
@@ -241,14 +246,16 @@ def render_control(inv: Inventory, host: HostSpec, material: Material) -> HostPl
     plan.add(HostFile(P["ca.key"], issue.key_pem(ca.key), 0o600, secret=True, restarts=(cm,)))
     plan.add(HostFile(P["front-proxy-ca.crt"], issue.cert_pem(material.pair(FRONT_PROXY_CA).cert), 0o644,
                       restarts=(api, cm)))
-    plan.add(HostFile(P["etcd-ca.crt"], issue.cert_pem(material.pair(ETCD_CA).cert), 0o644, restarts=(etcd, api)))
+    etcd_ca = issue.cert_pem(material.pair(ETCD_CA).cert)
+    plan.add(HostFile(P["etcd-ca.crt"], etcd_ca, 0o644, restarts=(api,)))
+    plan.add(HostFile(f"{ETCD_PKI_DIR}/ca.crt", etcd_ca, 0o644, "etcd", "etcd", restarts=(etcd,)))
     plan.add(HostFile(P["sa.key"], issue.key_pem(material.sa_key), 0o600, secret=True, restarts=(api, cm)))
     plan.add(HostFile(P["sa.pub"], issue.public_pem(material.sa_key), 0o644, restarts=(api,)))
     for name in ("apiserver", "apiserver-kubelet-client", "apiserver-etcd-client", "front-proxy-client"):
         _pem_pair(plan, name, name, material, restarts=(api,))
     _pem_pair(plan, "etcd/healthcheck-client", "etcd/healthcheck-client", material)
-    _pem_pair(plan, f"etcd/server-{host.name}", "etcd/server", material, owner="etcd", restarts=(etcd,))
-    _pem_pair(plan, f"etcd/peer-{host.name}", "etcd/peer", material, owner="etcd", restarts=(etcd,))
+    _pem_pair(plan, f"etcd/server-{host.name}", f"{ETCD_PKI_DIR}/server", material, owner="etcd", restarts=(etcd,))
+    _pem_pair(plan, f"etcd/peer-{host.name}", f"{ETCD_PKI_DIR}/peer", material, owner="etcd", restarts=(etcd,))
 
     local = LOCAL_API.format(port=inv.spec.apiServer.port)
     ca_pem = issue.cert_pem(ca.cert)
