@@ -338,38 +338,29 @@ def _network_problems(data: dict, hosts: list) -> list[str]:
     return out
 
 
+def _duplicate(hosts: list, i: int, j: int, field: str, value: str) -> str:
+    if {hosts[i].get("role"), hosts[j].get("role")} == {"control", "worker"}:
+        return f"spec.hosts[{i}].{field}: '{value}' is listed as both control and worker: {HIDDEN_MSG}"
+    return f"spec.hosts[{i}].{field}: '{value}' duplicates spec.hosts[{j}].{field}"
+
+
 def _host_problems(hosts: list) -> list[str]:
     out: list[str] = []
-    names: dict[str, int] = {}
-    addrs: dict[str, int] = {}
+    seen: dict[tuple[str, str], int] = {}     # (field, value) -> first index
     roles = {"control": 0, "worker": 0}
     for i, h in enumerate(hosts):
         if not isinstance(h, dict):
             continue
-        name, role, ip = h.get("name"), h.get("role"), _as_ip(h.get("address"))
-        if role in roles:
-            roles[role] += 1
-        if isinstance(name, str):
-            if name in names:
-                first = hosts[names[name]]
-                if {first.get("role"), role} == {"control", "worker"}:
-                    out.append(f"spec.hosts[{i}].name: '{name}' is listed as both control "
-                               f"and worker: {HIDDEN_MSG}")
-                else:
-                    out.append(f"spec.hosts[{i}].name: '{name}' duplicates spec.hosts[{names[name]}].name")
+        if h.get("role") in roles:
+            roles[h["role"]] += 1
+        ip = _as_ip(h.get("address"))
+        keys = [("name", h["name"])] if isinstance(h.get("name"), str) else []
+        keys += [("address", str(ip))] if ip is not None else []
+        for key in keys:
+            if key in seen:
+                out.append(_duplicate(hosts, i, seen[key], *key))
             else:
-                names[name] = i
-        if ip is not None:
-            key = str(ip)
-            if key in addrs:
-                j = addrs[key]
-                if {hosts[j].get("role"), role} == {"control", "worker"}:
-                    out.append(f"spec.hosts[{i}].address: '{key}' is used by a control and a worker "
-                               f"host: {HIDDEN_MSG}")
-                else:
-                    out.append(f"spec.hosts[{i}].address: '{key}' duplicates spec.hosts[{j}].address")
-            else:
-                addrs[key] = i
+                seen[key] = i
     if not hosts:
         out.append("spec.hosts: no hosts; a cluster needs at least one control host and one worker")
         return out
