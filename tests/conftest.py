@@ -13,6 +13,8 @@ import yaml
 from installer import api, inventory
 from installer.render.plan import write_tree
 
+pytest_plugins = ["tests.labfixtures"]
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "inventory.example.yaml"
 REFERENCE = ROOT.parent / "shared" / "reference"

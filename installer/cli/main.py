@@ -2,30 +2,17 @@
 
 from __future__ import annotations
 
-import functools
 import json
-import sys
 
 import click
 
 from .. import __version__, api
-from ..errors import InstallerError
 from ..inventory import json_schema
+from .errors import domain_errors
+from .lab import lab
 
 STATE_HELP = ("Local state directory holding the PKI (0700). "
               "Default: $XDG_STATE_HOME/hiddenplane/<cluster> (~/.local/state/hiddenplane/<cluster>).")
-
-
-def domain_errors(fn):
-    """Turn a domain error into one clear message on stderr and its exit code: no traceback."""
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except InstallerError as e:
-            click.echo(f"error: {e}", err=True)
-            sys.exit(e.exit_code)
-    return wrapper
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -67,6 +54,9 @@ def plan(inventory, render_dir, state_dir):
 def schema():
     """Print the inventory's JSON Schema (for editors)."""
     click.echo(json.dumps(json_schema(), indent=2))
+
+
+cli.add_command(lab)
 
 
 def main():

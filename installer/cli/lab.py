@@ -1,0 +1,54 @@
+"""`installer lab …`: local lab hosts (systemd-nspawn machines, qemu VMs) for trying apply."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..lab import lab as lab_mod
+from ..lab.model import DEFAULT_SUBNET
+from .errors import domain_errors
+
+
+@click.group()
+def lab():
+    """Build, inspect and remove a lab of local hosts (Linux, root)."""
+
+
+@lab.command()
+@click.option("--name", required=True, help="Lab name: 1-8 lower-case letters/digits.")
+@click.option("--control", "controls", default=1, show_default=True, help="Control hosts (1, 3 or 5).")
+@click.option("--workers", default=2, show_default=True, help="Workers.")
+@click.option("--vm-workers", default=0, show_default=True,
+              help="How many of the workers are qemu VMs (real containers run there).")
+@click.option("--subnet", default=DEFAULT_SUBNET, show_default=True, help="Private /24 for the lab.")
+@click.option("--inventory", "inventory_out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Where to write the lab's inventory. Default: ./<name>.inventory.yaml")
+@domain_errors
+def up(name, controls, workers, vm_workers, subnet, inventory_out):
+    """Boot the lab (idempotent: running hosts are kept)."""
+    out = lab_mod.up(name, controls, workers, vm_workers, subnet, inventory_out, log=click.echo)
+    click.echo(f"lab {name} is up; inventory: {out}")
+
+
+@lab.command()
+@click.option("--name", required=True)
+@domain_errors
+def status(name):
+    """Show each host: role, kind, address, running, SSH."""
+    spec, hosts = lab_mod.status(name)
+    click.echo(f"lab {name}: {lab_mod.describe(spec)}")
+    for h in hosts:
+        click.echo(f"  {h.name:<5} {h.role:<8} {h.kind:<7} {h.address:<15} "
+                   f"{'running' if h.running else 'stopped':<8} ssh {'ok' if h.ssh else '-'}")
+    if not all(h.running and h.ssh for h in hosts):
+        raise SystemExit(1)
+
+
+@lab.command()
+@click.option("--name", required=True)
+@domain_errors
+def down(name):
+    """Stop every host and remove everything of the lab (the base image cache stays)."""
+    lab_mod.down(name, log=click.echo)

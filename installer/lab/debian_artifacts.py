@@ -1,0 +1,84 @@
+"""Fill a lab's artifacts directory from Debian packages, for everything Debian has.
+
+etcd, etcdctl, containerd, ctr, containerd-shim-runc-v2, runc and the CNI plugins come from
+Debian 12 packages (``apt-get download`` + ``dpkg-deb -x``; nothing is installed on the
+machine). The five Kubernetes binaries are not packaged anywhere we can reach: drop the official
+ones (or, for tests, the contract stand-ins) into the directory and add them to SHA256SUMS.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from ..artifacts import CNI_PLUGINS, add_files
+from .model import LabError, cache_root
+
+# Debian package -> (path inside the package, name in the artifacts directory)
+PACKAGES = {
+    "etcd-server": [("usr/bin/etcd", "etcd")],
+    "etcd-client": [("usr/bin/etcdctl", "etcdctl")],
+    "containerd": [("usr/bin/containerd", "containerd"), ("usr/bin/ctr", "ctr"),
+                   ("usr/bin/containerd-shim-runc-v2", "containerd-shim-runc-v2")],
+    "runc": [("usr/sbin/runc", "runc")],
+    "containernetworking-plugins": [(f"usr/lib/cni/{p}", p) for p in CNI_PLUGINS],
+}
+KUBERNETES_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy")
+
+
+def debs_dir() -> Path:
+    return cache_root() / "lab" / "debs"
+
+
+def download(packages: list[str], log=print) -> dict[str, Path]:
+    """The .deb of each package, downloaded once into the cache."""
+    dest = debs_dir()
+    dest.mkdir(parents=True, exist_ok=True)
+    have = {p: next(iter(sorted(dest.glob(f"{p}_*.deb"))), None) for p in packages}
+    missing = [p for p, deb in have.items() if deb is None]
+    if missing:
+        log(f"downloading Debian packages: {' '.join(missing)}")
+        for attempt in (1, 2):
+            proc = subprocess.run(["apt-get", "download", *missing], cwd=dest, capture_output=True, text=True)
+            if proc.returncode == 0:
+                break
+            if attempt == 1:   # package lists may be missing on a fresh machine
+                subprocess.run(["apt-get", "update", "-qq"], capture_output=True)
+        else:
+            raise LabError(f"apt-get download {' '.join(missing)}: {proc.stderr.strip()[-400:]}")
+        have = {p: next(iter(sorted(dest.glob(f"{p}_*.deb"))), None) for p in packages}
+    return have
+
+
+def extract(deb: Path, members: list[tuple[str, str]], dest: Path) -> list[str]:
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run(["dpkg-deb", "-x", str(deb), tmp], check=True, capture_output=True)
+        names = []
+        for inner, name in members:
+            src = Path(tmp) / inner
+            if not src.is_file():
+                raise LabError(f"{deb.name} has no {inner}")
+            shutil.copy2(src, dest / name)
+            (dest / name).chmod(0o755)
+            names.append(name)
+    return names
+
+
+def fill(dest: Path, log=print) -> list[str]:
+    """Put Debian's binaries into ``dest`` and record them in its SHA256SUMS; returns their names."""
+    dest.mkdir(parents=True, exist_ok=True)
+    debs = download(list(PACKAGES), log)
+    names = []
+    for pkg, members in PACKAGES.items():
+        if all((dest / name).is_file() for _, name in members):
+            names += [name for _, name in members]
+            continue
+        names += extract(debs[pkg], members, dest)
+    add_files(dest, names)
+    return names
+
+
+def missing_kubernetes(dest: Path) -> list[str]:
+    return [b for b in KUBERNETES_BINARIES if not (dest / b).is_file()]

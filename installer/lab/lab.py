@@ -1,0 +1,255 @@
+"""`installer lab up|status|down`: a lab of real local hosts for `installer apply`.
+
+``up`` is idempotent: hosts already running are kept, missing pieces are (re)created. ``down``
+removes every process, mount, network namespace, link and file of the lab; the cached base
+image and Debian packages stay (they are shared by all labs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import yaml
+
+from . import debian_artifacts, images, net, nspawn, seed
+from .model import DEFAULT_SUBNET, LabError, LabHost, LabPaths, LabSpec
+
+TOOLS = {"systemd-nspawn": "systemd-container", "debootstrap": "debootstrap", "ip": "iproute2",
+         "mount": "mount", "dpkg-deb": "dpkg", "apt-get": "apt"}
+SSH_TIMEOUT = {"nspawn": 60, "vm": 300}
+
+
+# --- preflight -----------------------------------------------------------------------------
+
+def preflight(spec: LabSpec, paths: LabPaths) -> None:
+    problems = []
+    if os.geteuid() != 0:
+        problems.append("the lab needs root (network namespaces, mounts, systemd-nspawn): run it with sudo")
+    missing = sorted({pkg for tool, pkg in TOOLS.items() if shutil.which(tool) is None})
+    if spec.vm_workers:
+        from . import vm
+        missing += [p for p in vm.missing_tools() if p not in missing]
+    if missing:
+        problems.append(f"missing tools: apt-get install {' '.join(missing)}")
+    if "overlay" not in Path("/proc/filesystems").read_text():
+        problems.append("the kernel has no overlay file system (modprobe overlay)")
+    if paths.spec_file.exists():
+        existing = load_spec(paths)
+        if (existing.controls, existing.workers, existing.vm_workers, existing.subnet) != \
+                (spec.controls, spec.workers, spec.vm_workers, spec.subnet):
+            problems.append(f"lab {spec.name} already exists as {describe(existing)}; "
+                            f"run `installer lab down --name {spec.name}` first")
+    elif net.link_exists(spec.bridge):
+        problems.append(f"the network interface {spec.bridge} exists but is not this lab's: pick another --name")
+    if not problems:
+        taken = net.routes_overlapping(spec.subnet, ignore_dev=spec.bridge)
+        if taken:
+            problems.append(f"--subnet {spec.subnet} is already in use on this machine ({', '.join(taken)}): "
+                            "pick another private /24")
+    if problems:
+        raise LabError("lab preflight:\n  " + "\n  ".join(problems))
+
+
+def describe(spec: LabSpec) -> str:
+    vms = f" ({spec.vm_workers} VM)" if spec.vm_workers else ""
+    return f"{spec.controls} control + {spec.workers} workers{vms} on {spec.subnet}"
+
+
+def load_spec(paths: LabPaths) -> LabSpec:
+    data = json.loads(paths.spec_file.read_text())
+    return LabSpec.create(data["name"], data["controls"], data["workers"], data["vm_workers"], data["subnet"])
+
+
+# --- up ------------------------------------------------------------------------------------
+
+def inventory_doc(spec: LabSpec, paths: LabPaths) -> dict:
+    cp1 = spec.hosts[0]
+    return {
+        "apiVersion": "hiddenplane/v1alpha1",
+        "kind": "Cluster",
+        "metadata": {"name": spec.name},
+        "spec": {
+            "apiServer": {"endpoint": cp1.address},
+            "ssh": {"user": "root", "port": 22, "keyPath": str(paths.ssh_key), "knownHosts": str(paths.known_hosts)},
+            "hosts": [{"name": h.name, "address": h.address, "role": h.role} for h in spec.hosts],
+            "artifacts": {"source": "dir", "path": str(paths.artifacts)},
+        },
+    }
+
+
+def _host_keys(paths: LabPaths, spec: LabSpec) -> dict[str, seed.KeyPair]:
+    """One host key per host, kept across `up` runs so known_hosts stays valid."""
+    keys = {}
+    for h in spec.hosts:
+        keys[h.name] = seed.load_or_create(paths.host_dir(h.name) / "ssh_host_ed25519_key", f"root@{h.name}")
+    return keys
+
+
+def ssh_banner(address: str, timeout: float = 1.0) -> bool:
+    try:
+        with socket.create_connection((address, 22), timeout=timeout) as s:
+            s.settimeout(timeout)
+            return s.recv(64).startswith(b"SSH-2.0-")
+    except OSError:
+        return False
+
+
+def wait_ssh(hosts: list[LabHost], log=print) -> None:
+    pending = {h.name: h for h in hosts}
+    start = time.monotonic()
+    while pending:
+        for name, h in list(pending.items()):
+            if ssh_banner(h.address):
+                log(f"  {name}: sshd answers ({time.monotonic() - start:.1f} s)")
+                del pending[name]
+        if not pending:
+            break
+        late = [n for n, h in pending.items() if time.monotonic() - start > SSH_TIMEOUT[h.kind]]
+        if late:
+            raise LabError(f"no SSH answer from {', '.join(late)}; see the console logs in "
+                           f"{', '.join(str(LabPaths.of(pending[n].lab).host_dir(n) / 'console.log') for n in late)}")
+        time.sleep(0.3)
+
+
+def _start_host(spec: LabSpec, paths: LabPaths, base: Path, h: LabHost, files, log) -> None:
+    host_dir = paths.host_dir(h.name)
+    if h.kind == "vm":
+        from . import vm
+        if not vm.vm_running(host_dir):
+            log(f"  {h.name}: booting qemu VM (software emulation: about a minute)")
+            vm.start_vm(spec, h, host_dir, files, log=log)
+        return
+    net.ensure_host_net(spec, h)
+    root = nspawn.mount_root(base, host_dir, files)
+    binds = []
+    if h.role == "worker":
+        # containerd's overlayfs snapshotter cannot work on an overlayfs root: give it a plain dir
+        state = host_dir / "containerd"
+        state.mkdir(exist_ok=True)
+        binds.append((state, "/var/lib/containerd"))
+    if nspawn.pid_of(host_dir) is None:
+        log(f"  {h.name}: booting ({h.address})")
+    nspawn.boot(h, host_dir, root, binds)
+
+
+def up(name: str, controls: int = 1, workers: int = 2, vm_workers: int = 0, subnet: str | None = None,
+       inventory_out: Path | None = None, log=print) -> Path:
+    spec = LabSpec.create(name, controls, workers, vm_workers, subnet or DEFAULT_SUBNET)
+    paths = LabPaths.of(name)
+    preflight(spec, paths)
+    base = images.ensure_base(log)
+    if spec.vm_workers:
+        from . import vm
+        vm.ensure_vm_image(log)
+
+    paths.root.mkdir(parents=True, exist_ok=True)
+    os.chmod(paths.root, 0o700)
+    paths.spec_file.write_text(json.dumps({k: v for k, v in asdict(spec).items() if k != "hosts"}) + "\n")
+    login = seed.load_or_create(paths.ssh_key, f"hiddenplane-lab-{name}")
+    host_keys = _host_keys(paths, spec)
+    paths.known_hosts.write_text("".join(seed.known_hosts_line(h, host_keys[h.name]) for h in spec.hosts))
+    debian_artifacts.fill(paths.artifacts, log)
+
+    net.ensure_bridge(spec)
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        jobs = [pool.submit(_start_host, spec, paths, base, h, seed.host_files(spec, h, login, host_keys[h.name]), log)
+                for h in spec.hosts]
+        for j in jobs:
+            j.result()
+    wait_ssh(list(spec.hosts), log)
+
+    text = yaml.safe_dump(inventory_doc(spec, paths), sort_keys=False)
+    paths.inventory(name).write_text(text)
+    out = (inventory_out or Path.cwd() / f"{name}.inventory.yaml").resolve()
+    out.write_text(text)
+    (paths.root / "inventory-copy").write_text(f"{out}\n")
+    missing = debian_artifacts.missing_kubernetes(paths.artifacts)
+    if missing:
+        log(f"note: {paths.artifacts} has no {', '.join(missing)}: put the official binaries there and add "
+            f"them to SHA256SUMS (`sha256sum NAME >> SHA256SUMS`), or for tests the contract stand-ins: "
+            f"`python -m tests.standins install {paths.artifacts}`")
+    return out
+
+
+# --- status --------------------------------------------------------------------------------
+
+@dataclass
+class HostStatus:
+    name: str
+    role: str
+    kind: str
+    address: str
+    running: bool
+    ssh: bool
+
+
+def status(name: str) -> tuple[LabSpec, list[HostStatus]]:
+    paths = LabPaths.of(name)
+    if not paths.spec_file.exists():
+        raise LabError(f"no lab named {name} (looked in {paths.root})")
+    spec = load_spec(paths)
+    out = []
+    for h in spec.hosts:
+        if h.kind == "vm":
+            from . import vm
+            running = vm.vm_running(paths.host_dir(h.name))
+        else:
+            running = nspawn.pid_of(paths.host_dir(h.name)) is not None
+        out.append(HostStatus(h.name, h.role, h.kind, h.address, running, running and ssh_banner(h.address)))
+    return spec, out
+
+
+def ssh_command(paths: LabPaths, host: LabHost, command: str) -> list[str]:
+    return ["ssh", "-i", str(paths.ssh_key), "-o", f"UserKnownHostsFile={paths.known_hosts}",
+            "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5",
+            f"root@{host.address}", command]
+
+
+def run_on(name: str, host: str, command: str) -> subprocess.CompletedProcess:
+    paths = LabPaths.of(name)
+    spec = load_spec(paths)
+    return subprocess.run(ssh_command(paths, spec.host(host), command), capture_output=True, text=True)
+
+
+# --- down ----------------------------------------------------------------------------------
+
+def down(name: str, log=print) -> None:
+    paths = LabPaths.of(name)
+    if not paths.root.exists():
+        log(f"no lab named {name}: nothing to do")
+        return
+    spec = load_spec(paths) if paths.spec_file.exists() else LabSpec.create(name)
+
+    def stop(h: LabHost) -> None:
+        host_dir = paths.host_dir(h.name)
+        if h.kind == "vm":
+            from . import vm
+            vm.stop_vm(h, host_dir)
+        else:
+            nspawn.stop(host_dir)
+            nspawn.unmount_root(host_dir)
+            net.remove_host_net(h)
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        for j in [pool.submit(stop, h) for h in spec.hosts]:
+            j.result()
+    net.remove_bridge(spec)
+    still = nspawn.mounts_under(paths.root)
+    if still:
+        # never delete through a live mount: it could reach the shared base image
+        raise LabError(f"lab {name}: still mounted: {', '.join(still)}; unmount them and run down again")
+    copy = paths.root / "inventory-copy"
+    if copy.exists():
+        user_copy = Path(copy.read_text().strip())
+        if user_copy.is_file() and user_copy.read_text() == paths.inventory(name).read_text():
+            user_copy.unlink()
+    shutil.rmtree(paths.root)
+    log(f"lab {name} removed")
