@@ -230,6 +230,14 @@ class Inventory(_Strict):
                 return h
         raise KeyError(name)
 
+    def ssh_for(self, host: HostSpec) -> SSHSpec:
+        """spec.ssh with the host's overrides; key and known_hosts paths made absolute
+        (relative ones are relative to the inventory file, like artifacts.path)."""
+        merged = self.spec.ssh.model_dump() | host.ssh.model_dump(exclude_none=True)
+        for key in ("keyPath", "knownHosts"):
+            merged[key] = str((self.base_dir / Path(merged[key]).expanduser()).resolve())
+        return SSHSpec(**merged)
+
     def artifacts_dir(self) -> Path | None:
         p = self.spec.artifacts.path
         return None if p is None else (self.base_dir / Path(p).expanduser()).resolve()

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -194,3 +195,13 @@ def test_schema_accepts_example_with_jsonschema():
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"apiVersion": "hiddenplane/v1alpha1", "kind": "Cluster",
                              "metadata": {"name": "x"}, "spec": {"hosts": [], "zzz": 1}}, schema)
+
+
+def test_ssh_settings_merge_host_overrides_and_resolve_paths(doc, tmp_path):
+    doc["spec"]["ssh"] = {"user": "admin", "keyPath": "keys/id", "knownHosts": "~/kh"}
+    doc["spec"]["hosts"][1]["ssh"] = {"port": 2222, "keyPath": "/abs/key"}
+    inv = inventory.load(write_inventory(tmp_path, doc))
+    cp1, node2 = inv.ssh_for(inv.host("cp1")), inv.ssh_for(inv.host("node2"))
+    assert (cp1.user, cp1.port, cp1.keyPath) == ("admin", 22, str(tmp_path / "keys" / "id"))
+    assert cp1.knownHosts == str(Path("~/kh").expanduser())
+    assert (node2.user, node2.port, node2.keyPath) == ("admin", 2222, "/abs/key")
