@@ -87,6 +87,12 @@ def _version(v: str) -> str:
     return v
 
 
+def _semver(v: str) -> str:
+    if not re.fullmatch(r"v?\d+\.\d+\.\d+", v):
+        raise PydanticCustomError("version", "'{value}' is not a version MAJOR.MINOR.PATCH", {"value": v})
+    return v
+
+
 def _role(v: Any) -> Any:
     if isinstance(v, str) and v.strip().lower() in BOTH_ROLES:
         raise PydanticCustomError("role", HIDDEN_MSG)
@@ -167,9 +173,28 @@ class HostSpec(_Strict):
     ssh: HostSSHSpec = Field(default_factory=HostSSHSpec, description="Per-host overrides of spec.ssh.")
 
 
+def _sha256(v: str) -> str:
+    if not re.fullmatch(r"[0-9a-f]{64}", v):
+        raise PydanticCustomError("sha256", "'{value}' is not a lower-case hex sha256 digest", {"value": v})
+    return v
+
+
+class ComponentVersions(_Strict):
+    etcd: Annotated[str, AfterValidator(_semver)] = versions.DEFAULT_COMPONENTS["etcd"]
+    containerd: Annotated[str, AfterValidator(_semver)] = versions.DEFAULT_COMPONENTS["containerd"]
+    runc: Annotated[str, AfterValidator(_semver)] = versions.DEFAULT_COMPONENTS["runc"]
+    cni: Annotated[str, AfterValidator(_semver)] = versions.DEFAULT_COMPONENTS["cni"]
+
+
 class ArtifactsSpec(_Strict):
     source: Literal["download", "dir"] = "download"
     path: str | None = Field(None, description="With source: dir, the directory holding binaries and SHA256SUMS (relative to the inventory).")
+    versions: ComponentVersions = Field(default_factory=ComponentVersions,
+                                        description="Versions of the non-Kubernetes components downloaded with source: download.")
+    checksums: dict[str, Annotated[str, AfterValidator(_sha256)]] = Field(
+        default_factory=dict, description="Pinned sha256 per binary name (e.g. kube-apiserver); checked in "
+        "addition to the published checksums, for both sources.")
+    cacheDir: str | None = Field(None, description="Where downloads are kept. Default: $XDG_CACHE_HOME/hiddenplane/artifacts.")
 
 
 class PKISpec(_Strict):
@@ -273,7 +298,7 @@ def _describe(err: dict) -> str:
         return f"{path}: required field is missing"
     if kind == "literal_error":
         return f"{path}: {value!r} is not allowed; expected {err['ctx']['expected']}"
-    if kind in ("dns1123", "ip", "cidr", "host", "version", "role", "port"):
+    if kind in ("dns1123", "ip", "cidr", "host", "version", "role", "port", "sha256"):
         return f"{path}: {err['msg']}"
     return f"{path}: {value!r}: {err['msg']}"
 

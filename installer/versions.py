@@ -8,6 +8,8 @@ v1.37). 1.34 reached end of life in 2026 and is refused.
 import re
 
 DEFAULT_KUBERNETES_VERSION = "v1.36.4"
+# downloaded with `source: download`; each is checked against its published sha256
+DEFAULT_COMPONENTS = {"etcd": "v3.6.7", "containerd": "2.2.3", "runc": "v1.4.2", "cni": "v1.8.0"}
 MIN_SUPPORTED = (1, 35)
 MAX_SUPPORTED = (1, 37)
 

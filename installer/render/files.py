@@ -27,10 +27,17 @@ class HostFile:
     group: str = "root"
     secret: bool = False                 # never shown in diffs or logs
     restarts: tuple[str, ...] = ()       # units to restart when this file changes
+    # large files (binaries) are not held in memory: read from ``source`` when uploaded,
+    # with the digest taken from the artifacts' checksum file
+    source: Path | None = None
+    digest: str | None = None
 
     @property
     def sha256(self) -> str:
-        return hashlib.sha256(self.content).hexdigest()
+        return self.digest or hashlib.sha256(self.content).hexdigest()
+
+    def data(self) -> bytes:
+        return self.source.read_bytes() if self.source is not None else self.content
 
 
 @dataclass(frozen=True)

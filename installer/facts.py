@@ -1,0 +1,148 @@
+"""Facts: one read-only probe per host, and a pure parser of what it prints.
+
+The probe is a POSIX shell script fed the managed paths and units on stdin; it prints one
+tab-separated record per line. Hashing large binaries on every run would dominate a no-op
+apply, so a file whose size and mtime equal what the installer recorded when it wrote it
+(/var/lib/hiddenplane/manifest) reports the recorded digest instead of re-reading it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+STATE_DIR = "/var/lib/hiddenplane"
+MANIFEST = f"{STATE_DIR}/manifest"
+LOCK = f"{STATE_DIR}/apply.lock"
+PENDING = f"{STATE_DIR}/pending-restart"
+# what would un-hide a control host, or collide with what we run
+RUNTIME_MARKERS = ("kubelet", "containerd", "dockerd", "crio")
+
+PROBE = r"""
+set -u
+T=$(printf '\t')
+k() { printf 'K\t%s\t%s\n' "$1" "$2"; }
+k hostname "$(hostname)"
+if [ -r /etc/os-release ]; then . /etc/os-release; fi
+k os "${ID:-unknown} ${VERSION_ID:-}"
+k arch "$(uname -m)"
+k init "$(cat /proc/1/comm 2>/dev/null || echo unknown)"
+k swap "$(awk 'NR>1' /proc/swaps 2>/dev/null | wc -l)"
+if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet systemd-resolved 2>/dev/null; then k resolved 1; fi
+if [ -s PENDING ]; then k pending "$(sort -u PENDING | tr '\n' ' ')"; fi
+if [ -f LOCK ]; then k lock "$(head -c 300 LOCK | tr '\t\n' '  ')"; fi
+awk '{print "M\t" $1}' /proc/modules 2>/dev/null
+if command -v ss >/dev/null 2>&1; then ss -Htln 2>/dev/null | awk '{n=split($4,a,":"); print "P\t" a[n]}'; fi
+for u in $(awk -F: '{print $1}' /etc/passwd); do printf 'S\t%s\n' "$u"; done
+for x in RUNTIME; do
+  if command -v "$x" >/dev/null 2>&1 || [ -e "/usr/local/bin/$x" ]; then printf 'X\tbinary\t%s\n' "$x"; fi
+  if pgrep -x "$x" >/dev/null 2>&1; then printf 'X\tprocess\t%s\n' "$x"; fi
+  if [ -e "/etc/systemd/system/$x.service" ] || [ -e "/lib/systemd/system/$x.service" ]; then printf 'X\tunit\t%s\n' "$x"; fi
+done
+while IFS="$T" read -r kind p; do
+  case "$kind" in
+    F)
+      [ -f "$p" ] || continue
+      set -- $(stat -c '%s %Y %a %U %G' "$p")
+      rec=$(grep -F "$p$T" MANIFEST 2>/dev/null | awk -F"$T" -v p="$p" -v s="$1" -v m="$2" '$1==p && $3==s && $4==m {print $2; exit}')
+      [ -n "$rec" ] || rec=$(sha256sum "$p" | cut -c1-64)
+      printf 'F\t%s\t%s\t%s\t%s\t%s\n' "$p" "$rec" "$3" "$4" "$5"
+      if [ -n "$(grep -F "$p$T" MANIFEST 2>/dev/null | awk -F"$T" -v p="$p" -v h="$rec" '$1==p && $2==h')" ]; then
+        printf 'W\t%s\n' "$p"
+      fi;;
+    D)
+      if [ -d "$p" ]; then printf 'D\t%s\t%s\n' "$p" "$(stat --printf '%a\t%U\t%G' "$p")"; fi;;
+    U)
+      printf 'U\t%s\t%s\t%s\n' "$p" "$(systemctl is-active "$p" 2>/dev/null || true)" "$(systemctl is-enabled "$p" 2>/dev/null || true)";;
+  esac
+done
+echo END
+""".replace("MANIFEST", MANIFEST).replace("LOCK", LOCK).replace("PENDING", PENDING).replace("RUNTIME", " ".join(RUNTIME_MARKERS))
+
+
+@dataclass(frozen=True)
+class FileFact:
+    sha256: str
+    mode: int
+    owner: str
+    group: str
+    ours: bool          # the content is what the installer last wrote there
+
+
+@dataclass(frozen=True)
+class DirFact:
+    mode: int
+    owner: str
+    group: str
+
+
+@dataclass
+class HostFacts:
+    hostname: str = ""
+    os: str = ""
+    arch: str = ""
+    init: str = ""
+    swap_devices: int = 0
+    systemd_resolved: bool = False
+    lock: str | None = None
+    pending_restarts: set[str] = field(default_factory=set)
+    modules: set[str] = field(default_factory=set)
+    listening: set[int] = field(default_factory=set)
+    users: set[str] = field(default_factory=set)
+    runtime: set[tuple[str, str]] = field(default_factory=set)     # (binary|process|unit, name)
+    files: dict[str, FileFact] = field(default_factory=dict)
+    dirs: dict[str, DirFact] = field(default_factory=dict)
+    units: dict[str, tuple[str, str]] = field(default_factory=dict)  # unit -> (active, enabled)
+
+
+def probe_input(files: list[str], dirs: list[str], units: list[str]) -> bytes:
+    lines = [f"F\t{p}" for p in files] + [f"D\t{d}" for d in dirs] + [f"U\t{u}" for u in units]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def parse(output: str) -> HostFacts:
+    """Pure: the probe's output -> HostFacts. Raises ValueError on a truncated probe."""
+    facts = HostFacts()
+    ours: set[str] = set()
+    complete = False
+    for line in output.splitlines():
+        if line == "END":
+            complete = True
+            continue
+        kind, _, rest = line.partition("\t")
+        cols = rest.split("\t")
+        if kind == "K" and len(cols) == 2:
+            key, value = cols
+            if key == "swap":
+                facts.swap_devices = int(value or 0)
+            elif key == "resolved":
+                facts.systemd_resolved = True
+            elif key == "lock":
+                facts.lock = value
+            elif key == "pending":
+                facts.pending_restarts = set(value.split())
+            elif key in ("hostname", "os", "arch", "init"):
+                setattr(facts, key, value.strip())
+        elif kind == "M":
+            facts.modules.add(cols[0])
+        elif kind == "P" and cols[0].isdigit():
+            facts.listening.add(int(cols[0]))
+        elif kind == "S":
+            facts.users.add(cols[0])
+        elif kind == "X" and len(cols) == 2:
+            facts.runtime.add((cols[0], cols[1]))
+        elif kind == "F" and len(cols) == 5:
+            path, digest, mode, owner, group = cols
+            facts.files[path] = FileFact(digest, int(mode, 8), owner, group, False)
+        elif kind == "W":
+            ours.add(cols[0])
+        elif kind == "D" and len(cols) == 4:
+            path, mode, owner, group = cols
+            facts.dirs[path] = DirFact(int(mode, 8), owner, group)
+        elif kind == "U" and len(cols) == 3:
+            facts.units[cols[0]] = (cols[1], cols[2])
+    if not complete:
+        raise ValueError("the facts probe did not finish")
+    for path in ours & facts.files.keys():
+        f = facts.files[path]
+        facts.files[path] = FileFact(f.sha256, f.mode, f.owner, f.group, True)
+    return facts

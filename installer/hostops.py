@@ -1,0 +1,86 @@
+"""Turn HostChanges into one shell script plus one tar stream: a single round trip per change.
+
+The script carries no secret (file contents travel in the tar on stdin). Each file is
+installed next to its target and renamed over it, so a host never holds a half-written file
+even if the installer is killed. Units to restart are recorded on the host before any file is
+replaced and cleared only after the restart, so a run interrupted in between still restarts
+them next time.
+"""
+
+from __future__ import annotations
+
+import io
+import shlex
+import tarfile
+import time
+
+from .diff import HostChanges
+from .facts import MANIFEST, PENDING, STATE_DIR
+
+_PRELUDE = f"""set -eu
+umask 077
+mkdir -p {STATE_DIR}/stage
+chmod 700 {STATE_DIR}
+stage=$(mktemp -d {STATE_DIR}/stage/apply.XXXXXX)
+trap 'rm -rf "$stage"' EXIT
+tar -x -C "$stage" -f -
+put() {{  # index path mode owner group backup digest
+  mkdir -p "$(dirname "$2")"
+  if [ "$6" = 1 ] && [ -e "$2" ]; then cp -p "$2" "$2.hiddenplane-backup-$STAMP"; fi
+  install -m "$3" -o "$4" -g "$5" "$stage/$1" "$2.hp-new"
+  sync "$2.hp-new"
+  mv -f "$2.hp-new" "$2"
+  printf '%s\\t%s\\t%s\\n' "$2" "$7" "$(stat --printf '%s\\t%Y' "$2")" >> "$stage/manifest.add"
+}}
+"""
+
+
+def _q(*parts: object) -> str:
+    return " ".join(shlex.quote(str(p)) for p in parts)
+
+
+def tarball(changes: HostChanges) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for i, f in enumerate(changes.write):
+            data = f.data()
+            info = tarfile.TarInfo(str(i))
+            info.size, info.mode, info.mtime = len(data), 0o600, 0
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def script(changes: HostChanges, stamp: str | None = None) -> str:
+    lines = [f"STAMP={shlex.quote(stamp or time.strftime('%Y%m%dT%H%M%S'))}", _PRELUDE]
+    for u in changes.users:
+        lines.append(f"id -u {_q(u.name)} >/dev/null 2>&1 || useradd --system --user-group --no-create-home "
+                     f"--home-dir {_q(u.home)} --shell /usr/sbin/nologin {_q(u.name)}")
+    for d in changes.dirs:
+        lines.append(f"mkdir -p {_q(d.path)} && chown {_q(f'{d.owner}:{d.group}')} {_q(d.path)} "
+                     f"&& chmod {d.mode:04o} {_q(d.path)}")
+    units = sorted(set(changes.restart))
+    if units:
+        lines.append(f"printf '%s\\n' {_q(*units)} >> {PENDING}")
+    for i, f in enumerate(changes.write):
+        lines.append("put " + _q(i, f.path, f"{f.mode:04o}", f.owner, f.group,
+                                  1 if f.path in changes.backup else 0, f.sha256))
+    for f in changes.fix:
+        lines.append(f"chown {_q(f'{f.owner}:{f.group}')} {_q(f.path)} && chmod {f.mode:04o} {_q(f.path)}")
+    if changes.write:
+        paths = "\n".join(f.path for f in changes.write)
+        lines.append(f"printf '%s\\n' {shlex.quote(paths)} | sed 's/$/\\t/' > \"$stage/paths\"")
+        lines.append(f"{{ grep -v -F -f \"$stage/paths\" {MANIFEST} 2>/dev/null || true; cat \"$stage/manifest.add\"; }}"
+                     f" > {MANIFEST}.new && mv -f {MANIFEST}.new {MANIFEST}")
+    if changes.daemon_reload:
+        lines.append("systemctl daemon-reload")
+    if changes.enable:
+        lines.append(f"systemctl enable --quiet {_q(*changes.enable)}")
+    for u in changes.start:
+        lines.append(f"systemctl start {_q(u)}")
+    for u in changes.restart:
+        lines.append(f"systemctl restart {_q(u)}")
+    if units:
+        # clear only our units: another phase's pending restarts stay recorded
+        keep = " ".join(f"-e {shlex.quote(u)}" for u in units)
+        lines.append(f"{{ grep -v -x -F {keep} {PENDING} || true; }} > {PENDING}.new && mv -f {PENDING}.new {PENDING}")
+    return "\n".join(lines) + "\n"
