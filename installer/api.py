@@ -52,3 +52,15 @@ def render(path: str | Path, out: str | Path, state_dir: str | Path | None = Non
     p = prepare(path, state_dir)
     write_tree(p.plans, Path(out), p.inventory, p.material)
     return p
+
+
+def admin_kubeconfig(path: str | Path, out: str | Path | None = None, state_dir: str | Path | None = None,
+                     force: bool = False) -> tuple[Inventory, Path, bool]:
+    """Write the admin kubeconfig from the state (default ``./<cluster>.kubeconfig``, 0600);
+    an existing different file is kept unless ``force``. Returns (inventory, path, written)."""
+    from . import kube   # the kubernetes client is slow to import; only this command needs it
+    inv = validate(path)
+    material = state_for(inv, state_dir).load(inv)
+    kube.check_admin_material(inv, material)
+    target = Path(out) if out else Path(f"{inv.metadata.name}.kubeconfig")
+    return inv, target, kube.write_kubeconfig(inv, material, target, force=force)

@@ -51,6 +51,19 @@ def plan(inventory, render_dir, state_dir):
 
 
 @cli.command()
+@click.argument("inventory", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", type=click.Path(dir_okay=False),
+              help="Where to write it (mode 0600). Default: ./<cluster>.kubeconfig")
+@click.option("--state", "state_dir", type=click.Path(file_okay=False), help=STATE_HELP)
+@click.option("--force", is_flag=True, help="Overwrite an existing file with other content.")
+@domain_errors
+def kubeconfig(inventory, output, state_dir, force):
+    """Write an admin kubeconfig (user kubernetes-admin) for the cluster's API endpoint."""
+    inv, path, written = api.admin_kubeconfig(inventory, output, state_dir, force)
+    click.echo(f"{path}: {'written' if written else 'unchanged'} (user kubernetes-admin, server {inv.api_url})")
+
+
+@cli.command()
 def schema():
     """Print the inventory's JSON Schema (for editors)."""
     click.echo(json.dumps(json_schema(), indent=2))

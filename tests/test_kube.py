@@ -1,0 +1,644 @@
+"""The cluster-bootstrap API calls through the real ``kubernetes`` client library.
+
+No kube-apiserver exists here, so the transport is faked at the lowest level the client has:
+``ApiClient.rest_client.pool_manager`` (urllib3) is replaced by ``FakeApiServer``, which records
+every (method, path, JSON body) and answers with real ``urllib3.HTTPResponse`` objects shaped
+like the apiserver's (201 with the stored object, 409 AlreadyExists / 404 NotFound Status JSON,
+GET of a stored object with data base64-encoded, PUT checked against resourceVersion). Everything
+above the transport (typed API, serialization, error mapping) is the real client.
+
+TLS and the SSH tunnel are exercised for real against stand-ins: a Python ``ssl`` server with
+the rendered apiserver certificate (requiring a client certificate from the cluster CA) and an
+in-process paramiko SSH server that forwards ``direct-tcpip`` channels.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import os
+import re
+import shutil
+import socket
+import ssl
+import stat
+import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import paramiko
+import pytest
+import urllib3
+import yaml
+from click.testing import CliRunner
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from installer import inventory, kube
+from installer.cli.main import cli
+from installer.pki import issue
+from installer.ssh import Remote
+
+from .conftest import EXAMPLE
+
+API = "https://192.168.56.230:6443"
+CRB = "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings"
+SECRETS = "/api/v1/namespaces/kube-system/secrets"
+NODES = "/api/v1/nodes"
+LABELS = {"app.kubernetes.io/managed-by": "hiddenplane"}
+RFC3339 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
+
+
+# --- the fake transport -------------------------------------------------------------------------
+
+def _status(code: int, reason: str, message: str, **details) -> dict:
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure" if code >= 400 else "Success",
+            "message": message, "reason": reason, "details": details, "code": code}
+
+
+def stored(obj: dict, rv: int) -> dict:
+    """``obj`` as the apiserver returns it once stored: server metadata added, and a Secret's
+    write-only stringData merged into base64 ``data``."""
+    out = copy.deepcopy(obj)
+    meta = out.setdefault("metadata", {})
+    meta.update(uid=f"uid-{meta['name']}", resourceVersion=str(rv), creationTimestamp="2026-01-01T00:00:00Z")
+    if out.get("kind") == "Secret":
+        data = dict(out.get("data") or {})
+        for k, v in (out.pop("stringData", None) or {}).items():
+            data[k] = base64.b64encode(v.encode()).decode()
+        out["data"] = data
+    return out
+
+
+class FakeApiServer:
+    """Stands in for urllib3's PoolManager under the real ApiClient (see the module docstring)."""
+
+    COLLECTIONS = {CRB: "clusterrolebindings", SECRETS: "secrets", NODES: "nodes"}
+
+    def __init__(self, objects: list[dict] = ()):
+        self.requests: list[tuple[str, str, dict | None]] = []
+        self.headers: list[dict] = []
+        self.store: dict[str, dict] = {}
+        self.rv = 100
+        self.fail: dict[tuple[str, str], tuple[int, dict]] = {}    # (method, path) -> forced answer
+        for o in objects:
+            self.put(o)
+
+    def put(self, obj: dict) -> None:
+        coll = {"ClusterRoleBinding": CRB, "Secret": SECRETS, "Node": NODES}[obj["kind"]]
+        self.rv += 1
+        self.store[f"{coll}/{obj['metadata']['name']}"] = stored(obj, self.rv)
+
+    def request(self, method, url, body=None, headers=None, **kwargs):
+        path = unquote(urlsplit(url).path)   # as the apiserver decodes it (":" arrives as %3A)
+        doc = json.loads(body) if body else None
+        self.requests.append((method, path, doc))
+        self.headers.append(dict(headers or {}))
+        if (method, path) in self.fail:
+            return self._answer(*self.fail[(method, path)])
+        return self._answer(*self._handle(method, path, doc))
+
+    def clear(self):      # ApiClient.close() -> rest_client.close() -> pool_manager.clear()
+        pass
+
+    @staticmethod
+    def _answer(code: int, doc: dict):
+        return urllib3.HTTPResponse(body=json.dumps(doc).encode(), status=code,
+                                    reason={200: "OK", 201: "Created", 404: "Not Found", 409: "Conflict",
+                                            403: "Forbidden"}.get(code, ""),
+                                    headers={"Content-Type": "application/json"}, preload_content=False)
+
+    def _handle(self, method: str, path: str, doc):
+        coll, _, name = path.rpartition("/")
+        if method == "POST" and path in self.COLLECTIONS:
+            key = f"{path}/{doc['metadata']['name']}"
+            if key in self.store:
+                res = self.COLLECTIONS[path]
+                group = "rbac.authorization.k8s.io" if path == CRB else ""
+                return 409, _status(409, "AlreadyExists", f'{res}{"." + group if group else ""} '
+                                    f'"{doc["metadata"]["name"]}" already exists',
+                                    name=doc["metadata"]["name"], group=group, kind=res)
+            self.rv += 1
+            self.store[key] = stored(doc, self.rv)
+            return 201, self.store[key]
+        if method == "GET" and path in self.COLLECTIONS:
+            items = [v for k, v in self.store.items() if k.rpartition("/")[0] == path]
+            return 200, {"kind": "List", "apiVersion": "v1", "metadata": {"resourceVersion": str(self.rv)},
+                         "items": items}
+        if path not in self.store:
+            return 404, _status(404, "NotFound", f'"{name}" not found', name=name)
+        if method == "GET":
+            return 200, self.store[path]
+        if method == "PUT":
+            if doc["metadata"].get("resourceVersion") != self.store[path]["metadata"]["resourceVersion"]:
+                return 409, _status(409, "Conflict", "the object has been modified", name=name)
+            self.rv += 1
+            self.store[path] = stored(doc, self.rv)
+            return 200, self.store[path]
+        if method == "DELETE":
+            del self.store[path]
+            return 200, _status(200, "", "", name=name)
+        raise AssertionError(f"unexpected {method} {path}")
+
+
+@pytest.fixture
+def fake():
+    return FakeApiServer()
+
+
+@pytest.fixture
+def api(prepared, fake):
+    a = kube.api_client(API, prepared.material)
+    a.rest_client.pool_manager = fake
+    yield a
+    a.close()
+
+
+# --- the objects we expect, written out ---------------------------------------------------------
+
+def binding(name: str, role: str, kind: str, subject: str) -> dict:
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": name, "labels": LABELS},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": subject}]}
+
+
+def expected_objects(prepared) -> list[dict]:
+    objs = [
+        binding("hiddenplane:kubelet-bootstrap", "system:node-bootstrapper", "Group",
+                "system:bootstrappers:hiddenplane"),
+        binding("hiddenplane:node-autoapprove-bootstrap",
+                "system:certificates.k8s.io:certificatesigningrequests:nodeclient", "Group",
+                "system:bootstrappers:hiddenplane"),
+        binding("hiddenplane:apiserver-kubelet-api-admin", "system:kubelet-api-admin", "User",
+                "kube-apiserver-kubelet-client"),
+        binding("hiddenplane:cluster-admins", "cluster-admin", "Group", "kubeadm:cluster-admins"),
+    ]
+    for node in ("node2", "node3"):
+        t = prepared.material.tokens[node]
+        objs.append(binding(f"hiddenplane:node-renewal:{node}",
+                            "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient",
+                            "User", f"system:node:{node}"))
+        objs.append({
+            "apiVersion": "v1", "kind": "Secret", "type": "bootstrap.kubernetes.io/token",
+            "metadata": {"name": f"bootstrap-token-{t.id}", "namespace": "kube-system",
+                         "labels": {**LABELS, "hiddenplane.io/node": node}},
+            "stringData": {"description": f"hiddenplane: TLS bootstrap of node {node}",
+                           "token-id": t.id, "token-secret": t.secret,
+                           "expiration": t.expires.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                           "usage-bootstrap-authentication": "true",
+                           "auth-extra-groups": "system:bootstrappers:hiddenplane"},
+        })
+    return objs
+
+
+def bootstrap(prepared) -> list[dict]:
+    from installer.render.manifests import bootstrap_objects
+    return bootstrap_objects(prepared.inventory, prepared.material)
+
+
+def post_path(obj: dict) -> str:
+    return CRB if obj["kind"] == "ClusterRoleBinding" else SECRETS
+
+
+def item_path(obj: dict) -> str:
+    return f"{post_path(obj)}/{obj['metadata']['name']}"
+
+
+# --- apply_objects --------------------------------------------------------------------------------
+
+def test_first_run_sends_exactly_the_bootstrap_objects_in_order(prepared, api, fake):
+    want = expected_objects(prepared)
+    assert bootstrap(prepared) == want
+    for o in want[4:]:
+        if o["kind"] == "Secret":
+            assert RFC3339.match(o["stringData"]["expiration"])
+    done = kube.apply_objects(api, bootstrap(prepared), prepared.inventory.spec.kubernetes.version)
+    assert done == [(o["kind"], o["metadata"]["name"], "created") for o in want]
+    assert fake.requests == [("POST", post_path(o), o) for o in want]
+    assert all(h.get("Content-Type") == "application/json" for h in fake.headers)
+    assert all(h.get("Accept", "").startswith("application/json") for h in fake.headers)
+    # the apiserver turned each token's stringData into data: what a kubelet's token resolves to
+    secret = fake.store[item_path(want[5])]
+    t = prepared.material.tokens["node2"]
+    assert base64.b64decode(secret["data"]["token-secret"]).decode() == t.secret
+
+
+def test_second_run_changes_nothing(prepared, api, fake):
+    version = prepared.inventory.spec.kubernetes.version
+    kube.apply_objects(api, bootstrap(prepared), version)
+    fake.requests.clear()
+    done = kube.apply_objects(api, bootstrap(prepared), version)
+    want = expected_objects(prepared)
+    assert done == [(o["kind"], o["metadata"]["name"], "unchanged") for o in want]
+    # per object: the create (answered 409 AlreadyExists) and one GET; no PUT, no DELETE
+    assert [(m, p) for m, p, _ in fake.requests] == [x for o in want
+                                                    for x in (("POST", post_path(o)), ("GET", item_path(o)))]
+
+
+def test_changed_role_ref_is_deleted_and_created(prepared, api, fake):
+    want = expected_objects(prepared)
+    old = copy.deepcopy(want[0])
+    old["roleRef"]["name"] = "system:basic-user"
+    fake.put(old)
+    done = kube.apply_objects(api, bootstrap(prepared), prepared.inventory.spec.kubernetes.version)
+    assert done[0] == ("ClusterRoleBinding", "hiddenplane:kubelet-bootstrap", "replaced")
+    assert all(a == "created" for _, _, a in done[1:])
+    assert fake.requests[:4] == [("POST", CRB, want[0]), ("GET", f"{CRB}/hiddenplane:kubelet-bootstrap", None),
+                                 ("DELETE", f"{CRB}/hiddenplane:kubelet-bootstrap", fake.requests[2][2]),
+                                 ("POST", CRB, want[0])]
+    assert fake.store[f"{CRB}/hiddenplane:kubelet-bootstrap"]["roleRef"] == want[0]["roleRef"]
+
+
+def test_changed_subjects_are_replaced_keeping_foreign_labels(prepared, api, fake):
+    want = expected_objects(prepared)
+    old = copy.deepcopy(want[2])
+    old["subjects"][0]["name"] = "someone-else"
+    old["metadata"]["labels"] = {"team": "infra"}
+    fake.put(old)
+    rv = fake.store[item_path(old)]["metadata"]["resourceVersion"]
+    done = kube.apply_objects(api, bootstrap(prepared), prepared.inventory.spec.kubernetes.version)
+    assert done[2] == ("ClusterRoleBinding", "hiddenplane:apiserver-kubelet-api-admin", "replaced")
+    puts = [(p, b) for m, p, b in fake.requests if m == "PUT"]
+    assert len(puts) == 1 and not any(m == "DELETE" for m, _, _ in fake.requests)
+    path, body = puts[0]
+    assert path == item_path(want[2])
+    assert body["subjects"] == want[2]["subjects"] and body["roleRef"] == want[2]["roleRef"]
+    assert body["metadata"]["resourceVersion"] == rv
+    assert body["metadata"]["labels"] == {"team": "infra", **LABELS}
+
+
+def test_token_secret_left_when_equal_and_replaced_when_expiry_differs(prepared, api, fake):
+    want = expected_objects(prepared)
+    same, changed = copy.deepcopy(want[5]), copy.deepcopy(want[7])
+    changed["stringData"]["expiration"] = "2020-01-01T00:00:00Z"
+    fake.put(same)
+    fake.put(changed)
+    done = kube.apply_objects(api, bootstrap(prepared), prepared.inventory.spec.kubernetes.version)
+    assert done[5] == ("Secret", same["metadata"]["name"], "unchanged")
+    assert done[7] == ("Secret", changed["metadata"]["name"], "replaced")
+    puts = [(p, b) for m, p, b in fake.requests if m == "PUT"]
+    assert [p for p, _ in puts] == [item_path(want[7])]
+    assert puts[0][1]["stringData"] == want[7]["stringData"] and puts[0][1]["type"] == "bootstrap.kubernetes.io/token"
+    data = fake.store[item_path(want[7])]["data"]
+    assert base64.b64decode(data["expiration"]).decode() == want[7]["stringData"]["expiration"]
+
+
+def test_invalid_manifest_is_refused_before_any_request(prepared, api, fake):
+    objs = bootstrap(prepared)
+    objs[3]["roleReff"] = objs[3].pop("roleRef")
+    objs[5]["stringData"]["token-id"] = 123          # not a string
+    with pytest.raises(kube.KubeError) as e:
+        kube.apply_objects(api, objs, "v1.36.4")
+    assert fake.requests == []
+    msg = str(e.value)
+    assert "2 object(s) invalid for Kubernetes 1.36.0" in msg
+    assert "ClusterRoleBinding/hiddenplane:cluster-admins" in msg and objs[5]["metadata"]["name"] in msg
+
+
+def test_target_version():
+    assert kube.target_version("v1.36.4") == "1.36.0" == kube.target_version("1.36.9")
+    with pytest.raises(ValueError):
+        kube.target_version("1.36")
+
+
+def test_refusal_names_the_object_and_the_reason(prepared, api, fake):
+    fake.fail[("POST", CRB)] = (403, _status(403, "Forbidden", 'User "kubernetes-admin" cannot create '
+                                            'resource "clusterrolebindings"'))
+    with pytest.raises(kube.KubeError, match=r"ClusterRoleBinding/hiddenplane:kubelet-bootstrap: create refused: "
+                                             r"403 Forbidden: User \"kubernetes-admin\" cannot"):
+        kube.apply_objects(api, bootstrap(prepared), "v1.36.4")
+    assert len(fake.requests) == 1
+
+
+def test_unreachable_api_is_a_clear_error(prepared):
+    port = free_port()
+    with kube.api_client(f"https://127.0.0.1:{port}", prepared.material) as a:
+        with pytest.raises(kube.KubeError, match=r"cannot reach the API"):
+            kube.token_consumed(a, "node2")
+
+
+# --- the workers phase ----------------------------------------------------------------------------
+
+def node(name: str, ready: str | None, reason: str = "KubeletReady") -> dict:
+    conds = [] if ready is None else [{"type": "Ready", "status": ready, "reason": reason,
+                                       "message": f"kubelet is {'' if ready == 'True' else 'not '}ready"}]
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}, "status": {"conditions": conds}}
+
+
+def test_wait_nodes_ready(api, fake):
+    fake.put(node("node2", "True"))
+    fake.put(node("node3", "True"))
+    kube.wait_nodes_ready(api, ["node2", "node3"], timeout=0, interval=0)
+    assert fake.requests == [("GET", NODES, None)]
+
+
+def test_wait_nodes_ready_times_out_naming_each_node(api, fake):
+    fake.put(node("node2", "False", "KubeletNotReady"))
+    with pytest.raises(kube.KubeError) as e:
+        kube.wait_nodes_ready(api, ["node2", "node3"], timeout=0.05, interval=0.01)
+    assert "node2: Ready=False (KubeletNotReady: kubelet is not ready)" in str(e.value)
+    assert "node3: not registered" in str(e.value)
+    assert len(fake.requests) >= 2
+
+
+def test_token_consumed_means_the_node_registered(api, fake):
+    assert kube.token_consumed(api, "node2") is False
+    fake.put(node("node2", None))
+    assert kube.token_consumed(api, "node2") is True
+    assert fake.requests == [("GET", f"{NODES}/node2", None)] * 2
+    assert kube.node_names(api) == ["node2"]
+
+
+def test_delete_bootstrap_token(prepared, api, fake):
+    tok = expected_objects(prepared)[5]
+    fake.put(tok)
+    tid = tok["stringData"]["token-id"]
+    assert kube.delete_bootstrap_token(api, tid) is True
+    assert kube.delete_bootstrap_token(api, tid) is False
+    assert [(m, p) for m, p, _ in fake.requests] == [("DELETE", f"{SECRETS}/bootstrap-token-{tid}")] * 2
+
+
+# --- the client: credentials on disk, real TLS ----------------------------------------------------
+
+def test_client_credentials_are_private_and_removed_on_close(prepared):
+    a = kube.api_client(API, prepared.material)
+    d = Path(a.configuration.key_file).parent
+    assert stat.S_IMODE(d.stat().st_mode) == 0o700
+    for f in (a.configuration.cert_file, a.configuration.key_file):
+        assert stat.S_IMODE(os.stat(f).st_mode) == 0o600
+    assert Path(a.configuration.key_file).read_bytes() == issue.key_pem(prepared.material.pair("admin").key)
+    assert a.configuration.verify_ssl and "BEGIN CERTIFICATE" in a.configuration.ca_cert_data
+    a.close()
+    assert not d.exists()
+    with kube.api_client(API, prepared.material, credential="super-admin") as b:
+        assert Path(b.configuration.cert_file).read_bytes() == issue.cert_pem(
+            prepared.material.pair("super-admin").cert)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+VERSION = {"major": "1", "minor": "36", "gitVersion": "v1.36.4", "gitCommit": "x", "gitTreeState": "clean",
+           "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.25", "compiler": "gc", "platform": "linux/amd64"}
+
+
+@pytest.fixture(scope="module")
+def tls_apiserver(prepared, tmp_path_factory):
+    """A Python ssl server with the apiserver certificate, requiring a client certificate from
+    the cluster CA, answering GET /version; records the client's CN and the SNI it sent."""
+    d = tmp_path_factory.mktemp("apiserver")
+    m = prepared.material
+    (d / "ca.crt").write_bytes(issue.cert_pem(m.pair("ca").cert))
+    (d / "tls.crt").write_bytes(issue.cert_pem(m.pair("apiserver").cert))
+    (d / "tls.key").write_bytes(issue.key_pem(m.pair("apiserver").key))
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(d / "tls.crt", d / "tls.key")
+    ctx.load_verify_locations(d / "ca.crt")
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    seen: dict[str, list] = {"cn": [], "sni": []}
+    ctx.sni_callback = lambda sock, name, c: seen["sni"].append(name)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            cn = dict(x[0] for x in self.connection.getpeercert()["subject"])["commonName"]
+            seen["cn"].append(cn)
+            body = json.dumps(VERSION).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    # the handshake happens in each handler thread, so a silent client blocks only itself
+    srv.socket = ctx.wrap_socket(srv.socket, server_side=True, do_handshake_on_connect=False)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield srv.server_address[1], seen
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_client_verifies_the_apiserver_on_127_0_0_1(prepared, tls_apiserver):
+    port, seen = tls_apiserver
+    with kube.api_client(f"https://127.0.0.1:{port}", prepared.material) as a:
+        assert k8s.VersionApi(a).get_code().git_version == "v1.36.4"
+    assert seen["cn"][-1] == "kubernetes-admin"
+
+
+def test_tls_server_name_is_what_the_certificate_is_checked_against(prepared, tls_apiserver):
+    port, seen = tls_apiserver
+    with kube.api_client(f"https://127.0.0.1:{port}", prepared.material,
+                         tls_server_name="kubernetes.default.svc") as a:
+        assert k8s.VersionApi(a).get_code().major == "1"
+    assert seen["sni"][-1] == "kubernetes.default.svc"
+    with kube.api_client(f"https://127.0.0.1:{port}", prepared.material, tls_server_name="not-a-san.example") as a:
+        with pytest.raises((ApiException, urllib3.exceptions.HTTPError), match="certificate"):
+            k8s.VersionApi(a).get_code()
+        with pytest.raises(kube.KubeError, match=r"Node/node2: (cannot reach the API|TLS with the API failed)"
+                                                 r".*certificate"):
+            kube.token_consumed(a, "node2")
+
+
+# --- api_access: direct, or an SSH tunnel through the first control host ---------------------------
+
+def lo_inventory(tmp_path: Path, api_port: int, ssh_port: int = 22, key: str = "id", known: str = "known_hosts"):
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["spec"]["apiServer"] = {"port": api_port}
+    doc["spec"]["ssh"] = {"user": "root", "port": ssh_port, "keyPath": key, "knownHosts": known}
+    doc["spec"]["hosts"] = [{"name": "cp1", "address": "127.0.0.1", "role": "control"},
+                            {"name": "node2", "address": "127.0.0.2", "role": "worker"}]
+    p = tmp_path / "inventory.yaml"
+    p.write_text(yaml.safe_dump(doc))
+    return inventory.load(p)
+
+
+def test_api_access_direct_when_the_endpoint_answers(tmp_path):
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        inv = lo_inventory(tmp_path, listener.getsockname()[1])
+
+        def no_ssh(host):
+            raise AssertionError("no tunnel may be opened when the API is reachable")
+        with kube.api_access(inv, no_ssh) as url:
+            assert url == inv.api_url == f"https://127.0.0.1:{listener.getsockname()[1]}"
+
+
+class _ForwardingSSH(paramiko.ServerInterface):
+    """An SSH server playing a control host: public-key login, and direct-tcpip channels to
+    ``targets`` (its 'loopback' destinations mapped to real local ports)."""
+
+    def __init__(self, client_key, targets, seen):
+        self.client_key, self.targets, self.seen, self.pending = client_key, targets, seen, {}
+
+    def get_allowed_auths(self, username):
+        return "publickey"
+
+    def check_auth_publickey(self, username, key):
+        ok = username == "root" and key.get_base64() == self.client_key.get_base64()
+        return paramiko.AUTH_SUCCESSFUL if ok else paramiko.AUTH_FAILED
+
+    def check_channel_request(self, kind, chanid):
+        return paramiko.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
+
+    def check_channel_direct_tcpip_request(self, chanid, origin, destination):
+        self.seen.append(tuple(destination))
+        if tuple(destination) not in self.targets:
+            return paramiko.OPEN_FAILED_CONNECT_FAILED
+        self.pending[chanid] = self.targets[tuple(destination)]
+        return paramiko.OPEN_SUCCEEDED
+
+
+def _pump(a, b):
+    try:
+        while data := a.recv(65536):
+            b.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for s in (a, b):
+            try:
+                if isinstance(s, socket.socket):
+                    s.shutdown(socket.SHUT_RDWR)     # wakes the opposite pump (close alone would not)
+                s.close()
+            except OSError:
+                pass
+
+
+@pytest.fixture
+def ssh_control_host(tmp_path):
+    """(port, key path, known_hosts path, destinations seen, set_targets)."""
+    host_key, client_key = paramiko.ECDSAKey.generate(), paramiko.ECDSAKey.generate()
+    client_key.write_private_key_file(str(tmp_path / "id"))
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    port = listener.getsockname()[1]
+    (tmp_path / "known_hosts").write_text(f"[127.0.0.1]:{port} {host_key.get_name()} {host_key.get_base64()}\n")
+    seen, targets, transports = [], {}, []
+
+    def serve():
+        while True:
+            try:
+                sock, _ = listener.accept()
+            except OSError:
+                return
+            t = paramiko.Transport(sock)
+            t.add_server_key(host_key)
+            iface = _ForwardingSSH(client_key, targets, seen)
+            t.start_server(server=iface)
+            transports.append(t)
+            threading.Thread(target=channels, args=(t, iface), daemon=True).start()
+
+    def channels(t, iface):
+        while t.is_active():
+            chan = t.accept(0.2)
+            if chan is None:
+                continue
+            out = socket.create_connection(iface.pending.pop(chan.get_id()))
+            threading.Thread(target=_pump, args=(chan, out), daemon=True).start()
+            threading.Thread(target=_pump, args=(out, chan), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield port, seen, targets
+    try:
+        listener.shutdown(socket.SHUT_RDWR)           # wakes serve()'s accept
+    except OSError:
+        pass
+    listener.close()
+    for t in transports:
+        t.close()
+
+
+def test_api_access_tunnels_through_the_control_host(prepared, tls_apiserver, ssh_control_host, tmp_path):
+    tls_port, seen_tls = tls_apiserver
+    ssh_port, seen, targets = ssh_control_host
+    api_port = free_port()                       # nothing listens there on this machine
+    inv = lo_inventory(tmp_path, api_port, ssh_port)
+    targets[("127.0.0.1", api_port)] = ("127.0.0.1", tls_port)   # the control host's own apiserver
+    made = []
+
+    def factory(host):
+        made.append(Remote(host, inv))
+        return made[-1]
+    with kube.api_access(inv, factory, probe_timeout=0.5) as url:
+        assert url != inv.api_url and re.fullmatch(r"https://127\.0\.0\.1:\d+", url)
+        with kube.api_client(url, prepared.material) as a:
+            assert k8s.VersionApi(a).get_code().git_version == "v1.36.4"
+    assert [r.name for r in made] == ["cp1"] and made[0]._conn is None      # closed: we made it
+    assert set(seen) == {("127.0.0.1", api_port)}
+    assert seen_tls["cn"][-1] == "kubernetes-admin"
+
+
+def test_api_access_reuses_a_given_remote_and_leaves_it_open(prepared, tls_apiserver, ssh_control_host, tmp_path):
+    tls_port, _ = tls_apiserver
+    ssh_port, _, targets = ssh_control_host
+    api_port = free_port()
+    inv = lo_inventory(tmp_path, api_port, ssh_port)
+    targets[("127.0.0.1", api_port)] = ("127.0.0.1", tls_port)
+    remote = Remote(inv.controls[0], inv)
+    try:
+        with kube.api_access(inv, {"cp1": remote}, prepared.material, probe_timeout=0.5) as url:
+            with kube.api_client(url, prepared.material) as a:
+                k8s.VersionApi(a).get_code()
+        assert remote._conn is not None and remote._conn.is_connected
+    finally:
+        remote.close()
+
+
+# --- installer kubeconfig -------------------------------------------------------------------------
+
+KUBECTL = shutil.which("kubectl")
+
+
+@pytest.mark.kubectl
+@pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
+def test_kubeconfig_command(prepared, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    state = str(prepared.state.root)
+    r = CliRunner().invoke(cli, ["kubeconfig", str(EXAMPLE), "--state", state])
+    assert r.exit_code == 0, r.output
+    path = tmp_path / "lab.kubeconfig"
+    assert "lab.kubeconfig: written" in r.output
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    out = subprocess.run([KUBECTL, "config", "view", "--raw", "--kubeconfig", str(path), "-o", "json"],
+                         capture_output=True, text=True, timeout=60, check=True,
+                         env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    view = json.loads(out.stdout)
+    assert view["clusters"][0]["cluster"]["server"] == prepared.inventory.api_url == API
+    [user] = view["users"]
+    assert user["name"] == "kubernetes-admin"
+    assert base64.b64decode(user["user"]["client-certificate-data"]) == issue.cert_pem(
+        prepared.material.pair("admin").cert)
+    assert base64.b64decode(view["clusters"][0]["cluster"]["certificate-authority-data"]) == issue.cert_pem(
+        prepared.material.pair("ca").cert)
+    assert view["current-context"] == "kubernetes-admin@lab"
+
+    # again: unchanged; another file at the path is kept unless --force
+    r = CliRunner().invoke(cli, ["kubeconfig", str(EXAMPLE), "--state", state, "-o", str(path)])
+    assert r.exit_code == 0 and "unchanged" in r.output
+    path.write_text("someone else's\n")
+    r = CliRunner().invoke(cli, ["kubeconfig", str(EXAMPLE), "--state", state, "-o", str(path)])
+    assert r.exit_code == 2 and "exists with other content; pass --force" in r.output
+    assert path.read_text() == "someone else's\n"
+    r = CliRunner().invoke(cli, ["kubeconfig", str(EXAMPLE), "--state", state, "-o", str(path), "--force"])
+    assert r.exit_code == 0 and "written" in r.output
+    assert path.read_bytes() == prepared.state.admin_kubeconfig.read_bytes()
+
+
+def test_kubeconfig_command_needs_a_pki(tmp_path):
+    r = CliRunner().invoke(cli, ["kubeconfig", str(EXAMPLE), "--state", str(tmp_path / "empty"),
+                                 "-o", str(tmp_path / "k")])
+    assert r.exit_code == 2 and "run `installer plan`" in r.output
+    assert not (tmp_path / "k").exists() and not (tmp_path / "empty").exists()
