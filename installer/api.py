@@ -41,11 +41,15 @@ def prepare(path: str | Path, state_dir: str | Path | None = None,
     state.ensure_root()
     material, changes = ensure(inv, state.load(inv), now)
     state.save(material)
+    write_admin_kubeconfig(inv, state, material)
+    return Prepared(inv, state, material, changes, render_cluster(inv, material))
+
+
+def write_admin_kubeconfig(inv: Inventory, state: StateDir, material: Material) -> None:
     ca = material.pair("ca")
     write_atomic(state.admin_kubeconfig,
                  kubeconfig(inv.metadata.name, inv.api_url, issue.cert_pem(ca.cert), "kubernetes-admin",
                             client=material.pair("admin")), 0o600)
-    return Prepared(inv, state, material, changes, render_cluster(inv, material))
 
 
 def render(path: str | Path, out: str | Path, state_dir: str | Path | None = None) -> Prepared:

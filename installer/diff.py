@@ -22,6 +22,7 @@ class Selection:
     dirs: tuple[HostDir, ...] = ()
     users: tuple[SystemUser, ...] = ()
     units: tuple[str, ...] = ()          # in start order
+    absent: tuple[str, ...] = ()         # paths to remove
 
 
 @dataclass
@@ -30,6 +31,8 @@ class HostChanges:
     write: list[HostFile] = field(default_factory=list)
     backup: set[str] = field(default_factory=set)
     fix: list[HostFile] = field(default_factory=list)       # mode/owner only
+    remove: list[str] = field(default_factory=list)
+    defer: list[str] = field(default_factory=list)          # restarts a later phase owns
     dirs: list[HostDir] = field(default_factory=list)
     users: list[SystemUser] = field(default_factory=list)
     restart: list[str] = field(default_factory=list)
@@ -42,7 +45,8 @@ class HostChanges:
 
     @property
     def empty(self) -> bool:
-        return not (self.write or self.fix or self.dirs or self.users or self.restart or self.start or self.enable)
+        return not (self.write or self.fix or self.remove or self.dirs or self.users or self.restart
+                    or self.start or self.enable)
 
     @property
     def upload_bytes(self) -> int:
@@ -57,6 +61,7 @@ class HostChanges:
             note = " (backing up a file the installer did not write)" if f.path in self.backup else ""
             out.append(f"~ {f.path} {f.mode:04o} {f.owner}:{f.group} sha256:{f.sha256[:12]}{tag}{note}")
         out += [f"~ {f.path}: mode/owner -> {f.mode:04o} {f.owner}:{f.group}" for f in self.fix]
+        out += [f"- {p}" for p in self.remove]
         out += [f"* enable {u}" for u in self.enable]
         out += [f"* start {u}" for u in self.start]
         out += [f"* restart {u}" for u in self.restart]
@@ -81,12 +86,16 @@ def diff(host: str, sel: Selection, facts: HostFacts) -> HostChanges:
             touched.update(f.restarts)
         elif (have.mode, have.owner, have.group) != (f.mode, f.owner, f.group):
             ch.fix.append(f)
+    ch.remove = [p for p in sel.absent if p in facts.files]
+    # a changed input of a unit another phase starts (the apiserver reads the etcd CA):
+    # recorded on the host, so that phase restarts it even if this run stops before it
+    ch.defer = sorted(touched - set(sel.units))
     for unit in sel.units:
         active, enabled = facts.units.get(unit, ("inactive", ""))
         if enabled != "enabled":
             ch.enable.append(unit)
-        if unit in touched:
-            ch.restart.append(unit)      # restart also starts a stopped unit
-        elif active != "active":
-            ch.start.append(unit)
+        if active != "active":
+            ch.start.append(unit)        # starting reads the new inputs anyway
+        elif unit in touched:
+            ch.restart.append(unit)
     return ch

@@ -28,9 +28,14 @@ k arch "$(uname -m)"
 k init "$(cat /proc/1/comm 2>/dev/null || echo unknown)"
 k swap "$(awk 'NR>1' /proc/swaps 2>/dev/null | wc -l)"
 if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet systemd-resolved 2>/dev/null; then k resolved 1; fi
+if [ -e /var/lib/kubelet/pki/kubelet-client-current.pem ]; then k joined 1; fi
 if [ -s PENDING ]; then k pending "$(sort -u PENDING | tr '\n' ' ')"; fi
 if [ -f LOCK ]; then k lock "$(head -c 300 LOCK | tr '\t\n' '  ')"; fi
 awk '{print "M\t" $1}' /proc/modules 2>/dev/null
+# built-in modules do not show in /proc/modules (nor does anything inside a container): look
+# for what they provide instead
+if grep -qw overlay /proc/filesystems 2>/dev/null; then printf 'M\toverlay\n'; fi
+if [ -e /proc/sys/net/bridge/bridge-nf-call-iptables ]; then printf 'M\tbr_netfilter\n'; fi
 if command -v ss >/dev/null 2>&1; then ss -Htln 2>/dev/null | awk '{n=split($4,a,":"); print "P\t" a[n]}'; fi
 for u in $(awk -F: '{print $1}' /etc/passwd); do printf 'S\t%s\n' "$u"; done
 for x in RUNTIME; do
@@ -85,6 +90,7 @@ class HostFacts:
     systemd_resolved: bool = False
     lock: str | None = None
     pending_restarts: set[str] = field(default_factory=set)
+    kubelet_joined: bool = False
     modules: set[str] = field(default_factory=set)
     listening: set[int] = field(default_factory=set)
     users: set[str] = field(default_factory=set)
@@ -118,6 +124,8 @@ def parse(output: str) -> HostFacts:
                 facts.systemd_resolved = True
             elif key == "lock":
                 facts.lock = value
+            elif key == "joined":
+                facts.kubelet_joined = True
             elif key == "pending":
                 facts.pending_restarts = set(value.split())
             elif key in ("hostname", "os", "arch", "init"):

@@ -50,7 +50,7 @@ def tarball(changes: HostChanges) -> bytes:
     return buf.getvalue()
 
 
-def script(changes: HostChanges, stamp: str | None = None) -> str:
+def script(changes: HostChanges, stamp: str | None = None, no_block: bool = False) -> str:
     lines = [f"STAMP={shlex.quote(stamp or time.strftime('%Y%m%dT%H%M%S'))}", _PRELUDE]
     for u in changes.users:
         lines.append(f"id -u {_q(u.name)} >/dev/null 2>&1 || useradd --system --user-group --no-create-home "
@@ -59,11 +59,13 @@ def script(changes: HostChanges, stamp: str | None = None) -> str:
         lines.append(f"mkdir -p {_q(d.path)} && chown {_q(f'{d.owner}:{d.group}')} {_q(d.path)} "
                      f"&& chmod {d.mode:04o} {_q(d.path)}")
     units = sorted(set(changes.restart))
-    if units:
-        lines.append(f"printf '%s\\n' {_q(*units)} >> {PENDING}")
+    if units or changes.defer:
+        lines.append(f"printf '%s\\n' {_q(*units, *changes.defer)} >> {PENDING}")
     for i, f in enumerate(changes.write):
         lines.append("put " + _q(i, f.path, f"{f.mode:04o}", f.owner, f.group,
                                   1 if f.path in changes.backup else 0, f.sha256))
+    for p in changes.remove:
+        lines.append(f"rm -f {_q(p)}")
     for f in changes.fix:
         lines.append(f"chown {_q(f'{f.owner}:{f.group}')} {_q(f.path)} && chmod {f.mode:04o} {_q(f.path)}")
     if changes.write:
@@ -75,10 +77,11 @@ def script(changes: HostChanges, stamp: str | None = None) -> str:
         lines.append("systemctl daemon-reload")
     if changes.enable:
         lines.append(f"systemctl enable --quiet {_q(*changes.enable)}")
+    nb = " --no-block" if no_block else ""
     for u in changes.start:
-        lines.append(f"systemctl start {_q(u)}")
+        lines.append(f"systemctl start{nb} {_q(u)}")
     for u in changes.restart:
-        lines.append(f"systemctl restart {_q(u)}")
+        lines.append(f"systemctl restart{nb} {_q(u)}")
     if units:
         # clear only our units: another phase's pending restarts stay recorded
         keep = " ".join(f"-e {shlex.quote(u)}" for u in units)

@@ -146,8 +146,11 @@ class Remote:
             reader.start()
 
             def feed() -> None:
-                if stdin:
-                    chan.sendall(stdin)
+                # paramiko's sendall re-slices the whole buffer per packet (quadratic on
+                # large uploads): hand it bounded chunks instead
+                view = memoryview(stdin)
+                for i in range(0, len(view), 1 << 18):
+                    chan.sendall(bytes(view[i:i + (1 << 18)]))
                 chan.shutdown_write()
             writer = threading.Thread(target=feed, daemon=True)
             writer.start()

@@ -66,7 +66,7 @@ def test_second_plan_changes_nothing(tmp_path):
 
 def test_plan_output_holds_no_secret(tmp_path, prepared):
     state = tmp_path / "state"
-    result = CliRunner().invoke(cli, ["plan", str(EXAMPLE), "--state", str(state)])
+    result = CliRunner().invoke(cli, ["plan", str(EXAMPLE), "--state", str(state), "--render", str(tmp_path / "o")])
     assert result.exit_code == 0
     tokens = (state / "secrets" / "tokens.yaml").read_text()
     secret = tokens.split("secret: ")[1].split()[0]

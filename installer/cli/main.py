@@ -8,8 +8,12 @@ import click
 
 from .. import __version__, api
 from ..inventory import json_schema
+from .. import runner
+from ..phases import PHASE_NAMES
+from ..phases.base import Options
 from .errors import domain_errors
 from .lab import lab
+from .output import Progress
 
 STATE_HELP = ("Local state directory holding the PKI (0700). "
               "Default: $XDG_STATE_HOME/hiddenplane/<cluster> (~/.local/state/hiddenplane/<cluster>).")
@@ -31,23 +35,72 @@ def validate(inventory):
                f"{len(inv.controls)} control host(s), {len(inv.workers)} worker(s), API {inv.api_url}")
 
 
+def _apply_options(f):
+    for option in reversed([
+        click.option("--state", "state_dir", type=click.Path(file_okay=False), help=STATE_HELP),
+        click.option("--only", multiple=True, help=f"Run only these phases ({', '.join(PHASE_NAMES)})."),
+        click.option("--skip", multiple=True, help="Skip these phases."),
+        click.option("--parallel", default=10, show_default=True, help="Hosts worked on at once per phase."),
+        click.option("--accept-new-host-keys", is_flag=True,
+                     help="Trust and record host keys not yet in known_hosts (a changed key is still refused)."),
+        click.option("--output", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True),
+        click.option("-v", "--verbose", is_flag=True, help="Show every planned change."),
+        click.option("--wait-timeout", default=180.0, show_default=True, help="Seconds to wait for health."),
+    ]):
+        f = option(f)
+    return f
+
+
+def _options(dry_run, only, skip, parallel, accept_new_host_keys, wait_timeout, force_unlock=False) -> Options:
+    return Options(dry_run=dry_run, parallel=parallel, accept_new_host_keys=accept_new_host_keys,
+                   only=frozenset(only), skip=frozenset(skip), force_unlock=force_unlock,
+                   wait_timeout=wait_timeout)
+
+
+@cli.command()
+@click.argument("inventory", type=click.Path(dir_okay=False))
+@_apply_options
+@click.option("--dry-run", is_flag=True, help="Show what would change (same as `installer plan`).")
+@click.option("--force-unlock", is_flag=True, help="Break a stale apply lock.")
+@domain_errors
+def apply(inventory, state_dir, only, skip, parallel, accept_new_host_keys, fmt, verbose, wait_timeout,
+          dry_run, force_unlock):
+    """Converge every host of INVENTORY: hidden control plane, joined workers. Idempotent."""
+    progress = Progress(fmt, verbose or dry_run)
+    report = runner.run(inventory, state_dir, _options(dry_run, only, skip, parallel, accept_new_host_keys,
+                                                       wait_timeout, force_unlock),
+                        log=progress.log, on_event=progress.event)
+    progress.done(report, "plan" if dry_run else "apply")
+
+
 @cli.command()
 @click.argument("inventory", type=click.Path(dir_okay=False))
 @click.option("--render", "render_dir", type=click.Path(file_okay=False),
-              help="Write every host's files to DIR/<host>/<path> with a MANIFEST per host.")
-@click.option("--state", "state_dir", type=click.Path(file_okay=False), help=STATE_HELP)
+              help="Offline: write every host's files to DIR/<host>/<path> with a MANIFEST per host "
+                   "(creates or updates the PKI in the state directory; contacts no host).")
+@click.option("--check", is_flag=True, help="Exit 1 when changes are pending, 0 when converged.")
+@_apply_options
 @domain_errors
-def plan(inventory, render_dir, state_dir):
-    """Compute what every host must hold (PKI is created or updated in the state directory)."""
-    p = api.render(inventory, render_dir, state_dir) if render_dir else api.prepare(inventory, state_dir)
-    for name, why in sorted(p.changes.reasons.items()):
-        click.echo(f"pki: {name}: {why}")
-    for name, hp in p.plans.items():
-        click.echo(f"{name} ({hp.role}): {len(hp.files)} files, {len(hp.dirs)} directories, units: "
-                   + ", ".join(u.removesuffix(".service") for u in hp.units))
-    click.echo(f"state: {p.state.root}")
+def plan(inventory, render_dir, check, state_dir, only, skip, parallel, accept_new_host_keys, fmt, verbose,
+         wait_timeout):
+    """Show what apply would change on the live hosts (secrets masked), or render offline."""
     if render_dir:
+        p = api.render(inventory, render_dir, state_dir)
+        for name, why in sorted(p.changes.reasons.items()):
+            click.echo(f"pki: {name}: {why}")
+        for name, hp in p.plans.items():
+            click.echo(f"{name} ({hp.role}): {len(hp.files)} files, {len(hp.dirs)} directories, units: "
+                       + ", ".join(u.removesuffix(".service") for u in hp.units))
+        click.echo(f"state: {p.state.root}")
         click.echo(f"rendered to {render_dir}/<host>/ (see MANIFEST in each)")
+        return
+    progress = Progress(fmt, verbose=True)
+    report = runner.run(inventory, state_dir, _options(True, only, skip, parallel, accept_new_host_keys,
+                                                       wait_timeout),
+                        log=progress.log, on_event=progress.event)
+    progress.done(report, "plan")
+    if check and report.changed:
+        raise SystemExit(1)
 
 
 @cli.command()

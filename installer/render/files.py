@@ -62,6 +62,7 @@ class HostPlan:
     dirs: dict[str, HostDir] = field(default_factory=dict)
     users: list[SystemUser] = field(default_factory=list)
     units: list[str] = field(default_factory=list)     # enabled and started, in this order
+    absent: list[str] = field(default_factory=list)    # paths that must not exist
 
     def add(self, f: HostFile) -> None:
         if f.path in self.files:

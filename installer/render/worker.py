@@ -40,6 +40,7 @@ class HostFacts:
     """What rendering needs to know about a live host (gathered by apply; absent offline)."""
 
     systemd_resolved: bool = False
+    kubelet_joined: bool = False      # the kubelet holds a client certificate of its own
 
 
 def resolv_conf(inv: Inventory, facts: HostFacts) -> str:
@@ -123,11 +124,15 @@ def render_worker(inv: Inventory, host: HostSpec, material: Material, facts: Hos
     plan.add(HostFile(f"{KUBELET_DIR}/pki/kubelet.key", issue.key_pem(serving.key), 0o600, secret=True,
                       restarts=(kubelet,)))
 
-    token = material.tokens[host.name]
-    plan.add(HostFile(f"{K8S_DIR}/bootstrap-kubelet.conf",
-                      kubeconfig(inv.metadata.name, inv.api_url, ca_pem, f"system:bootstrap:{token.id}",
-                                 token=token.value),
-                      0o600, secret=True, restarts=(kubelet,)))
+    bootstrap = f"{K8S_DIR}/bootstrap-kubelet.conf"
+    if facts.kubelet_joined:
+        # the token did its job: no bootstrap credential stays on a joined worker
+        plan.absent.append(bootstrap)
+    else:
+        token = material.tokens[host.name]
+        plan.add(HostFile(bootstrap, kubeconfig(inv.metadata.name, inv.api_url, ca_pem,
+                                                f"system:bootstrap:{token.id}", token=token.value),
+                          0o600, secret=True, restarts=(kubelet,)))
     plan.add(HostFile(f"{K8S_DIR}/kube-proxy.conf",
                       kubeconfig(inv.metadata.name, inv.api_url, ca_pem, "system:kube-proxy",
                                  client=material.pair("kube-proxy")),

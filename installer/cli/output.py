@@ -1,0 +1,52 @@
+"""Progress for humans (rich) and a JSON report for machines."""
+
+from __future__ import annotations
+
+import json
+
+import click
+from rich.console import Console
+
+from ..phases.base import Event
+from ..runner import Report
+
+SYMBOL = {"changed": "[yellow]~[/]", "unchanged": "[green]=[/]", "checked": "[green]✓[/]",
+          "waited": "[green]✓[/]", "skipped": "[dim]-[/]", "failed": "[red]✗[/]"}
+
+
+class Progress:
+    def __init__(self, fmt: str, verbose: bool = False):
+        self.json = fmt == "json"
+        self.verbose = verbose
+        self.console = Console(stderr=self.json, highlight=False)
+        self.phase = None
+
+    def log(self, text: str) -> None:
+        if not self.json:
+            self.console.print(f"[dim]{text}[/]", markup=True)
+
+    def event(self, ev: Event) -> None:
+        if self.json:
+            return
+        if ev.phase != self.phase:
+            self.phase = ev.phase
+            self.console.print(f"[bold]{ev.phase}[/]")
+        extra = []
+        if ev.files:
+            extra.append(f"{ev.files} file(s), {ev.bytes} B")
+        if ev.restarts:
+            extra.append("restarted " + ", ".join(u.removesuffix(".service") for u in ev.restarts))
+        self.console.print(f"  {SYMBOL.get(ev.action, ' ')} {ev.host:<12} {ev.action:<9} "
+                           f"{'; '.join(extra)} [dim]({ev.seconds:.2f} s)[/]")
+        if self.verbose or ev.action == "failed":
+            for line in ev.detail:
+                self.console.print(f"      {line}", markup=False)
+
+    def done(self, report: Report, title: str) -> None:
+        if self.json:
+            click.echo(json.dumps(report.as_dict(), indent=2))
+            return
+        trips = sum(report.round_trips.values())
+        self.console.print(f"[bold]{title}[/]: {len(report.changed)} change(s), {len(report.restarts)} restart(s), "
+                           f"{sum(report.bytes_up.values())} B uploaded, {trips} SSH round trip(s), "
+                           f"{report.seconds:.1f} s")

@@ -1,0 +1,82 @@
+"""lock: one apply at a time, held on the control hosts while anything changes.
+
+A run with nothing to change takes no lock (and spends no round trip on it). The lock file
+names its holder; a lock whose holder is a dead process on this machine, or older than the
+lock TTL, is stale: it is reported, and broken only with --force-unlock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import socket
+import time
+
+from ..facts import LOCK
+from ..ssh import HostError
+from .base import Context, Event, Phase
+
+LOCK_TTL = 3600.0
+
+
+def holder() -> dict:
+    return {"machine": socket.gethostname(), "pid": os.getpid(), "since": int(time.time())}
+
+
+def stale_reason(content: str, now: float) -> str | None:
+    """Why a lock with ``content`` is stale, or None when it is live. Pure."""
+    try:
+        h = json.loads(content)
+    except ValueError:
+        return "its content is unreadable"
+    if h.get("machine") == socket.gethostname():
+        try:
+            os.kill(int(h.get("pid", 0)), 0)
+        except ProcessLookupError:
+            return f"process {h.get('pid')} on this machine is gone"
+        except (PermissionError, ValueError):
+            pass
+    if now - float(h.get("since", 0)) > LOCK_TTL:
+        return f"it is older than {int(LOCK_TTL)} s"
+    return None
+
+
+class AcquireLock(Phase):
+    name = "lock"
+    description = "take the apply lock on the control hosts (only when something will change)"
+
+    def prepare(self, ctx: Context) -> list[str]:
+        if ctx.options.dry_run or not ctx.pending_work():
+            return []
+        return [h.name for h in ctx.hosts("control")]
+
+    def run_host(self, ctx: Context, host: str) -> Event:
+        me = json.dumps({**holder(), "run": ctx.run_id})
+        take = (f"mkdir -p {os.path.dirname(LOCK)} && (set -C; printf '%s\\n' {shlex.quote(me)} > {LOCK}) "
+                f"2>/dev/null || {{ cat {LOCK}; exit 3; }}")
+        r = ctx.remotes[host].run(take, check=False, what="take the apply lock")
+        if r.rc == 3:
+            content = r.stdout.strip()
+            why = stale_reason(content, time.time())
+            if why and ctx.options.force_unlock:
+                ctx.remotes[host].run(f"rm -f {LOCK}", what="break a stale lock")
+                return self.run_host(ctx, host)
+            if why:
+                raise HostError(host, f"a stale apply lock is held ({why}): {content}; "
+                                "re-run with --force-unlock to break it")
+            raise HostError(host, f"another apply holds the lock: {content}")
+        if r.rc != 0:
+            raise HostError(host, f"take the apply lock failed (exit {r.rc}): {r.stderr.strip()}")
+        ctx.locked.append(host)
+        return Event(self.name, host, "checked")
+
+
+def release(ctx: Context) -> None:
+    for host in list(ctx.locked):
+        script = f"grep -q {shlex.quote(ctx.run_id)} {LOCK} 2>/dev/null && rm -f {LOCK} || true"
+        try:
+            ctx.remotes[host].run(script, what="release the apply lock")
+        except HostError:
+            pass   # unreachable now: the lock goes stale and is reported next time
+        ctx.locked.remove(host)

@@ -1,0 +1,118 @@
+"""What every phase shares: the run's context and the phase protocol.
+
+A phase chooses its hosts in ``prepare`` (an empty list skips it), does its work per host in
+``run_host`` (hosts of one phase run in parallel), then ``finish`` waits for what must be true
+before the next phase starts. Phases compare the plan with the facts and act only on the
+difference; in a dry run they compute the same differences and stop before executing.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..diff import HostChanges, Selection, diff
+from ..facts import HostFacts
+from ..hostops import script, tarball
+from ..inventory import HostSpec, Inventory
+from ..pki.material import Changes, Material
+from ..render.files import HostPlan
+from ..ssh import Remote
+from ..state import StateDir
+
+
+@dataclass
+class Options:
+    dry_run: bool = False
+    parallel: int = 10
+    accept_new_host_keys: bool = False
+    only: frozenset[str] = frozenset()
+    skip: frozenset[str] = frozenset()
+    force_unlock: bool = False
+    wait_timeout: float = 180.0
+
+
+@dataclass
+class Event:
+    phase: str
+    host: str
+    action: str                   # changed | unchanged | skipped | failed | waited | checked
+    seconds: float = 0.0
+    files: int = 0
+    bytes: int = 0
+    restarts: list[str] = field(default_factory=list)
+    detail: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Context:
+    inv: Inventory
+    state: StateDir
+    options: Options
+    material: Material
+    pki_changes: Changes
+    log: Callable[[str], None] = print
+    remotes: dict[str, Remote] = field(default_factory=dict)
+    facts: dict[str, HostFacts] = field(default_factory=dict)
+    plans: dict[str, HostPlan] = field(default_factory=dict)
+    artifacts: dict = field(default_factory=dict)          # name -> fetch.ResolvedArtifact
+    events: list[Event] = field(default_factory=list)
+    locked: list[str] = field(default_factory=list)
+    run_id: str = ""
+    bootstrap_ran: bool = False
+
+    def pending_work(self) -> bool:
+        from .select import pending_work
+        return pending_work(self)
+
+    def hosts(self, role: str | None = None) -> list[HostSpec]:
+        return [h for h in self.inv.spec.hosts if role in (None, h.role)]
+
+    def will_run(self, phase: str) -> bool:
+        o = self.options
+        return (not o.only or phase in o.only) and phase not in o.skip
+
+    def changes_for(self, host: str, sel: Selection) -> HostChanges:
+        return diff(host, sel, self.facts[host])
+
+    def execute(self, phase: str, host: str, changes: HostChanges, no_block: bool = False) -> Event:
+        """Apply ``changes`` on ``host`` in one round trip (or only describe them in a dry run)."""
+        start = time.monotonic()
+        ev = Event(phase, host, "unchanged" if changes.empty else "changed", files=len(changes.write),
+                   bytes=changes.upload_bytes, restarts=list(changes.restart), detail=changes.summary())
+        if not changes.empty and not self.options.dry_run:
+            self.remotes[host].run(script(changes, no_block=no_block), stdin=tarball(changes),
+                                   what=f"{phase}: apply changes")
+            self._remember(host, changes)
+        ev.seconds = time.monotonic() - start
+        return ev
+
+    def _remember(self, host: str, changes: HostChanges) -> None:
+        """Keep the facts current without another probe: what we wrote is now there."""
+        from ..facts import DirFact, FileFact
+        facts = self.facts[host]
+        for f in changes.write + changes.fix:
+            facts.files[f.path] = FileFact(f.sha256, f.mode, f.owner, f.group, True)
+        for d in changes.dirs:
+            facts.dirs[d.path] = DirFact(d.mode, d.owner, d.group)
+        facts.users.update(u.name for u in changes.users)
+        for u in changes.enable + changes.start + changes.restart:
+            active, enabled = facts.units.get(u, ("inactive", ""))
+            facts.units[u] = ("active", "enabled")
+        facts.pending_restarts -= set(changes.restart)
+        facts.pending_restarts |= set(changes.defer)
+
+
+class Phase:
+    name = ""
+    description = ""
+
+    def prepare(self, ctx: Context) -> list[str]:
+        return [h.name for h in ctx.hosts()]
+
+    def run_host(self, ctx: Context, host: str) -> Event | None:
+        return None
+
+    def finish(self, ctx: Context, events: list[Event]) -> None:
+        return None

@@ -1,0 +1,35 @@
+"""cluster-bootstrap: the API objects TLS bootstrapping needs (needs a real kube-apiserver).
+
+Through the Kubernetes client from the operator machine (directly, or tunnelled over SSH via a
+control host when the API endpoint is not reachable): RBAC for bootstrapping, per-node
+bootstrap token Secrets with an expiry, the apiserver's kubelet-API binding and per-node
+renewal bindings. Every manifest is schema-validated before anything is sent.
+"""
+
+from __future__ import annotations
+
+from ..render.manifests import bootstrap_objects
+from .base import Context, Event, Phase
+
+
+class BootstrapCluster(Phase):
+    name = "cluster-bootstrap"
+    description = "RBAC and bootstrap tokens through the Kubernetes API"
+
+    def prepare(self, ctx: Context) -> list[str]:
+        return ["(api)"]
+
+    def run_host(self, ctx: Context, host: str) -> Event:
+        from .. import kube
+        objects = bootstrap_objects(ctx.inv, ctx.material)
+        if ctx.options.dry_run:
+            return Event(self.name, host, "changed", detail=[f"would apply {o['kind']} {o['metadata']['name']}"
+                                                             for o in objects])
+        # the admin certificate gets its rights from a binding this phase creates: like kubeadm,
+        # use the break-glass system:masters identity (kept in the state, never on a host)
+        with kube.api_access(ctx.inv, ctx.remotes, ctx.material) as url, \
+                kube.api_client(url, ctx.material, credential="super-admin") as api:
+            done = kube.apply_objects(api, objects, ctx.inv.spec.kubernetes.version)
+        ctx.bootstrap_ran = True
+        changed = [f"{action} {kind} {name}" for kind, name, action in done if action != "unchanged"]
+        return Event(self.name, host, "changed" if changed else "unchanged", detail=changed)

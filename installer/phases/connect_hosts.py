@@ -1,0 +1,35 @@
+"""connect: open SSH to every host and gather its facts in one round trip each."""
+
+from __future__ import annotations
+
+from ..facts import parse, probe_input, PROBE
+from ..render.plan import render_cluster
+from ..render.worker import HostFacts as RenderFacts
+from ..ssh import HostError, Remote
+from .base import Context, Event, Phase
+from .select import managed_paths
+
+
+class ConnectHosts(Phase):
+    name = "connect"
+    description = "open SSH to every host (verified host keys) and read its facts"
+
+    def prepare(self, ctx: Context) -> list[str]:
+        for h in ctx.hosts():
+            ctx.remotes.setdefault(h.name, Remote(h, ctx.inv, ctx.options.accept_new_host_keys))
+        return [h.name for h in ctx.hosts()]
+
+    def run_host(self, ctx: Context, host: str) -> Event:
+        files, dirs, units = managed_paths(ctx, host)
+        out = ctx.remotes[host].run(PROBE, stdin=probe_input(files, dirs, units), what="read facts")
+        try:
+            ctx.facts[host] = parse(out.stdout)
+        except ValueError as e:
+            raise HostError(host, f"read facts: {e}") from None
+        return Event(self.name, host, "checked")
+
+    def finish(self, ctx: Context, events: list[Event]) -> None:
+        # render once more with what the hosts told us (e.g. whether systemd-resolved runs)
+        ctx.plans = render_cluster(ctx.inv, ctx.material, {
+            name: RenderFacts(systemd_resolved=f.systemd_resolved, kubelet_joined=f.kubelet_joined)
+            for name, f in ctx.facts.items()})

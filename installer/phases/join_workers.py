@@ -1,0 +1,50 @@
+"""workers: kernel settings, containerd, kubelet (bootstrap kubeconfig) and kube-proxy.
+
+Waits until the units are active and the kubelet serves its port. With a real cluster (the
+cluster-bootstrap phase ran) it also waits for each Node to be Ready; once a kubelet holds a
+client certificate of its own, the next run removes its bootstrap kubeconfig.
+"""
+
+from __future__ import annotations
+
+from ..ssh import HostError
+from .base import Context, Event, Phase
+from .select import WORKER_UNITS, worker_part
+from .start_control_plane import listening_script
+
+KUBELET_PORTS = (10250,)
+
+
+def active_script(units: tuple[str, ...], timeout: float) -> str:
+    names = " ".join(units)
+    tries = max(1, int(timeout))
+    return (f"i=0; while [ $i -lt {tries} ]; do systemctl is-active --quiet {names} && exit 0; "
+            f"i=$((i+1)); sleep 1; done; systemctl --no-pager status {names} 2>&1 | tail -30 >&2; exit 1")
+
+
+class JoinWorkers(Phase):
+    name = "workers"
+    description = "containerd, kubelet and kube-proxy on the workers; wait until they run"
+
+    def prepare(self, ctx: Context) -> list[str]:
+        return [h.name for h in ctx.hosts("worker")]
+
+    def run_host(self, ctx: Context, host: str) -> Event:
+        ev = ctx.execute(self.name, host, ctx.changes_for(host, worker_part(ctx.plans[host])))
+        if ev.action == "changed" and not ctx.options.dry_run:
+            timeout = ctx.options.wait_timeout
+            script = active_script(WORKER_UNITS, timeout) + "\n" + listening_script(KUBELET_PORTS, timeout)
+            r = ctx.remotes[host].run(script, check=False, what="wait for the worker units",
+                                      timeout=2 * timeout + 30)
+            if r.rc != 0:
+                raise HostError(host, f"worker units did not come up: {r.stderr.strip()[-800:]}")
+        return ev
+
+    def finish(self, ctx: Context, events: list[Event]) -> None:
+        if ctx.options.dry_run or not ctx.bootstrap_ran:
+            return   # Node objects exist only on a real cluster bootstrapped in this run
+        from .. import kube
+        names = [h.name for h in ctx.hosts("worker")]
+        with kube.api_access(ctx.inv, ctx.remotes, ctx.material) as url, kube.api_client(url, ctx.material) as api:
+            kube.wait_nodes_ready(api, names, ctx.options.wait_timeout)
+        ctx.events.append(Event(self.name, "(api)", "waited", detail=[f"node {n} Ready" for n in names]))

@@ -1,0 +1,70 @@
+"""Which part of each host's plan every phase owns. Every planned file, directory, user and
+unit belongs to exactly one phase (a test checks the partition)."""
+
+from __future__ import annotations
+
+from ..diff import Selection
+from ..render.files import HostPlan
+from .base import Context
+
+ETCD_UNIT = "etcd.service"
+CONTROL_UNITS = ("kube-apiserver.service", "kube-controller-manager.service", "kube-scheduler.service")
+WORKER_UNITS = ("containerd.service", "kubelet.service", "kube-proxy.service")
+
+
+def _is_etcd(path: str) -> bool:
+    # the etcd CA and health-check client are used to wait for etcd's health right after it starts
+    return (path.startswith(("/etc/etcd", "/var/lib/etcd", "/etc/kubernetes/pki/etcd"))
+            or path == f"/etc/systemd/system/{ETCD_UNIT}")
+
+
+def etcd_part(plan: HostPlan) -> Selection:
+    return Selection(
+        files=tuple(f for f in plan.files.values() if _is_etcd(f.path)),
+        dirs=tuple(d for d in plan.dirs.values() if _is_etcd(d.path)),
+        users=tuple(plan.users),
+        units=(ETCD_UNIT,),
+    )
+
+
+def control_plane_part(plan: HostPlan) -> Selection:
+    return Selection(
+        files=tuple(f for f in plan.files.values() if not _is_etcd(f.path)),
+        dirs=tuple(d for d in plan.dirs.values() if not _is_etcd(d.path)),
+        units=CONTROL_UNITS,
+    )
+
+
+def worker_part(plan: HostPlan) -> Selection:
+    return Selection(files=tuple(plan.files.values()), dirs=tuple(plan.dirs.values()),
+                     units=tuple(plan.units), absent=tuple(plan.absent))
+
+
+def binaries_part(ctx: Context, host: str) -> Selection:
+    from ..fetch import binary_files
+    return Selection(files=tuple(binary_files(ctx.artifacts, ctx.inv.host(host).role)))
+
+
+def managed_paths(ctx: Context, host: str) -> tuple[list[str], list[str], list[str]]:
+    """Everything the probe must look at on ``host``: planned files and binaries, dirs, units."""
+    plan = ctx.plans[host]
+    files = list(plan.files) + list(plan.absent) + [f.path for f in binaries_part(ctx, host).files]
+    return files, list(plan.dirs), list(plan.units)
+
+
+def phase_parts(ctx: Context, host: str) -> dict[str, Selection]:
+    """Each host-changing phase's selection for ``host``."""
+    plan = ctx.plans[host]
+    parts = {"artifacts": binaries_part(ctx, host)}
+    if plan.role == "control":
+        parts["etcd"] = etcd_part(plan)
+        parts["control-plane"] = control_plane_part(plan)
+    else:
+        parts["workers"] = worker_part(plan)
+    return parts
+
+
+def pending_work(ctx: Context) -> bool:
+    """Will any phase that runs change any host?"""
+    return any(not ctx.changes_for(h, sel).empty
+               for h in ctx.plans for phase, sel in phase_parts(ctx, h).items() if ctx.will_run(phase))

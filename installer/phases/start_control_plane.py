@@ -1,0 +1,53 @@
+"""control-plane: kube-apiserver, kube-controller-manager and kube-scheduler as systemd units.
+
+Waits until every apiserver answers /livez and /readyz over TLS (verified with the cluster CA,
+authenticated with the admin certificate) and the controller-manager and scheduler listen on
+their secure ports.
+"""
+
+from __future__ import annotations
+
+from ..health import client_context, wait_ok
+from ..ssh import HostError
+from .base import Context, Event, Phase
+from .select import control_plane_part
+
+LOCAL_PORTS = (10257, 10259)
+
+
+def listening_script(ports: tuple[int, ...], timeout: float) -> str:
+    want = " ".join(str(p) for p in ports)
+    tries = max(1, int(timeout))
+    return (f"i=0; while [ $i -lt {tries} ]; do ok=1; for p in {want}; do "
+            f"ss -Htln | awk '{{print $4}}' | grep -q \":$p$\" || ok=0; done; "
+            f"[ $ok = 1 ] && exit 0; i=$((i+1)); sleep 1; done; "
+            f"echo \"not listening on all of: {want}\" >&2; systemctl --no-pager status "
+            f"kube-controller-manager kube-scheduler 2>&1 | tail -20 >&2; exit 1")
+
+
+class StartControlPlane(Phase):
+    name = "control-plane"
+    description = "apiserver, controller-manager, scheduler; wait for /livez and /readyz"
+
+    def prepare(self, ctx: Context) -> list[str]:
+        return [h.name for h in ctx.hosts("control")]
+
+    def run_host(self, ctx: Context, host: str) -> Event:
+        return ctx.execute(self.name, host, ctx.changes_for(host, control_plane_part(ctx.plans[host])))
+
+    def finish(self, ctx: Context, events: list[Event]) -> None:
+        if ctx.options.dry_run or all(e.action == "unchanged" for e in events):
+            return
+        port = ctx.inv.spec.apiServer.port
+        with client_context(ctx.material) as tls:
+            for h in ctx.hosts("control"):
+                failure = wait_ok(tls, h.address, port, ("/livez", "/readyz"), ctx.options.wait_timeout)
+                if failure:
+                    raise HostError(h.name, f"kube-apiserver is not healthy on {h.address}:{port}: {failure}")
+                ctx.events.append(Event(self.name, h.name, "waited", detail=["/livez ok", "/readyz ok"]))
+        for h in ctx.hosts("control"):
+            r = ctx.remotes[h.name].run(listening_script(LOCAL_PORTS, ctx.options.wait_timeout), check=False,
+                                        what="wait for controller-manager and scheduler",
+                                        timeout=ctx.options.wait_timeout + 30)
+            if r.rc != 0:
+                raise HostError(h.name, f"controller-manager/scheduler not serving: {r.stderr.strip()[-600:]}")

@@ -1,0 +1,126 @@
+"""Run the phases of `installer apply` (and `plan`, which is the same path stopped before any
+change): hosts of a phase in parallel, a failing host stops the run after the phase with a
+message naming host and phase, and the apply lock is always released."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+from . import api
+from .errors import InstallerError
+from .phases import ALWAYS, PHASE_NAMES, PHASES
+from .phases.acquire_lock import release
+from .phases.base import Context, Event, Options
+from .pki.material import ensure
+from .render.plan import render_cluster
+from .ssh import HostError
+
+
+class ApplyError(InstallerError):
+    exit_code = 3
+
+
+@dataclass
+class Report:
+    events: list[Event] = field(default_factory=list)
+    seconds: float = 0.0
+    round_trips: dict[str, int] = field(default_factory=dict)
+    bytes_up: dict[str, int] = field(default_factory=dict)
+    dry_run: bool = False
+
+    @property
+    def changed(self) -> list[Event]:
+        return [e for e in self.events if e.action == "changed"]
+
+    @property
+    def restarts(self) -> list[str]:
+        return [f"{e.host}:{u}" for e in self.events for u in e.restarts]
+
+    def as_dict(self) -> dict:
+        return {"dryRun": self.dry_run, "seconds": round(self.seconds, 3),
+                "changes": len(self.changed), "restarts": self.restarts,
+                "roundTrips": self.round_trips, "bytesUploaded": self.bytes_up,
+                "events": [asdict(e) for e in self.events]}
+
+
+def check_phase_names(names: frozenset[str], flag: str) -> None:
+    unknown = sorted(names - set(PHASE_NAMES))
+    if unknown:
+        raise InstallerError(f"{flag}: unknown phase(s) {', '.join(unknown)}; phases: {', '.join(PHASE_NAMES)}")
+
+
+def context(inventory_path, state_dir, options: Options, log: Callable[[str], None]) -> Context:
+    inv = api.validate(inventory_path)
+    state = api.state_for(inv, state_dir)
+    state.ensure_root()
+    material, changes = ensure(inv, state.load(inv))
+    ctx = Context(inv, state, options, material, changes, log=log, run_id=uuid.uuid4().hex)
+    ctx.plans = render_cluster(inv, material)
+    return ctx
+
+
+def _resolve_artifacts(ctx: Context) -> None:
+    from .fetch import resolve
+    ctx.artifacts = resolve(ctx.inv, log=ctx.log)
+
+
+def run(inventory_path, state_dir=None, options: Options | None = None,
+        log: Callable[[str], None] = print, on_event: Callable[[Event], None] | None = None) -> Report:
+    options = options or Options()
+    check_phase_names(options.only, "--only")
+    check_phase_names(options.skip, "--skip")
+    started = time.monotonic()
+    ctx = context(inventory_path, state_dir, options, log)
+    _resolve_artifacts(ctx)
+    report = Report(dry_run=options.dry_run)
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, options.parallel)) as pool:
+            for phase in PHASES:
+                if phase.name not in ALWAYS and not ctx.will_run(phase.name):
+                    continue
+                hosts = phase.prepare(ctx)
+                if not hosts:
+                    continue
+                futures = {h: pool.submit(phase.run_host, ctx, h) for h in hosts}
+                events, failures = [], []
+                for h, fut in futures.items():
+                    try:
+                        ev = fut.result()
+                    except HostError as e:
+                        failures.append(e)
+                        ev = Event(phase.name, h, "failed", detail=[str(e)])
+                    if ev is not None:
+                        events.append(ev)
+                        if on_event:
+                            on_event(ev)
+                if failures:
+                    raise ApplyError(f"phase {phase.name} failed on " + "; ".join(str(f) for f in failures))
+                before = len(ctx.events)
+                try:
+                    phase.finish(ctx, events)
+                except HostError as e:
+                    raise ApplyError(f"phase {phase.name} failed on {e}") from None
+                events += ctx.events[before:]
+                if on_event:
+                    for ev in ctx.events[before:]:
+                        on_event(ev)
+                report.events += [e for e in events if e not in report.events]
+    finally:
+        release(ctx)
+        for name, remote in ctx.remotes.items():
+            report.round_trips[name] = remote.counters.round_trips
+            # file content sent to the host (the facts probe's path list is not counted)
+            report.bytes_up[name] = sum(e.bytes for e in report.events if e.host == name and e.action == "changed"
+                                        and not options.dry_run)
+            remote.close()
+        report.seconds = time.monotonic() - started
+    return report
+
+
+def now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
