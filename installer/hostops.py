@@ -56,8 +56,9 @@ def script(changes: HostChanges, stamp: str | None = None, no_block: bool = Fals
         lines.append(f"id -u {_q(u.name)} >/dev/null 2>&1 || useradd --system --user-group --no-create-home "
                      f"--home-dir {_q(u.home)} --shell /usr/sbin/nologin {_q(u.name)}")
     for d in changes.dirs:
-        lines.append(f"mkdir -p {_q(d.path)} && chown {_q(f'{d.owner}:{d.group}')} {_q(d.path)} "
-                     f"&& chmod {d.mode:04o} {_q(d.path)}")
+        # separate commands, not an && list: `set -e` ignores a failure anywhere but at its end
+        lines.append(f"mkdir -p {_q(d.path)}; chown {_q(f'{d.owner}:{d.group}')} {_q(d.path)}; "
+                     f"chmod {d.mode:04o} {_q(d.path)}")
     units = sorted(set(changes.restart))
     if units or changes.defer:
         lines.append(f"printf '%s\\n' {_q(*units, *changes.defer)} >> {PENDING}")
@@ -67,7 +68,7 @@ def script(changes: HostChanges, stamp: str | None = None, no_block: bool = Fals
     for p in changes.remove:
         lines.append(f"rm -f {_q(p)}")
     for f in changes.fix:
-        lines.append(f"chown {_q(f'{f.owner}:{f.group}')} {_q(f.path)} && chmod {f.mode:04o} {_q(f.path)}")
+        lines.append(f"chown {_q(f'{f.owner}:{f.group}')} {_q(f.path)}; chmod {f.mode:04o} {_q(f.path)}")
     if changes.write:
         paths = "\n".join(f.path for f in changes.write)
         lines.append(f"printf '%s\\n' {shlex.quote(paths)} | sed 's/$/\\t/' > \"$stage/paths\"")
@@ -82,8 +83,10 @@ def script(changes: HostChanges, stamp: str | None = None, no_block: bool = Fals
         lines.append(f"systemctl start{nb} {_q(u)}")
     for u in changes.restart:
         lines.append(f"systemctl restart{nb} {_q(u)}")
-    if units:
-        # clear only our units: another phase's pending restarts stay recorded
-        keep = " ".join(f"-e {shlex.quote(u)}" for u in units)
-        lines.append(f"{{ grep -v -x -F {keep} {PENDING} || true; }} > {PENDING}.new && mv -f {PENDING}.new {PENDING}")
+    done = sorted(set(changes.restart) | set(changes.start))
+    if done:
+        # a started or restarted unit has read its new inputs; other phases' entries stay
+        keep = " ".join(f"-e {shlex.quote(u)}" for u in done)
+        lines.append(f"{{ grep -v -x -F {keep} {PENDING} 2>/dev/null || true; }} > {PENDING}.new "
+                     f"&& mv -f {PENDING}.new {PENDING}")
     return "\n".join(lines) + "\n"

@@ -2,7 +2,8 @@
 
 A run with nothing to change takes no lock (and spends no round trip on it). The lock file
 names its holder; a lock whose holder is a dead process on this machine, or older than the
-lock TTL, is stale: it is reported, and broken only with --force-unlock.
+lock TTL, is stale. A holder that was a process on this machine and is gone (a killed run) is
+taken over with a note; any other stale lock is reported and broken only with --force-unlock.
 """
 
 from __future__ import annotations
@@ -28,16 +29,17 @@ def stale_reason(content: str, now: float) -> str | None:
     """Why a lock with ``content`` is stale, or None when it is live. Pure."""
     try:
         h = json.loads(content)
-    except ValueError:
+        since = float(h.get("since", 0))
+    except (ValueError, TypeError, AttributeError):     # not JSON, not an object, no number
         return "its content is unreadable"
     if h.get("machine") == socket.gethostname():
         try:
             os.kill(int(h.get("pid", 0)), 0)
         except ProcessLookupError:
             return f"process {h.get('pid')} on this machine is gone"
-        except (PermissionError, ValueError):
+        except (PermissionError, ValueError, TypeError, OverflowError):
             pass
-    if now - float(h.get("since", 0)) > LOCK_TTL:
+    if now - since > LOCK_TTL:
         return f"it is older than {int(LOCK_TTL)} s"
     return None
 
@@ -59,7 +61,10 @@ class AcquireLock(Phase):
         if r.rc == 3:
             content = r.stdout.strip()
             why = stale_reason(content, time.time())
-            if why and ctx.options.force_unlock:
+            # our own machine's holder is certainly dead (a killed run): safe to take over
+            dead_here = bool(why) and why.startswith("process ")
+            if why and (ctx.options.force_unlock or dead_here):
+                ctx.log(f"{host}: breaking a stale apply lock ({why})")
                 ctx.remotes[host].run(f"rm -f {LOCK}", what="break a stale lock")
                 return self.run_host(ctx, host)
             if why:

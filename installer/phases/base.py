@@ -100,7 +100,7 @@ class Context:
         for u in changes.enable + changes.start + changes.restart:
             active, enabled = facts.units.get(u, ("inactive", ""))
             facts.units[u] = ("active", "enabled")
-        facts.pending_restarts -= set(changes.restart)
+        facts.pending_restarts -= set(changes.restart) | set(changes.start)
         facts.pending_restarts |= set(changes.defer)
 
 

@@ -45,7 +45,8 @@ def problems(host: HostSpec, facts: HostFacts) -> list[str]:
         if missing:
             out.append(f"kernel modules not loaded: {', '.join(missing)} (`modprobe {' '.join(missing)}`)")
     for port, unit in PORTS[host.role].items():
-        if port in facts.listening and facts.units.get(unit, ("", ""))[0] != "active":
+        # "activating" counts as ours too: a unit restarted without blocking is still starting
+        if port in facts.listening and facts.units.get(unit, ("", ""))[0] in ("inactive", "failed", "", "unknown"):
             out.append(f"port {port} is in use by something other than {unit}")
     return out
 
