@@ -47,13 +47,7 @@ def require_lab_tools() -> None:
 
 def write_ssh_config(paths: LabPaths, spec: LabSpec, dest: Path) -> Path:
     """Host aliases by lab host name; strict host key checking against the lab's known_hosts."""
-    blocks = [
-        f"Host {h.name}\n  HostName {h.address}\n  User root\n  IdentityFile {paths.ssh_key}\n"
-        f"  IdentitiesOnly yes\n  UserKnownHostsFile {paths.known_hosts}\n  StrictHostKeyChecking yes\n"
-        f"  BatchMode yes\n  ConnectTimeout 10\n"
-        for h in spec.hosts
-    ]
-    dest.write_text("\n".join(blocks))
+    dest.write_text(lab_mod.ssh_config(spec.name))
     dest.chmod(0o600)
     return dest
 

@@ -46,6 +46,14 @@ def status(name):
         raise SystemExit(1)
 
 
+@lab.command("ssh-config")
+@click.option("--name", required=True)
+@domain_errors
+def ssh_config(name):
+    """Print an ssh_config for the lab's hosts (use: ssh -F <(installer lab ssh-config --name X) cp1)."""
+    click.echo(lab_mod.ssh_config(name), nl=False)
+
+
 @lab.command()
 @click.option("--name", required=True)
 @domain_errors

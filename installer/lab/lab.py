@@ -207,6 +207,18 @@ def status(name: str) -> tuple[LabSpec, list[HostStatus]]:
     return spec, out
 
 
+def ssh_config(name: str) -> str:
+    """An ssh_config with one alias per lab host; host keys checked against the lab's known_hosts."""
+    paths = LabPaths.of(name)
+    if not paths.spec_file.exists():
+        raise LabError(f"no lab named {name} (looked in {paths.root})")
+    spec = load_spec(paths)
+    return "\n".join(
+        f"Host {h.name}\n  HostName {h.address}\n  User root\n  IdentityFile {paths.ssh_key}\n"
+        f"  IdentitiesOnly yes\n  UserKnownHostsFile {paths.known_hosts}\n  StrictHostKeyChecking yes\n"
+        f"  BatchMode yes\n  ConnectTimeout 10\n" for h in spec.hosts)
+
+
 def ssh_command(paths: LabPaths, host: LabHost, command: str) -> list[str]:
     return ["ssh", "-i", str(paths.ssh_key), "-o", f"UserKnownHostsFile={paths.known_hosts}",
             "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5",

@@ -62,13 +62,21 @@ def build_script(component: str, reference: Path) -> str:
     return header + runtime + footer
 
 
+def find_reference() -> Path:
+    """../shared/reference beside the checkout (no pytest needed: `scripts/try` runs this)."""
+    here = Path(__file__).resolve().parents[2]
+    for candidate in (here.parent / "shared" / "reference", Path("/work/shared/reference")):
+        if (candidate / "flags").is_dir():
+            return candidate
+    raise SystemExit("the upstream reference data (../shared/reference beside the checkout) is missing")
+
+
 def install(directory: Path, reference: Path | None = None) -> list[Path]:
     """Write the five stand-ins (0755) into ``directory`` and record them in its SHA256SUMS."""
     from installer import artifacts
 
     if reference is None:
-        from tests.conftest import reference_dir
-        reference = reference_dir()
+        reference = find_reference()
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     written = []
