@@ -152,11 +152,23 @@ class ApiServerSpec(_Strict):
         "clusters whose images are imported into containerd with no registry to pull from.")
 
 
+class BastionSpec(_Strict):
+    address: IPOrName = Field(description="The jump host every SSH connection goes through (IP or DNS name).")
+    user: str | None = Field(None, description="Login user on the bastion. Default: spec.ssh.user.")
+    port: Port = 22
+    keyPath: str | None = Field(None, description="Private key for the bastion. Default: spec.ssh.keyPath.")
+
+
 class SSHSpec(_Strict):
-    user: str = "root"
+    user: str = Field("root", description="Login user; a user other than root runs every command "
+                      "through `sudo -n` and so needs passwordless sudo.")
     port: Port = 22
     keyPath: str = Field("~/.ssh/id_ed25519", description="Private key used to log in.")
-    knownHosts: str = Field("~/.ssh/known_hosts", description="Host keys are verified against this file.")
+    knownHosts: str = Field("~/.ssh/known_hosts", description="Host keys are verified against this file "
+                            "(the bastion's too).")
+    bastion: BastionSpec | None = Field(
+        None, description="Reach the hosts through this jump host (an SSH direct-tcpip channel, "
+        "like ProxyJump). Default: connect directly.")
 
 
 class HostSSHSpec(_Strict):
@@ -164,6 +176,8 @@ class HostSSHSpec(_Strict):
     port: Port | None = None
     keyPath: str | None = None
     knownHosts: str | None = None
+    bastion: BastionSpec | None = Field(
+        None, description="This host's bastion instead of spec.ssh.bastion; null connects directly.")
 
 
 class HostSpec(_Strict):
@@ -258,10 +272,21 @@ class Inventory(_Strict):
     def ssh_for(self, host: HostSpec) -> SSHSpec:
         """spec.ssh with the host's overrides; key and known_hosts paths made absolute
         (relative ones are relative to the inventory file, like artifacts.path)."""
-        merged = self.spec.ssh.model_dump() | host.ssh.model_dump(exclude_none=True)
+        merged = self.spec.ssh.model_dump() | host.ssh.model_dump(exclude_none=True, exclude={"bastion"})
         for key in ("keyPath", "knownHosts"):
-            merged[key] = str((self.base_dir / Path(merged[key]).expanduser()).resolve())
+            merged[key] = self._abs(merged[key])
+        # an explicit `bastion: null` on the host means: connect directly
+        bastion = host.ssh.bastion if "bastion" in host.ssh.model_fields_set else self.spec.ssh.bastion
+        if bastion is None or bastion.address == host.address:
+            merged["bastion"] = None     # a host is never its own jump host
+        else:
+            merged["bastion"] = bastion.model_copy(update={
+                "user": bastion.user or self.spec.ssh.user,
+                "keyPath": self._abs(bastion.keyPath or self.spec.ssh.keyPath)})
         return SSHSpec(**merged)
+
+    def _abs(self, path: str) -> str:
+        return str((self.base_dir / Path(path).expanduser()).resolve())
 
     def artifacts_dir(self) -> Path | None:
         p = self.spec.artifacts.path

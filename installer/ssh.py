@@ -2,13 +2,23 @@
 
 Host keys are verified against the inventory's known_hosts: an unknown or changed key is an
 error naming the host, unless the operator explicitly accepts new keys (``accept_new``), which
-records them. Commands are shell scripts passed as the command line; data (file contents,
-which may be secret) only ever travels on stdin, never in argv. Every call is counted, so
-benchmarks can report round trips and bytes per host.
+records them (a changed key is refused even then). With ``spec.ssh.bastion`` every connection
+goes through that jump host (a Fabric gateway: an SSH direct-tcpip channel), whose key is
+verified the same way. Commands are shell scripts passed as the command line, run as root
+(through ``sudo -n`` for another login user); data (file contents, which may be secret) only
+ever travels on stdin, never in argv. Every call is counted, so benchmarks can report round
+trips and bytes per host.
+
+Only the inventory configures a connection: ``~/.ssh/config``, ``/etc/ssh/ssh_config``, Fabric
+config files and SSH agents are not consulted.
 """
 
 from __future__ import annotations
 
+import logging
+import math
+import os
+import re
 import shlex
 import socket
 import threading
@@ -16,10 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import paramiko
-from fabric import Connection
+from fabric import Config, Connection
 
 from .errors import InstallerError
-from .inventory import HostSpec, Inventory
+from .inventory import BastionSpec, HostSpec, Inventory, SSHSpec
 
 
 class HostError(InstallerError):
@@ -35,12 +45,14 @@ class Result:
     stdout: str
     stderr: str
     rc: int
+    raw: bytes = b""            # stdout exactly as received (binary-safe)
 
 
 @dataclass
 class Counters:
     round_trips: int = 0
     bytes_up: int = 0
+    bytes_down: int = 0
 
 
 class _RecordNewKey(paramiko.MissingHostKeyPolicy):
@@ -53,12 +65,29 @@ class _RecordNewKey(paramiko.MissingHostKeyPolicy):
     def missing_host_key(self, client, hostname, key):
         with self.lock:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.path, "a") as f:
-                f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+            with open(self.path, "a+b") as f:
+                f.seek(0, os.SEEK_END)
+                if f.tell():
+                    f.seek(-1, os.SEEK_END)
+                    if f.read(1) != b"\n":      # never glue our line onto an unterminated one
+                        f.write(b"\n")
+                f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n".encode())
         client.get_host_keys().add(hostname, key.get_name(), key)
 
 
 _known_hosts_lock = threading.Lock()
+# every SSH failure reaches the caller as a HostError; paramiko's own error log lines (e.g.
+# "Secsh channel 0 open FAILED") would only repeat it on stderr through logging's last resort
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+
+# what sudo -n says when it will not run the command (the command then never ran)
+_SUDO_REFUSED = ("a password is required", "is not in the sudoers file", "is not allowed to",
+                 "may not run sudo", "must have a tty", "no tty present")
+_OWNER = re.compile(r"[A-Za-z0-9._-]+(:[A-Za-z0-9._-]+)?")
+
+
+def _hostport(address: str, port: int) -> str:
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
 
 
 @dataclass
@@ -69,17 +98,22 @@ class Remote:
     connect_timeout: float = 10
     counters: Counters = field(default_factory=Counters)
     _conn: Connection | None = None
+    _gateway: Connection | None = None
 
     @property
     def name(self) -> str:
         return self.host.name
 
-    def _connection(self) -> Connection:
-        ssh = self.inventory.ssh_for(self.host)
-        known = Path(ssh.knownHosts)
-        conn = Connection(self.host.address, user=ssh.user, port=ssh.port,
-                          connect_timeout=self.connect_timeout,
-                          connect_kwargs={"key_filename": [ssh.keyPath], "allow_agent": False,
+    # --- connecting ------------------------------------------------------------------------
+
+    def _connection(self, address: str, user: str, port: int, key: str, known: Path,
+                    gateway: Connection | None) -> Connection:
+        # an explicit (empty) SSHConfig and a lazy Config: no ssh_config or Fabric config
+        # file changes where or how we connect; gateway=False also ignores a ProxyJump
+        conn = Connection(address, user=user, port=port, gateway=gateway or False,
+                          config=Config(ssh_config=paramiko.SSHConfig(), lazy=True),
+                          connect_timeout=max(1, math.ceil(self.connect_timeout)),
+                          connect_kwargs={"key_filename": [key], "allow_agent": False,
                                           "look_for_keys": False})
         # Fabric trusts unknown hosts by default; we never do unless asked
         if known.is_file():
@@ -88,37 +122,87 @@ class Remote:
         conn.client.set_missing_host_key_policy(policy)
         return conn
 
+    def _open_one(self, conn: Connection, ssh: SSHSpec, key: str, label: str,
+                  bastion: BastionSpec | None = None) -> None:
+        """Open ``conn``; every failure becomes a HostError saying what (``label``) failed and why."""
+        where = _hostport(conn.host, conn.port)
+        via = f" through bastion {_hostport(bastion.address, bastion.port)}" if bastion else ""
+
+        def fail(message: str) -> HostError:
+            return HostError(self.name, f"{label}{message}")
+        if not os.access(key, os.R_OK):
+            why = "does not exist" if not os.path.exists(key) else "is not readable"
+            raise fail(f"SSH key {key} {why}")
+        try:
+            try:
+                conn.open()
+            except BaseException:
+                conn.client.close()        # a failed handshake leaves paramiko's transport running
+                raise
+        except paramiko.BadHostKeyException as e:
+            raise fail(f"host key CHANGED for {where} (got {e.key.get_name()} {e.key.fingerprint}, "
+                       f"{ssh.knownHosts} has another): refusing to connect; if the host was "
+                       "reinstalled, remove its old line") from None
+        except paramiko.AuthenticationException as e:
+            raise fail(f"{conn.user}@{where} did not accept the key {key}: {e}") from None
+        except paramiko.ChannelException as e:
+            # the bastion could not open the direct-tcpip channel to the target
+            raise fail(f"cannot reach {where}{via}: {e.text or e.code}") from None
+        except paramiko.SSHException as e:
+            if "not found in known_hosts" in str(e):
+                missing = "" if Path(ssh.knownHosts).is_file() else " (the file does not exist)"
+                raise fail(f"host key of {where} is not in {ssh.knownHosts}{missing}; add it "
+                           "(verified out of band) or pass --accept-new-host-keys") from None
+            if "Timeout opening channel" in str(e):
+                raise fail(f"cannot reach {where}{via}: timed out") from None
+            raise fail(f"SSH to {conn.user}@{where}{via} failed: {e}") from None
+        except (socket.timeout, TimeoutError):
+            raise fail(f"cannot reach {where}{via}: timed out") from None
+        except paramiko.ssh_exception.NoValidConnectionsError as e:
+            # it wraps the real errors (refused, no route) per address family
+            causes = sorted({err.strerror or str(err) for err in e.errors.values()}) or [str(e)]
+            raise fail(f"cannot reach {where}{via}: {'; '.join(causes)}") from None
+        except OSError as e:
+            raise fail(f"cannot reach {where}{via}: {e.strerror or e}") from None
+        except EOFError:
+            raise fail(f"{where}{via} closed the connection during the SSH handshake") from None
+
     def open(self) -> None:
         if self._conn is not None and self._conn.is_connected:
             return
-        conn = self._connection()
+        self.close()                       # a dropped connection: start over, bastion included
         ssh = self.inventory.ssh_for(self.host)
+        known = Path(ssh.knownHosts)
+        gateway, b = None, ssh.bastion
+        if b is not None:
+            gateway = self._connection(b.address, b.user, b.port, b.keyPath, known, None)
+            self._open_one(gateway, ssh, b.keyPath, f"bastion {_hostport(b.address, b.port)}: ")
+            # bound the wait for the bastion to connect onwards (paramiko's default is an hour)
+            gateway.transport.channel_timeout = self.connect_timeout
+        conn = self._connection(self.host.address, ssh.user, ssh.port, ssh.keyPath, known, gateway)
         try:
-            conn.open()
-        except paramiko.BadHostKeyException as e:
-            raise HostError(self.name, f"host key CHANGED for {self.host.address} (got {e.key.get_name()}, "
-                            f"{ssh.knownHosts} has another): refusing to connect; if the host was "
-                            "reinstalled, remove its old line") from None
-        except paramiko.SSHException as e:
-            if "not found in known_hosts" in str(e):
-                raise HostError(self.name, f"host key of {self.host.address} is not in {ssh.knownHosts}; "
-                                "add it (verified out of band) or pass --accept-new-host-keys") from None
-            raise HostError(self.name, f"SSH to {ssh.user}@{self.host.address}:{ssh.port} failed: {e}") from None
-        except (socket.timeout, TimeoutError):
-            raise HostError(self.name, f"cannot reach {self.host.address}:{ssh.port}: timed out") from None
-        except OSError as e:
-            raise HostError(self.name, f"cannot reach {self.host.address}:{ssh.port}: {e.strerror or e}") from None
-        self._conn = conn
+            self._open_one(conn, ssh, ssh.keyPath, "", b)
+        except BaseException:
+            if gateway is not None:
+                gateway.close()
+            raise
+        self._conn, self._gateway = conn, gateway
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        for c in (self._conn, self._gateway):
+            if c is not None:
+                c.close()
+        self._conn = self._gateway = None
+
+    # --- commands --------------------------------------------------------------------------
 
     def run(self, script: str, stdin: bytes | None = None, check: bool = True, what: str | None = None,
             timeout: float | None = 600) -> Result:
-        """Run ``script`` with sh on the host (as root, through sudo when the user is not root)."""
+        """Run ``script`` with sh on the host (as root, through sudo when the user is not root).
+        ``stdin`` is sent byte-exact; ``Result.raw`` is stdout byte-exact. When sudo refuses
+        (the script never ran) this raises even with ``check=False``."""
         self.open()
+        what = what or "command"
         ssh = self.inventory.ssh_for(self.host)
         command = f"sh -c {shlex.quote(script)}"
         if ssh.user != "root":
@@ -127,38 +211,105 @@ class Remote:
         self.counters.bytes_up += len(stdin or b"")
         try:
             out, err, rc = self._exec(command, stdin or b"", timeout)
+        except (socket.timeout, TimeoutError):
+            raise HostError(self.name, f"{what}: no answer within {timeout} s (it may still be "
+                            "running on the host)") from None
         except (paramiko.SSHException, OSError, EOFError) as e:
-            raise HostError(self.name, f"{what or 'command'}: connection failed: {e}") from None
-        result = Result(out.decode(errors="replace"), err.decode(errors="replace"), rc)
+            self.close()
+            raise HostError(self.name, f"{what}: connection failed: {e}") from None
+        self.counters.bytes_down += len(out)
+        result = Result(out.decode(errors="replace"), err.decode(errors="replace"), rc, out)
+        if ssh.user != "root":
+            self._sudo_check(ssh.user, what, result)
         if check and result.rc != 0:
             tail = "\n".join(result.stderr.strip().splitlines()[-6:])
-            raise HostError(self.name, f"{what or 'command'} failed (exit {result.rc}): {tail}")
+            raise HostError(self.name, f"{what} failed (exit {result.rc}): {tail}")
         return result
 
+    def _sudo_check(self, user: str, what: str, r: Result) -> None:
+        lines = r.stderr.strip().splitlines()
+        first = lines[0] if lines else ""
+        if r.rc == 127 and re.search(r"\bsudo: (command )?not found", first):
+            raise HostError(self.name, f"{what}: the SSH user {user} is not root and the host has no sudo: "
+                            "install sudo and grant it passwordless sudo, or log in as root")
+        if r.rc == 1 and first.startswith("sudo:") and any(p in first for p in _SUDO_REFUSED):
+            raise HostError(self.name, f"{what}: the SSH user {user} cannot run commands as root "
+                            f"without a password ({first}); grant it passwordless sudo "
+                            f"(`{user} ALL=(ALL) NOPASSWD:ALL`) or log in as root")
+
+    def put(self, path: str, data: bytes | str, mode: int = 0o644, owner: str = "root:root",
+            what: str | None = None) -> None:
+        """Write ``data`` to ``path`` atomically (``path.hp-new``, then rename), one round trip.
+        The content travels on stdin only; the parent directory is created if missing."""
+        if not path.startswith("/"):
+            raise ValueError(f"put: {path!r} is not an absolute path")
+        if not _OWNER.fullmatch(owner):
+            raise ValueError(f"put: {owner!r} is not USER or USER:GROUP")
+        data = data.encode() if isinstance(data, str) else data
+        final, tmp = shlex.quote(path), shlex.quote(path + ".hp-new")
+        script = (
+            "set -e\n"
+            f'mkdir -p -- "$(dirname -- {final})"\n'
+            "umask 077\n"                       # never readable by others while being written
+            f"rm -f -- {tmp}\n"
+            f"cat > {tmp}\n"
+            f"chown {owner} -- {tmp}\n"         # before chmod: chown may clear mode bits
+            f"chmod {mode:o} -- {tmp}\n"
+            f"sync -- {tmp} 2>/dev/null || true\n"
+            f"mv -f -- {tmp} {final}\n")
+        self.run(script, stdin=data, what=what or f"write {path}")
+
+    def get(self, path: str, what: str | None = None) -> bytes:
+        """The content of ``path``, byte-exact; a missing file is a HostError."""
+        return self.run(f"cat -- {shlex.quote(path)}", what=what or f"read {path}").raw
+
     def _exec(self, command: str, stdin: bytes, timeout: float | None) -> tuple[bytes, bytes, int]:
-        """One channel: binary-safe stdin, stdout and stderr read concurrently (no deadlock)."""
+        """One channel: binary-safe stdin, stdout and stderr read concurrently (no deadlock).
+        ``timeout`` bounds the whole command: when it passes, the channel is closed and
+        socket.timeout raised."""
         chan = self._conn.client.get_transport().open_session()
+        expired = threading.Event()
+
+        def expire() -> None:
+            expired.set()
+            chan.close()                   # wakes every read and write below
+        timer = threading.Timer(timeout, expire) if timeout is not None else None
         try:
-            chan.settimeout(timeout)
             chan.exec_command(command)
+            if timer is not None:
+                timer.daemon = True
+                timer.start()
             err: list[bytes] = []
-            reader = threading.Thread(target=lambda: err.append(chan.makefile_stderr("rb").read()), daemon=True)
-            reader.start()
+
+            def drain_stderr() -> None:
+                try:
+                    err.append(chan.makefile_stderr("rb").read())
+                except (OSError, EOFError, paramiko.SSHException):
+                    pass
 
             def feed() -> None:
                 # paramiko's sendall re-slices the whole buffer per packet (quadratic on
                 # large uploads): hand it bounded chunks instead
                 view = memoryview(stdin)
-                for i in range(0, len(view), 1 << 18):
-                    chan.sendall(bytes(view[i:i + (1 << 18)]))
-                chan.shutdown_write()
-            writer = threading.Thread(target=feed, daemon=True)
-            writer.start()
+                try:
+                    for i in range(0, len(view), 1 << 18):
+                        chan.sendall(bytes(view[i:i + (1 << 18)]))
+                    chan.shutdown_write()
+                except (OSError, EOFError, paramiko.SSHException):
+                    pass     # the command exited without reading it all: its status tells
+            threads = [threading.Thread(target=f, daemon=True) for f in (drain_stderr, feed)]
+            for t in threads:
+                t.start()
             out = chan.makefile("rb").read()
-            writer.join(timeout)
-            reader.join(timeout)
-            return out, b"".join(err), chan.recv_exit_status()
+            for t in threads:
+                t.join()
+            rc = chan.recv_exit_status()
+            if expired.is_set() and rc == -1:
+                raise socket.timeout(f"no answer within {timeout} s")
+            return out, b"".join(err), rc
         finally:
+            if timer is not None:
+                timer.cancel()
             chan.close()
 
     def __enter__(self):
