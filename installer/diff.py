@@ -94,8 +94,8 @@ def diff(host: str, sel: Selection, facts: HostFacts) -> HostChanges:
         active, enabled = facts.units.get(unit, ("inactive", ""))
         if enabled != "enabled":
             ch.enable.append(unit)
-        if active != "active":
+        if active in ("inactive", "failed", "", "unknown"):
             ch.start.append(unit)        # starting reads the new inputs anyway
         elif unit in touched:
-            ch.restart.append(unit)
+            ch.restart.append(unit)      # also when still "activating": it may hold old inputs
     return ch

@@ -3,7 +3,8 @@
 The probe is a POSIX shell script fed the managed paths and units on stdin; it prints one
 tab-separated record per line. Hashing large binaries on every run would dominate a no-op
 apply, so a file whose size and mtime equal what the installer recorded when it wrote it
-(/var/lib/hiddenplane/manifest) reports the recorded digest instead of re-reading it.
+(/var/lib/hiddenplane/manifest) reports the recorded digest instead of re-reading it; and
+every file is examined by one `stat` and one `awk` for all, not a few processes each.
 """
 
 from __future__ import annotations
@@ -43,23 +44,32 @@ for x in RUNTIME; do
   if pgrep -x "$x" >/dev/null 2>&1; then printf 'X\tprocess\t%s\n' "$x"; fi
   if [ -e "/etc/systemd/system/$x.service" ] || [ -e "/lib/systemd/system/$x.service" ]; then printf 'X\tunit\t%s\n' "$x"; fi
 done
+tmp=$(mktemp -d)
+: > "$tmp/f"
 while IFS="$T" read -r kind p; do
   case "$kind" in
-    F)
-      [ -f "$p" ] || continue
-      set -- $(stat -c '%s %Y %a %U %G' "$p")
-      rec=$(grep -F "$p$T" MANIFEST 2>/dev/null | awk -F"$T" -v p="$p" -v s="$1" -v m="$2" '$1==p && $3==s && $4==m {print $2; exit}')
-      [ -n "$rec" ] || rec=$(sha256sum "$p" | cut -c1-64)
-      printf 'F\t%s\t%s\t%s\t%s\t%s\n' "$p" "$rec" "$3" "$4" "$5"
-      if [ -n "$(grep -F "$p$T" MANIFEST 2>/dev/null | awk -F"$T" -v p="$p" -v h="$rec" '$1==p && $2==h')" ]; then
-        printf 'W\t%s\n' "$p"
-      fi;;
-    D)
-      if [ -d "$p" ]; then printf 'D\t%s\t%s\n' "$p" "$(stat --printf '%a\t%U\t%G' "$p")"; fi;;
-    U)
-      printf 'U\t%s\t%s\t%s\n' "$p" "$(systemctl is-active "$p" 2>/dev/null || true)" "$(systemctl is-enabled "$p" 2>/dev/null || true)";;
+    F) printf '%s\n' "$p" >> "$tmp/f";;
+    D) if [ -d "$p" ]; then printf 'D\t%s\t%s\n' "$p" "$(stat --printf '%a\t%U\t%G' "$p")"; fi;;
+    U) printf 'U\t%s\t%s\t%s\n' "$p" "$(systemctl is-active "$p" 2>/dev/null || true)" \
+         "$(systemctl is-enabled "$p" 2>/dev/null || true)";;
   esac
 done
+# files: one stat for all; a file whose size and mtime match the manifest reports the digest
+# recorded there, the others are hashed (one sha256sum for all of them)
+if [ -s "$tmp/f" ]; then
+  tr '\n' '\0' < "$tmp/f" | xargs -0 stat --printf '%n\t%s\t%Y\t%a\t%U\t%G\n' 2>/dev/null > "$tmp/st" || true
+  if [ -f MANIFEST ]; then cp MANIFEST "$tmp/m"; else : > "$tmp/m"; fi
+  awk -F"$T" -v OFS="$T" -v h="$tmp/h" '
+    FILENAME == ARGV[1] { known[$1 SUBSEP $3 SUBSEP $4] = $2; next }
+    { k = $1 SUBSEP $2 SUBSEP $3
+      if (k in known) print "F", $1, known[k], $4, $5, $6
+      else { print "A", $1, $4, $5, $6; print $1 > h } }' "$tmp/m" "$tmp/st"
+  if [ -s "$tmp/h" ]; then
+    tr '\n' '\0' < "$tmp/h" | xargs -0 sha256sum 2>/dev/null | awk -v OFS="$T" '{ d = $1; sub(/^[^ ]+  /, ""); print "Z", $0, d }'
+  fi
+  awk -F"$T" -v OFS="$T" '{ print "R", $1, $2 }' "$tmp/m"
+fi
+rm -rf "$tmp"
 echo END
 """.replace("MANIFEST", MANIFEST).replace("LOCK", LOCK).replace("PENDING", PENDING).replace("RUNTIME", " ".join(RUNTIME_MARKERS))
 
@@ -108,7 +118,9 @@ def probe_input(files: list[str], dirs: list[str], units: list[str]) -> bytes:
 def parse(output: str) -> HostFacts:
     """Pure: the probe's output -> HostFacts. Raises ValueError on a truncated probe."""
     facts = HostFacts()
-    ours: set[str] = set()
+    ours: set[tuple[str, str]] = set()                 # (path, digest) the installer wrote
+    unhashed: dict[str, list[str]] = {}
+    hashed: dict[str, str] = {}
     complete = False
     for line in output.splitlines():
         if line == "END":
@@ -141,8 +153,12 @@ def parse(output: str) -> HostFacts:
         elif kind == "F" and len(cols) == 5:
             path, digest, mode, owner, group = cols
             facts.files[path] = FileFact(digest, int(mode, 8), owner, group, False)
-        elif kind == "W":
-            ours.add(cols[0])
+        elif kind == "A" and len(cols) == 4:
+            unhashed[cols[0]] = cols[1:]
+        elif kind == "Z" and len(cols) == 2:
+            hashed[cols[0]] = cols[1]
+        elif kind == "R" and len(cols) == 2:
+            ours.add((cols[0], cols[1]))
         elif kind == "D" and len(cols) == 4:
             path, mode, owner, group = cols
             facts.dirs[path] = DirFact(int(mode, 8), owner, group)
@@ -150,7 +166,10 @@ def parse(output: str) -> HostFacts:
             facts.units[cols[0]] = (cols[1], cols[2])
     if not complete:
         raise ValueError("the facts probe did not finish")
-    for path in ours & facts.files.keys():
-        f = facts.files[path]
-        facts.files[path] = FileFact(f.sha256, f.mode, f.owner, f.group, True)
+    for path, (mode, owner, group) in unhashed.items():
+        if path in hashed:
+            facts.files[path] = FileFact(hashed[path], int(mode, 8), owner, group, False)
+    for path, f in facts.files.items():
+        if (path, f.sha256) in ours:
+            facts.files[path] = FileFact(f.sha256, f.mode, f.owner, f.group, True)
     return facts

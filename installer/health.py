@@ -13,21 +13,15 @@ import tempfile
 import time
 from contextlib import contextmanager
 
-from .pki import issue
 from .pki.material import Material
+from .tlsfiles import client_files
 
 
 @contextmanager
 def client_context(material: Material, client: str = "admin"):
-    pair, ca = material.pair(client), material.pair("ca")
     with tempfile.TemporaryDirectory(prefix="hiddenplane-tls-") as tmp:
         os.chmod(tmp, 0o700)
-        cert, key, cafile = (os.path.join(tmp, n) for n in ("client.crt", "client.key", "ca.crt"))
-        for path, data in ((cert, issue.cert_pem(pair.cert)), (key, issue.key_pem(pair.key)),
-                           (cafile, issue.cert_pem(ca.cert))):
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
+        cert, key, cafile = client_files(tmp, material, client)
         ctx = ssl.create_default_context(cafile=cafile)
         ctx.load_cert_chain(cert, key)
         yield ctx

@@ -25,7 +25,7 @@ stage=$(mktemp -d {STATE_DIR}/stage/apply.XXXXXX)
 trap 'rm -rf "$stage"' EXIT
 tar -x -C "$stage" -f -
 put() {{  # index path mode owner group backup digest
-  mkdir -p "$(dirname "$2")"
+  (umask 022; mkdir -p "$(dirname "$2")")
   if [ "$6" = 1 ] && [ -e "$2" ]; then cp -p "$2" "$2.hiddenplane-backup-$STAMP"; fi
   install -m "$3" -o "$4" -g "$5" "$stage/$1" "$2.hp-new"
   sync "$2.hp-new"
@@ -73,7 +73,7 @@ def script(changes: HostChanges, stamp: str | None = None, no_block: bool = Fals
         paths = "\n".join(f.path for f in changes.write)
         lines.append(f"printf '%s\\n' {shlex.quote(paths)} | sed 's/$/\\t/' > \"$stage/paths\"")
         lines.append(f"{{ grep -v -F -f \"$stage/paths\" {MANIFEST} 2>/dev/null || true; cat \"$stage/manifest.add\"; }}"
-                     f" > {MANIFEST}.new && mv -f {MANIFEST}.new {MANIFEST}")
+                     f" > {MANIFEST}.new; mv -f {MANIFEST}.new {MANIFEST}")
     if changes.daemon_reload:
         lines.append("systemctl daemon-reload")
     if changes.enable:
@@ -87,6 +87,6 @@ def script(changes: HostChanges, stamp: str | None = None, no_block: bool = Fals
     if done:
         # a started or restarted unit has read its new inputs; other phases' entries stay
         keep = " ".join(f"-e {shlex.quote(u)}" for u in done)
-        lines.append(f"{{ grep -v -x -F {keep} {PENDING} 2>/dev/null || true; }} > {PENDING}.new "
-                     f"&& mv -f {PENDING}.new {PENDING}")
+        lines.append(f"{{ grep -v -x -F {keep} {PENDING} 2>/dev/null || true; }} > {PENDING}.new; "
+                     f"mv -f {PENDING}.new {PENDING}")
     return "\n".join(lines) + "\n"

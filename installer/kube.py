@@ -25,7 +25,6 @@ import contextlib
 import copy
 import datetime as dt
 import json
-import os
 import shutil
 import socket
 import tempfile
@@ -49,6 +48,7 @@ from .pki.specs import cert_specs
 from .render.kubeconfig import kubeconfig
 from .ssh import Remote
 from .state import write_atomic
+from .tlsfiles import client_files
 
 ADMIN_USER = "kubernetes-admin"
 RBAC_GROUP = "rbac.authorization.k8s.io"
@@ -80,12 +80,6 @@ class _ApiClient(k8s.ApiClient):
             self._cleanup()
 
 
-def _write_private(path: str, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-
-
 def api_client(server_url: str, material: Material, *, credential: str = "admin",
                tls_server_name: str | None = None) -> k8s.ApiClient:
     """An ApiClient for ``server_url`` (``https://host:port``) authenticating with the state's
@@ -99,9 +93,7 @@ def api_client(server_url: str, material: Material, *, credential: str = "admin"
         raise StateError(f"the state holds no cluster CA or {credential} certificate: run `installer plan` first")
     tmpdir = tempfile.mkdtemp(prefix="hiddenplane-kube-")     # 0700
     try:
-        cert_file, key_file = os.path.join(tmpdir, "client.crt"), os.path.join(tmpdir, "client.key")
-        _write_private(cert_file, issue.cert_pem(pair.cert))
-        _write_private(key_file, issue.key_pem(pair.key))
+        cert_file, key_file, _ = client_files(tmpdir, material, credential)
         cfg = k8s.Configuration(host=server_url.rstrip("/"), ca_cert_data=issue.cert_pem(ca.cert).decode(),
                                 tls_server_name=tls_server_name)
         cfg.cert_file, cfg.key_file = cert_file, key_file

@@ -8,6 +8,7 @@ import shutil
 import ssl
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -159,7 +160,8 @@ def test_unreachable_worker_is_named_and_nothing_is_written(applab, tmp_path):
 def test_a_live_lock_is_respected(applab, tmp_path):
     cp1 = applab.host("cp1")
     cp1.run_expect([0], "mkdir -p /var/lib/hiddenplane && echo "
-                   "'{\"machine\": \"elsewhere\", \"pid\": 1, \"since\": 9999999999}' > /var/lib/hiddenplane/apply.lock")
+                   f"'{{\"machine\": \"elsewhere\", \"pid\": 1, \"since\": {int(time.time())}}}' "
+                   "> /var/lib/hiddenplane/apply.lock")
     try:
         doc = yaml.safe_load(applab.inventory.read_text())
         doc["spec"]["apiServer"]["alwaysPullImages"] = False     # something to change, so a lock is needed

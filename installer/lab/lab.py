@@ -85,6 +85,23 @@ def inventory_doc(spec: LabSpec, paths: LabPaths) -> dict:
     }
 
 
+INOTIFY_INSTANCES = Path("/proc/sys/fs/inotify/max_user_instances")
+MIN_INOTIFY_INSTANCES = 1024
+
+
+def _raise_inotify_limit(log) -> None:
+    """Each host's systemd takes several inotify instances, all counted against root: the
+    common default of 128 stops the fourth or fifth host from booting ("Too many open files")."""
+    try:
+        current = int(INOTIFY_INSTANCES.read_text())
+    except (OSError, ValueError):
+        return
+    if current < MIN_INOTIFY_INSTANCES:
+        INOTIFY_INSTANCES.write_text(f"{MIN_INOTIFY_INSTANCES}\n")
+        log(f"raised fs.inotify.max_user_instances from {current} to {MIN_INOTIFY_INSTANCES} "
+            "(until reboot) so that many lab hosts can boot")
+
+
 def _host_keys(paths: LabPaths, spec: LabSpec) -> dict[str, seed.KeyPair]:
     """One host key per host, kept across `up` runs so known_hosts stays valid."""
     keys = {}
@@ -158,6 +175,7 @@ def up(name: str, controls: int = 1, workers: int = 2, vm_workers: int = 0, subn
     paths.known_hosts.write_text("".join(seed.known_hosts_line(h, host_keys[h.name]) for h in spec.hosts))
     debian_artifacts.fill(paths.artifacts, log)
 
+    _raise_inotify_limit(log)
     net.ensure_bridge(spec)
     with ThreadPoolExecutor(max_workers=8) as pool:
         jobs = [pool.submit(_start_host, spec, paths, base, h, seed.host_files(spec, h, login, host_keys[h.name]), log)

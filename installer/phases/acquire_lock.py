@@ -9,6 +9,7 @@ taken over with a note; any other stale lock is reported and broken only with --
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import socket
@@ -32,6 +33,8 @@ def stale_reason(content: str, now: float) -> str | None:
         since = float(h.get("since", 0))
     except (ValueError, TypeError, AttributeError):     # not JSON, not an object, no number
         return "its content is unreadable"
+    if not math.isfinite(since) or since > now + 86400:
+        return "its start time is not plausible"
     if h.get("machine") == socket.gethostname():
         try:
             os.kill(int(h.get("pid", 0)), 0)
