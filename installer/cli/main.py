@@ -117,6 +117,32 @@ def kubeconfig(inventory, output, state_dir, force):
 
 
 @cli.command()
+@click.argument("inventory", type=click.Path(dir_okay=False))
+@click.option("--state", "state_dir", type=click.Path(file_okay=False), help=STATE_HELP)
+@click.option("--output", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--api", "use_api", is_flag=True, help="Also ask the API that no Node is a control host.")
+@domain_errors
+def verify(inventory, state_dir, fmt, use_api):
+    """Check the live hosts (testinfra over SSH, host keys verified): the control plane is hidden,
+    every secret is private. Read-only; rerun any time.
+
+    Exit 0 when every check passes, 1 when any fails, 2/3 when a host cannot be checked."""
+    from .. import verify as verify_mod
+    results = verify_mod.verify(inventory, state_dir, log=lambda m: click.echo(m, err=True), api=use_api)
+    failed = [r for r in results if not r.ok]
+    if fmt == "json":
+        click.echo(json.dumps({"ok": not failed, "failed": len(failed), "checks": [r.as_dict() for r in results]},
+                              indent=2))
+    else:
+        for r in results:
+            click.echo(r.line())
+        click.echo(f"{len(results) - len(failed)}/{len(results)} checks passed"
+                   + (f", {len(failed)} FAILED" if failed else ""))
+    if failed:
+        raise SystemExit(1)
+
+
+@cli.command()
 def schema():
     """Print the inventory's JSON Schema (for editors)."""
     click.echo(json.dumps(json_schema(), indent=2))
