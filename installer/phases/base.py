@@ -66,6 +66,18 @@ class Context:
         from .select import pending_work
         return pending_work(self)
 
+    def settled(self, events: list[Event], units: tuple[str, ...]) -> bool:
+        """Nothing changed and every unit was already active: no health wait needed. A unit
+        still starting (e.g. restarted by a run that was killed) is waited for."""
+        return all(e.action == "unchanged" for e in events) and all(
+            self.facts[e.host].units.get(u, ("", ""))[0] == "active" for e in events for u in units)
+
+    def mark_active(self, hosts: list[str], units: tuple[str, ...]) -> None:
+        """A health wait succeeded: the units are running now."""
+        for h in hosts:
+            for u in units:
+                self.facts[h].units[u] = ("active", self.facts[h].units.get(u, ("", "enabled"))[1] or "enabled")
+
     def hosts(self, role: str | None = None) -> list[HostSpec]:
         return [h for h in self.inv.spec.hosts if role in (None, h.role)]
 

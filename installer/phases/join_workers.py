@@ -31,13 +31,14 @@ class JoinWorkers(Phase):
 
     def run_host(self, ctx: Context, host: str) -> Event:
         ev = ctx.execute(self.name, host, ctx.changes_for(host, worker_part(ctx.plans[host])))
-        if ev.action == "changed" and not ctx.options.dry_run:
+        if not ctx.options.dry_run and not ctx.settled([ev], WORKER_UNITS):
             timeout = ctx.options.wait_timeout
             script = active_script(WORKER_UNITS, timeout) + "\n" + listening_script(KUBELET_PORTS, timeout)
             r = ctx.remotes[host].run(script, check=False, what="wait for the worker units",
                                       timeout=2 * timeout + 30)
             if r.rc != 0:
                 raise HostError(host, f"worker units did not come up: {r.stderr.strip()[-800:]}")
+            ctx.mark_active([host], WORKER_UNITS)
         return ev
 
     def finish(self, ctx: Context, events: list[Event]) -> None:

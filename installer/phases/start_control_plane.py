@@ -10,7 +10,7 @@ from __future__ import annotations
 from ..health import client_context, wait_ok
 from ..ssh import HostError
 from .base import Context, Event, Phase
-from .select import control_plane_part
+from .select import CONTROL_UNITS, control_plane_part
 
 LOCAL_PORTS = (10257, 10259)
 
@@ -36,7 +36,7 @@ class StartControlPlane(Phase):
         return ctx.execute(self.name, host, ctx.changes_for(host, control_plane_part(ctx.plans[host])))
 
     def finish(self, ctx: Context, events: list[Event]) -> None:
-        if ctx.options.dry_run or all(e.action == "unchanged" for e in events):
+        if ctx.options.dry_run or ctx.settled(events, CONTROL_UNITS):
             return
         port = ctx.inv.spec.apiServer.port
         with client_context(ctx.material) as tls:
@@ -51,3 +51,4 @@ class StartControlPlane(Phase):
                                         timeout=ctx.options.wait_timeout + 30)
             if r.rc != 0:
                 raise HostError(h.name, f"controller-manager/scheduler not serving: {r.stderr.strip()[-600:]}")
+        ctx.mark_active([h.name for h in ctx.hosts("control")], CONTROL_UNITS)

@@ -7,7 +7,7 @@ import shlex
 from ..render.control import etcd_servers
 from ..ssh import HostError
 from .base import Context, Event, Phase
-from .select import etcd_part
+from .select import ETCD_UNIT, etcd_part
 
 PKI = "/etc/kubernetes/pki"
 
@@ -34,11 +34,12 @@ class StartEtcd(Phase):
         return ctx.execute(self.name, host, changes, no_block=True)
 
     def finish(self, ctx: Context, events: list[Event]) -> None:
-        if ctx.options.dry_run or all(e.action == "unchanged" for e in events):
+        if ctx.options.dry_run or ctx.settled(events, (ETCD_UNIT,)):
             return
         first = ctx.hosts("control")[0].name
         r = ctx.remotes[first].run(health_script(ctx, ctx.options.wait_timeout), check=False,
                                    what="wait for etcd health", timeout=ctx.options.wait_timeout + 30)
         if r.rc != 0:
             raise HostError(first, f"etcd did not become healthy: {r.stderr.strip()[-500:]}")
+        ctx.mark_active([h.name for h in ctx.hosts("control")], (ETCD_UNIT,))
         ctx.events.append(Event(self.name, first, "waited", detail=r.stdout.strip().splitlines()))
