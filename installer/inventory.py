@@ -139,6 +139,16 @@ class NetworkSpec(_Strict):
         None, description="resolv.conf the kubelet hands to pods with dnsPolicy Default (and CoreDNS "
         "uses upstream). Default: /run/systemd/resolve/resolv.conf on hosts running systemd-resolved "
         "(its stub 127.0.0.53 would make CoreDNS loop), else /etc/resolv.conf.")
+    cni: Literal["routes", "cilium"] = Field(
+        "routes", description="routes: bridge CNI with a pod CIDR per worker and static routes between "
+        "hosts (no images needed); cilium: installed with Helm from the artifacts, no routes.")
+    egress: Literal["routes", "konnectivity"] | None = Field(
+        None, description="How control hosts reach pods and services (webhooks, aggregated APIs, logs/exec): "
+        "routes (default with cni: routes) or konnectivity (default with cni: cilium).")
+    nodeCIDRMaskSize: Annotated[int, Field(ge=16, le=28)] = Field(
+        24, description="Prefix length of each worker's slice of podCIDR (IPv4).")
+    upstreamDNS: list[IP] = Field(
+        default_factory=list, description="Resolvers CoreDNS forwards to; empty: the kubelet's resolvConf.")
 
 
 class ApiServerSpec(_Strict):
