@@ -94,6 +94,11 @@ def cert_specs(inv: Inventory) -> list[CertSpec]:
         # when RBAC itself is broken (admin's binding is ordinary RBAC and can be deleted).
         CertSpec("super-admin", CLUSTER_CA, "kubernetes-super-admin", ("system:masters",), client=True),
     ]
+    from ..render.addons.mode import egress_mode     # here: render imports this module
+    if egress_mode(inv) == "konnectivity":
+        # konnectivity-server's kubeconfig: TokenReviews of agent tokens (bound to
+        # system:auth-delegator); it serves agents with the apiserver's own pair
+        specs.append(CertSpec("konnectivity-server", CLUSTER_CA, "system:konnectivity-server", client=True))
     for h in inv.controls:
         d, i = etcd_member_sans(h.name, h.address)
         specs.append(CertSpec(f"etcd/server-{h.name}", ETCD_CA, h.name, server=True, client=True, dns_names=d, ips=i))
