@@ -38,6 +38,7 @@ from pathlib import Path
 
 from . import images
 from .model import LabError, LabHost, LabSpec, cache_root
+from .net import ip, link_exists
 
 VM_RECIPE = 3                       # bump when the image recipe below changes
 KERNEL_PACKAGES = ("linux-image-amd64",)
@@ -293,17 +294,6 @@ def qemu_pids(host: LabHost) -> list[int]:
     return pids
 
 
-def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run(["ip", *args], capture_output=True, text=True)
-    if check and proc.returncode != 0:
-        raise LabError(f"ip {' '.join(args)}: {proc.stderr.strip()}")
-    return proc
-
-
-def _link_exists(name: str) -> bool:
-    return _ip("link", "show", "dev", name, check=False).returncode == 0
-
-
 def build_disk(image: VMImage, host_dir: Path, files: dict[str, tuple[bytes, int]],
                size: str = DISK_SIZE) -> Path:
     """host_dir/disk.img: a sparse ext4 of the VM root with ``files`` laid over it."""
@@ -338,13 +328,13 @@ def build_disk(image: VMImage, host_dir: Path, files: dict[str, tuple[bytes, int
 
 
 def _ensure_tap(spec: LabSpec, host: LabHost) -> None:
-    if not _link_exists(spec.bridge):
+    if not link_exists(spec.bridge):
         raise LabError(f"bridge {spec.bridge} does not exist (create the lab network first)")
-    if _link_exists(host.tap):      # a leftover from a crash: start from a fresh tap
-        _ip("link", "del", host.tap)
-    _ip("tuntap", "add", "dev", host.tap, "mode", "tap")
-    _ip("link", "set", host.tap, "master", spec.bridge)
-    _ip("link", "set", host.tap, "up")
+    if link_exists(host.tap):      # a leftover from a crash: start from a fresh tap
+        ip("link", "del", host.tap)
+    ip("tuntap", "add", "dev", host.tap, "mode", "tap")
+    ip("link", "set", host.tap, "master", spec.bridge)
+    ip("link", "set", host.tap, "up")
 
 
 def qemu_command(image: VMImage, host: LabHost, host_dir: Path) -> list[str]:
@@ -388,7 +378,7 @@ def start_vm(spec: LabSpec, host: LabHost, host_dir: Path, files: dict[str, tupl
         proc = subprocess.run(qemu_command(image, host, host_dir), stdin=subprocess.DEVNULL,
                               stdout=qlog, stderr=subprocess.STDOUT, start_new_session=True)
     if proc.returncode != 0:
-        _ip("link", "del", host.tap, check=False)
+        ip("link", "del", host.tap, check=False)
         raise LabError(f"{host.name}: qemu failed (exit {proc.returncode}): "
                        f"{(host_dir / 'qemu.log').read_text(errors='replace').strip()[-600:]}")
     pid = _pid(host_dir)
@@ -441,8 +431,8 @@ def stop_vm(host: LabHost, host_dir: Path, timeout: float = 60) -> None:
                     break
             else:
                 raise LabError(f"{host.name}: qemu (pid {pid}) did not exit")
-    if _link_exists(host.tap):
-        _ip("link", "del", host.tap, check=False)
+    if link_exists(host.tap):
+        ip("link", "del", host.tap, check=False)
     for p in (_pidfile(host_dir), _qmp_path(host_dir)):
         p.unlink(missing_ok=True)
 
