@@ -7,6 +7,7 @@ Layout (all under one directory, 0700; every key, token and kubeconfig 0600)::
     secrets/encryption.key       base64, 32 bytes for secretbox
     secrets/tokens.yaml          per-node bootstrap tokens with expiry
     admin.conf                   admin kubeconfig pointing at the API endpoint
+    network.yaml                 each worker's pod CIDR (cni: routes), node: CIDR; not secret (0644)
 
 Writes are atomic (temp file + rename) and only touch what changed.
 """
@@ -27,6 +28,12 @@ from .pki.issue import Pair
 from .pki.material import BootstrapToken, Material
 from .pki.specs import CAS, cert_specs
 from .inventory import Inventory
+
+
+NETWORK_HEADER = b"""\
+# Pod CIDR of each worker (cni: routes), allocated by hiddenplane and never moved.
+# A node removed from the inventory keeps its slice until its line is deleted here.
+"""
 
 
 def default_state_dir(cluster: str) -> Path:
@@ -72,6 +79,10 @@ class StateDir:
     @property
     def encryption_key_path(self) -> Path:
         return self.root / "secrets" / "encryption.key"
+
+    @property
+    def network_path(self) -> Path:
+        return self.root / "network.yaml"
 
     @property
     def admin_kubeconfig(self) -> Path:
@@ -131,6 +142,17 @@ class StateDir:
                     m.tokens[node] = BootstrapToken(t["id"], t["secret"], dt.datetime.fromisoformat(t["expires"]))
             except (yaml.YAMLError, AttributeError, KeyError, TypeError, ValueError):
                 raise StateError(f"{self.tokens_path} is corrupt; move it away to have tokens re-issued") from None
+        if (nw := self._read(self.network_path)) is not None:
+            try:
+                doc = yaml.safe_load(nw) or {}
+                cidrs = doc.get("podCIDRs") or {}
+                if not isinstance(cidrs, dict) or not all(isinstance(v, str) for v in cidrs.values()):
+                    raise TypeError
+            except (yaml.YAMLError, AttributeError, TypeError):
+                # never re-allocate silently: running pods hold addresses from these slices
+                raise StateError(f"{self.network_path} is corrupt: expected `podCIDRs:` mapping node names to "
+                                 "CIDRs; fix it by hand (or restore it from a backup)") from None
+            m.pod_cidrs = {str(k): v for k, v in cidrs.items()}
         return m
 
     # -- writing --
@@ -154,4 +176,7 @@ class StateDir:
         tokens = {n: {"id": t.id, "secret": t.secret, "expires": t.expires.isoformat()}
                   for n, t in sorted(m.tokens.items())}
         put(self.tokens_path, yaml.safe_dump(tokens, sort_keys=True).encode(), 0o600)
+        if m.pod_cidrs or self.network_path.exists():
+            put(self.network_path, NETWORK_HEADER + yaml.safe_dump({"podCIDRs": dict(sorted(m.pod_cidrs.items()))},
+                                                                  sort_keys=True).encode(), 0o644)
         return written

@@ -27,6 +27,7 @@ from installer.errors import InstallerError
 from installer.facts import (LOCK, MANIFEST, PENDING, PROBE, STATE_DIR, DirFact, FileFact, HostFacts, parse,
                              probe_input)
 from installer.hostops import script, tarball
+from installer.network import ROUTES_UNIT
 from installer.phases import PHASE_NAMES
 from installer.phases.acquire_lock import LOCK_TTL, stale_reason
 from installer.phases.run_preflight import problems
@@ -562,11 +563,12 @@ def test_phase_selections_partition_every_plan(cluster, request):
             assert "/etc/systemd/system/etcd.service" in paths
             assert etcd.units == (ETCD_UNIT,) and [u.name for u in etcd.users] == ["etcd"]
             cp = control_plane_part(plan)
-            assert cp.units == CONTROL_UNITS and cp.users == ()
+            # the example cluster routes to pods from its control hosts (cni and egress: routes)
+            assert cp.units == (*CONTROL_UNITS, ROUTES_UNIT) and cp.users == ()
             # the apiserver's etcd client pair is the apiserver's input, nothing else of etcd is
             assert [p for p in _etcd_anything(cp) if "/apiserver-etcd-client." not in p] == []
         else:
-            assert worker_part(plan).units == WORKER_UNITS
+            assert worker_part(plan).units == (ROUTES_UNIT, *WORKER_UNITS)
             assert _etcd_anything(worker_part(plan)) == [], name
 
 

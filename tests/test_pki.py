@@ -360,7 +360,7 @@ def fresh(doc, tmp_path):
     state = tmp_path / "state"
     first = api.prepare(inv, state)
     assert set(first.changes.reasons) == set(ALL_NAMES) | {
-        "sa", "encryption-key", "token/node2", "token/node3"}
+        "sa", "encryption-key", "token/node2", "token/node3", "network/node2", "network/node3"}
     assert all(first.changes.reasons[n] == "new CA" for n in CAS)
     return doc, inv, state
 
@@ -384,10 +384,11 @@ def test_adding_a_worker_issues_only_its_material(fresh, tmp_path):
     doc["spec"]["hosts"].append({"name": "node4", "address": "192.168.56.235", "role": "worker"})
     write_inventory(tmp_path, doc)
     p = api.prepare(inv, state)
-    assert p.changes.reasons == {"kubelet/node4-serving": "new", "token/node4": "new"}
+    assert p.changes.reasons == {"kubelet/node4-serving": "new", "token/node4": "new",
+                                 "network/node4": "pod CIDR 10.244.2.0/24"}
     after = snapshot(state)
     assert changed_files(before, after) == {
-        "pki/kubelet/node4-serving.crt", "pki/kubelet/node4-serving.key", "secrets/tokens.yaml"}
+        "pki/kubelet/node4-serving.crt", "pki/kubelet/node4-serving.key", "secrets/tokens.yaml", "network.yaml"}
     new_tokens = yaml.safe_load(state.joinpath("secrets/tokens.yaml").read_text())
     assert set(new_tokens) == {"node2", "node3", "node4"}
     assert {k: new_tokens[k] for k in ("node2", "node3")} == old_tokens
@@ -487,7 +488,7 @@ def test_permissions(fresh):
     for k in secret:
         assert snap[k][1] == 0o600, k
     for k in set(snap) - set(secret):
-        assert k.endswith((".crt", ".pub")) and snap[k][1] == 0o644, k
+        assert (k.endswith((".crt", ".pub")) or k == "network.yaml") and snap[k][1] == 0o644, k
     for d in [state, *[p for p in state.rglob("*") if p.is_dir()]]:
         assert stat.S_IMODE(d.stat().st_mode) & 0o077 == 0, d
 

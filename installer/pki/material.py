@@ -14,6 +14,7 @@ import secrets as pysecrets
 import string
 from dataclasses import dataclass, field
 
+from .. import network
 from ..errors import StateError
 from ..inventory import Inventory
 from . import issue
@@ -36,13 +37,15 @@ class BootstrapToken:
 
 @dataclass
 class Material:
-    """Everything secret the cluster is built from."""
+    """Everything secret the cluster is built from, plus the workers' pod CIDRs (not secret,
+    but kept in the state the same way: allocated once, never re-derived)."""
 
     cas: dict[str, Pair] = field(default_factory=dict)
     certs: dict[str, Pair] = field(default_factory=dict)
     sa_key: PrivateKey | None = None
     encryption_key: bytes | None = None            # 32 random bytes for secretbox
     tokens: dict[str, BootstrapToken] = field(default_factory=dict)   # by node name
+    pod_cidrs: dict[str, str] = field(default_factory=dict)           # node -> CIDR (network.py)
 
     def pair(self, name: str) -> Pair:
         return self.cas.get(name) or self.certs[name]
@@ -139,4 +142,13 @@ def ensure(inv: Inventory, old: Material, now: dt.datetime | None = None) -> tup
             new.tokens[h.name] = new_token(now + ttl)
             why = "new" if tok is None else "expired" if tok.expires <= now else "expiring"
             ch.add(f"token/{h.name}", why)
+
+    net = inv.spec.network
+    if net.cni == "routes":
+        new.pod_cidrs, reasons = network.allocate(net.podCIDR, net.nodeCIDRMaskSize, old.pod_cidrs,
+                                                  [h.name for h in inv.workers])
+        for node, why in reasons.items():
+            ch.add(f"network/{node}", why)
+    else:
+        new.pod_cidrs = dict(old.pod_cidrs)     # kept for a return to cni: routes
     return new, ch

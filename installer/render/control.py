@@ -14,6 +14,7 @@ from ..pki.specs import CLUSTER_CA, ETCD_CA, FRONT_PROXY_CA, FRONT_PROXY_CLIENT_
 from .files import (BIN_DIR, K8S_DIR, PKI_DIR, HostDir, HostFile, HostPlan, SystemUser, flags, to_yaml,
                     unit_file)
 from .kubeconfig import kubeconfig
+from .network import add_control_network, egress
 
 # CIS: only these six suites, everywhere (etcd included).
 CIPHER_SUITES = (
@@ -128,6 +129,9 @@ def apiserver_flags(inv: Inventory, host: HostSpec) -> list[str]:
         "--audit-log-maxbackup": 10,
         "--audit-log-maxsize": 100,
         "--profiling": False,
+        # with egress: routes the control host reaches pod IPs (not Service IPs: no kube-proxy
+        # here), so aggregated APIs are called at their endpoints' pod addresses
+        "--enable-aggregator-routing": True if egress(inv) == "routes" else None,
     })
 
 
@@ -145,6 +149,11 @@ def controller_manager_flags(inv: Inventory) -> list[str]:
         "--cluster-signing-key-file": P["ca.key"],
         "--cluster-signing-duration": f"{inv.spec.pki.kubeletClientCertHours}h0m0s",
         "--controllers": "*,bootstrapsigner,tokencleaner",
+        # the installer allocates pod CIDRs (state network.yaml) and renders them into each
+        # worker's CNI config and every host's routes before any Node exists; the node IPAM
+        # controller stays off (so --cluster-cidr would do nothing) and the workers phase sets
+        # Node.spec.podCIDR to the same allocation on a real cluster
+        "--allocate-node-cidrs": False,
         "--leader-elect": True,
         "--profiling": False,
         "--root-ca-file": P["ca.crt"],
@@ -282,5 +291,6 @@ def render_control(inv: Inventory, host: HostSpec, material: Material) -> HostPl
     plan.add(unit_file(sched, "kube-scheduler.service.j2", binary=f"{BIN_DIR}/kube-scheduler",
                        flags=scheduler_flags()))
     plan.units += [etcd, api, cm, sched]
+    add_control_network(plan, inv, host, material)
     return plan
 

@@ -17,6 +17,8 @@ from ..pki.specs import CLUSTER_CA
 from .control import CIPHER_SUITES
 from .files import BIN_DIR, K8S_DIR, PKI_DIR, HostDir, HostFile, HostPlan, flags, render_template, to_yaml, unit_file
 from .kubeconfig import kubeconfig
+from .network import SYSCTL_FILE, add_worker_network
+from ..network import ROUTES_UNIT
 
 KUBELET_DIR = "/var/lib/kubelet"
 KUBE_PROXY_DIR = "/var/lib/kube-proxy"
@@ -82,6 +84,8 @@ def kubelet_config(inv: Inventory, facts: HostFacts) -> dict:
         "seccompDefault": True,
         "failSwapOn": True,
         "registerNode": True,
+        # no podCIDR: it is read only in standalone mode. The pod range is in the CNI config
+        # (render/network.py) and the workers phase sets Node.spec.podCIDR to the same slice.
     }
 
 
@@ -143,14 +147,17 @@ def render_worker(inv: Inventory, host: HostSpec, material: Material, facts: Hos
                       render_template("containerd-config.toml.j2", sandbox_image=SANDBOX_IMAGE,
                                       cni_bin_dir=CNI_BIN_DIR, cni_conf_dir=CNI_CONF_DIR),
                       0o644, restarts=(containerd,)))
+    # loaded at boot; preflight requires them loaded already (containers cannot load modules)
     plan.add(HostFile("/etc/modules-load.d/hiddenplane.conf", "".join(f"{m}\n" for m in MODULES).encode(), 0o644))
-    plan.add(HostFile("/etc/sysctl.d/90-hiddenplane.conf",
-                      "".join(f"{k} = {v}\n" for k, v in SYSCTLS.items()).encode(), 0o644))
+    # applied at once by hiddenplane-routes.service (render/network.py), at boot by systemd-sysctl too
+    plan.add(HostFile(SYSCTL_FILE, "".join(f"{k} = {v}\n" for k, v in SYSCTLS.items()).encode(), 0o644,
+                      restarts=(ROUTES_UNIT,)))
+    add_worker_network(plan, inv, host, material)
 
     plan.add(unit_file(containerd, "containerd.service.j2", binary=f"{BIN_DIR}/containerd",
                        config="/etc/containerd/config.toml"))
     plan.add(unit_file(kubelet, "kubelet.service.j2", binary=f"{BIN_DIR}/kubelet", flags=kubelet_flags(host)))
     plan.add(unit_file(proxy, "kube-proxy.service.j2", binary=f"{BIN_DIR}/kube-proxy",
                        flags=flags({"--config": f"{KUBE_PROXY_DIR}/config.yaml"})))
-    plan.units += [containerd, kubelet, proxy]
+    plan.units += [containerd, kubelet, proxy]     # after the routes unit
     return plan
