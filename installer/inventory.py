@@ -19,6 +19,7 @@ from pydantic_core import PydanticCustomError
 
 from . import versions
 from .errors import InventoryError
+from .network import capacity, slice_prefix
 
 API_VERSION = "hiddenplane/v1alpha1"
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -394,6 +395,7 @@ def _network_problems(data: dict, hosts: list) -> list[str]:
     if svc and endpoint and endpoint.version != svc.version:
         out.append(f"spec.apiServer.endpoint: '{endpoint}' is IPv{endpoint.version} but "
                    f"spec.network.serviceCIDR {svc} is IPv{svc.version}")
+    out += _pod_slice_problems(net if isinstance(net, dict) else {}, pod, hosts)
     for label, n in (("podCIDR", pod), ("serviceCIDR", svc)):
         if not n:
             continue
@@ -404,6 +406,23 @@ def _network_problems(data: dict, hosts: list) -> list[str]:
         if endpoint and endpoint.version == n.version and endpoint in n:
             out.append(f"spec.apiServer.endpoint: '{endpoint}' lies inside spec.network.{label} {n}")
     return out
+
+
+def _pod_slice_problems(net: dict, pod, hosts: list) -> list[str]:
+    """With cni: routes every worker needs its own slice of podCIDR (see installer/network.py)."""
+    mask = net.get("nodeCIDRMaskSize", NetworkSpec().nodeCIDRMaskSize)
+    if not pod or net.get("cni", "routes") != "routes" or not isinstance(mask, int) or isinstance(mask, bool):
+        return []
+    if pod.version == 4 and mask < pod.prefixlen:
+        return [f"spec.network.nodeCIDRMaskSize: /{mask} is larger than spec.network.podCIDR {pod}; "
+                f"each worker's slice must fit inside it (use {pod.prefixlen} or more)"]
+    workers = sum(1 for h in hosts if isinstance(h, dict) and h.get("role") == "worker")
+    room = capacity(pod, mask)
+    if workers > room:
+        return [f"spec.network.podCIDR: {pod} has room for {room} worker(s) at /{slice_prefix(pod, mask)} "
+                f"(nodeCIDRMaskSize) but the inventory has {workers}; use a larger podCIDR or a longer "
+                "nodeCIDRMaskSize"]
+    return []
 
 
 def _duplicate(hosts: list, i: int, j: int, field: str, value: str) -> str:

@@ -89,6 +89,15 @@ BAD = [
      "spec.artifacts.path: './nope' is not a directory…"),
     ("artifacts-dir-no-path", lambda d: set_path(d, ["spec", "artifacts"], {"source": "dir"}),
      "spec.artifacts.path: required when spec.artifacts.source is 'dir'"),
+    ("pod-cidr-full", lambda d: (set_path(d, ["spec", "network", "podCIDR"], "10.244.0.0/24"),
+                                 set_path(d, ["spec", "network", "nodeCIDRMaskSize"], 25),
+                                 d["spec"]["hosts"].append({"name": "node4", "address": "192.168.56.235",
+                                                            "role": "worker"})),
+     "spec.network.podCIDR: 10.244.0.0/24 has room for 2 worker(s) at /25 (nodeCIDRMaskSize) but the "
+     "inventory has 3; use a larger podCIDR or a longer nodeCIDRMaskSize"),
+    ("node-mask-too-short", lambda d: (set_path(d, ["spec", "network", "podCIDR"], "10.244.0.0/24"),
+                                       set_path(d, ["spec", "network", "nodeCIDRMaskSize"], 20)),
+     "spec.network.nodeCIDRMaskSize: /20 is larger than spec.network.podCIDR 10.244.0.0/24…"),
     ("bad-algorithm", lambda d: set_path(d, ["spec", "pki", "keyAlgorithm"], "dsa"),
      "spec.pki.keyAlgorithm: 'dsa' is not allowed; expected 'ecdsa-p256' or 'rsa-2048'"),
 ]
