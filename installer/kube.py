@@ -8,7 +8,8 @@
 - ``apply_objects``: the cluster-bootstrap objects (``render.manifests.bootstrap_objects``),
   validated with kubernetes-validate (strict) for the target version before any request, then
   created idempotently.
-- ``wait_nodes_ready``, ``token_consumed``, ``delete_bootstrap_token``: the workers phase.
+- ``wait_nodes_ready``, ``set_pod_cidr``, ``token_consumed``, ``delete_bootstrap_token``: the
+  workers phase.
 - ``write_kubeconfig``: the admin kubeconfig for ``installer kubeconfig``.
 
 Which credential: the admin certificate (O=kubeadm:cluster-admins) is authorized only through the
@@ -400,6 +401,35 @@ def wait_nodes_ready(api: k8s.ApiClient, names: Sequence[str], timeout: float, *
             raise KubeError(f"nodes not Ready after {timeout:g}s: "
                             + "; ".join(f"{n}: {w}" for n, w in waiting.items()))
         time.sleep(interval)
+
+
+def set_pod_cidr(api: k8s.ApiClient, node: str, cidr: str) -> str:
+    """Make ``Node.spec.podCIDR`` (and ``podCIDRs``) the installer's allocation for ``node``.
+
+    The installer, not the controller-manager (``--allocate-node-cidrs=false``), owns pod CIDRs:
+    they are in each worker's CNI config and every host's routes before any Node exists. This
+    records the same slice on the Node, for tools that read it. The apiserver lets the field be
+    set once: an empty one is patched ("set"), an equal one left ("unchanged"); a different one
+    is an error naming both (the Node must be deleted and re-registered to change it)."""
+    core = k8s.CoreV1Api(api)
+    try:
+        live = _call(f"Node/{node}", core.read_node, node)
+    except ApiException as e:
+        raise KubeError(f"Node/{node}: {_status_message(e)}") from None
+    have = live.spec.pod_cidr if live.spec else None
+    if have == cidr:
+        return "unchanged"
+    if have:
+        raise KubeError(f"Node/{node}: spec.podCIDR is {have} but the installer allocated {cidr} (state "
+                        "network.yaml); the field cannot change: delete the Node so the kubelet re-registers it, "
+                        "or put the node's allocation back in network.yaml")
+    body = {"spec": {"podCIDR": cidr, "podCIDRs": [cidr]}}
+    try:
+        _call(f"Node/{node}", core.patch_node, node, body,
+              _headers={"Content-Type": "application/strategic-merge-patch+json"})
+    except ApiException as e:
+        raise KubeError(f"Node/{node}: setting spec.podCIDR refused: {_status_message(e)}") from None
+    return "set"
 
 
 def node_names(api: k8s.ApiClient) -> list[str]:

@@ -138,6 +138,17 @@ class FakeApiServer:
             self.rv += 1
             self.store[path] = stored(doc, self.rv)
             return 200, self.store[path]
+        if method == "PATCH":       # a merge of the body into the stored object
+            def merge(into: dict, patch: dict) -> None:
+                for k, v in patch.items():
+                    if isinstance(v, dict) and isinstance(into.get(k), dict):
+                        merge(into[k], v)
+                    else:
+                        into[k] = v
+            merge(self.store[path], doc)
+            self.rv += 1
+            self.store[path]["metadata"]["resourceVersion"] = str(self.rv)
+            return 200, self.store[path]
         if method == "DELETE":
             del self.store[path]
             return 200, _status(200, "", "", name=name)
@@ -351,6 +362,24 @@ def test_token_consumed_means_the_node_registered(api, fake):
     assert kube.token_consumed(api, "node2") is True
     assert fake.requests == [("GET", f"{NODES}/node2", None)] * 2
     assert kube.node_names(api) == ["node2"]
+
+
+def test_set_pod_cidr_sets_once_and_refuses_a_different_one(api, fake):
+    fake.put(node("node2", "True"))
+    assert kube.set_pod_cidr(api, "node2", "10.244.0.0/24") == "set"
+    assert fake.requests == [("GET", f"{NODES}/node2", None),
+                             ("PATCH", f"{NODES}/node2", {"spec": {"podCIDR": "10.244.0.0/24",
+                                                                   "podCIDRs": ["10.244.0.0/24"]}})]
+    assert fake.headers[1]["Content-Type"] == "application/strategic-merge-patch+json"
+    assert fake.store[f"{NODES}/node2"]["spec"]["podCIDRs"] == ["10.244.0.0/24"]
+    fake.requests.clear()
+    assert kube.set_pod_cidr(api, "node2", "10.244.0.0/24") == "unchanged"
+    assert fake.requests == [("GET", f"{NODES}/node2", None)]
+    with pytest.raises(kube.KubeError) as e:
+        kube.set_pod_cidr(api, "node2", "10.244.7.0/24")
+    assert "Node/node2: spec.podCIDR is 10.244.0.0/24 but the installer allocated 10.244.7.0/24" in str(e.value)
+    with pytest.raises(kube.KubeError, match="Node/node9: 404 NotFound"):
+        kube.set_pod_cidr(api, "node9", "10.244.1.0/24")
 
 
 def test_delete_bootstrap_token(prepared, api, fake):

@@ -1,7 +1,8 @@
 """workers: kernel settings, containerd, kubelet (bootstrap kubeconfig) and kube-proxy.
 
 Waits until the units are active and the kubelet serves its port. With a real cluster (the
-cluster-bootstrap phase ran) it also waits for each Node to be Ready; once a kubelet holds a
+cluster-bootstrap phase ran) it also waits for each Node to be Ready and sets its
+spec.podCIDR to the installer's allocation (cni: routes); once a kubelet holds a
 client certificate of its own, the next run removes its bootstrap kubeconfig.
 """
 
@@ -48,4 +49,10 @@ class JoinWorkers(Phase):
         names = [h.name for h in ctx.hosts("worker")]
         with kube.api_access(ctx.inv, ctx.remotes, ctx.material) as url, kube.api_client(url, ctx.material) as api:
             kube.wait_nodes_ready(api, names, ctx.options.wait_timeout)
-        ctx.events.append(Event(self.name, "(api)", "waited", detail=[f"node {n} Ready" for n in names]))
+            ctx.events.append(Event(self.name, "(api)", "waited", detail=[f"node {n} Ready" for n in names]))
+            if ctx.inv.spec.network.cni == "routes":
+                # Node.spec.podCIDR agrees with the installer's allocation (kube.set_pod_cidr)
+                done = {n: kube.set_pod_cidr(api, n, ctx.material.pod_cidrs[n]) for n in names}
+                ctx.events.append(Event(self.name, "(api)", "changed" if "set" in done.values() else "unchanged",
+                                        detail=[f"node {n} podCIDR {ctx.material.pod_cidrs[n]}: {how}"
+                                                for n, how in done.items()]))
