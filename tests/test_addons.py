@@ -117,13 +117,8 @@ def _one(objects: list[dict], kind: str) -> dict:
 
 
 def _control_plans(p) -> dict:
-    """Control plans with the konnectivity server added, as the lead's render_control will."""
-    out = {}
-    for h in p.inventory.controls:
-        plan = render_control(p.inventory, h, p.material)
-        render_konnectivity_server(plan, p.inventory, h, p.material)
-        out[h.name] = plan
-    return out
+    """Control plans as render_control makes them (the konnectivity server included)."""
+    return {h.name: render_control(p.inventory, h, p.material) for h in p.inventory.controls}
 
 
 def _forward_targets(text: str) -> list[str]:
@@ -325,8 +320,7 @@ def test_apiserver_egress_flags_are_documented_and_merge_cleanly(konnectivity_cl
         assert name in known, f"{name} is not a kube-apiserver flag upstream"
         assert not known[name], f"{name} is deprecated upstream"
     for h in inv.controls:
-        base = control.apiserver_flags(inv, h)
-        merged = ref.parse_flags(base + flags(extra))       # a flag given twice would raise
+        merged = ref.parse_flags(control.apiserver_flags(inv, h))   # a flag given twice would raise
         issuer = merged["--service-account-issuer"]
         audiences = merged["--api-audiences"].split(",")
         assert audiences == [issuer, "system:konnectivity-server"]

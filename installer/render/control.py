@@ -11,6 +11,7 @@ from ..inventory import HostSpec, Inventory
 from ..pki import issue
 from ..pki.material import Material
 from ..pki.specs import CLUSTER_CA, ETCD_CA, FRONT_PROXY_CA, FRONT_PROXY_CLIENT_CN
+from .addons.konnectivity import apiserver_egress_flags, render_konnectivity_server
 from .files import (BIN_DIR, K8S_DIR, PKI_DIR, HostDir, HostFile, HostPlan, SystemUser, flags, to_yaml,
                     unit_file)
 from .kubeconfig import kubeconfig
@@ -132,6 +133,8 @@ def apiserver_flags(inv: Inventory, host: HostSpec) -> list[str]:
         # with egress: routes the control host reaches pod IPs (not Service IPs: no kube-proxy
         # here), so aggregated APIs are called at their endpoints' pod addresses
         "--enable-aggregator-routing": True if egress(inv) == "routes" else None,
+        # egress: konnectivity — the egress selector and the konnectivity audience
+        **apiserver_egress_flags(inv),
     })
 
 
@@ -292,5 +295,6 @@ def render_control(inv: Inventory, host: HostSpec, material: Material) -> HostPl
                        flags=scheduler_flags()))
     plan.units += [etcd, api, cm, sched]
     add_control_network(plan, inv, host, material)
+    render_konnectivity_server(plan, inv, host, material)     # nothing with egress: routes
     return plan
 
