@@ -32,7 +32,6 @@ from installer.render.addons import (AGENT_IMAGE, CILIUM_CHART, COREDNS_IMAGE, a
                                      render_konnectivity_server)
 from installer.render.addons import konnectivity as konn
 from installer.render.control import render_control
-from installer.render.files import flags
 
 from . import reference as ref
 from .conftest import write_inventory

@@ -72,7 +72,10 @@ def boot(host: LabHost, host_dir: Path, root: Path, binds: list[tuple[Path, str]
     if (pid := pid_of(host_dir)) is not None:
         return pid
     cmd = ["systemd-nspawn", "-D", str(root), "--register=no", "--keep-unit", "-b",
-           f"--network-namespace-path=/run/netns/{host.netns}", f"--machine={host.name}"]
+           f"--network-namespace-path=/run/netns/{host.netns}", f"--machine={host.name}",
+           # routes, the CNI bridge and iptables of the pod network, like any real host: the
+           # capability acts on the host's own network namespace (the machine's is out of reach)
+           "--capability=CAP_NET_ADMIN"]
     cmd += [f"--bind={src}:{dst}" for src, dst in binds]
     # /proc/sys/net is per network namespace: writable for the host's own forwarding and
     # bridge settings, harmless to the machine; the rest of /proc/sys stays read-only
