@@ -60,7 +60,7 @@ def pid_of(host_dir: Path) -> int | None:
         return None
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):     # gone, or exiting right now (ESRCH)
         return None
     # the PID may have been reused by an unrelated process since
     if not cmdline or not cmdline[0].endswith(b"systemd-nspawn") or str(host_dir / "root").encode() not in cmdline:
