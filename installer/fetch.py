@@ -17,6 +17,13 @@ binaries verified into it; a cached binary is re-hashed against it on every use 
 downloaded again while it matches. With either source, ``spec.artifacts.checksums`` pins
 digests on top.
 
+Container image archives (``image-<name>.tar``: OCI layout or ``docker save`` tars, e.g. pause,
+CoreDNS, the konnectivity agent, Cilium) are taken only from an artifacts directory, recorded in
+its ``SHA256SUMS`` like the binaries: with ``source: dir`` from ``spec.artifacts.path``, with
+``source: download`` from the cache directory's top level (nothing is downloaded for them).
+Workers get them in ``/var/lib/hiddenplane/images`` and the workers phase imports them into
+containerd's ``k8s.io`` namespace, so a cluster needs no registry.
+
 ``HIDDENPLANE_DOWNLOAD_MIRROR`` (a base URL) rewrites every official URL
 ``https://HOST/PATH`` to ``MIRROR/HOST/PATH``: a mirror keeps the upstream layout under one
 directory per host (the tests serve one from 127.0.0.1).
@@ -44,6 +51,8 @@ from .render.files import BIN_DIR, HostFile
 MIRROR_ENV = "HIDDENPLANE_DOWNLOAD_MIRROR"
 TIMEOUT = 60                       # seconds, per connect and per read
 CNI_BIN_DIR = "/opt/cni/bin"
+IMAGE_DIR = "/var/lib/hiddenplane/images"      # image archives on workers
+IMAGE_PREFIX, IMAGE_SUFFIX = "image-", ".tar"
 ALL_BINARIES = CONTROL_BINARIES + WORKER_BINARIES + CNI_PLUGINS
 KUBERNETES_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy")
 ARCHES = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
@@ -158,6 +167,32 @@ def resolve(inv, log: Log = print, arch: str = "amd64") -> dict[str, ResolvedArt
     return out
 
 
+def is_image(name: str) -> bool:
+    return name.startswith(IMAGE_PREFIX) and name.endswith(IMAGE_SUFFIX) and len(name) > len(IMAGE_PREFIX + IMAGE_SUFFIX)
+
+
+def resolve_images(inv) -> dict[str, ResolvedArtifact]:
+    """The image archives (``image-*.tar``) listed in the artifacts directory's SHA256SUMS,
+    verified. ``source: dir``: ``spec.artifacts.path``; ``source: download``: the cache
+    directory, if it has a SHA256SUMS (none are downloaded). A listed archive that is missing
+    or does not match is an error."""
+    if inv.spec.artifacts.source == "dir":
+        directory = inv.artifacts_dir()
+        if directory is None:
+            raise ArtifactError("spec.artifacts.path: required when spec.artifacts.source is 'dir'")
+    else:
+        directory = cache_dir(inv)
+    names = sorted(n for n in read_sums(directory) if is_image(n))
+    digests = verify(directory, names) if names else {}
+    return {n: ResolvedArtifact(n, Path(directory) / n, d) for n, d in digests.items()}
+
+
+def image_files(resolved: dict[str, ResolvedArtifact]) -> list[HostFile]:
+    """The image archives among ``resolved`` as worker files in IMAGE_DIR."""
+    return [HostFile(f"{IMAGE_DIR}/{name}", b"", 0o644, source=art.path, digest=art.sha256)
+            for name, art in sorted(resolved.items()) if is_image(name)]
+
+
 def role_binaries(role: str) -> tuple[str, ...]:
     """The binaries a host of ``role`` holds. Control hosts get no runtime, kubelet or CNI."""
     if role == "control":
@@ -169,7 +204,8 @@ def role_binaries(role: str) -> tuple[str, ...]:
 
 def binary_files(resolved: dict[str, ResolvedArtifact], role: str) -> list[HostFile]:
     """The binaries of one role as HostFiles that point at the local copy (``source``) and carry
-    its verified ``digest``, so a host is compared and uploaded to without reading the file."""
+    its verified ``digest``, so a host is compared and uploaded to without reading the file.
+    Workers also get the image archives among ``resolved`` (resolve_images)."""
     names = role_binaries(role)
     missing = [n for n in names if n not in resolved]
     if missing:
@@ -181,6 +217,8 @@ def binary_files(resolved: dict[str, ResolvedArtifact], role: str) -> list[HostF
         restarts = (RESTARTS[name],) if name in RESTARTS else ()
         out.append(HostFile(f"{directory}/{name}", b"", 0o755, restarts=restarts,
                             source=art.path, digest=art.sha256))
+    if role == "worker":
+        out += image_files(resolved)       # image archives travel with the worker's binaries
     return out
 
 

@@ -220,6 +220,10 @@ class ArtifactsSpec(_Strict):
         default_factory=dict, description="Pinned sha256 per binary name (e.g. kube-apiserver); checked in "
         "addition to the published checksums, for both sources.")
     cacheDir: str | None = Field(None, description="Where downloads are kept. Default: $XDG_CACHE_HOME/hiddenplane/artifacts.")
+    sandboxImage: str = Field("registry.k8s.io/pause:3.10.1", pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$",
+                              description="containerd's "
+                              "sandbox (pause) image; name the one an image-*.tar in the artifacts holds to "
+                              "run without a registry.")
 
 
 class PKISpec(_Strict):

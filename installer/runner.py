@@ -65,8 +65,9 @@ def context(inventory_path, state_dir, options: Options, log: Callable[[str], No
 
 
 def _resolve_artifacts(ctx: Context) -> None:
-    from .fetch import resolve
+    from .fetch import resolve, resolve_images
     ctx.artifacts = resolve(ctx.inv, log=ctx.log)
+    ctx.artifacts.update(resolve_images(ctx.inv))       # image-*.tar: uploaded to workers, imported
 
 
 def run(inventory_path, state_dir=None, options: Options | None = None,

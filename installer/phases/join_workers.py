@@ -4,10 +4,23 @@ Waits until the units are active and the kubelet serves its port. With a real cl
 cluster-bootstrap phase ran) it also waits for each Node to be Ready and sets its
 spec.podCIDR to the installer's allocation (cni: routes); once a kubelet holds a
 client certificate of its own, the next run removes its bootstrap kubeconfig.
+
+Image archives from the artifacts (``image-*.tar``, uploaded to the workers by the artifacts
+phase) are imported into containerd's ``k8s.io`` namespace once containerd runs, only when
+missing: when an image the archive names is not in containerd, or the archive is not the one
+last imported (a stamp ``<archive>.imported`` holds its sha256). Each import is named in the
+phase's event; a run with nothing to import reports none.
 """
 
 from __future__ import annotations
 
+import functools
+import json
+import shlex
+import tarfile
+from pathlib import Path
+
+from ..fetch import BIN_DIR, IMAGE_DIR, is_image
 from ..ssh import HostError
 from .base import Context, Event, Phase
 from .select import WORKER_UNITS, worker_part
@@ -21,6 +34,62 @@ def active_script(units: tuple[str, ...], timeout: float) -> str:
     tries = max(1, int(timeout))
     return (f"i=0; while [ $i -lt {tries} ]; do systemctl is-active --quiet {names} && exit 0; "
             f"i=$((i+1)); sleep 1; done; systemctl --no-pager status {names} 2>&1 | tail -30 >&2; exit 1")
+
+
+def normalize_ref(ref: str) -> str:
+    """An image reference as containerd stores it (``busybox:1`` -> ``docker.io/library/busybox:1``)."""
+    first, slash, rest = ref.partition("/")
+    if not slash:
+        return f"docker.io/library/{ref}"
+    if "." not in first and ":" not in first and first != "localhost":
+        return f"docker.io/{ref}"
+    return ref
+
+
+@functools.lru_cache(maxsize=64)
+def archive_images(path: Path) -> tuple[str, ...]:
+    """The image names an archive carries: OCI ``index.json`` (``io.containerd.image.name``) or
+    ``docker save``'s ``manifest.json`` (RepoTags). Empty when it names none."""
+    names: list[str] = []
+    try:
+        with tarfile.open(path, "r:") as tar:
+            for member in tar:
+                inner = member.name.removeprefix("./")
+                if inner not in ("index.json", "manifest.json") or not member.isreg():
+                    continue
+                doc = json.load(tar.extractfile(member))
+                if inner == "index.json":
+                    names += [m.get("annotations", {}).get("io.containerd.image.name", "")
+                              for m in doc.get("manifests", [])]
+                else:
+                    names += [t for entry in doc for t in (entry.get("RepoTags") or [])]
+    except (OSError, tarfile.TarError, ValueError, AttributeError, TypeError):
+        return ()
+    return tuple(sorted({normalize_ref(n) for n in names if n}))
+
+
+def import_script(images: list[tuple[str, str, tuple[str, ...]]], ctr: str = f"{BIN_DIR}/ctr",
+                  directory: str = IMAGE_DIR) -> str:
+    """Shell that imports each (archive file, sha256, image names) into containerd's k8s.io
+    namespace when one of its images is missing or its stamp differs; prints "imported FILE"."""
+    lines = ["set -eu",
+             f"have=$({shlex.quote(ctr)} -n k8s.io images ls -q)",
+             "imp() {  # file digest names...",
+             f"  f={shlex.quote(directory)}/$1; d=$2; shift 2; need=0",
+             '  [ "$(cat "$f.imported" 2>/dev/null || true)" = "$d" ] || need=1',
+             "  for ref in \"$@\"; do printf '%s\\n' \"$have\" | grep -qxF -- \"$ref\" || need=1; done",
+             '  [ $need = 1 ] || return 0',
+             f'  {shlex.quote(ctr)} -n k8s.io images import "$f" >&2',
+             "  printf '%s\\n' \"$d\" > \"$f.imported.new\"; mv -f \"$f.imported.new\" \"$f.imported\"",
+             '  echo "imported ${f##*/}"',
+             "}"]
+    for name, digest, refs in images:
+        lines.append(" ".join(shlex.quote(x) for x in ("imp", name, digest, *refs)))
+    return "\n".join(lines) + "\n"
+
+
+def worker_images(ctx: Context) -> list[tuple[str, str, tuple[str, ...]]]:
+    return [(n, a.sha256, archive_images(a.path)) for n, a in sorted(ctx.artifacts.items()) if is_image(n)]
 
 
 class JoinWorkers(Phase):
@@ -40,6 +109,16 @@ class JoinWorkers(Phase):
             if r.rc != 0:
                 raise HostError(host, f"worker units did not come up: {r.stderr.strip()[-800:]}")
             ctx.mark_active([host], WORKER_UNITS)
+        images = worker_images(ctx)
+        if images and not ctx.options.dry_run:
+            r = ctx.remotes[host].run(import_script(images), check=False, what="import container images",
+                                      timeout=max(600, ctx.options.wait_timeout))
+            if r.rc != 0:
+                raise HostError(host, f"importing container images failed: {r.stderr.strip()[-800:]}")
+            imported = [line for line in r.stdout.splitlines() if line.startswith("imported ")]
+            if imported:
+                ev.action = "changed"
+                ev.detail += imported
         return ev
 
     def finish(self, ctx: Context, events: list[Event]) -> None:

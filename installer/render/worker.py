@@ -23,7 +23,7 @@ from ..network import ROUTES_UNIT
 KUBELET_DIR = "/var/lib/kubelet"
 KUBE_PROXY_DIR = "/var/lib/kube-proxy"
 CONTAINERD_SOCK = "unix:///run/containerd/containerd.sock"
-SANDBOX_IMAGE = "registry.k8s.io/pause:3.10.1"
+SANDBOX_IMAGE = "registry.k8s.io/pause:3.10.1"      # the default of spec.artifacts.sandboxImage
 CNI_BIN_DIR = "/opt/cni/bin"
 CNI_CONF_DIR = "/etc/cni/net.d"
 RESOLVED_RESOLV_CONF = "/run/systemd/resolve/resolv.conf"
@@ -144,7 +144,7 @@ def render_worker(inv: Inventory, host: HostSpec, material: Material, facts: Hos
     plan.add(HostFile(f"{KUBELET_DIR}/config.yaml", to_yaml(kubelet_config(inv, facts)), 0o600, restarts=(kubelet,)))
     plan.add(HostFile(f"{KUBE_PROXY_DIR}/config.yaml", to_yaml(kube_proxy_config(inv)), 0o600, restarts=(proxy,)))
     plan.add(HostFile("/etc/containerd/config.toml",
-                      render_template("containerd-config.toml.j2", sandbox_image=SANDBOX_IMAGE,
+                      render_template("containerd-config.toml.j2", sandbox_image=inv.spec.artifacts.sandboxImage,
                                       cni_bin_dir=CNI_BIN_DIR, cni_conf_dir=CNI_CONF_DIR),
                       0o644, restarts=(containerd,)))
     # loaded at boot; preflight requires them loaded already (containers cannot load modules)
