@@ -409,6 +409,10 @@ def _network_problems(data: dict, hosts: list) -> list[str]:
                 out.append(f"spec.hosts[{i}].address: '{ip}' lies inside spec.network.{label} {n}")
         if endpoint and endpoint.version == n.version and endpoint in n:
             out.append(f"spec.apiServer.endpoint: '{endpoint}' lies inside spec.network.{label} {n}")
+    if isinstance(net, dict) and net.get("cni") == "cilium" and net.get("egress") == "routes":
+        # Cilium's pod network is not routed from hosts that are not nodes
+        out.append("spec.network.egress: 'routes' needs cni: routes; with cni: cilium the control hosts "
+                   "cannot route to pods: use egress: konnectivity (the default with cilium)")
     return out
 
 

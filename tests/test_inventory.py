@@ -98,6 +98,8 @@ BAD = [
     ("node-mask-too-short", lambda d: (set_path(d, ["spec", "network", "podCIDR"], "10.244.0.0/24"),
                                        set_path(d, ["spec", "network", "nodeCIDRMaskSize"], 20)),
      "spec.network.nodeCIDRMaskSize: /20 is larger than spec.network.podCIDR 10.244.0.0/24…"),
+    ("cilium-with-routes", lambda d: d["spec"]["network"].update(cni="cilium", egress="routes"),
+     "spec.network.egress: 'routes' needs cni: routes…"),
     ("bad-algorithm", lambda d: set_path(d, ["spec", "pki", "keyAlgorithm"], "dsa"),
      "spec.pki.keyAlgorithm: 'dsa' is not allowed; expected 'ecdsa-p256' or 'rsa-2048'"),
 ]
