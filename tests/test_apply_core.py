@@ -603,7 +603,7 @@ def _with(facts: HostFacts, **kw) -> HostFacts:
     ("cp1", dict(os="centos 9"), ["unsupported OS 'centos 9'", "debian 12"]),
     ("node2", dict(os="ubuntu 20.04"), ["unsupported OS"]),
     ("node2", dict(arch="armv7l"), ["unsupported architecture 'armv7l'"]),
-    ("node2", dict(modules={"overlay"}), ["br_netfilter", "modprobe br_netfilter"]),
+    ("node2", dict(modules={"overlay"}), ["br_netfilter", "modprobe -a br_netfilter"]),
     ("cp1", dict(listening={6443}), ["port 6443", "kube-apiserver.service"]),
     ("node2", dict(listening={10250}), ["port 10250", "kubelet.service"]),
 ])

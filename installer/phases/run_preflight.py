@@ -43,7 +43,7 @@ def problems(host: HostSpec, facts: HostFacts) -> list[str]:
                        "lines from /etc/fstab")
         missing = [m for m in WORKER_MODULES if m not in facts.modules]
         if missing:
-            out.append(f"kernel modules not loaded: {', '.join(missing)} (`modprobe {' '.join(missing)}`)")
+            out.append(f"kernel modules not loaded: {', '.join(missing)} (`modprobe -a {' '.join(missing)}`)")
     for port, unit in PORTS[host.role].items():
         # "activating" counts as ours too: a unit restarted without blocking is still starting
         if port in facts.listening and facts.units.get(unit, ("", ""))[0] in ("inactive", "failed", "", "unknown"):
