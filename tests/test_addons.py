@@ -272,9 +272,11 @@ def test_egress_defaults_follow_the_cni(prepared, cilium, routes_konnectivity, e
     assert egress_mode(cilium.inventory) == "konnectivity"
     assert egress_mode(routes_konnectivity.inventory) == "konnectivity"
     from installer import inventory
+    from installer.errors import InventoryError
     d = copy.deepcopy(example_doc)
     d["spec"]["network"].update(cni="cilium", egress="routes")
-    assert egress_mode(inventory.parse(d)) == "routes"
+    with pytest.raises(InventoryError, match="egress: 'routes' needs cni: routes"):
+        inventory.parse(d)
 
 
 def test_routes_egress_adds_nothing(prepared):
