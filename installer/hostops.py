@@ -79,10 +79,11 @@ def script(changes: HostChanges, stamp: str | None = None, no_block: bool = Fals
     if changes.enable:
         lines.append(f"systemctl enable --quiet {_q(*changes.enable)}")
     nb = " --no-block" if no_block else ""
-    for u in changes.start:
-        lines.append(f"systemctl start{nb} {_q(u)}")
-    for u in changes.restart:
-        lines.append(f"systemctl restart{nb} {_q(u)}")
+    for verb, units in (("start", changes.start), ("restart", changes.restart)):
+        for u in units:
+            # a failed unit says why in the error, not only "see journalctl"
+            lines.append(f"systemctl {verb}{nb} {_q(u)} || {{ journalctl -u {_q(u)} -n 12 --no-pager "
+                         f"-o cat >&2; exit 1; }}")
     done = sorted(set(changes.restart) | set(changes.start))
     if done:
         # a started or restarted unit has read its new inputs; other phases' entries stay
