@@ -17,6 +17,11 @@ binaries verified into it; a cached binary is re-hashed against it on every use 
 downloaded again while it matches. With either source, ``spec.artifacts.checksums`` pins
 digests on top.
 
+With ``egress: konnectivity`` (the default with ``cni: cilium``) control hosts also get
+``konnectivity-server``. kubernetes-sigs/apiserver-network-proxy publishes no release binary
+(only the container images), so it is taken only from an artifacts directory (``source: dir``,
+listed in ``SHA256SUMS``): ``source: download`` with konnectivity is an error saying so.
+
 Container image archives (``image-<name>.tar``: OCI layout or ``docker save`` tars, e.g. pause,
 CoreDNS, the konnectivity agent, Cilium) are taken only from an artifacts directory, recorded in
 its ``SHA256SUMS`` like the binaries: with ``source: dir`` from ``spec.artifacts.path``, with
@@ -46,6 +51,10 @@ from urllib.parse import urlsplit, urlunsplit
 
 from .artifacts import (CNI_PLUGINS, CONTROL_BINARIES, SUMS_FILE, WORKER_BINARIES, ArtifactError,
                         read_sums, sha256_file, verify)
+from .render.addons.konnectivity import KONNECTIVITY_VERSION
+from .render.addons.konnectivity import SERVER_BINARY as KONNECTIVITY_SERVER
+from .render.addons.konnectivity import UNIT as KONNECTIVITY_UNIT
+from .render.addons.mode import egress_mode
 from .render.files import BIN_DIR, HostFile
 
 MIRROR_ENV = "HIDDENPLANE_DOWNLOAD_MIRROR"
@@ -60,6 +69,7 @@ ARCHES = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm
 # the unit to restart when a binary changes (others are picked up on next use)
 RESTARTS = {
     "etcd": "etcd.service",
+    KONNECTIVITY_SERVER: KONNECTIVITY_UNIT,
     "kube-apiserver": "kube-apiserver.service",
     "kube-controller-manager": "kube-controller-manager.service",
     "kube-scheduler": "kube-scheduler.service",
@@ -155,13 +165,31 @@ def component_versions(inv) -> dict[str, str]:
     return {c: ("v" if SOURCES[c].v_prefix else "") + raw[c].removeprefix("v") for c in SOURCES}
 
 
+def konnectivity(inv) -> bool:
+    """Whether the control hosts run konnectivity-server (``egress: konnectivity``)."""
+    return inv is not None and egress_mode(inv) == "konnectivity"
+
+
+def cluster_binaries(inv) -> tuple[str, ...]:
+    """ALL_BINARIES, plus konnectivity-server with ``egress: konnectivity``."""
+    return ALL_BINARIES + ((KONNECTIVITY_SERVER,) if konnectivity(inv) else ())
+
+
 def resolve(inv, log: Log = print, arch: str = "amd64") -> dict[str, ResolvedArtifact]:
-    """Every binary the cluster needs (control, worker and CNI), verified, as local files."""
+    """Every binary the cluster needs (control, worker and CNI; konnectivity-server with
+    ``egress: konnectivity``), verified, as local files."""
     if arch not in ARCHES.values():
         raise ArtifactError(f"unsupported architecture {arch!r}")
     if inv.spec.artifacts.source == "dir":
         out = _resolve_dir(inv)
     else:
+        if konnectivity(inv):
+            raise ArtifactError(
+                f"{KONNECTIVITY_SERVER}: egress: konnectivity (the default with cni: cilium) needs it on the "
+                "control hosts, and kubernetes-sigs/apiserver-network-proxy publishes no release binary to "
+                f"download: build its proxy-server ({KONNECTIVITY_VERSION}, `make bin/proxy-server`) and "
+                f"provide it with spec.artifacts.source: dir, named {KONNECTIVITY_SERVER} in the artifacts "
+                f"directory and listed in its {SUMS_FILE} with every other binary")
         out = _resolve_download(inv, log, arch)
     _check_pinned(inv, out)
     return out
@@ -193,20 +221,26 @@ def image_files(resolved: dict[str, ResolvedArtifact]) -> list[HostFile]:
             for name, art in sorted(resolved.items()) if is_image(name)]
 
 
-def role_binaries(role: str) -> tuple[str, ...]:
-    """The binaries a host of ``role`` holds. Control hosts get no runtime, kubelet or CNI."""
+def role_binaries(role: str, inv=None) -> tuple[str, ...]:
+    """The binaries a host of ``role`` holds. Control hosts get no runtime, kubelet or CNI;
+    given the inventory, they also get konnectivity-server with ``egress: konnectivity``."""
     if role == "control":
-        return CONTROL_BINARIES
+        return CONTROL_BINARIES + ((KONNECTIVITY_SERVER,) if konnectivity(inv) else ())
     if role == "worker":
         return WORKER_BINARIES + CNI_PLUGINS
     raise ValueError(f"unknown role {role!r}")
 
 
-def binary_files(resolved: dict[str, ResolvedArtifact], role: str) -> list[HostFile]:
+def binary_files(resolved: dict[str, ResolvedArtifact], role: str, inv=None) -> list[HostFile]:
     """The binaries of one role as HostFiles that point at the local copy (``source``) and carry
     its verified ``digest``, so a host is compared and uploaded to without reading the file.
-    Workers also get the image archives among ``resolved`` (resolve_images)."""
-    names = role_binaries(role)
+    Workers also get the image archives among ``resolved`` (resolve_images).
+
+    konnectivity-server goes to control hosts when the inventory says ``egress: konnectivity``;
+    without ``inv``, when ``resolved`` holds it (``resolve`` resolves it in that mode only)."""
+    names = role_binaries(role, inv)
+    if inv is None and role == "control" and KONNECTIVITY_SERVER in resolved:
+        names += (KONNECTIVITY_SERVER,)
     missing = [n for n in names if n not in resolved]
     if missing:
         raise ArtifactError(f"artifacts: not resolved: {', '.join(missing)}")
@@ -228,7 +262,7 @@ def _resolve_dir(inv) -> dict[str, ResolvedArtifact]:
     directory = inv.artifacts_dir()
     if directory is None:
         raise ArtifactError("spec.artifacts.path: required when spec.artifacts.source is 'dir'")
-    digests = verify(directory, ALL_BINARIES)
+    digests = verify(directory, cluster_binaries(inv))
     return {n: ResolvedArtifact(n, directory / n, d) for n, d in digests.items()}
 
 
@@ -237,7 +271,7 @@ def _check_pinned(inv, out: dict[str, ResolvedArtifact]) -> None:
     for name, want in inv.spec.artifacts.checksums.items():
         if name not in out:
             problems.append(f"spec.artifacts.checksums.{name}: not a binary the cluster uses "
-                            f"(known: {', '.join(ALL_BINARIES)})")
+                            f"(known: {', '.join(cluster_binaries(inv))})")
         elif out[name].sha256 != want:
             problems.append(f"{name}: sha256 {out[name].sha256} ({out[name].path}) does not match "
                             f"the pinned spec.artifacts.checksums.{name} ({want})")

@@ -5,9 +5,12 @@
 - ``api_access``: the API's base URL, directly when the endpoint answers on TCP, otherwise
   through an SSH local port forward via the first control host (to its 127.0.0.1, a SAN of the
   apiserver certificate, so verification still holds).
-- ``apply_objects``: the cluster-bootstrap objects (``render.manifests.bootstrap_objects``),
-  validated with kubernetes-validate (strict) for the target version before any request, then
-  created idempotently.
+- ``apply_objects``: the cluster-bootstrap objects (``render.manifests.bootstrap_objects``) and
+  the add-on objects (``render.addons.addon_objects``: ServiceAccounts, ClusterRoles,
+  ClusterRoleBindings, ConfigMaps, Deployments, DaemonSets, Services), validated with
+  kubernetes-validate (strict) for the target version before any request, then created
+  idempotently through the typed APIs (an existing object is compared and replaced, or deleted
+  and created when an immutable field differs).
 - ``wait_nodes_ready``, ``set_pod_cidr``, ``token_consumed``, ``delete_bootstrap_token``: the
   workers phase.
 - ``write_kubeconfig``: the admin kubeconfig for ``installer kubeconfig``.
@@ -325,12 +328,107 @@ class _TokenSecrets:
         return None
 
 
+def _zero(value) -> bool:
+    """A value the apiserver leaves out of its answers (Go ``omitempty``): false, 0, "", [], {}."""
+    return value is not None and not value
+
+
+def _subset(want, have) -> bool:
+    """Whether every field of ``want`` is in ``have`` with the same value: extra fields in
+    ``have`` (server defaults, status, metadata the server keeps) do not count. Lists must have
+    the same length, each element a subset of its counterpart; a field we set to a zero value
+    may be absent (the server omits it)."""
+    if isinstance(want, dict):
+        return isinstance(have, dict) and all(
+            _subset(v, have[k]) if k in have else _zero(v) for k, v in want.items())
+    if isinstance(want, list):
+        return isinstance(have, list) and len(want) == len(have) and all(map(_subset, want, have))
+    return want == have
+
+
+def _immutable_changed(kind: str, want: dict, live: dict) -> bool:
+    """A field the API refuses to change on an existing object differs: delete and create."""
+    w, h = want.get("spec") or {}, live.get("spec") or {}
+    if kind == "Service":
+        return "clusterIP" in w and w["clusterIP"] != h.get("clusterIP")
+    if kind in ("Deployment", "DaemonSet"):
+        return "selector" in w and w["selector"] != h.get("selector")
+    return False
+
+
+# apiVersion, kind -> (typed API, the method names' suffix, namespaced): create_<suffix>,
+# read_<suffix>, replace_<suffix>, delete_<suffix> with the usual argument order
+# ([name], [namespace], [body])
+_TYPED: dict[tuple[str, str], tuple[type, str, bool]] = {
+    ("v1", "ServiceAccount"): (k8s.CoreV1Api, "namespaced_service_account", True),
+    ("v1", "ConfigMap"): (k8s.CoreV1Api, "namespaced_config_map", True),
+    ("v1", "Service"): (k8s.CoreV1Api, "namespaced_service", True),
+    (f"{RBAC_GROUP}/v1", "ClusterRole"): (k8s.RbacAuthorizationV1Api, "cluster_role", False),
+    ("apps/v1", "Deployment"): (k8s.AppsV1Api, "namespaced_deployment", True),
+    ("apps/v1", "DaemonSet"): (k8s.AppsV1Api, "namespaced_daemon_set", True),
+}
+
+
+class _Typed:
+    """Any kind of ``_TYPED`` through its typed API. Equal when every field we set is in the
+    live object with the same value (``_subset``); otherwise replaced with the live
+    resourceVersion (labels and annotations others added stay), or deleted and created when
+    an immutable field differs (a Service's clusterIP, a workload's selector)."""
+
+    def __init__(self, api: k8s.ApiClient, obj: dict):
+        cls, self.suffix, self.namespaced = _TYPED[(obj["apiVersion"], obj["kind"])]
+        self.kind, self.typed = obj["kind"], cls(api)
+        if self.namespaced and not (obj.get("metadata") or {}).get("namespace"):
+            raise ValueError(f"{_ident(obj)}: a namespaced kind needs metadata.namespace")
+
+    def _args(self, obj: dict) -> list:
+        meta = obj["metadata"]
+        return [meta["name"]] + ([meta["namespace"]] if self.namespaced else [])
+
+    def _method(self, verb: str):
+        return getattr(self.typed, f"{verb}_{self.suffix}")
+
+    def create(self, obj, **kw):
+        ns = [obj["metadata"]["namespace"]] if self.namespaced else []
+        return self._method("create")(*ns, obj, _headers={"Content-Type": JSON}, **kw)
+
+    def read(self, obj, **kw):
+        return self._method("read")(*self._args(obj), **kw)
+
+    def replace(self, obj, **kw):
+        return self._method("replace")(*self._args(obj), obj, _headers={"Content-Type": JSON}, **kw)
+
+    def delete(self, obj, **kw):
+        # the answer is a Status or the deleted object, depending on the kind and the server:
+        # not deserialized (errors still raise ApiException)
+        resp = self._method("delete")(*self._args(obj), _preload_content=False, **kw)
+        resp.read()
+        resp.release_conn()
+
+    def compare(self, want: dict, live: dict) -> str | None:
+        if _immutable_changed(self.kind, want, live):
+            return "recreate"
+        return None if _subset(want, live) else "replace"
+
+    @staticmethod
+    def for_update(want: dict, live: dict) -> dict:
+        body = _for_update(want, live)
+        live_ann = (live.get("metadata") or {}).get("annotations") or {}
+        if live_ann:
+            meta = body["metadata"]
+            meta["annotations"] = {**live_ann, **(meta.get("annotations") or {})}
+        return body
+
+
 def _handler(api: k8s.ApiClient, obj: dict):
     if obj.get("kind") == "ClusterRoleBinding" and obj.get("apiVersion") == f"{RBAC_GROUP}/v1":
         return _ClusterRoleBindings(api)
     if obj.get("kind") == "Secret" and obj.get("apiVersion") == "v1" and "stringData" in obj:
         return _TokenSecrets(api)
-    raise ValueError(f"{_ident(obj)}: apply_objects handles ClusterRoleBindings and bootstrap token Secrets only")
+    if (obj.get("apiVersion"), obj.get("kind")) in _TYPED:
+        return _Typed(api, obj)
+    kinds = ", ".join(sorted({k for _, k in _TYPED} | {"ClusterRoleBinding"}))
+    raise ValueError(f"{_ident(obj)}: apply_objects handles {kinds} and bootstrap token Secrets only")
 
 
 def _apply_one(api: k8s.ApiClient, obj: dict) -> str:
@@ -347,7 +445,7 @@ def _apply_one(api: k8s.ApiClient, obj: dict) -> str:
         if change is None:
             return "unchanged"
         if change == "replace":
-            _call(what, h.replace, _for_update(obj, live))
+            _call(what, h.replace, getattr(h, "for_update", _for_update)(obj, live))
         else:
             _call(what, h.delete, obj)
             _call(what, h.create, obj)
@@ -358,8 +456,12 @@ def _apply_one(api: k8s.ApiClient, obj: dict) -> str:
 
 def apply_objects(api: k8s.ApiClient, objects: list[dict], k8s_version: str) -> list[tuple[str, str, str]]:
     """Validate every object (strict, for ``k8s_version``'s minor) before sending any, then
-    create each in order; an existing one is left when it matches, otherwise replaced (deleted
-    and created when an immutable field differs). Returns ``(kind, name, action)`` per object,
+    create each in order; an existing one is left when it matches, otherwise replaced with the
+    live resourceVersion (deleted and created when an immutable field differs: a binding's
+    roleRef, a token Secret's type, a Service's clusterIP, a Deployment's or DaemonSet's
+    selector). What "matches" means: bindings and token Secrets compare what we set exactly;
+    the other kinds compare as a subset (every field we set has our value; server defaults and
+    fields others add are ignored). Returns ``(kind, name, action)`` per object,
     action one of ``created``, ``unchanged``, ``replaced``."""
     validate_objects(objects, k8s_version)
     for obj in objects:

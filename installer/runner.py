@@ -4,6 +4,7 @@ message naming host and phase, and the apply lock is always released."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import time
 import uuid
@@ -13,7 +14,7 @@ from typing import Callable
 
 from . import api
 from .errors import InstallerError
-from .phases import ALWAYS, PHASE_NAMES, PHASES
+from .phases import ALWAYS, PHASE_NAMES, PHASES, SKIPPED_WITH
 from .phases.acquire_lock import release
 from .phases.base import Context, Event, Options
 from .pki.material import ensure
@@ -54,6 +55,13 @@ def check_phase_names(names: frozenset[str], flag: str) -> None:
         raise InstallerError(f"{flag}: unknown phase(s) {', '.join(unknown)}; phases: {', '.join(PHASE_NAMES)}")
 
 
+def effective_options(options: Options) -> Options:
+    """``options`` with the phases that depend on a skipped one skipped too: ``--skip
+    cluster-bootstrap`` (no real API, e.g. stand-ins) also skips ``addons``."""
+    extra = frozenset().union(*(SKIPPED_WITH.get(p, frozenset()) for p in options.skip))
+    return options if extra <= options.skip else dataclasses.replace(options, skip=options.skip | extra)
+
+
 def context(inventory_path, state_dir, options: Options, log: Callable[[str], None]) -> Context:
     inv = api.validate(inventory_path)
     state = api.state_for(inv, state_dir)
@@ -75,6 +83,7 @@ def run(inventory_path, state_dir=None, options: Options | None = None,
     options = options or Options()
     check_phase_names(options.only, "--only")
     check_phase_names(options.skip, "--skip")
+    options = effective_options(options)
     started = time.monotonic()
     ctx = context(inventory_path, state_dir, options, log)
     _resolve_artifacts(ctx)

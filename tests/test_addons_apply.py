@@ -1,0 +1,438 @@
+"""The addons phase: CoreDNS and the konnectivity agents through the real ``kubernetes`` client
+(transport faked with tests/test_kube.py's FakeApiServer, extended to the add-on kinds), Cilium
+through the Helm CLI (a fake ``helm`` on PATH records what it was given), the phase order and
+its skip rule, and konnectivity-server among the control binaries."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from installer import api, kube, runner
+from installer.artifacts import ArtifactError, add_files
+from installer.errors import InstallerError
+from installer.fetch import ALL_BINARIES, ResolvedArtifact, binary_files, resolve, role_binaries
+from installer.phases import PHASE_NAMES
+from installer.phases.apply_addons import ApplyAddons
+from installer.phases.base import Context, Options
+from installer.render.addons import CILIUM_CHART, addon_objects, cilium_values_yaml, coredns_objects
+
+from .conftest import write_inventory
+from .test_kube import CRB, FakeApiServer, stored
+
+API = "https://192.168.56.230:6443"
+TUNNEL = "https://127.0.0.1:40123"        # what a faked api_access yields: not the inventory's URL
+NS = "/api/v1/namespaces/kube-system"
+APPS = "/apis/apps/v1/namespaces/kube-system"
+PATHS = {
+    "ServiceAccount": f"{NS}/serviceaccounts",
+    "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+    "ClusterRoleBinding": CRB,
+    "ConfigMap": f"{NS}/configmaps",
+    "Deployment": f"{APPS}/deployments",
+    "DaemonSet": f"{APPS}/daemonsets",
+    "Service": f"{NS}/services",
+}
+
+
+class AddonApiServer(FakeApiServer):
+    """FakeApiServer knowing the add-on collections too."""
+
+    COLLECTIONS = {**FakeApiServer.COLLECTIONS, **{p: p.rpartition("/")[2] for p in PATHS.values()}}
+
+    def put(self, obj: dict) -> None:
+        self.rv += 1
+        self.store[item_path(obj)] = stored(obj, self.rv)
+
+
+def post_path(obj: dict) -> str:
+    return PATHS[obj["kind"]]
+
+
+def item_path(obj: dict) -> str:
+    return f"{post_path(obj)}/{obj['metadata']['name']}"
+
+
+def _client(material, fake):
+    a = kube.api_client(API, material)
+    a.rest_client.pool_manager = fake
+    return a
+
+
+@pytest.fixture
+def fake():
+    return AddonApiServer()
+
+
+@pytest.fixture
+def client(prepared, fake):
+    a = _client(prepared.material, fake)
+    yield a
+    a.close()
+
+
+@pytest.fixture(scope="module")
+def cilium(tmp_path_factory, example_doc):
+    """cni: cilium (egress: konnectivity by default), artifacts from a directory."""
+    d = copy.deepcopy(example_doc)
+    d["spec"]["network"]["cni"] = "cilium"
+    d["spec"]["artifacts"] = {"source": "dir", "path": "artifacts"}
+    tmp = tmp_path_factory.mktemp("cilium-apply")
+    (tmp / "artifacts").mkdir()
+    return api.prepare(write_inventory(tmp, d), tmp / "state")
+
+
+def version(p) -> str:
+    return p.inventory.spec.kubernetes.version
+
+
+# --- apply_objects with the add-on kinds ---------------------------------------------------------
+
+def test_first_run_sends_exactly_the_coredns_objects_in_order(prepared, client, fake):
+    objs = addon_objects(prepared.inventory)
+    assert objs == coredns_objects(prepared.inventory)          # egress: routes: no agents
+    assert [o["kind"] for o in objs] == ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap",
+                                         "Deployment", "Service"]
+    done = kube.apply_objects(client, addon_objects(prepared.inventory), version(prepared))
+    assert done == [(o["kind"], o["metadata"]["name"], "created") for o in objs]
+    assert fake.requests == [("POST", post_path(o), o) for o in objs]
+    assert all(h.get("Content-Type") == "application/json" for h in fake.headers)
+    assert fake.store[f"{PATHS['Service']}/kube-dns"]["spec"]["clusterIP"] == "10.96.0.10"
+
+
+def test_konnectivity_agents_follow_coredns(cilium, fake):
+    objs = addon_objects(cilium.inventory)
+    assert [o["kind"] for o in objs[6:]] == ["ServiceAccount", "ClusterRoleBinding", "DaemonSet"]
+    with _client(cilium.material, fake) as a:
+        done = kube.apply_objects(a, objs, version(cilium))
+    assert [x[2] for x in done] == ["created"] * len(objs)
+    assert fake.requests == [("POST", post_path(o), o) for o in objs]
+
+
+def _add_server_defaults(fake: AddonApiServer) -> None:
+    """What a real apiserver adds to what we sent: defaults, allocations, status."""
+    dep = fake.store[f"{PATHS['Deployment']}/coredns"]
+    dep["spec"].update(revisionHistoryLimit=10, progressDeadlineSeconds=600)
+    dep["spec"]["strategy"]["rollingUpdate"]["maxSurge"] = "25%"
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    c.update(terminationMessagePath="/dev/termination-log", terminationMessagePolicy="File")
+    c["livenessProbe"]["periodSeconds"] = 10
+    dep["spec"]["template"]["spec"].update(restartPolicy="Always", schedulerName="default-scheduler")
+    dep["metadata"]["annotations"] = {"deployment.kubernetes.io/revision": "1"}
+    dep["status"] = {"replicas": 2, "readyReplicas": 2}
+    svc = fake.store[f"{PATHS['Service']}/kube-dns"]
+    svc["spec"].update(type="ClusterIP", clusterIPs=["10.96.0.10"], sessionAffinity="None",
+                       ipFamilies=["IPv4"], ipFamilyPolicy="SingleStack", internalTrafficPolicy="Cluster")
+    fake.store[f"{PATHS['ConfigMap']}/coredns"]["metadata"]["labels"]["team"] = "dns"
+
+
+def test_second_run_changes_nothing(prepared, client, fake):
+    kube.apply_objects(client, addon_objects(prepared.inventory), version(prepared))
+    _add_server_defaults(fake)
+    fake.requests.clear()
+    done = kube.apply_objects(client, addon_objects(prepared.inventory), version(prepared))
+    objs = addon_objects(prepared.inventory)
+    assert done == [(o["kind"], o["metadata"]["name"], "unchanged") for o in objs]
+    # per object: the create (409 AlreadyExists) and one GET; no PUT, no DELETE, nothing created
+    assert [(m, p) for m, p, _ in fake.requests] == [x for o in objs
+                                                    for x in (("POST", post_path(o)), ("GET", item_path(o)))]
+
+
+def test_changed_configmap_is_replaced_with_the_live_resource_version(prepared, client, fake):
+    objs = addon_objects(prepared.inventory)
+    old = copy.deepcopy(next(o for o in objs if o["kind"] == "ConfigMap"))
+    old["data"]["Corefile"] = ".:53 {\n    forward . 8.8.8.8\n}\n"
+    old["metadata"]["labels"]["team"] = "dns"
+    fake.put(old)
+    rv = fake.store[item_path(old)]["metadata"]["resourceVersion"]
+    done = kube.apply_objects(client, objs, version(prepared))
+    assert done[3] == ("ConfigMap", "coredns", "replaced")
+    assert [a for _, _, a in done[:3] + done[4:]] == ["created"] * 5
+    puts = [(p, b) for m, p, b in fake.requests if m == "PUT"]
+    assert len(puts) == 1 and not any(m == "DELETE" for m, _, _ in fake.requests)
+    path, body = puts[0]
+    assert path == item_path(old)
+    assert body["metadata"]["resourceVersion"] == rv
+    assert body["data"] == objs[3]["data"]
+    assert body["metadata"]["labels"] == {**objs[3]["metadata"]["labels"], "team": "dns"}
+    assert fake.store[path]["data"]["Corefile"] == objs[3]["data"]["Corefile"]
+
+
+def test_service_with_another_cluster_ip_is_deleted_and_created(prepared, client, fake):
+    objs = addon_objects(prepared.inventory)
+    svc = objs[5]
+    old = copy.deepcopy(svc)
+    old["spec"]["clusterIP"] = "10.96.0.99"
+    fake.put(old)
+    done = kube.apply_objects(client, objs, version(prepared))
+    assert done[5] == ("Service", "kube-dns", "replaced")
+    assert [(m, p) for m, p, _ in fake.requests[-4:]] == [
+        ("POST", post_path(svc)), ("GET", item_path(svc)), ("DELETE", item_path(svc)), ("POST", post_path(svc))]
+    assert fake.requests[-1][2] == svc
+    assert not any(m == "PUT" for m, _, _ in fake.requests)
+    assert fake.store[item_path(svc)]["spec"]["clusterIP"] == "10.96.0.10"
+
+
+def test_service_port_change_is_a_replace_keeping_the_cluster_ip(prepared, client, fake):
+    objs = addon_objects(prepared.inventory)
+    old = copy.deepcopy(objs[5])
+    old["spec"]["ports"] = old["spec"]["ports"][:2]
+    fake.put(old)
+    done = kube.apply_objects(client, objs, version(prepared))
+    assert done[5] == ("Service", "kube-dns", "replaced")
+    [(path, body)] = [(p, b) for m, p, b in fake.requests if m == "PUT"]
+    assert path == item_path(objs[5]) and body["spec"]["clusterIP"] == "10.96.0.10"
+    assert not any(m == "DELETE" for m, _, _ in fake.requests)
+
+
+def test_workload_with_another_selector_is_deleted_and_created(prepared, client, fake):
+    objs = addon_objects(prepared.inventory)
+    old = copy.deepcopy(objs[4])
+    old["spec"]["selector"] = {"matchLabels": {"app": "old-dns"}}
+    old["spec"]["template"]["metadata"]["labels"] = {"app": "old-dns"}
+    fake.put(old)
+    done = kube.apply_objects(client, objs, version(prepared))
+    assert done[4] == ("Deployment", "coredns", "replaced")
+    methods = [(m, p) for m, p, _ in fake.requests if p.startswith(PATHS["Deployment"])]
+    assert methods == [("POST", post_path(objs[4])), ("GET", item_path(objs[4])),
+                       ("DELETE", item_path(objs[4])), ("POST", post_path(objs[4]))]
+
+
+def test_changed_image_is_replaced_and_foreign_annotations_stay(prepared, client, fake):
+    objs = addon_objects(prepared.inventory)
+    old = copy.deepcopy(objs[4])
+    old["spec"]["template"]["spec"]["containers"][0]["image"] = "registry.k8s.io/coredns/coredns:v1.11.1"
+    old["metadata"]["annotations"] = {"deployment.kubernetes.io/revision": "3"}
+    fake.put(old)
+    done = kube.apply_objects(client, objs, version(prepared))
+    assert done[4] == ("Deployment", "coredns", "replaced")
+    [(_, body)] = [(p, b) for m, p, b in fake.requests if m == "PUT"]
+    assert body["spec"] == objs[4]["spec"]
+    assert body["metadata"]["annotations"] == {"deployment.kubernetes.io/revision": "3"}
+
+
+def test_unknown_kind_and_missing_namespace_are_refused_before_any_request(prepared, client, fake):
+    objs = addon_objects(prepared.inventory)
+    no_ns = copy.deepcopy(objs[3])
+    del no_ns["metadata"]["namespace"]
+    with pytest.raises(ValueError, match="ConfigMap/coredns: a namespaced kind needs metadata.namespace"):
+        kube.apply_objects(client, objs[:3] + [no_ns], version(prepared))
+    assert fake.requests == []
+
+
+# --- the phase -----------------------------------------------------------------------------------
+
+@pytest.fixture
+def phase_api(monkeypatch):
+    """Fake api_access (yields TUNNEL) and api_client (the real client on a FakeApiServer);
+    returns (fake, the credentials and URLs the phase asked for)."""
+    fake, asked = AddonApiServer(), []
+
+    @contextlib.contextmanager
+    def access(inv, remotes, material=None, **kw):
+        yield TUNNEL
+
+    real = kube.api_client
+
+    def client(url, material, *, credential="admin", **kw):
+        asked.append((url, credential))
+        a = real(url, material, credential=credential, **kw)
+        a.rest_client.pool_manager = fake
+        return a
+    monkeypatch.setattr(kube, "api_access", access)
+    monkeypatch.setattr(kube, "api_client", client)
+    return fake, asked
+
+
+def ctx_for(p, **options) -> Context:
+    return Context(p.inventory, p.state, Options(**options), p.material, p.changes, log=lambda _: None)
+
+
+FAKE_HELM = """#!/bin/sh
+# records what the installer gave it, as it was at call time
+rec="$HELM_RECORD"
+: > "$rec/argv"
+for a in "$@"; do printf '%s\\n' "$a" >> "$rec/argv"; done
+printf '%s' "$KUBECONFIG" > "$rec/env"
+cp "$KUBECONFIG" "$rec/kubeconfig"
+stat -c %a "$KUBECONFIG" > "$rec/mode"
+stat -c %a "$(dirname "$KUBECONFIG")" > "$rec/dirmode"
+prev=""
+for a in "$@"; do
+  if [ "$prev" = "--values" ]; then cp "$a" "$rec/values"; fi
+  prev="$a"
+done
+exit "${HELM_EXIT:-0}"
+"""
+
+
+@pytest.fixture
+def fake_helm(tmp_path, monkeypatch):
+    bindir, rec = tmp_path / "bin", tmp_path / "rec"
+    bindir.mkdir()
+    rec.mkdir()
+    helm = bindir / "helm"
+    helm.write_text(FAKE_HELM)
+    helm.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
+    monkeypatch.setenv("HELM_RECORD", str(rec))
+    return rec
+
+
+@pytest.fixture
+def chart(cilium):
+    d = cilium.inventory.artifacts_dir()
+    (d / CILIUM_CHART).write_bytes(b"a chart, as far as these tests go\n")
+    add_files(d, [CILIUM_CHART])
+    yield d / CILIUM_CHART
+    (d / CILIUM_CHART).unlink()
+    (d / "SHA256SUMS").unlink()
+
+
+def test_phase_applies_the_addon_objects_as_admin(prepared, phase_api):
+    fake, asked = phase_api
+    ev = ApplyAddons().run_host(ctx_for(prepared), "(api)")
+    objs = addon_objects(prepared.inventory)
+    assert asked == [(TUNNEL, "admin")]
+    assert fake.requests == [("POST", post_path(o), o) for o in objs]
+    assert ev.action == "changed" and ev.detail == [f"created {o['kind']} {o['metadata']['name']}" for o in objs]
+    again = ApplyAddons().run_host(ctx_for(prepared), "(api)")
+    assert again.action == "unchanged" and again.detail == []
+
+
+def test_phase_runs_helm_with_the_chart_values_and_a_private_kubeconfig(cilium, phase_api, fake_helm, chart):
+    fake, asked = phase_api
+    ev = ApplyAddons().run_host(ctx_for(cilium), "(api)")
+    objs = addon_objects(cilium.inventory)
+    assert fake.requests == [("POST", post_path(o), o) for o in objs]
+    argv = (fake_helm / "argv").read_text().splitlines()
+    kc_path = (fake_helm / "env").read_text()
+    assert argv[:7] == ["upgrade", "--install", "cilium", str(chart), "--namespace", "kube-system", "--values"]
+    assert argv[8:] == ["--kubeconfig", kc_path]
+    assert (fake_helm / "values").read_bytes() == cilium_values_yaml(cilium.inventory)
+    assert (fake_helm / "mode").read_text().strip() == "600"
+    assert (fake_helm / "dirmode").read_text().strip() == "700"
+    kc = yaml.safe_load((fake_helm / "kubeconfig").read_text())
+    assert kc["clusters"][0]["cluster"]["server"] == TUNNEL
+    assert kc["users"][0]["name"] == "kubernetes-admin"
+    assert not Path(kc_path).exists() and not Path(kc_path).parent.exists()     # removed afterwards
+    assert ev.action == "changed" and ev.detail[-1] == f"helm upgrade --install cilium {CILIUM_CHART}"
+
+
+def test_phase_reports_a_failing_helm(cilium, phase_api, fake_helm, chart, monkeypatch):
+    monkeypatch.setenv("HELM_EXIT", "1")
+    with pytest.raises(InstallerError, match=r"helm upgrade --install cilium failed \(exit 1\)"):
+        ApplyAddons().run_host(ctx_for(cilium), "(api)")
+
+
+def test_missing_helm_is_a_clear_error_before_any_request(cilium, phase_api, chart, tmp_path, monkeypatch):
+    fake, _ = phase_api
+    monkeypatch.setenv("PATH", str(tmp_path))                # no helm there
+    with pytest.raises(InstallerError, match=r"`helm` is not on PATH: install Helm 3"):
+        ApplyAddons().run_host(ctx_for(cilium), "(api)")
+    assert fake.requests == []
+
+
+def test_missing_or_unlisted_chart_is_a_clear_error(cilium, phase_api, fake_helm):
+    fake, _ = phase_api
+    d = cilium.inventory.artifacts_dir()
+    with pytest.raises(InstallerError) as e:
+        ApplyAddons().run_host(ctx_for(cilium), "(api)")
+    assert f"{d / CILIUM_CHART}" in str(e.value) and "helm pull cilium" in str(e.value)
+    (d / CILIUM_CHART).write_bytes(b"not listed\n")
+    try:
+        with pytest.raises(InstallerError, match="no entry in"):
+            ApplyAddons().run_host(ctx_for(cilium), "(api)")
+    finally:
+        (d / CILIUM_CHART).unlink()
+    assert fake.requests == [] and not (fake_helm / "argv").exists()
+
+
+def test_dry_run_lists_what_it_would_do(cilium, phase_api, fake_helm, chart):
+    fake, asked = phase_api
+    ev = ApplyAddons().run_host(ctx_for(cilium, dry_run=True), "(api)")
+    assert fake.requests == [] and asked == [] and not (fake_helm / "argv").exists()
+    objs = addon_objects(cilium.inventory)
+    assert ev.detail[:len(objs)] == [
+        f"would apply {o['kind']} {'kube-system/' if 'namespace' in o['metadata'] else ''}{o['metadata']['name']}"
+        for o in objs]
+    assert ev.detail[-1] == f"would run helm upgrade --install cilium {chart} --namespace kube-system"
+
+
+# --- order and skipping --------------------------------------------------------------------------
+
+def test_phase_order():
+    assert PHASE_NAMES == ("connect", "preflight", "lock", "pki", "artifacts", "etcd", "control-plane",
+                           "cluster-bootstrap", "addons", "workers", "verify")
+
+
+def test_skipping_cluster_bootstrap_skips_addons(prepared, monkeypatch):
+    o = runner.effective_options(Options(skip=frozenset({"cluster-bootstrap"})))
+    assert o.skip == {"cluster-bootstrap", "addons"}
+    ctx = ctx_for(prepared, skip=o.skip)
+    assert not ctx.will_run("addons") and ctx.will_run("workers")
+    plain = Options(skip=frozenset({"workers"}))
+    assert runner.effective_options(plain) is plain
+    assert ctx_for(prepared, only=frozenset({"addons"})).will_run("addons")
+
+    seen = []
+
+    def stop(inventory_path, state_dir, options, log):
+        seen.append(options)
+        raise RuntimeError("stop here")
+    monkeypatch.setattr(runner, "context", stop)
+    with pytest.raises(RuntimeError, match="stop here"):
+        runner.run("unused.yaml", options=Options(skip=frozenset({"cluster-bootstrap"})))
+    assert seen[0].skip == {"cluster-bootstrap", "addons"}
+
+
+# --- konnectivity-server among the control binaries ----------------------------------------------
+
+def _artifacts(d: Path, names) -> None:
+    d.mkdir(exist_ok=True)
+    for n in names:
+        (d / n).write_bytes(f"#!/bin/sh\necho {n}\n".encode())
+    add_files(d, list(names))
+
+
+def test_konnectivity_server_is_a_control_binary_in_konnectivity_mode(prepared, cilium, tmp_path):
+    assert "konnectivity-server" not in role_binaries("control")
+    assert "konnectivity-server" not in role_binaries("control", prepared.inventory)
+    assert role_binaries("control", cilium.inventory)[-1] == "konnectivity-server"
+    assert role_binaries("worker", cilium.inventory) == role_binaries("worker")
+    resolved = {n: ResolvedArtifact(n, tmp_path / n, "0" * 64) for n in ALL_BINARIES + ("konnectivity-server",)}
+    for files in (binary_files(resolved, "control", cilium.inventory), binary_files(resolved, "control")):
+        f = {g.path: g for g in files}["/usr/local/bin/konnectivity-server"]
+        assert f.mode == 0o755 and f.restarts == ("konnectivity-server.service",)
+    assert not any(g.path.endswith("konnectivity-server")
+                   for g in binary_files(resolved, "control", prepared.inventory) + binary_files(resolved, "worker"))
+    with pytest.raises(ArtifactError, match="not resolved: konnectivity-server"):
+        binary_files({n: resolved[n] for n in ALL_BINARIES}, "control", cilium.inventory)
+
+
+def test_source_dir_needs_konnectivity_server_listed(example_doc, tmp_path):
+    d = copy.deepcopy(example_doc)
+    d["spec"]["network"]["egress"] = "konnectivity"
+    d["spec"]["artifacts"] = {"source": "dir", "path": "artifacts"}
+    _artifacts(tmp_path / "artifacts", ALL_BINARIES)
+    inv = api.validate(write_inventory(tmp_path, d))
+    with pytest.raises(ArtifactError, match="konnectivity-server: no entry in"):
+        resolve(inv, log=lambda _: None)
+    _artifacts(tmp_path / "artifacts", ("konnectivity-server",))
+    got = resolve(inv, log=lambda _: None)
+    assert got["konnectivity-server"].path == tmp_path / "artifacts" / "konnectivity-server"
+
+
+def test_source_download_with_konnectivity_says_to_use_source_dir(example_doc, tmp_path, monkeypatch):
+    monkeypatch.setenv("HIDDENPLANE_DOWNLOAD_MIRROR", "http://127.0.0.1:9")      # must never be used
+    d = copy.deepcopy(example_doc)
+    d["spec"]["network"]["cni"] = "cilium"
+    d["spec"]["artifacts"] = {"source": "download", "cacheDir": str(tmp_path / "cache")}
+    inv = api.validate(write_inventory(tmp_path, d))
+    with pytest.raises(ArtifactError, match=r"konnectivity-server: .*no release binary.*source: dir"):
+        resolve(inv, log=lambda _: None)
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
