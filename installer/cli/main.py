@@ -13,6 +13,7 @@ from ..phases import PHASE_NAMES
 from ..phases.base import Options
 from .errors import domain_errors
 from .lab import lab
+from .certs import certs
 from .output import Progress
 
 STATE_HELP = ("Local state directory holding the PKI (0700). "
@@ -149,6 +150,7 @@ def schema():
 
 
 cli.add_command(lab)
+cli.add_command(certs)
 
 
 def main():
