@@ -12,6 +12,7 @@ from .. import runner
 from ..phases import PHASE_NAMES
 from ..phases.base import Options
 from .errors import domain_errors
+from .etcd import etcd
 from .lab import lab
 from .certs import certs
 from .output import Progress
@@ -150,6 +151,7 @@ def schema():
 
 
 cli.add_command(lab)
+cli.add_command(etcd)
 cli.add_command(certs)
 
 

@@ -1,0 +1,259 @@
+"""etcd day-2 operations over SSH: list members, save a snapshot, restore one on every member.
+
+Everything runs ``etcdctl`` (API v3) on the control hosts with the health-check client
+certificate; nothing listens beyond what apply set up. A snapshot is taken with ``etcdctl
+snapshot save`` (which checks its integrity hash) into a 0600 file under /var/lib/hiddenplane,
+copied to the operator machine (written 0600, atomically) and removed from the host.
+
+A restore follows etcd's documented order: stop every apiserver (and the controller-manager
+and scheduler) first, stop etcd on every member, restore the *same* snapshot on every member
+with a new cluster token, start etcd everywhere, wait for health, then start the control plane.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Callable
+
+from . import api
+from .errors import InstallerError
+from .inventory import HostSpec, Inventory
+from .phases.start_control_plane import LOCAL_PORTS, listening_script
+from .phases.start_etcd import PKI, health_script
+from .render.control import ETCD_DATA_DIR, _url_host, etcd_servers
+from .ssh import HostError, Remote
+
+ETCDCTL = "ETCDCTL_API=3 /usr/local/bin/etcdctl"
+WORK_DIR = "/var/lib/hiddenplane"
+CONTROL_UNITS = ("kube-apiserver.service", "kube-controller-manager.service", "kube-scheduler.service")
+ETCD_UNIT = "etcd.service"
+
+
+class EtcdOpError(InstallerError):
+    """An etcd operation could not be done (the message says which step)."""
+
+
+def _tls(endpoints: str) -> str:
+    return (f"{ETCDCTL} --endpoints={shlex.quote(endpoints)} --cacert={PKI}/etcd/ca.crt "
+            f"--cert={PKI}/etcd/healthcheck-client.crt --key={PKI}/etcd/healthcheck-client.key "
+            "--command-timeout=10s")
+
+
+def initial_cluster(inv: Inventory) -> str:
+    """The same value as the etcd unit's --initial-cluster."""
+    return ",".join(f"{c.name}=https://{_url_host(c.address)}:2380" for c in inv.controls)
+
+
+def _remotes(inv: Inventory) -> dict[str, Remote]:
+    return {h.name: Remote(h, inv) for h in inv.controls}
+
+
+def _close(remotes: dict[str, Remote]) -> None:
+    for r in remotes.values():
+        r.close()
+
+
+def _first_reachable(inv: Inventory, remotes: dict[str, Remote]) -> Remote:
+    errors = []
+    for h in inv.controls:
+        try:
+            remotes[h.name].open()
+            return remotes[h.name]
+        except HostError as e:
+            errors.append(str(e))
+    raise EtcdOpError("no control host is reachable: " + "; ".join(errors))
+
+
+# --- members -----------------------------------------------------------------------------
+
+@dataclass
+class Member:
+    name: str
+    id: str
+    peer_urls: list[str]
+    client_urls: list[str]
+    learner: bool
+
+
+def members(inventory_path) -> list[Member]:
+    inv = api.validate(inventory_path)
+    remotes = _remotes(inv)
+    try:
+        r = _first_reachable(inv, remotes)
+        out = r.run(f"{_tls(etcd_servers(inv))} member list -w json", what="etcdctl member list").stdout
+    finally:
+        _close(remotes)
+    try:
+        doc = json.loads(out)
+    except ValueError:
+        raise EtcdOpError(f"{r.name}: etcdctl member list printed no JSON: {out[:200]}") from None
+    return [Member(m.get("name", ""), f"{int(m.get('ID', 0)):x}", list(m.get("peerURLs") or []),
+                   list(m.get("clientURLs") or []), bool(m.get("isLearner", False)))
+            for m in doc.get("members", [])]
+
+
+# --- snapshot save -------------------------------------------------------------------------
+
+@dataclass
+class SnapshotInfo:
+    path: str
+    host: str
+    hash: int
+    revision: int
+    total_keys: int
+    size: int
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Write ``path`` 0600 atomically: a temp file in the same directory, then rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.hp-new-{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def snapshot_save(inventory_path, dest) -> SnapshotInfo:
+    inv = api.validate(inventory_path)
+    dest = Path(dest)
+    remotes = _remotes(inv)
+    try:
+        r = _first_reachable(inv, remotes)
+        tmp = f"{WORK_DIR}/etcd-snapshot-{int(time.time())}-{os.getpid()}.db"
+        q = shlex.quote(tmp)
+        local = _tls("https://127.0.0.1:2379")
+        try:
+            # etcdctl writes FILE.part, then renames; umask 077 keeps both 0600
+            r.run(f"set -e; mkdir -p {WORK_DIR}; chmod 0700 {WORK_DIR}; umask 077; "
+                  f"{local} snapshot save {q} >/dev/null; chmod 0600 {q}",
+                  what="etcdctl snapshot save", timeout=300)
+            status = r.run(f"{ETCDCTL} snapshot status {q} -w json", what="etcdctl snapshot status").stdout
+            data = r.get(tmp, what="copy the snapshot")
+        finally:
+            r.run(f"rm -f -- {q} {q}.part", check=False, what="remove the host's snapshot file")
+    finally:
+        _close(remotes)
+    try:
+        st = json.loads(status)
+    except ValueError:
+        raise EtcdOpError(f"{r.name}: etcdctl snapshot status printed no JSON: {status[:200]}") from None
+    if not data:
+        raise EtcdOpError(f"{r.name}: the snapshot is empty")
+    _write_private(dest, data)
+    return SnapshotInfo(str(dest), r.name, int(st.get("hash", 0)), int(st.get("revision", 0)),
+                        int(st.get("totalKey", 0)), len(data))
+
+
+# --- snapshot restore ----------------------------------------------------------------------
+
+def restore_plan(inv: Inventory, snapshot: str, stamp: str) -> list[str]:
+    hosts = ", ".join(h.name for h in inv.controls)
+    return [
+        f"upload {snapshot} to {WORK_DIR}/ on {hosts} (0600)",
+        f"stop {', '.join(u.removesuffix('.service') for u in CONTROL_UNITS)} on {hosts}",
+        f"stop etcd on {hosts}",
+        f"on each member: move {ETCD_DATA_DIR} to {ETCD_DATA_DIR}.pre-restore-{stamp}, "
+        f"restore the snapshot into {ETCD_DATA_DIR} with cluster token {restore_token(inv, stamp)}",
+        "start etcd on every member, wait for a healthy cluster",
+        "start the control plane again",
+    ]
+
+
+def restore_token(inv: Inventory, stamp: str) -> str:
+    return f"{inv.metadata.name}-etcd-restore-{stamp}"
+
+
+def _restore_script(inv: Inventory, host: HostSpec, snap: str, stamp: str) -> str:
+    data, aside = ETCD_DATA_DIR, f"{ETCD_DATA_DIR}.pre-restore-{stamp}"
+    return (
+        "set -e\n"
+        f"if [ -e {data} ]; then mv -- {data} {aside}; fi\n"
+        f"{ETCDCTL} snapshot restore {shlex.quote(snap)} --name {shlex.quote(host.name)} "
+        f"--initial-cluster {shlex.quote(initial_cluster(inv))} "
+        f"--initial-cluster-token {shlex.quote(restore_token(inv, stamp))} "
+        f"--initial-advertise-peer-urls https://{_url_host(host.address)}:2380 "
+        f"--data-dir {data}\n"
+        f"chown -R etcd:etcd {data}\n"
+        f"chmod 0700 {data}\n")
+
+
+def snapshot_restore(inventory_path, snapshot, wait_timeout: float = 120,
+                     log: Callable[[str], None] = print) -> list[str]:
+    """Restore ``snapshot`` on every member. Returns the hosts restored."""
+    inv = api.validate(inventory_path)
+    snapshot = Path(snapshot)
+    try:
+        data = snapshot.read_bytes()
+    except OSError as e:
+        raise EtcdOpError(f"cannot read {snapshot}: {e.strerror or e}") from None
+    if not data:
+        raise EtcdOpError(f"{snapshot} is empty")
+    stamp = time.strftime("%Y%m%d%H%M%S", time.gmtime())
+    remote_snap = f"{WORK_DIR}/etcd-restore-{stamp}.db"
+    remotes = _remotes(inv)
+    names = [h.name for h in inv.controls]
+    try:
+        for n in names:                     # every host must be reachable before we stop anything
+            remotes[n].open()
+        for n in names:
+            log(f"{n}: upload {snapshot}")
+            remotes[n].put(remote_snap, data, mode=0o600, what="upload the snapshot")
+        # first every apiserver (nothing may write to etcd while it is replaced) ...
+        units = " ".join(CONTROL_UNITS)
+        for n in names:
+            log(f"{n}: stop {units}")
+            remotes[n].run(f"systemctl stop {units}", what="stop the control plane")
+        # ... then every etcd member
+        for n in names:
+            log(f"{n}: stop etcd")
+            remotes[n].run(f"systemctl stop {ETCD_UNIT}", what="stop etcd")
+        # the same snapshot on every member, with a new cluster token. The unit still says
+        # --initial-cluster-token=<cluster>-etcd: that flag (like --initial-cluster-state) only
+        # matters when bootstrapping an empty data dir; a restored data dir carries its own
+        # membership and token, so the unit needs no change.
+        for h in inv.controls:
+            log(f"{h.name}: restore into {ETCD_DATA_DIR}")
+            remotes[h.name].run(_restore_script(inv, h, remote_snap, stamp), what="etcdctl snapshot restore",
+                                timeout=300)
+        for n in names:
+            log(f"{n}: start etcd")
+            # a member waits for its peers before it reports ready: never block on it
+            remotes[n].run(f"systemctl start --no-block {ETCD_UNIT}", what="start etcd")
+        first = names[0]
+        r = remotes[first].run(health_script(SimpleNamespace(inv=inv), wait_timeout), check=False,
+                               what="wait for etcd health", timeout=wait_timeout + 30)
+        if r.rc != 0:
+            raise EtcdOpError(f"{first}: etcd did not become healthy after the restore "
+                              f"(the old data is in {ETCD_DATA_DIR}.pre-restore-{stamp}): "
+                              f"{r.stderr.strip()[-500:]}")
+        for n in names:
+            log(f"{n}: start {units}")
+            remotes[n].run(f"systemctl start {units}", what="start the control plane")
+        # the units are simple services: wait until the apiserver, controller-manager and
+        # scheduler listen again (the apiserver only does once it reaches etcd)
+        ports = (inv.spec.apiServer.port, *LOCAL_PORTS)
+        for n in names:
+            r = remotes[n].run(listening_script(ports, wait_timeout), check=False,
+                               what="wait for the control plane", timeout=wait_timeout + 30)
+            if r.rc != 0:
+                raise EtcdOpError(f"{n}: the control plane did not come back after the restore: "
+                                  f"{r.stderr.strip()[-600:]}")
+        for n in names:
+            remotes[n].run(f"rm -f -- {shlex.quote(remote_snap)}", check=False, what="remove the snapshot copy")
+    finally:
+        _close(remotes)
+    return names
