@@ -81,9 +81,10 @@ def script(changes: HostChanges, stamp: str | None = None, no_block: bool = Fals
     nb = " --no-block" if no_block else ""
     for verb, units in (("start", changes.start), ("restart", changes.restart)):
         for u in units:
-            # a failed unit says why in the error, not only "see journalctl"
-            lines.append(f"systemctl {verb}{nb} {_q(u)} || {{ journalctl -u {_q(u)} -n 12 --no-pager "
-                         f"-o cat >&2; exit 1; }}")
+            # one retry after a pause absorbs transient start failures (seen in containers:
+            # 219/CGROUP while the host is busy); a unit that still fails says why in the error
+            lines.append(f"systemctl {verb}{nb} {_q(u)} || {{ sleep 3; systemctl {verb}{nb} {_q(u)}; }} || "
+                         f"{{ journalctl -u {_q(u)} -n 12 --no-pager -o cat >&2; exit 1; }}")
     done = sorted(set(changes.restart) | set(changes.start))
     if done:
         # a started or restarted unit has read its new inputs; other phases' entries stay
