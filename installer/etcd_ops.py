@@ -28,6 +28,7 @@ from .phases.start_control_plane import LOCAL_PORTS, listening_script
 from .phases.start_etcd import PKI, health_script
 from .render.control import ETCD_DATA_DIR, _url_host, etcd_servers
 from .ssh import HostError, Remote
+from .state import write_atomic
 
 ETCDCTL = "ETCDCTL_API=3 /usr/local/bin/etcdctl"
 WORK_DIR = "/var/lib/hiddenplane"
@@ -110,23 +111,6 @@ class SnapshotInfo:
     size: int
 
 
-def _write_private(path: Path, data: bytes) -> None:
-    """Write ``path`` 0600 atomically: a temp file in the same directory, then rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.hp-new-{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def snapshot_save(inventory_path, dest) -> SnapshotInfo:
     inv = api.validate(inventory_path)
     dest = Path(dest)
@@ -153,7 +137,7 @@ def snapshot_save(inventory_path, dest) -> SnapshotInfo:
         raise EtcdOpError(f"{r.name}: etcdctl snapshot status printed no JSON: {status[:200]}") from None
     if not data:
         raise EtcdOpError(f"{r.name}: the snapshot is empty")
-    _write_private(dest, data)
+    write_atomic(dest, data, 0o600)
     return SnapshotInfo(str(dest), r.name, int(st.get("hash", 0)), int(st.get("revision", 0)),
                         int(st.get("totalKey", 0)), len(data))
 

@@ -29,6 +29,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from ..tlsfiles import write_private
 from ..artifacts import ArtifactError, verify
 from ..errors import InstallerError
 from ..inventory import Inventory
@@ -81,19 +82,13 @@ def admin_kubeconfig(inv: Inventory, material: Material, server: str) -> bytes:
                       client=material.pair("admin"))
 
 
-def _write_private(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-
-
 def run_helm(inv: Inventory, material: Material, server: str, helm: str, chart: Path) -> list[str]:
     """``helm upgrade --install cilium`` against ``server``; returns the lines of the event."""
     tmp = tempfile.mkdtemp(prefix="hiddenplane-helm-")          # 0700
     try:
         kc, values = Path(tmp) / "admin.kubeconfig", Path(tmp) / "cilium-values.yaml"
-        _write_private(kc, admin_kubeconfig(inv, material, server))
-        _write_private(values, cilium_values_yaml(inv))
+        write_private(str(kc), admin_kubeconfig(inv, material, server))
+        write_private(str(values), cilium_values_yaml(inv))
         argv = helm_argv(chart, values, kubeconfig=kc, helm=helm)
         env = {**os.environ, "KUBECONFIG": str(kc)}
         try:
