@@ -110,6 +110,22 @@ def _host_keys(paths: LabPaths, spec: LabSpec) -> dict[str, seed.KeyPair]:
     return keys
 
 
+SETTLE = ("s=$(systemctl is-system-running --wait 2>/dev/null); "
+          "if [ \"$s\" = degraded ]; then f=$(systemctl --failed --no-legend --plain | awk '{print $1}'); "
+          "echo \"restarting $f\"; systemctl restart $f; fi; systemctl is-system-running")
+
+
+def _settle_boot(paths: LabPaths, host: LabHost, log) -> None:
+    """Wait for the host's boot to finish; a unit that failed at boot (seen on a busy machine:
+    its cgroup could not be set up) is restarted once, so every host starts out `running`."""
+    proc = subprocess.run(ssh_command(paths, host, SETTLE), capture_output=True, text=True, timeout=180)
+    lines = proc.stdout.split("\n")
+    if lines and lines[0].startswith("restarting "):
+        log(f"  {host.name}: restarted units that failed at boot: {lines[0][len('restarting '):]}")
+    if proc.stdout.strip().split("\n")[-1] != "running":
+        log(f"  {host.name}: systemd reports {proc.stdout.strip().splitlines()[-1:] or proc.stderr.strip()}")
+
+
 def ssh_banner(address: str, timeout: float = 1.0) -> bool:
     try:
         with socket.create_connection((address, 22), timeout=timeout) as s:
@@ -183,6 +199,8 @@ def up(name: str, controls: int = 1, workers: int = 2, vm_workers: int = 0, subn
         for j in jobs:
             j.result()
     wait_ssh(list(spec.hosts), log)
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(lambda h: _settle_boot(paths, h, log), spec.hosts))
 
     text = yaml.safe_dump(inventory_doc(spec, paths), sort_keys=False)
     paths.inventory(name).write_text(text)
