@@ -14,6 +14,7 @@ from typing import Callable
 
 from . import api
 from .errors import InstallerError
+from .inventory import Inventory
 from .phases import ALWAYS, PHASE_NAMES, PHASES, SKIPPED_WITH
 from .phases.acquire_lock import release
 from .phases.base import Context, Event, Options
@@ -62,8 +63,13 @@ def effective_options(options: Options) -> Options:
     return options if extra <= options.skip else dataclasses.replace(options, skip=options.skip | extra)
 
 
-def context(inventory_path, state_dir, options: Options, log: Callable[[str], None]) -> Context:
-    inv = api.validate(inventory_path)
+def context(inventory, state_dir, options: Options, log: Callable[[str], None]) -> Context:
+    """``inventory``: a path, or an already validated Inventory (day-2 commands pass one they
+    derived, e.g. without a removed node)."""
+    inv = inventory if isinstance(inventory, Inventory) else api.validate(inventory)
+    unknown = sorted(options.hosts - {h.name for h in inv.spec.hosts})
+    if unknown:
+        raise InstallerError(f"no host named {', '.join(unknown)} in the inventory")
     state = api.state_for(inv, state_dir)
     state.ensure_root()
     material, changes = ensure(inv, state.load(inv))

@@ -15,6 +15,9 @@ from .errors import domain_errors
 from .etcd import etcd
 from .lab import lab
 from .certs import certs
+from .ca import ca
+from .node import node
+from .reset import reset
 from .output import Progress
 
 STATE_HELP = ("Local state directory holding the PKI (0700). "
@@ -153,6 +156,9 @@ def schema():
 cli.add_command(lab)
 cli.add_command(etcd)
 cli.add_command(certs)
+cli.add_command(ca)
+cli.add_command(node)
+cli.add_command(reset)
 
 
 def main():

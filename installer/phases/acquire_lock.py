@@ -54,7 +54,7 @@ class AcquireLock(Phase):
     def prepare(self, ctx: Context) -> list[str]:
         if ctx.options.dry_run or not ctx.pending_work():
             return []
-        return [h.name for h in ctx.hosts("control")]
+        return [h.name for h in ctx.inv.controls]      # also in a run limited to some hosts
 
     def run_host(self, ctx: Context, host: str) -> Event:
         me = json.dumps({**holder(), "run": ctx.run_id})

@@ -31,6 +31,9 @@ class Options:
     skip: frozenset[str] = frozenset()
     force_unlock: bool = False
     wait_timeout: float = 180.0
+    # limit the run to these hosts (empty: every host). The control hosts are still connected
+    # (the lock lives there and the API is reached through them) but not changed.
+    hosts: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -79,7 +82,8 @@ class Context:
                 self.facts[h].units[u] = ("active", self.facts[h].units.get(u, ("", "enabled"))[1] or "enabled")
 
     def hosts(self, role: str | None = None) -> list[HostSpec]:
-        return [h for h in self.inv.spec.hosts if role in (None, h.role)]
+        limit = self.options.hosts
+        return [h for h in self.inv.spec.hosts if role in (None, h.role) and (not limit or h.name in limit)]
 
     def will_run(self, phase: str) -> bool:
         o = self.options

@@ -15,9 +15,12 @@ class ConnectHosts(Phase):
     description = "open SSH to every host (verified host keys) and read its facts"
 
     def prepare(self, ctx: Context) -> list[str]:
-        for h in ctx.hosts():
+        # the control hosts even in a run limited to other hosts: the lock lives there and
+        # the API may be reached through them
+        hosts = ctx.hosts() + [h for h in ctx.inv.controls if h not in ctx.hosts()]
+        for h in hosts:
             ctx.remotes.setdefault(h.name, Remote(h, ctx.inv, ctx.options.accept_new_host_keys))
-        return [h.name for h in ctx.hosts()]
+        return [h.name for h in hosts]
 
     def run_host(self, ctx: Context, host: str) -> Event:
         files, dirs, units = managed_paths(ctx, host)

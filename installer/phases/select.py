@@ -68,4 +68,5 @@ def phase_parts(ctx: Context, host: str) -> dict[str, Selection]:
 def pending_work(ctx: Context) -> bool:
     """Will any phase that runs change any host?"""
     return any(not ctx.changes_for(h, sel).empty
-               for h in ctx.plans for phase, sel in phase_parts(ctx, h).items() if ctx.will_run(phase))
+               for h in (x.name for x in ctx.hosts()) if h in ctx.plans
+               for phase, sel in phase_parts(ctx, h).items() if ctx.will_run(phase))

@@ -55,6 +55,6 @@ class VerifyHidden(Phase):
         from .. import kube
         with kube.api_access(ctx.inv, ctx.remotes, ctx.material) as url, kube.api_client(url, ctx.material) as api:
             nodes = kube.node_names(api)
-        visible = sorted(set(nodes) & {h.name for h in ctx.hosts("control")})
+        visible = sorted(set(nodes) & {h.name for h in ctx.inv.controls})
         if visible:
             raise HostError(visible[0], "verify: control hosts registered as nodes: " + ", ".join(visible))
