@@ -366,6 +366,10 @@ _TYPED: dict[tuple[str, str], tuple[type, str, bool]] = {
     (f"{RBAC_GROUP}/v1", "ClusterRole"): (k8s.RbacAuthorizationV1Api, "cluster_role", False),
     ("apps/v1", "Deployment"): (k8s.AppsV1Api, "namespaced_deployment", True),
     ("apps/v1", "DaemonSet"): (k8s.AppsV1Api, "namespaced_daemon_set", True),
+    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy"):
+        (k8s.AdmissionregistrationV1Api, "validating_admission_policy", False),
+    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"):
+        (k8s.AdmissionregistrationV1Api, "validating_admission_policy_binding", False),
 }
 
 

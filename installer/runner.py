@@ -15,6 +15,7 @@ from typing import Callable
 from . import api
 from .errors import InstallerError
 from .inventory import Inventory
+from .ledger import Ledger, check_inventory
 from .phases import ALWAYS, PHASE_NAMES, PHASES, SKIPPED_WITH
 from .phases.acquire_lock import release
 from .phases.base import Context, Event, Options
@@ -72,6 +73,7 @@ def context(inventory, state_dir, options: Options, log: Callable[[str], None]) 
         raise InstallerError(f"no host named {', '.join(unknown)} in the inventory")
     state = api.state_for(inv, state_dir)
     state.ensure_root()
+    check_inventory(inv, Ledger.load(state))
     material, changes = ensure(inv, state.load(inv))
     ctx = Context(inv, state, options, material, changes, log=log, run_id=uuid.uuid4().hex)
     ctx.plans = render_cluster(inv, material)

@@ -1,10 +1,154 @@
-"""``installer node``: add, drain, remove, revoke and list nodes."""
+"""``installer node``: list, add, drain, remove (decommission) and revoke nodes."""
 
 from __future__ import annotations
 
+import json
+
 import click
+
+from .. import api, node_ops
+from .errors import domain_errors
+from .output import Progress
+
+STATE_HELP = ("Local state directory holding the PKI and the node ledger. "
+              "Default: $XDG_STATE_HOME/hiddenplane/<cluster> (~/.local/state/hiddenplane/<cluster>).")
+
+
+def _common(f):
+    for option in reversed([
+        click.argument("inventory", type=click.Path(dir_okay=False)),
+        click.argument("name"),
+        click.option("--state", "state_dir", type=click.Path(file_okay=False), help=STATE_HELP),
+    ]):
+        f = option(f)
+    return f
+
+
+def _err(line: str) -> None:
+    click.echo(line, err=True)
+
+
+def _refuse_without_yes(inventory, state_dir, name, what: str, **kw) -> None:
+    t, _ = node_ops._target(api.validate(inventory), state_dir, name)
+    _err(f"{what} {name} would:")
+    for step in node_ops.remove_plan(t, **kw):
+        _err(f"  - {step}")
+    _err("error: nothing done; pass --yes to do it")
+    raise SystemExit(2)
+
+
+def _outcome(out: node_ops.Outcome, verb: str) -> None:
+    for line in out.done:
+        click.echo(f"  {line}")
+    for w in out.warnings:
+        _err(f"warning: {w}")
+    e = out.entry
+    click.echo(f"{out.name}: {verb}" + (f" ({e.state} since {e.since}; delete it from the inventory)" if e else ""))
 
 
 @click.group()
 def node():
     """Node day-2 operations: list, add, drain, remove, revoke."""
+
+
+@node.command("list")
+@click.argument("inventory", type=click.Path(dir_okay=False))
+@click.option("--state", "state_dir", type=click.Path(file_okay=False), help=STATE_HELP)
+@click.option("--api", "use_api", is_flag=True, help="Also ask the API which nodes are registered and Ready.")
+@click.option("--output", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@domain_errors
+def list_(inventory, state_dir, use_api, fmt):
+    """Every host with its state: active, removed or revoked (inventory + node ledger)."""
+    rows = node_ops.list_nodes(inventory, state_dir, use_api=use_api)
+    if fmt == "json":
+        click.echo(json.dumps([r.as_dict() for r in rows], indent=2))
+        return
+    table = [("NAME", "ROLE", "ADDRESS", "STATE", "SINCE", "IN INVENTORY") + (("API",) if use_api else ())]
+    for r in rows:
+        table.append((r.name, r.role, r.address, r.state, r.since, "yes" if r.in_inventory else "no")
+                     + ((r.registered,) if use_api else ()))
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for row in table:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+
+
+@node.command()
+@_common
+@click.option("--skip", multiple=True, help="Skip these apply phases (e.g. cluster-bootstrap with no real API).")
+@click.option("--allow-even", is_flag=True, help="Control host: allow an even etcd member count (a replacement step).")
+@click.option("--accept-new-host-keys", is_flag=True, help="Trust and record the new host's key if not yet known.")
+@click.option("--wait-timeout", default=180.0, show_default=True, help="Seconds to wait for health.")
+@click.option("--output", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@domain_errors
+def add(inventory, name, state_dir, skip, allow_even, accept_new_host_keys, wait_timeout, fmt):
+    """Join NAME (already added to INVENTORY): only its certificates and bootstrap token are
+    issued, only it is changed, plus the pod routes on the other hosts. Refused when the
+    inventory holds other pending changes (run `installer apply` for those). A control host
+    joins etcd as a learner and is promoted."""
+    progress = Progress(fmt, verbose=True)
+    report = node_ops.add(inventory, name, state_dir, skip=frozenset(skip), allow_even=allow_even,
+                          accept_new_host_keys=accept_new_host_keys, wait_timeout=wait_timeout,
+                          log=progress.log)
+    if report is None:
+        click.echo(f"{name}: nothing to change (already joined)" if fmt == "text" else "{}")
+        return
+    for ev in report.events:
+        progress.event(ev)
+    progress.done(report, f"node add {name}")
+
+
+@node.command()
+@_common
+@click.option("--timeout", default=300.0, show_default=True, help="Seconds to wait for evictions.")
+@domain_errors
+def drain(inventory, name, state_dir, timeout):
+    """Cordon NAME and evict its pods (PodDisruptionBudgets respected; mirror and DaemonSet pods
+    stay). Fails, leaving the node cordoned, when pods remain after --timeout."""
+    res = node_ops.drain(inventory, name, state_dir, timeout=timeout, log=_err)
+    click.echo(f"{name}: drained, {len(res.evicted)} pod(s) evicted"
+               + (f"; left to the node: {', '.join(res.skipped)}" if res.skipped else ""))
+
+
+@node.command()
+@_common
+@click.option("--timeout", default=300.0, show_default=True, help="Seconds to wait for the drain.")
+@click.option("--host-unreachable", is_flag=True,
+              help="The host is gone: do the cluster-side part only (the drain does not wait for it).")
+@click.option("--skip-cluster", is_flag=True,
+              help="Do the host-side part only (no Kubernetes API, e.g. a lab with stand-ins).")
+@click.option("--allow-even", is_flag=True, help="Control host: allow an even etcd member count (a replacement step).")
+@click.option("--accept-new-host-keys", is_flag=True, help="Trust and record the host's key if not yet known.")
+@click.option("--yes", is_flag=True, help="Really do it (without: print what would be done, change nothing).")
+@domain_errors
+def remove(inventory, name, state_dir, timeout, host_unreachable, skip_cluster, allow_even, accept_new_host_keys, yes):
+    """Decommission NAME: cordon, drain, delete the Node, its token, renewal binding and pending
+    CSRs; on the host stop everything, kill every container and shim, remove credentials, CNI
+    state, routes and data; drop its routes on the other hosts; mark it removed."""
+    if host_unreachable and skip_cluster:
+        raise click.UsageError("--host-unreachable and --skip-cluster together leave nothing to do")
+    if not yes:
+        _refuse_without_yes(inventory, state_dir, name, "node remove",
+                            skip_cluster=skip_cluster, host_unreachable=host_unreachable)
+    out = node_ops.remove(inventory, name, state_dir, timeout=timeout, skip_cluster=skip_cluster,
+                          host_unreachable=host_unreachable, allow_even=allow_even,
+                          accept_new_host_keys=accept_new_host_keys, log=_err)
+    _outcome(out, "removed")
+
+
+@node.command()
+@_common
+@click.option("--host-unreachable", is_flag=True, help="The host is gone or untrusted: do not try to wipe it.")
+@click.option("--accept-new-host-keys", is_flag=True, help="Trust and record the host's key if not yet known.")
+@click.option("--yes", is_flag=True, help="Really do it (without: print what would be done, change nothing).")
+@domain_errors
+def revoke(inventory, name, state_dir, host_unreachable, accept_new_host_keys, yes):
+    """Revoke NAME for good, even against a stolen certificate: deny every write by
+    system:node:NAME (ValidatingAdmissionPolicy), delete its renewal binding, bootstrap token,
+    pending CSRs and Node, record it in the ledger, wipe the host when reachable. The name can
+    never join again. See README "Day 2" for what this cannot do (no CRL in Kubernetes)."""
+    if not yes:
+        _refuse_without_yes(inventory, state_dir, name, "node revoke", skip_cluster=False,
+                            host_unreachable=host_unreachable, revoke=True)
+    out = node_ops.revoke(inventory, name, state_dir, host_unreachable=host_unreachable,
+                          accept_new_host_keys=accept_new_host_keys, log=_err)
+    _outcome(out, "revoked")

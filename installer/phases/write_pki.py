@@ -1,12 +1,14 @@
 """pki: keep the cluster's keys and certificates in the local state directory.
 
 Generation happened in memory when the run started (so that every host's files could be
-planned); this phase writes what changed, atomically, 0600 for secrets. Nothing on a host.
+planned); this phase writes what changed, atomically, 0600 for secrets, and records the hosts
+in the node ledger. Nothing on a host.
 """
 
 from __future__ import annotations
 
 from ..api import write_admin_kubeconfig
+from ..ledger import Ledger
 from .base import Context, Event, Phase
 
 
@@ -21,6 +23,11 @@ class WritePKI(Phase):
         written = [] if ctx.options.dry_run else ctx.state.save(ctx.material)
         if not ctx.options.dry_run:
             write_admin_kubeconfig(ctx.inv, ctx.state, ctx.material)
+            # the ledger keeps each host's address, for `node remove` after it left the inventory
+            ledger = Ledger.load(ctx.state)
+            ledger.record_active(ctx.inv)
+            if ledger.save(ctx.state):
+                written.append(Ledger.path(ctx.state))
         detail = [f"{name}: {why}" for name, why in sorted(ctx.pki_changes.reasons.items())]
         return Event(self.name, host, "changed" if (written or detail) else "unchanged",
                      files=len(written), detail=detail)

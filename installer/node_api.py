@@ -1,0 +1,237 @@
+"""The cluster side of node day-2 operations, through the Kubernetes client library.
+
+Cordon and drain (evictions, so PodDisruptionBudgets are respected; a blocked eviction is retried
+until the timeout), delete the Node, the node's bootstrap token Secrets, its renewal binding and
+its pending CSRs, read the serials of client certificates issued to it, and keep the
+revoked-nodes admission policy current. Every call goes through ``kube._call`` (timeouts; a
+transport failure is a KubeError naming the object).
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from cryptography import x509
+from cryptography.x509.oid import NameOID
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from .kube import TOKEN_NAMESPACE, KubeError, _call, _status_message, apply_objects
+from .render.manifests import node_renewal_binding
+from .render.revocation import identity, policy_objects
+
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+NODE_LABEL = "hiddenplane.io/node"
+
+
+class DrainError(KubeError):
+    """Pods are still on the node when the drain's time is up."""
+
+
+def _gone(e: ApiException) -> bool:
+    return e.status == 404
+
+
+# --- cordon and drain -------------------------------------------------------------------------
+
+def node_exists(api: k8s.ApiClient, name: str) -> bool:
+    try:
+        _call(f"Node/{name}", k8s.CoreV1Api(api).read_node, name)
+        return True
+    except ApiException as e:
+        if _gone(e):
+            return False
+        raise KubeError(f"Node/{name}: {_status_message(e)}") from None
+
+
+def cordon(api: k8s.ApiClient, name: str) -> bool:
+    """Mark the Node unschedulable; False when there is no such Node."""
+    try:
+        _call(f"Node/{name}", k8s.CoreV1Api(api).patch_node, name, {"spec": {"unschedulable": True}})
+        return True
+    except ApiException as e:
+        if _gone(e):
+            return False
+        raise KubeError(f"Node/{name}: cordon refused: {_status_message(e)}") from None
+
+
+def _skipped(pod: k8s.V1Pod) -> str | None:
+    """Why ``pod`` is not evicted (kubectl drain's rules): mirror pods belong to the kubelet's
+    static manifests, DaemonSet pods would be re-created on the node at once."""
+    meta = pod.metadata
+    if MIRROR_ANNOTATION in (meta.annotations or {}):
+        return "mirror pod"
+    if any(o.kind == "DaemonSet" for o in meta.owner_references or []):
+        return "DaemonSet"
+    if pod.status is not None and pod.status.phase in ("Succeeded", "Failed"):
+        return "finished"
+    return None
+
+
+def pods_on(api: k8s.ApiClient, name: str) -> list[k8s.V1Pod]:
+    try:
+        return list(_call(f"pods on {name}", k8s.CoreV1Api(api).list_pod_for_all_namespaces,
+                          field_selector=f"spec.nodeName={name}").items)
+    except ApiException as e:
+        raise KubeError(f"list the pods on {name}: {_status_message(e)}") from None
+
+
+@dataclass
+class DrainResult:
+    evicted: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+
+def drain(api: k8s.ApiClient, name: str, timeout: float, *, log: Callable[[str], None] = print,
+          interval: float = 5.0) -> DrainResult:
+    """Evict every pod on ``name`` except mirror and DaemonSet pods, then wait until they are
+    gone. An eviction a PodDisruptionBudget refuses (429) is retried every ``interval`` s; when
+    ``timeout`` s are up with pods left, DrainError names them and why they stayed."""
+    core = k8s.CoreV1Api(api)
+    deadline = time.monotonic() + timeout
+    result = DrainResult()
+    waiting: dict[str, str] = {}            # ns/name -> why it is still there
+    while True:
+        pending = []
+        for pod in pods_on(api, name):
+            key = f"{pod.metadata.namespace}/{pod.metadata.name}"
+            why = _skipped(pod)
+            if why:
+                if f"{key} ({why})" not in result.skipped:
+                    result.skipped.append(f"{key} ({why})")
+                continue
+            pending.append(pod)
+            if key in result.evicted:
+                waiting[key] = "terminating"
+                continue
+            body = k8s.V1Eviction(metadata=k8s.V1ObjectMeta(name=pod.metadata.name,
+                                                            namespace=pod.metadata.namespace))
+            try:
+                _call(f"Pod/{key}", core.create_namespaced_pod_eviction, pod.metadata.name,
+                      pod.metadata.namespace, body)
+                result.evicted.append(key)
+                waiting[key] = "terminating"
+                log(f"{name}: evicted {key}")
+            except ApiException as e:
+                if _gone(e):
+                    continue
+                if e.status == 429:
+                    waiting[key] = f"eviction refused: {_status_message(e)}"
+                    continue
+                raise KubeError(f"Pod/{key}: eviction refused: {_status_message(e)}") from None
+        if not pending:
+            return result
+        if time.monotonic() >= deadline:
+            raise DrainError(f"{name}: drain timed out after {timeout:g} s with {len(pending)} pod(s) left: "
+                             + "; ".join(f"{k}: {w}" for k, w in sorted(waiting.items())
+                                         if k in {f'{p.metadata.namespace}/{p.metadata.name}' for p in pending}))
+        time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
+
+
+# --- deleting what let the node in ------------------------------------------------------------
+
+def delete_node(api: k8s.ApiClient, name: str) -> bool:
+    try:
+        _call(f"Node/{name}", k8s.CoreV1Api(api).delete_node, name)
+        return True
+    except ApiException as e:
+        if _gone(e):
+            return False
+        raise KubeError(f"Node/{name}: delete refused: {_status_message(e)}") from None
+
+
+def delete_tokens(api: k8s.ApiClient, name: str, token_ids: list[str]) -> list[str]:
+    """Delete the node's bootstrap token Secrets: those labelled with its name, and those of
+    ``token_ids`` (from the state). Returns the Secrets deleted."""
+    core = k8s.CoreV1Api(api)
+    try:
+        labelled = _call("list token Secrets", core.list_namespaced_secret, TOKEN_NAMESPACE,
+                         label_selector=f"{NODE_LABEL}={name}").items
+    except ApiException as e:
+        raise KubeError(f"list the bootstrap token Secrets of {name}: {_status_message(e)}") from None
+    names = sorted({s.metadata.name for s in labelled} | {f"bootstrap-token-{t}" for t in token_ids})
+    deleted = []
+    for secret in names:
+        try:
+            _call(f"Secret/{secret}", core.delete_namespaced_secret, secret, TOKEN_NAMESPACE)
+            deleted.append(secret)
+        except ApiException as e:
+            if not _gone(e):
+                raise KubeError(f"Secret/{secret}: delete refused: {_status_message(e)}") from None
+    return deleted
+
+
+def delete_renewal_binding(api: k8s.ApiClient, name: str) -> bool:
+    binding = node_renewal_binding(name)["metadata"]["name"]
+    try:
+        _call(f"ClusterRoleBinding/{binding}", k8s.RbacAuthorizationV1Api(api).delete_cluster_role_binding,
+              binding)
+        return True
+    except ApiException as e:
+        if _gone(e):
+            return False
+        raise KubeError(f"ClusterRoleBinding/{binding}: delete refused: {_status_message(e)}") from None
+
+
+@dataclass
+class NodeCSRs:
+    pending: list[str] = field(default_factory=list)     # names of CSRs neither approved nor denied
+    serials: list[str] = field(default_factory=list)     # hex serials of certificates issued to it
+
+
+def _decided(csr) -> bool:
+    return any(c.type in ("Approved", "Denied", "Failed") for c in (csr.status.conditions if csr.status else None) or [])
+
+
+def _issued_serial(csr, name: str) -> str | None:
+    raw = csr.status.certificate if csr.status else None
+    if not raw:
+        return None
+    try:
+        # JSON carries the PEM base64-encoded; the client hands the field over as that string
+        pem = base64.b64decode(raw, validate=True) if isinstance(raw, str) else bytes(raw)
+        cert = x509.load_pem_x509_certificate(pem)
+    except ValueError:
+        return None
+    cns = [a.value for a in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
+    return f"{cert.serial_number:x}" if identity(name) in cns else None
+
+
+def node_csrs(api: k8s.ApiClient, name: str, token_ids: list[str]) -> tuple[NodeCSRs, list]:
+    """The node's CSRs: made by ``system:node:<name>`` or by one of its bootstrap tokens."""
+    users = {identity(name)} | {f"system:bootstrap:{t}" for t in token_ids}
+    try:
+        items = _call("list CSRs", k8s.CertificatesV1Api(api).list_certificate_signing_request).items
+    except ApiException as e:
+        raise KubeError(f"list CertificateSigningRequests: {_status_message(e)}") from None
+    out, mine = NodeCSRs(), []
+    for csr in items:
+        serial = _issued_serial(csr, name)
+        if csr.spec.username not in users and serial is None:
+            continue
+        mine.append(csr)
+        if serial:
+            out.serials.append(serial)
+        if not _decided(csr):
+            out.pending.append(csr.metadata.name)
+    return out, mine
+
+
+def delete_csrs(api: k8s.ApiClient, names: list[str]) -> list[str]:
+    deleted = []
+    for n in names:
+        try:
+            _call(f"CertificateSigningRequest/{n}", k8s.CertificatesV1Api(api).delete_certificate_signing_request, n)
+            deleted.append(n)
+        except ApiException as e:
+            if not _gone(e):
+                raise KubeError(f"CertificateSigningRequest/{n}: delete refused: {_status_message(e)}") from None
+    return deleted
+
+
+def apply_revocations(api: k8s.ApiClient, revoked: list[str], k8s_version: str) -> list[tuple[str, str, str]]:
+    """Create or update the revoked-nodes policy and its binding for every name in ``revoked``."""
+    return apply_objects(api, policy_objects(revoked), k8s_version)

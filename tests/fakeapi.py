@@ -1,0 +1,129 @@
+"""A fake kube-apiserver *transport* for any resource path, under the real ``kubernetes`` client.
+
+Like ``test_kube.FakeApiServer`` it replaces ``ApiClient.rest_client.pool_manager`` and answers
+with real ``urllib3.HTTPResponse`` objects, but it knows resources by URL shape rather than by a
+fixed list: ``.../<plural>`` is a collection (POST creates, GET lists with label and field
+selectors), ``.../<plural>/<name>`` an object (GET, PUT, PATCH as a merge, DELETE). Pod
+evictions (``.../pods/<name>/eviction``) delete the pod unless a PodDisruptionBudget is made to
+refuse (``block_evictions``: 429 that many times per pod). Everything above the transport (typed
+API, serialization, error mapping) is the real client library.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import urllib3
+
+from .test_kube import _status, stored
+
+PLURALS = {"nodes", "pods", "secrets", "clusterrolebindings", "certificatesigningrequests",
+           "validatingadmissionpolicies", "validatingadmissionpolicybindings", "events"}
+REASONS = {200: "OK", 201: "Created", 404: "Not Found", 409: "Conflict", 429: "Too Many Requests"}
+
+
+def _merge(into: dict, patch: dict) -> None:
+    for k, v in patch.items():
+        if isinstance(v, dict) and isinstance(into.get(k), dict):
+            _merge(into[k], v)
+        else:
+            into[k] = v
+
+
+def _field(obj: dict, dotted: str):
+    for part in dotted.split("."):
+        obj = (obj or {}).get(part)
+    return obj
+
+
+class FakeCluster:
+    def __init__(self):
+        self.store: dict[str, dict] = {}          # object path -> stored object
+        self.requests: list[tuple[str, str, dict | None]] = []
+        self.block_evictions: dict[str, int] = {}   # "ns/name" -> 429 answers left
+        self.rv = 100
+
+    # -- seeding --
+    def put(self, path: str, obj: dict) -> dict:
+        self.rv += 1
+        self.store[f"{path}/{obj['metadata']['name']}"] = stored(obj, self.rv)
+        return self.store[f"{path}/{obj['metadata']['name']}"]
+
+    def objects(self, collection: str) -> dict[str, dict]:
+        return {k.rpartition("/")[2]: v for k, v in self.store.items() if k.rpartition("/")[0] == collection}
+
+    def calls(self, method: str) -> list[str]:
+        return [p for m, p, _ in self.requests if m == method]
+
+    # -- the PoolManager interface --
+    def request(self, method, url, body=None, headers=None, fields=None, **kwargs):
+        parts = urlsplit(url)
+        path = unquote(parts.path)
+        query = {k: v[0] for k, v in parse_qs(parts.query).items()}
+        query.update(dict(fields or ()))
+        doc = json.loads(body) if body else None
+        self.requests.append((method, path, doc))
+        code, answer = self._handle(method, path, query, doc)
+        return urllib3.HTTPResponse(body=json.dumps(answer).encode(), status=code, reason=REASONS.get(code, ""),
+                                    headers={"Content-Type": "application/json"}, preload_content=False)
+
+    def clear(self):
+        pass
+
+    # -- the server --
+    def _list(self, path: str, query: dict) -> list[dict]:
+        if path == "/api/v1/pods":           # every namespace
+            items = [v for k, v in self.store.items() if "/pods/" in k]
+        else:
+            items = list(self.objects(path).values())
+        for sel, get in (("labelSelector", lambda o, k: ((o["metadata"].get("labels") or {}).get(k))),
+                         ("fieldSelector", _field)):
+            for term in filter(None, (query.get(sel) or "").split(",")):
+                k, _, v = term.partition("=")
+                items = [o for o in items if get(o, k) == v]
+        return items
+
+    def _handle(self, method: str, path: str, query: dict, doc):
+        if path.endswith("/eviction") and method == "POST":
+            pod_path = path.removesuffix("/eviction")
+            ns, name = pod_path.split("/")[4], pod_path.rpartition("/")[2]
+            if pod_path not in self.store:
+                return 404, _status(404, "NotFound", f'pods "{name}" not found', name=name, kind="pods")
+            if self.block_evictions.get(f"{ns}/{name}", 0) > 0:
+                self.block_evictions[f"{ns}/{name}"] -= 1
+                return 429, _status(429, "TooManyRequests",
+                                    "Cannot evict pod as it would violate the pod's disruption budget.")
+            del self.store[pod_path]
+            return 201, _status(201, "", "", name=name)
+        head, _, last = path.rpartition("/")
+        if last in PLURALS or path == "/api/v1/pods":
+            if method == "GET":
+                return 200, {"kind": "List", "apiVersion": "v1", "metadata": {"resourceVersion": str(self.rv)},
+                             "items": self._list(path, query)}
+            if method == "POST":
+                key = f"{path}/{doc['metadata']['name']}"
+                if key in self.store:
+                    return 409, _status(409, "AlreadyExists", f'{last} "{doc["metadata"]["name"]}" already exists',
+                                        name=doc["metadata"]["name"], kind=last)
+                return 201, self.put(path, doc)
+        if path not in self.store:
+            return 404, _status(404, "NotFound", f'{head.rpartition("/")[2]} "{last}" not found', name=last)
+        if method == "GET":
+            return 200, self.store[path]
+        if method == "PUT":
+            if doc["metadata"].get("resourceVersion") != self.store[path]["metadata"]["resourceVersion"]:
+                return 409, _status(409, "Conflict", "the object has been modified", name=last)
+            self.rv += 1
+            self.store[path] = stored(doc, self.rv)
+            return 200, self.store[path]
+        if method == "PATCH":
+            _merge(self.store[path], doc)
+            self.rv += 1
+            self.store[path]["metadata"]["resourceVersion"] = str(self.rv)
+            return 200, self.store[path]
+        if method == "DELETE":
+            gone = copy.deepcopy(self.store.pop(path))
+            return 200, gone
+        raise AssertionError(f"unexpected {method} {path}")

@@ -1,0 +1,369 @@
+"""Node day-2 operations with no hosts: the revocation policy (schema-valid; its CEL expression
+evaluated by a CEL library against sample requests), the node ledger, apply refusing retired
+hosts, and drain/remove/revoke through the real Kubernetes client over a fake transport
+(tests/fakeapi.py) so that every API object sent is checked."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import datetime as dt
+import shutil
+import stat
+
+import cel
+import pytest
+import yaml
+from click.testing import CliRunner
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from installer import api, kube, node_api, node_ops, runner
+from installer.cli.main import cli
+from installer.errors import StateError
+from installer.inventory import HostSpec
+from installer.ledger import Ledger, NodeRetiredError, check_inventory
+from installer.phases.base import Event, Options
+from installer.pki import issue
+from installer.render import revocation
+
+from .conftest import EXAMPLE
+from .fakeapi import FakeCluster
+
+API = "https://192.168.56.230:6443"
+NODES = "/api/v1/nodes"
+SECRETS = "/api/v1/namespaces/kube-system/secrets"
+CRB = "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings"
+CSRS = "/apis/certificates.k8s.io/v1/certificatesigningrequests"
+VAP = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
+VAPB = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
+
+
+# --- the policy and its CEL expression ----------------------------------------------------------
+
+def request(user: str, op: str = "CREATE", resource: str = "nodes") -> dict:
+    return {"request": {"userInfo": {"username": user, "groups": ["system:nodes", "system:authenticated"]},
+                        "operation": op, "resource": {"group": "", "version": "v1", "resource": resource}}}
+
+
+def allowed(expr: str, req: dict) -> bool:
+    result = cel.evaluate(expr, req)
+    assert isinstance(result, bool), result
+    return result
+
+
+def test_policy_denies_exactly_the_revoked_identities():
+    objs = revocation.policy_objects(["node3", "w1"])
+    expr = objs[0]["spec"]["validations"][0]["expression"]
+    for user in ("system:node:node3", "system:node:w1"):
+        for op, res in (("CREATE", "nodes"), ("UPDATE", "nodes/status"), ("CREATE", "certificatesigningrequests"),
+                        ("DELETE", "pods"), ("UPDATE", "leases")):
+            assert not allowed(expr, request(user, op, res)), (user, op, res)
+    for user in ("system:node:node2", "system:node:w10", "system:node:w", "system:node:node3x", "node3",
+                 "system:bootstrap:abcdef", "kubernetes-admin", "system:kube-controller-manager",
+                 "system:serviceaccount:kube-system:node3", ""):
+        assert allowed(expr, request(user)), user
+
+
+def test_policy_names_are_quoted_not_spliced():
+    # a name cannot be a DNS label with quotes, but the expression must stay one list literal anyway
+    expr = revocation.expression(['a", "b'])
+    assert allowed(expr, request("system:node:b"))
+    assert not allowed(expr, request('system:node:a", "b'))
+
+
+def test_policy_is_schema_valid_and_matches_every_write():
+    policy, binding = revocation.policy_objects(["w1"])
+    kube.validate_objects([policy, binding], "v1.36.4")
+    rule = policy["spec"]["matchConstraints"]["resourceRules"][0]
+    assert set(rule["operations"]) == {"CREATE", "UPDATE", "DELETE", "CONNECT"}
+    assert "*/*" in rule["resources"] and rule["apiGroups"] == ["*"]
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    assert binding["spec"] == {"policyName": revocation.POLICY, "validationActions": ["Deny"]}
+    with pytest.raises(ValueError):
+        revocation.policy_objects([])
+
+
+# --- the ledger ------------------------------------------------------------------------------------
+
+def test_ledger_lifecycle_and_permissions(prepared, tmp_path):
+    state = api.state_for(prepared.inventory, tmp_path / "st")
+    inv = prepared.inventory
+    led = Ledger()
+    led.record_active(inv)
+    assert {n: e.state for n, e in led.entries.items()} == {"cp1": "active", "node2": "active", "node3": "active"}
+    node3 = led.host("node3", inv)
+    led.mark_removed(node3, "test")
+    assert led.save(state) and not led.save(state)          # unchanged: not rewritten
+    assert stat.S_IMODE(Ledger.path(state).stat().st_mode) == 0o600
+    again = Ledger.load(state)
+    assert again.entries["node3"].state == "removed" and again.entries["node3"].address == "192.168.56.232"
+    again.record_active(inv)                                  # apply does not revive a removed host
+    assert again.entries["node3"].state == "removed"
+    again.reactivate(node3)
+    assert again.entries["node3"].state == "active"
+    again.mark_revoked(node3, ["1f"])
+    again.mark_removed(node3)                                 # revoked stays revoked
+    assert again.entries["node3"].state == "revoked" and again.entries["node3"].serials == ["1f"]
+    with pytest.raises(NodeRetiredError, match="node3 was revoked"):
+        again.reactivate(node3)
+    assert [h["state"] for h in again.entries["node3"].history] == ["active", "removed", "active", "revoked"]
+
+
+def test_corrupt_ledger_is_an_error_not_a_guess(prepared, tmp_path):
+    state = api.state_for(prepared.inventory, tmp_path / "st")
+    state.ensure_root()
+    Ledger.path(state).write_text("nodes: [1, 2]\n")
+    with pytest.raises(StateError, match="nodes.yaml is corrupt"):
+        Ledger.load(state)
+
+
+def test_apply_refuses_an_inventory_with_retired_hosts(prepared, tmp_path):
+    st = tmp_path / "st"
+    shutil.copytree(prepared.state.root, st)
+    state = api.state_for(prepared.inventory, st)
+    led = Ledger()
+    led.record_active(prepared.inventory)
+    led.mark_removed(led.host("node2"))
+    led.mark_revoked(led.host("node3"), [])
+    led.save(state)
+    with pytest.raises(NodeRetiredError) as e:
+        check_inventory(prepared.inventory, Ledger.load(state))
+    msg = str(e.value)
+    assert "node2 was removed" in msg and "installer node add INVENTORY node2" in msg
+    assert "node3 was revoked" in msg and "can never join again" in msg
+    res = CliRunner().invoke(cli, ["plan", str(EXAMPLE), "--state", str(st)])
+    assert res.exit_code == 2 and "node3 was revoked" in res.output
+    before = sorted(p.name for p in st.rglob("*"))
+    assert sorted(p.name for p in st.rglob("*")) == before
+
+
+# --- drain through the client ----------------------------------------------------------------
+
+def pod(name: str, node: str, ns: str = "default", *, owner: str | None = None, mirror: bool = False,
+        phase: str = "Running") -> dict:
+    meta = {"name": name, "namespace": ns}
+    if owner:
+        meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": owner, "name": "x", "uid": "u"}]
+    if mirror:
+        meta["annotations"] = {"kubernetes.io/config.mirror": "abc"}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]},
+            "status": {"phase": phase}}
+
+
+@pytest.fixture
+def cluster():
+    return FakeCluster()
+
+
+@pytest.fixture
+def fake_api(prepared, cluster):
+    @contextlib.contextmanager
+    def factory():
+        a = kube.api_client(API, prepared.material)
+        a.rest_client.pool_manager = cluster
+        try:
+            yield a
+        finally:
+            a.close()
+    return factory
+
+
+def seed_node(cluster: FakeCluster, name: str) -> None:
+    cluster.put(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}, "spec": {}})
+
+
+def test_drain_evicts_respecting_budgets_and_skips_daemonsets(cluster, fake_api):
+    seed_node(cluster, "node2")
+    cluster.put("/api/v1/namespaces/default/pods", pod("web-1", "node2"))
+    cluster.put("/api/v1/namespaces/default/pods", pod("web-2", "node2"))
+    cluster.put("/api/v1/namespaces/default/pods", pod("other", "node3"))
+    cluster.put("/api/v1/namespaces/kube-system/pods", pod("agent", "node2", "kube-system", owner="DaemonSet"))
+    cluster.put("/api/v1/namespaces/kube-system/pods", pod("static", "node2", "kube-system", mirror=True))
+    cluster.put("/api/v1/namespaces/default/pods", pod("done", "node2", phase="Succeeded"))
+    cluster.block_evictions["default/web-2"] = 2              # a PDB refuses twice, then allows
+    with fake_api() as a:
+        assert node_api.cordon(a, "node2")
+        res = node_api.drain(a, "node2", timeout=30, interval=0.01, log=lambda m: None)
+    assert sorted(res.evicted) == ["default/web-1", "default/web-2"]
+    assert sorted(res.skipped) == ["default/done (finished)", "kube-system/agent (DaemonSet)",
+                                   "kube-system/static (mirror pod)"]
+    assert cluster.store[f"{NODES}/node2"]["spec"]["unschedulable"] is True
+    assert "/api/v1/namespaces/default/pods/other" in cluster.store
+    evictions = [p for p in cluster.calls("POST") if p.endswith("/eviction")]
+    assert evictions.count("/api/v1/namespaces/default/pods/web-2/eviction") == 3
+
+
+def test_drain_times_out_naming_the_blocked_pod(cluster, fake_api):
+    seed_node(cluster, "node2")
+    cluster.put("/api/v1/namespaces/db/pods", pod("primary", "node2", "db"))
+    cluster.block_evictions["db/primary"] = 10**6
+    with fake_api() as a, pytest.raises(node_api.DrainError) as e:
+        node_api.drain(a, "node2", timeout=0.05, interval=0.01, log=lambda m: None)
+    assert "db/primary: eviction refused" in str(e.value) and "disruption budget" in str(e.value)
+
+
+# --- remove and revoke through the client -------------------------------------------------------
+
+def csr(name: str, user: str, *, issued_to: str | None = None, key=None, ca=None, approved=False) -> dict:
+    obj = {"apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest", "metadata": {"name": name},
+           "spec": {"request": base64.b64encode(b"-----BEGIN CERTIFICATE REQUEST-----").decode(),
+                    "signerName": "kubernetes.io/kube-apiserver-client-kubelet", "username": user,
+                    "usages": ["client auth"]},
+           "status": {}}
+    if approved:
+        obj["status"]["conditions"] = [{"type": "Approved", "status": "True", "reason": "AutoApproved",
+                                        "message": "ok"}]
+    if issued_to:
+        now = dt.datetime.now(dt.timezone.utc)
+        cert = (x509.CertificateBuilder()
+                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issued_to),
+                                         x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:nodes")]))
+                .issuer_name(ca.cert.subject).public_key(key.public_key()).serial_number(0xABC123)
+                .not_valid_before(now).not_valid_after(now + dt.timedelta(hours=24)).sign(ca.key, hashes.SHA256()))
+        obj["status"]["certificate"] = base64.b64encode(issue.cert_pem(cert)).decode()
+    return obj
+
+
+def seed_node_objects(cluster: FakeCluster, prepared, node: str) -> str:
+    """Node, token Secret, renewal binding, one pending and one issued CSR; returns the token id."""
+    seed_node(cluster, node)
+    tid = prepared.material.tokens[node].id
+    cluster.put(SECRETS, {"apiVersion": "v1", "kind": "Secret", "metadata": {
+        "name": f"bootstrap-token-{tid}", "namespace": "kube-system",
+        "labels": {"hiddenplane.io/node": node}}, "type": "bootstrap.kubernetes.io/token", "data": {}})
+    cluster.put(SECRETS, {"apiVersion": "v1", "kind": "Secret", "metadata": {
+        "name": "bootstrap-token-zzzzzz", "namespace": "kube-system",
+        "labels": {"hiddenplane.io/node": "someone-else"}}, "type": "bootstrap.kubernetes.io/token", "data": {}})
+    from installer.render.manifests import node_renewal_binding
+    cluster.put(CRB, node_renewal_binding(node))
+    cluster.put(CRB, node_renewal_binding("keep-me"))
+    key = ec.generate_private_key(ec.SECP256R1())
+    cluster.put(CSRS, csr(f"csr-{node}-issued", f"system:bootstrap:{tid}", issued_to=f"system:node:{node}",
+                          key=key, ca=prepared.material.pair("ca"), approved=True))
+    cluster.put(CSRS, csr(f"csr-{node}-pending", f"system:node:{node}"))
+    cluster.put(CSRS, csr("csr-other-pending", "system:node:another"))
+    return tid
+
+
+@pytest.fixture
+def state_copy(prepared, tmp_path):
+    st = tmp_path / "state"
+    shutil.copytree(prepared.state.root, st)
+    return st
+
+
+def test_revoke_sends_policy_first_then_deletes_the_way_back(prepared, cluster, fake_api, state_copy):
+    tid = seed_node_objects(cluster, prepared, "node3")
+    out = node_ops.revoke(EXAMPLE, "node3", state_copy, host_unreachable=True, api_factory=fake_api,
+                          refresh_others=False, log=lambda m: None)
+    writes = [(m, p) for m, p, _ in cluster.requests if m in ("POST", "PUT", "DELETE", "PATCH")]
+    assert writes[0] == ("POST", VAP) and writes[1] == ("POST", VAPB)      # the policy before anything else
+    assert ("DELETE", f"{CRB}/hiddenplane:node-renewal:node3") in writes
+    assert ("DELETE", f"{SECRETS}/bootstrap-token-{tid}") in writes
+    assert ("DELETE", f"{CSRS}/csr-node3-pending") in writes
+    assert writes[-1] == ("DELETE", f"{NODES}/node3")
+    # nothing of anyone else's
+    assert f"{SECRETS}/bootstrap-token-zzzzzz" in cluster.store
+    assert f"{CRB}/hiddenplane:node-renewal:keep-me" in cluster.store
+    assert f"{CSRS}/csr-other-pending" in cluster.store and f"{CSRS}/csr-node3-issued" in cluster.store
+    policy = cluster.store[f"{VAP}/{revocation.POLICY}"]
+    assert policy["spec"]["validations"][0]["expression"] == revocation.expression(["node3"])
+    assert cluster.store[f"{VAPB}/{revocation.POLICY}"]["spec"]["validationActions"] == ["Deny"]
+    e = Ledger.load(api.state_for(prepared.inventory, state_copy)).entries["node3"]
+    assert e.state == "revoked" and e.serials == ["abc123"] and out.entry.serials == ["abc123"]
+    assert any("ValidatingAdmissionPolicy" in d for d in out.done)
+
+    # a second revocation keeps the first name in the policy (replaced, not recreated)
+    seed_node_objects(cluster, prepared, "node2")
+    node_ops.revoke(EXAMPLE, "node2", state_copy, host_unreachable=True, api_factory=fake_api,
+                    refresh_others=False, log=lambda m: None)
+    expr = cluster.store[f"{VAP}/{revocation.POLICY}"]["spec"]["validations"][0]["expression"]
+    assert expr == revocation.expression(["node2", "node3"])
+    assert not allowed(expr, request("system:node:node3")) and not allowed(expr, request("system:node:node2"))
+    assert ("PUT", f"{VAP}/{revocation.POLICY}") in [(m, p) for m, p, _ in cluster.requests]
+    # and the inventory that still lists them is refused by apply
+    with pytest.raises(NodeRetiredError):
+        runner.context(EXAMPLE, state_copy, Options(), log=lambda m: None)
+
+
+def test_revoke_refuses_a_control_host(prepared, state_copy, fake_api, cluster):
+    with pytest.raises(node_ops.NodeOpError, match="control host"):
+        node_ops.revoke(EXAMPLE, "cp1", state_copy, host_unreachable=True, api_factory=fake_api,
+                        refresh_others=False)
+    assert cluster.requests == []
+
+
+def test_remove_with_host_unreachable_does_the_cluster_side(prepared, cluster, fake_api, state_copy):
+    tid = seed_node_objects(cluster, prepared, "node2")
+    cluster.put("/api/v1/namespaces/default/pods", pod("web", "node2"))
+    out = node_ops.remove(EXAMPLE, "node2", state_copy, host_unreachable=True, api_factory=fake_api,
+                          refresh_others=False, timeout=10, log=lambda m: None)
+    paths = [(m, p) for m, p, _ in cluster.requests]
+    assert ("PATCH", f"{NODES}/node2") in paths
+    assert ("POST", "/api/v1/namespaces/default/pods/web/eviction") in paths
+    for gone in (f"{NODES}/node2", f"{SECRETS}/bootstrap-token-{tid}", f"{CRB}/hiddenplane:node-renewal:node2",
+                 f"{CSRS}/csr-node2-pending"):
+        assert gone not in cluster.store, gone
+    assert not [p for m, p in paths if p.startswith(VAP)]                 # removal is not revocation
+    assert Ledger.load(api.state_for(prepared.inventory, state_copy)).entries["node2"].state == "removed"
+    assert out.entry.state == "removed" and "deleted Node node2" in out.done
+
+
+def test_remove_stops_when_the_drain_is_blocked(prepared, cluster, fake_api, state_copy):
+    seed_node_objects(cluster, prepared, "node2")
+    cluster.put("/api/v1/namespaces/db/pods", pod("primary", "node2", "db"))
+    cluster.block_evictions["db/primary"] = 10**6
+    with pytest.raises(node_ops.NodeOpError, match="stays cordoned and nothing else was done"):
+        node_ops.remove(EXAMPLE, "node2", state_copy, api_factory=fake_api, refresh_others=False, timeout=0.05,
+                        log=lambda m: None)
+    assert f"{NODES}/node2" in cluster.store and cluster.store[f"{NODES}/node2"]["spec"]["unschedulable"]
+    assert not Ledger.path(api.state_for(prepared.inventory, state_copy)).exists()
+
+
+# --- what add/remove may change on the other hosts ---------------------------------------------
+
+def test_foreign_changes_allow_only_the_node_and_the_routes():
+    rep = runner.Report(events=[
+        Event("workers", "node3", "changed", detail=["~ /etc/kubernetes/kubelet.conf 0600 root:root sha256:1"]),
+        Event("workers", "node2", "changed", detail=[
+            "~ /etc/systemd/system/hiddenplane-routes.service 0644 root:root sha256:2",
+            "* restart hiddenplane-routes.service"]),
+        Event("pki", "(local)", "changed", detail=["token/node3: new"]),
+        Event("cluster-bootstrap", "(api)", "changed", detail=["would apply Secret x"]),
+    ])
+    assert node_ops.foreign_changes(rep, "node3") == []
+    rep.events.append(Event("control-plane", "cp1", "changed", detail=["* restart kube-apiserver.service"]))
+    assert node_ops.foreign_changes(rep, "node3") == ["cp1: * restart kube-apiserver.service"]
+
+
+# --- the CLI -----------------------------------------------------------------------------------
+
+def test_remove_without_yes_prints_the_plan_and_changes_nothing(state_copy):
+    res = CliRunner().invoke(cli, ["node", "remove", str(EXAMPLE), "node2", "--state", str(state_copy)])
+    assert res.exit_code == 2, res.output
+    assert "cordon and drain Node node2" in res.output and "pass --yes" in res.output
+    assert not (state_copy / "nodes.yaml").exists()
+
+
+def test_list_shows_inventory_and_ledger(prepared, state_copy, tmp_path):
+    state = api.state_for(prepared.inventory, state_copy)
+    led = Ledger()
+    led.record_active(prepared.inventory)
+    led.mark_revoked(HostSpec(name="old1", address="192.168.56.240", role="worker"), ["ff"])
+    led.save(state)
+    res = CliRunner().invoke(cli, ["node", "list", str(EXAMPLE), "--state", str(state_copy), "--output", "json"])
+    assert res.exit_code == 0, res.output
+    rows = {r["name"]: r for r in yaml.safe_load(res.output)}
+    assert rows["cp1"]["role"] == "control" and rows["node2"]["state"] == "active"
+    assert rows["old1"]["state"] == "revoked" and rows["old1"]["in_inventory"] is False
+    res = CliRunner().invoke(cli, ["node", "list", str(EXAMPLE), "--state", str(state_copy)])
+    assert res.output.splitlines()[0].split()[:4] == ["NAME", "ROLE", "ADDRESS", "STATE"]
+
+
+def test_unknown_node_is_named(state_copy):
+    res = CliRunner().invoke(cli, ["node", "remove", str(EXAMPLE), "nope", "--state", str(state_copy), "--yes"])
+    assert res.exit_code != 0 and "no host named nope" in res.output
