@@ -225,7 +225,7 @@ def remove_plan(t: Target, *, skip_cluster: bool, host_unreachable: bool, revoke
                 f"stop and wipe the control plane on {n}", "mark it removed in the node ledger"]
     if revoke:
         steps += [f"deny every write by system:node:{n} (ValidatingAdmissionPolicy {POLICY})",
-                  f"delete its renewal binding, bootstrap token Secrets and pending CSRs", f"delete Node {n}"]
+                  "delete its renewal binding, bootstrap token Secrets and pending CSRs", f"delete Node {n}"]
     elif not skip_cluster:
         steps += [f"cordon and drain Node {n} (evictions respect PodDisruptionBudgets)",
                   f"delete Node {n}, its bootstrap token Secrets, its renewal binding and pending CSRs"]
