@@ -22,7 +22,7 @@ from cryptography.x509.oid import NameOID
 
 from installer import api, kube, node_api, node_ops, runner
 from installer.cli.main import cli
-from installer.errors import StateError
+from installer.errors import InstallerError, StateError
 from installer.inventory import HostSpec
 from installer.ledger import Ledger, NodeRetiredError, check_inventory
 from installer.phases.base import Event, Options
@@ -367,3 +367,15 @@ def test_list_shows_inventory_and_ledger(prepared, state_copy, tmp_path):
 def test_unknown_node_is_named(state_copy):
     res = CliRunner().invoke(cli, ["node", "remove", str(EXAMPLE), "nope", "--state", str(state_copy), "--yes"])
     assert res.exit_code != 0 and "no host named nope" in res.output
+
+
+# --- a run limited to some hosts (node add, etcd member add) ---------------------------------------
+
+def test_a_limited_run_plans_only_its_hosts_but_connects_and_locks_the_controls(state_copy):
+    from installer.phases import PHASES
+    ctx = runner.context(EXAMPLE, state_copy, Options(hosts=frozenset({"node3"})), log=lambda m: None)
+    assert [h.name for h in ctx.hosts()] == ["node3"] and ctx.hosts("control") == []
+    connect = next(p for p in PHASES if p.name == "connect")
+    assert connect.prepare(ctx) == ["node3", "cp1"]          # cp1: the lock and the API tunnel
+    with pytest.raises(InstallerError, match="no host named nope"):
+        runner.context(EXAMPLE, state_copy, Options(hosts=frozenset({"nope"})), log=lambda m: None)
