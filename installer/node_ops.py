@@ -290,7 +290,8 @@ def remove(inventory, name: str, state_dir=None, *, timeout: float = 300.0, skip
     out = Outcome(name)
     if t.host.role == "control":
         from . import etcd_members
-        etcd_members.remove(t.inv, name, state_dir=t.state.root, allow_even=allow_even, log=log)
+        etcd_members.remove(t.inv, name, state_dir=t.state.root, allow_even=allow_even,
+                            host_unreachable=host_unreachable, log=log)
         out.done.append("removed from etcd")
         if not host_unreachable:
             out.done += _wipe(t, log, accept_new_host_keys)
