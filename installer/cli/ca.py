@@ -4,7 +4,48 @@ from __future__ import annotations
 
 import click
 
+from .certs import STATE_HELP, print_report
+from .errors import domain_errors
+
 
 @click.group()
 def ca():
     """Certificate-authority operations."""
+
+
+@ca.command()
+@click.argument("inventory", type=click.Path(dir_okay=False))
+@click.option("--state", "state_dir", type=click.Path(file_okay=False), help=STATE_HELP)
+@click.option("--which", multiple=True, type=click.Choice(["all", "ca", "etcd-ca", "front-proxy-ca"]),
+              default=("all",), show_default=True,
+              help="Which CAs get a new key and certificate (repeatable). A stolen node certificate needs "
+                   "only `ca`; every leaf certificate is re-issued in any case.")
+@click.option("--yes", is_flag=True, help="Really do it: the control plane (and etcd, when its CA rotates) is "
+                                          "down during the rotation.")
+@click.option("--no-api", "no_api", is_flag=True,
+              help="Make no API calls (no real kube-apiserver, e.g. the contract stand-ins): the new "
+                   "bootstrap token Secrets are then created by `installer apply`.")
+@click.option("--wait-timeout", default=180.0, show_default=True, type=click.FloatRange(min=1),
+              help="Seconds to wait for each component after its start.")
+@click.option("--output", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@domain_errors
+def rotate(inventory, state_dir, which, yes, no_api, wait_timeout, fmt):
+    """New certificate authorities and every certificate re-issued under them, rolled out without
+    losing etcd data: the complete cure for a stolen certificate (kube-apiserver has no
+    revocation list). Workers bootstrap their kubelet client certificate again.
+
+    Without --yes: print the plan, change nothing, exit 2. The old CA material is kept in
+    <state>/backups/ca-rotate-<time>/ (0700). The service-account key is kept."""
+    from .. import renew as renew_mod
+    report = renew_mod.rotate_ca(inventory, state_dir=state_dir, which=which, yes=yes, use_api=not no_api,
+                                 wait_timeout=wait_timeout, log=lambda m: click.echo(m, err=True))
+    if not yes:
+        click.echo("the rotation would:", err=True)
+        for step in report.steps:
+            click.echo(f"  - {step}", err=True)
+        click.echo("error: nothing done; pass --yes to rotate", err=True)
+        raise SystemExit(2)
+    print_report(report, fmt)
+    if fmt == "text":
+        click.echo(f"rotated {', '.join(r.name for r in report.reissued if r.name == r.ca)}; "
+                   f"{sum(r.name != r.ca for r in report.reissued)} certificate(s) re-issued")

@@ -1,4 +1,4 @@
-"""``installer certs``: certificate expiry across the state directory and the hosts."""
+"""``installer certs``: certificate expiry across the state directory and the hosts; renewal."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ STATE_HELP = ("Local state directory holding the PKI. "
 
 @click.group()
 def certs():
-    """Inspect the cluster's certificates."""
+    """Inspect and renew the cluster's certificates."""
 
 
 @certs.command()
@@ -57,3 +57,52 @@ def check(inventory, state_dir, within, offline, fmt):
             click.echo(f"{len(rows)} certificate(s), none expires within {within:g} days")
     if expiring:
         raise SystemExit(1)
+
+
+def print_report(report, fmt: str) -> None:
+    """A renewal's or rotation's report on stdout (text or JSON); shared with `ca rotate`."""
+    if fmt == "json":
+        click.echo(json.dumps(report.as_dict(), indent=2))
+        return
+    for r in report.reissued:
+        click.echo(f"{r.name}: {r.old_serial} -> {r.new_serial} ({r.ca}, not after {r.not_after[:16]})")
+    for host, r in sorted(report.rollout.items()):
+        click.echo(f"{host}: {len(r.files)} file(s): {', '.join(r.files)}")
+        click.echo(f"{host}: restart: {', '.join(u.removesuffix('.service') for u in r.units) or 'nothing'}")
+    for step in report.steps:
+        click.echo(f"- {step}")
+    for c in report.checks:
+        click.echo(f"{c.host}: {c.endpoint} {c.address}:{c.port}: {c.before or '?'} -> {c.after or '?'} "
+                   f"{'ok' if c.ok else 'FAILED'} ({c.note})")
+    if report.backup:
+        click.echo(f"backup: {report.backup}")
+    for note in report.notes:
+        click.echo(f"note: {note}")
+
+
+@certs.command()
+@click.argument("inventory", type=click.Path(dir_okay=False))
+@click.option("--state", "state_dir", type=click.Path(file_okay=False), help=STATE_HELP)
+@click.option("--only", "only", multiple=True, metavar="NAME",
+              help="Renew only this certificate (a state name such as apiserver or etcd/server-cp1, or a "
+                   "glob such as 'etcd/*'); repeatable. Default: every leaf certificate.")
+@click.option("--dry-run", is_flag=True, help="List what would be re-issued, pushed and restarted; change nothing.")
+@click.option("--wait-timeout", default=180.0, show_default=True, type=click.FloatRange(min=1),
+              help="Seconds to wait for each component after its restart.")
+@click.option("--output", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@domain_errors
+def renew(inventory, state_dir, only, dry_run, wait_timeout, fmt):
+    """Re-issue leaf certificates (new keys; never a CA), push them, restart in a safe order
+    (etcd member by member, apiserver host by host, then the rest, then the workers) and check
+    by TLS handshake that every endpoint presents its new certificate.
+
+    The hosts must match the state (run `installer apply` first). The old files are kept in
+    <state>/backups/renew-<time>/. Kubelet client certificates are the kubelets' own (TLS
+    bootstrapping): not renewed here. Exit 0 when every endpoint presents the new certificate."""
+    from .. import renew as renew_mod
+    report = renew_mod.renew(inventory, state_dir=state_dir, only=only, dry_run=dry_run,
+                             wait_timeout=wait_timeout, log=lambda m: click.echo(m, err=True))
+    print_report(report, fmt)
+    if fmt == "text":
+        click.echo(f"{'would renew' if dry_run else 'renewed'} {len(report.reissued)} certificate(s)"
+                   + ("; nothing changed (dry run)" if dry_run else ""))
