@@ -27,6 +27,7 @@ from .inventory import HostSpec, Inventory
 from .phases.start_control_plane import LOCAL_PORTS, listening_script
 from .phases.start_etcd import PKI, health_script
 from .render.control import ETCD_DATA_DIR, _url_host, etcd_servers
+from .render.control import initial_cluster as render_initial_cluster
 from .ssh import HostError, Remote
 from .state import write_atomic
 
@@ -48,7 +49,7 @@ def _tls(endpoints: str) -> str:
 
 def initial_cluster(inv: Inventory) -> str:
     """The same value as the etcd unit's --initial-cluster."""
-    return ",".join(f"{c.name}=https://{_url_host(c.address)}:2380" for c in inv.controls)
+    return render_initial_cluster([(c.name, c.address) for c in inv.controls])
 
 
 def _remotes(inv: Inventory) -> dict[str, Remote]:
@@ -90,10 +91,16 @@ def members(inventory_path) -> list[Member]:
         out = r.run(f"{_tls(etcd_servers(inv))} member list -w json", what="etcdctl member list").stdout
     finally:
         _close(remotes)
+    return parse_members(out, r.name)
+
+
+def parse_members(out: str, host: str = "etcd") -> list[Member]:
+    """``etcdctl member list -w json`` -> members (IDs in hex, as etcdctl takes them). A member
+    added but not started yet has no name and no client URL."""
     try:
         doc = json.loads(out)
     except ValueError:
-        raise EtcdOpError(f"{r.name}: etcdctl member list printed no JSON: {out[:200]}") from None
+        raise EtcdOpError(f"{host}: etcdctl member list printed no JSON: {out[:200]}") from None
     return [Member(m.get("name", ""), f"{int(m.get('ID', 0)):x}", list(m.get("peerURLs") or []),
                    list(m.get("clientURLs") or []), bool(m.get("isLearner", False)))
             for m in doc.get("members", [])]

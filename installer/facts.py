@@ -30,6 +30,7 @@ k init "$(cat /proc/1/comm 2>/dev/null || echo unknown)"
 k swap "$(awk 'NR>1' /proc/swaps 2>/dev/null | wc -l)"
 if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet systemd-resolved 2>/dev/null; then k resolved 1; fi
 if [ -e /var/lib/kubelet/pki/kubelet-client-current.pem ]; then k joined 1; fi
+if [ -d /var/lib/etcd/member ]; then k etcd_data 1; fi
 if [ -s PENDING ]; then k pending "$(sort -u PENDING | tr '\n' ' ')"; fi
 if [ -f LOCK ]; then k lock "$(head -c 300 LOCK | tr '\t\n' '  ')"; fi
 awk '{print "M\t" $1}' /proc/modules 2>/dev/null
@@ -101,6 +102,7 @@ class HostFacts:
     lock: str | None = None
     pending_restarts: set[str] = field(default_factory=set)
     kubelet_joined: bool = False
+    etcd_data: bool = False             # /var/lib/etcd/member exists: this host was an etcd member
     modules: set[str] = field(default_factory=set)
     listening: set[int] = field(default_factory=set)
     users: set[str] = field(default_factory=set)
@@ -138,6 +140,8 @@ def parse(output: str) -> HostFacts:
                 facts.lock = value
             elif key == "joined":
                 facts.kubelet_joined = True
+            elif key == "etcd_data":
+                facts.etcd_data = True
             elif key == "pending":
                 facts.pending_restarts = set(value.split())
             elif key in ("hostname", "os", "arch", "init"):

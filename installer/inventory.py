@@ -242,6 +242,9 @@ class ClusterSpec(_Strict):
     apiServer: ApiServerSpec = Field(default_factory=ApiServerSpec)
     ssh: SSHSpec = Field(default_factory=SSHSpec)
     hosts: list[HostSpec]
+    allowEvenControlHosts: bool = Field(
+        False, description="Accept 2 or 4 control hosts (etcd members). Only as a step of replacing one: "
+        "`installer etcd member remove --allow-even` (3 -> 2), then `installer etcd member add` (2 -> 3).")
     artifacts: ArtifactsSpec = Field(default_factory=ArtifactsSpec)
     pki: PKISpec = Field(default_factory=PKISpec)
 
@@ -439,7 +442,7 @@ def _duplicate(hosts: list, i: int, j: int, field: str, value: str) -> str:
     return f"spec.hosts[{i}].{field}: '{value}' duplicates spec.hosts[{j}].{field}"
 
 
-def _host_problems(hosts: list) -> list[str]:
+def _host_problems(hosts: list, allow_even: bool = False) -> list[str]:
     out: list[str] = []
     seen: dict[tuple[str, str], int] = {}     # (field, value) -> first index
     roles = {"control": 0, "worker": 0}
@@ -461,9 +464,10 @@ def _host_problems(hosts: list) -> list[str]:
         return out
     if roles["control"] == 0:
         out.append("spec.hosts: no host has role control; the control plane needs one (or 3, 5)")
-    elif roles["control"] % 2 == 0:
+    elif roles["control"] % 2 == 0 and not allow_even:
         out.append(f"spec.hosts: {roles['control']} control hosts; each runs an etcd member and an "
-                   "even count adds no fault tolerance: use 1, 3 or 5")
+                   "even count adds no fault tolerance: use 1, 3 or 5 (while replacing a control host, "
+                   "set spec.allowEvenControlHosts: true)")
     if roles["worker"] == 0:
         out.append("spec.hosts: no host has role worker; workloads need at least one worker "
                    "(control hosts never run pods)")
@@ -486,7 +490,8 @@ def _artifact_problems(data: dict, base_dir: Path) -> list[str]:
 def cluster_problems(data: dict, base_dir: Path) -> list[str]:
     hosts = _get(data, "spec", "hosts")
     hosts = hosts if isinstance(hosts, list) else []
-    return _host_problems(hosts) + _network_problems(data, hosts) + _artifact_problems(data, base_dir)
+    allow_even = _get(data, "spec", "allowEvenControlHosts") is True
+    return _host_problems(hosts, allow_even) + _network_problems(data, hosts) + _artifact_problems(data, base_dir)
 
 
 def parse(data: Any, source: str = "inventory", base_dir: Path | None = None) -> Inventory:

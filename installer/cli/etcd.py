@@ -1,16 +1,16 @@
-"""``installer etcd``: list members, save a snapshot, restore one on every member."""
+"""``installer etcd``: list members, add or remove one, save a snapshot, restore one on every member."""
 
 from __future__ import annotations
 
 import click
 
-from .. import api, etcd_ops
+from .. import api, etcd_members, etcd_ops
 from .errors import domain_errors
 
 
 @click.group()
 def etcd():
-    """etcd day-2 operations: members, snapshot save, snapshot restore."""
+    """etcd day-2 operations: members, member add|remove, snapshot save|restore."""
 
 
 @etcd.command()
@@ -24,6 +24,15 @@ def members(inventory):
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+
+
+def nothing_without_yes(what: str, verb: str, steps: list[str]) -> None:
+    """What ``what`` would do, on stderr; exit 2 (nothing was done)."""
+    click.echo(f"{what} would:", err=True)
+    for step in steps:
+        click.echo(f"  - {step}", err=True)
+    click.echo(f"error: nothing done; pass --yes to {verb}", err=True)
+    raise SystemExit(2)
 
 
 @etcd.group()
@@ -51,12 +60,67 @@ def save(inventory, file):
 def restore(inventory, file, yes, wait_timeout):
     """Restore FILE on every etcd member (the control plane is stopped meanwhile)."""
     if not yes:
-        inv = api.validate(inventory)
-        click.echo("the restore would:", err=True)
-        for step in etcd_ops.restore_plan(inv, file, "<time>"):
-            click.echo(f"  - {step}", err=True)
-        click.echo("error: nothing done; pass --yes to restore", err=True)
-        raise SystemExit(2)
+        nothing_without_yes("the restore", "restore", etcd_ops.restore_plan(api.validate(inventory), file, "<time>"))
     hosts = etcd_ops.snapshot_restore(inventory, file, wait_timeout=wait_timeout,
                                       log=lambda m: click.echo(m, err=True))
     click.echo(f"restored {file} on {', '.join(hosts)}; etcd healthy, control plane started")
+
+
+@etcd.group()
+def member():
+    """Add or remove one etcd member (a control host), one at a time, never losing quorum.
+
+    Refused, with the reason and nothing changed (exit 4): a change while another is half
+    done (a learner left over) or while the inventory's control hosts differ from the members
+    by more than this host; removing from a 2-member cluster; any change without a healthy
+    quorum now or after it; an even member count unless --allow-even.
+    """
+
+
+def _progress(message: str) -> None:
+    click.echo(message, err=True)
+
+
+ALLOW_EVEN_HELP = ("Allow an even member count: only as one step of replacing a host "
+                   "(3 -> 2 while a dead member is replaced, then 2 -> 3).")
+
+
+@member.command("add")
+@click.argument("inventory", type=click.Path(dir_okay=False))
+@click.argument("name")
+@click.option("--state", "state_dir", type=click.Path(file_okay=False), help="Local state directory (see apply).")
+@click.option("--allow-even", is_flag=True, help=ALLOW_EVEN_HELP)
+@click.option("--wait-timeout", default=180.0, show_default=True,
+              help="Seconds to wait for the learner to catch up and for health.")
+@domain_errors
+def member_add(inventory, name, state_dir, allow_even, wait_timeout):
+    """Join control host NAME (already in INVENTORY) to etcd: registered as a learner, its member
+    started with --initial-cluster-state=existing, promoted once in sync; then every control
+    host is converged so the apiservers name the new member."""
+    change = etcd_members.add(inventory, name, state_dir=state_dir, allow_even=allow_even,
+                              wait_timeout=wait_timeout, log=_progress)
+    click.echo(f"{name}: etcd member {change.member_id} added and promoted; "
+               f"{len(change.members)} voting members, all healthy")
+
+
+@member.command("remove")
+@click.argument("inventory", type=click.Path(dir_okay=False))
+@click.argument("name")
+@click.option("--state", "state_dir", type=click.Path(file_okay=False), help="Local state directory (see apply).")
+@click.option("--allow-even", is_flag=True, help=ALLOW_EVEN_HELP)
+@click.option("--host-unreachable", is_flag=True,
+              help="NAME is gone: only remove its member (nothing is stopped or moved on it).")
+@click.option("--yes", is_flag=True, help="Really do it (without: check, print the steps, exit 2).")
+@click.option("--wait-timeout", default=180.0, show_default=True, help="Seconds to wait for health.")
+@domain_errors
+def member_remove(inventory, name, state_dir, allow_even, host_unreachable, yes, wait_timeout):
+    """Remove etcd member NAME: stop its control plane and etcd, `etcdctl member remove` through
+    another member, move its /var/lib/etcd aside, check the others healthy. NAME may already be
+    deleted from INVENTORY. Afterwards, delete NAME from the inventory and run `installer apply`."""
+    change = etcd_members.remove(inventory, name, state_dir=state_dir, allow_even=allow_even,
+                                 host_unreachable=host_unreachable, wait_timeout=wait_timeout,
+                                 log=_progress, dry_run=not yes)
+    if not yes:
+        nothing_without_yes("the removal", "remove", change.steps)
+    click.echo(f"{name}: etcd member {change.member_id} removed; {len(change.members)} members healthy: "
+               f"{', '.join(m.name for m in change.members)}. Next: {change.next}.")

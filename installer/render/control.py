@@ -7,6 +7,8 @@ scheduler's deprecated ones, which live in its KubeSchedulerConfiguration.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..inventory import HostSpec, Inventory
 from ..pki import issue
 from ..pki.material import Material
@@ -24,6 +26,7 @@ CIPHER_SUITES = (
     "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256", "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256",
 )
 ETCD_DATA_DIR = "/var/lib/etcd"
+ETCD_UNIT = "etcd.service"
 # etcd runs as its own user and must read its member pairs: they live outside
 # /etc/kubernetes/pki so that directory stays entirely root:root (CIS 1.1.19).
 ETCD_PKI_DIR = "/etc/etcd/pki"
@@ -51,9 +54,22 @@ def _url_host(address: str) -> str:
     return f"[{address}]" if ":" in address else address
 
 
-def etcd_flags(inv: Inventory, host: HostSpec) -> list[str]:
+# Flags etcd reads only when it bootstraps an empty data dir (a new cluster, or a member
+# joining one). A member with data ignores them: it knows its cluster from its WAL.
+ETCD_BOOTSTRAP_FLAGS = ("--initial-cluster", "--initial-cluster-state", "--initial-cluster-token")
+ETCD_RESTART_KEY = "/etc/etcd/etcd.service.restart-key"
+
+
+def initial_cluster(members: list[tuple[str, str]]) -> str:
+    """``[(name, address)]`` -> ``name=https://address:2380,...`` (etcd's --initial-cluster)."""
+    return ",".join(f"{name}=https://{_url_host(address)}:2380" for name, address in members)
+
+
+def etcd_flags(inv: Inventory, host: HostSpec, join: str | None = None) -> list[str]:
+    """``join``: the --initial-cluster of a member joining a running cluster (the current
+    members plus itself, as `etcdctl member add` registered them); then the state is
+    ``existing``. Otherwise every control host bootstraps the inventory's cluster."""
     ip = _url_host(host.address)
-    cluster = ",".join(f"{c.name}=https://{_url_host(c.address)}:2380" for c in inv.controls)
     return flags({
         "--name": host.name,
         "--data-dir": ETCD_DATA_DIR,
@@ -61,8 +77,8 @@ def etcd_flags(inv: Inventory, host: HostSpec) -> list[str]:
         "--advertise-client-urls": f"https://{ip}:2379",
         "--listen-peer-urls": f"https://{ip}:2380",
         "--initial-advertise-peer-urls": f"https://{ip}:2380",
-        "--initial-cluster": cluster,
-        "--initial-cluster-state": "new",
+        "--initial-cluster": join or initial_cluster([(c.name, c.address) for c in inv.controls]),
+        "--initial-cluster-state": "existing" if join else "new",
         "--initial-cluster-token": f"{inv.metadata.name}-etcd",
         "--listen-metrics-urls": "http://127.0.0.1:2381",
         "--cert-file": f"{ETCD_PKI_DIR}/server.crt",
@@ -75,6 +91,28 @@ def etcd_flags(inv: Inventory, host: HostSpec) -> list[str]:
         "--peer-client-cert-auth": True,
         "--cipher-suites": CIPHER_SUITES,
     })
+
+
+def etcd_unit_files(inv: Inventory, host: HostSpec, join: str | None = None) -> list[HostFile]:
+    """etcd.service, and the key whose change restarts it.
+
+    Adding or removing a control host changes --initial-cluster on every member. Restarting
+    every member for that, all at once (the etcd phase works on all hosts in parallel), would
+    drop quorum for nothing: a member with data ignores the bootstrap-only flags. So the unit
+    file itself restarts nothing; its restart key, the digest of the unit *without* those
+    flags, does. A real change (another flag, the binary path) still restarts etcd, one member
+    at a time (phases/start_etcd.py); a membership change only rewrites the unit, which
+    systemd reloads and the running member reads at its next restart. The ExecStart stays
+    complete, so the unit on a host is always exactly what etcd would run.
+    """
+    values = dict(binary=f"{BIN_DIR}/etcd", member=host.name, cluster=inv.metadata.name, data_dir=ETCD_DATA_DIR)
+    all_flags = etcd_flags(inv, host, join)
+    unit = unit_file(ETCD_UNIT, "etcd.service.j2", flags=all_flags, **values)
+    steady = unit_file(ETCD_UNIT, "etcd.service.j2", flags=[
+        f for f in all_flags if f.partition("=")[0] not in ETCD_BOOTSTRAP_FLAGS], **values)
+    key = (f"# sha256 of {unit.path} without {', '.join(ETCD_BOOTSTRAP_FLAGS)}: "
+           f"a change restarts {ETCD_UNIT}\n{steady.sha256}\n").encode()
+    return [replace(unit, restarts=()), HostFile(ETCD_RESTART_KEY, key, 0o600, restarts=(ETCD_UNIT,))]
 
 
 def etcd_servers(inv: Inventory) -> str:
@@ -251,7 +289,7 @@ def render_control(inv: Inventory, host: HostSpec, material: Material) -> HostPl
         plan.mkdir(d)
 
     api, cm, sched, etcd = ("kube-apiserver.service", "kube-controller-manager.service",
-                            "kube-scheduler.service", "etcd.service")
+                            "kube-scheduler.service", ETCD_UNIT)
     ca = material.pair(CLUSTER_CA)
     plan.add(HostFile(P["ca.crt"], issue.cert_pem(ca.cert), 0o644, restarts=(api, cm, sched)))
     # the controller-manager signs kubelet client certificates with the cluster CA
@@ -285,8 +323,8 @@ def render_control(inv: Inventory, host: HostSpec, material: Material) -> HostPl
     plan.add(HostFile(f"{K8S_DIR}/admission-config.yaml", to_yaml(admission_config()), 0o600, restarts=(api,)))
     plan.add(HostFile(f"{K8S_DIR}/kube-scheduler.yaml", to_yaml(scheduler_config()), 0o600, restarts=(sched,)))
 
-    plan.add(unit_file(etcd, "etcd.service.j2", binary=f"{BIN_DIR}/etcd", flags=etcd_flags(inv, host),
-                       member=host.name, cluster=inv.metadata.name, data_dir=ETCD_DATA_DIR))
+    for f in etcd_unit_files(inv, host):
+        plan.add(f)
     plan.add(unit_file(api, "kube-apiserver.service.j2", binary=f"{BIN_DIR}/kube-apiserver",
                        flags=apiserver_flags(inv, host)))
     plan.add(unit_file(cm, "kube-controller-manager.service.j2", binary=f"{BIN_DIR}/kube-controller-manager",

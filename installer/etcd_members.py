@@ -1,0 +1,455 @@
+"""Change etcd's membership one member at a time, never losing quorum.
+
+``add`` registers a control host as a *learner* (it votes on nothing while it catches up),
+installs and starts its member with ``--initial-cluster-state=existing``, promotes it once etcd
+says it is in sync, checks every member healthy, then converges the control hosts so each
+apiserver's ``--etcd-servers`` names the new member. ``remove`` stops the control plane and etcd
+on the host, removes the member through another one, moves the host's data dir aside and checks
+the others healthy.
+
+Before anything changes, the request is checked against the live cluster (``check_add`` /
+``check_remove``, pure): one change at a time (no learner or unstarted member left over, the
+inventory's control hosts differ from the members by at most the host asked for), never from
+2 members down to 1, never without quorum now or after the change, and never to an even member
+count unless ``allow_even`` (one step of replacing a host: 3 -> 2 while a dead member is
+replaced, then 2 -> 3). A refusal raises ``MembershipRefused`` naming the host and the reason.
+
+``apply_guard`` is what `installer apply` checks (phases/start_etcd.py): it never starts a
+member without data next to a running cluster unless ``add`` registered it, and refuses while
+a live member's host is missing from the inventory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+import time
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Callable
+from urllib.parse import urlsplit
+
+from . import api, runner
+from .errors import InstallerError
+from .etcd_ops import CONTROL_UNITS, ETCD_UNIT, EtcdOpError, Member, _tls, parse_members
+from .inventory import HostSpec, Inventory
+from .phases.base import Event, Options
+from .phases.start_etcd import LOCAL, health_script
+from .render.control import ETCD_DATA_DIR, _url_host
+from .ssh import HostError, Remote
+
+__all__ = ["MembershipRefused", "Change", "Guard", "add", "remove", "check_add", "check_remove", "apply_guard",
+           "quorum", "parse_members"]
+
+# what etcd answers while a membership change cannot be made *yet*: retried until the timeout
+_NOT_YET = ("unhealthy cluster", "in sync with leader", "learner member is not ready", "too many requests")
+
+
+class MembershipRefused(InstallerError):
+    """An unsafe or out-of-order etcd membership change; nothing was changed."""
+
+    exit_code = 4
+
+
+@dataclass
+class Change:
+    """What a membership change does (``steps``) and the members after it."""
+
+    name: str
+    member_id: str
+    steps: list[str]
+    members: list[Member] = field(default_factory=list)
+    done: bool = False
+    next: str = ""                # what the operator does next
+
+
+# --- the rules (pure) ------------------------------------------------------------------------
+
+def quorum(n: int) -> int:
+    return n // 2 + 1
+
+
+def _label(m: Member) -> str:
+    return m.name or m.id
+
+
+def _list(names) -> str:
+    return ", ".join(sorted(names)) or "none"
+
+
+def _in_progress(members: list[Member], name: str) -> str | None:
+    """One change at a time: no other change half done."""
+    for m in members:
+        if (m.learner or not m.client_urls) and m.name != name:
+            state = "a learner" if m.learner else "added but never started"
+            return (f"another membership change is in progress: member {_label(m)} ({', '.join(m.peer_urls)}) is "
+                    f"{state}; finish it (`installer etcd member add`) or undo it (`installer etcd member remove`) "
+                    "first")
+    return None
+
+
+def _drift(members: list[Member], name: str, controls: list[str] | None) -> str | None:
+    """One change at a time: the inventory differs from the members by at most ``name``."""
+    if controls is None:
+        return None
+    have = {m.name for m in members}
+    drift = (set(controls) ^ have) - {name}
+    if drift:
+        return (f"one change at a time: the inventory's control hosts ({_list(controls)}) and the etcd members "
+                f"({_list(have)}) also differ by {_list(drift)}; make the inventory match the members except "
+                f"for {name}")
+    return None
+
+
+def _even(n_after: int, allow_even: bool) -> str | None:
+    if n_after % 2 or allow_even:
+        return None
+    tolerated = n_after - quorum(n_after)
+    return (f"the cluster would have {n_after} members, an even count: it would need {quorum(n_after)} healthy "
+            f"members and tolerate {tolerated} failure{'' if tolerated == 1 else 's'}, no more than "
+            f"{n_after - 1} member{'' if n_after == 2 else 's'} would; pass --allow-even only as one step of "
+            "replacing a host (3 -> 2 while a dead member is replaced, then 2 -> 3)")
+
+
+def _no_quorum(voting: list[Member], up: list[str]) -> str | None:
+    n = len(voting)
+    if len(up) >= quorum(n):
+        return None
+    down = [_label(m) for m in voting if _label(m) not in up]
+    return (f"etcd has no quorum: only {len(up)} of {n} members are healthy (down: {_list(down)}), "
+            f"and a membership change needs {quorum(n)}; bring them back first")
+
+
+def check_add(members: list[Member], health: dict[str, bool], name: str, allow_even: bool = False,
+              controls: list[str] | None = None) -> str | None:
+    """Why adding ``name`` is refused, or None. ``health``: member name -> healthy;
+    ``controls``: the inventory's control host names (None: not checked). A learner named
+    ``name`` is a half-done add of that very host: resuming it is allowed."""
+    reason = _in_progress(members, name)
+    if reason:
+        return reason
+    voting = [m for m in members if not m.learner]
+    if any(m.name == name for m in voting):
+        return (f"{name} is already a voting member (if an earlier `etcd member add` stopped after promoting it, "
+                "run `installer apply` to finish)")
+    up = [m.name for m in voting if health.get(m.name)]
+    reason = _no_quorum(voting, up) or _drift(members, name, controls)
+    if reason:
+        return reason
+    n_after = len(voting) + 1
+    if len(up) + 1 < quorum(n_after):        # the new member counts once it caught up
+        return (f"after the change only {len(up) + 1} of {n_after} members would be healthy, "
+                f"{quorum(n_after)} are needed")
+    return _even(n_after, allow_even)
+
+
+def check_remove(members: list[Member], health: dict[str, bool], name: str, allow_even: bool = False,
+                 controls: list[str] | None = None) -> str | None:
+    """Why removing member ``name`` is refused, or None (see ``check_add``). The member is
+    stopped before it is removed, so the *other* members must be a quorum of the current
+    size to commit the removal (and so, a quorum of the smaller cluster after it)."""
+    target = next((m for m in members if m.name == name), None)
+    if target is None:
+        return f"{name} is not an etcd member (members: {_list(_label(m) for m in members)})"
+    voting = [m for m in members if not m.learner]
+    up = [m.name for m in voting if health.get(m.name)]
+    reason = _in_progress(members, name) or _no_quorum(voting, up)
+    if reason:
+        return reason
+    n = len(voting)
+    if n <= 2 and not target.learner:        # a learner never voted: its removal changes no quorum
+        return (f"etcd has only {n} member{'s' if n != 1 else ''}: removing {name} would leave "
+                + ("no cluster at all" if n == 1 else "a single member that tolerates no failure")
+                + "; add a member first")
+    reason = _drift(members, name, controls)
+    if reason or target.learner:
+        return reason
+    others = [u for u in up if u != name]
+    if len(others) < quorum(n):
+        down = [m.name for m in voting if m.name != name and m.name not in up]
+        return (f"{name} is stopped before it is removed, so the other members must commit the removal: only "
+                f"{len(others)} of them are healthy (down: {_list(down)}) and {quorum(n)} are needed; "
+                "after it the cluster would not have a healthy quorum; bring the down member back first")
+    return _even(n - 1, allow_even)
+
+
+def _peer(host: HostSpec) -> str:
+    return f"https://{_url_host(host.address)}:2380"
+
+
+def _named(members: list[Member], controls: list[HostSpec]) -> list[Member]:
+    """Members added but not started carry no name yet: name them after the control host
+    whose peer URL they were registered with."""
+    by_peer = {_peer(h): h.name for h in controls}
+    return [m if m.name else dataclasses.replace(m, name=next((by_peer[u] for u in m.peer_urls if u in by_peer), ""))
+            for m in members]
+
+
+@dataclass
+class Guard:
+    problems: list[str] = field(default_factory=list)   # what apply must refuse, one line each
+    joining: dict[str, str] = field(default_factory=dict)  # registered, no data yet -> --initial-cluster
+    learners: set[str] = field(default_factory=set)      # not promoted yet: no health check answers
+
+
+def apply_guard(controls: list[HostSpec], with_data: set[str], members: list[Member]) -> Guard:
+    """What `installer apply` must refuse, and which control hosts join the running cluster
+    (registered by `etcd member add`, no data yet: they start with the members as etcd knows
+    them). ``with_data``: the control hosts holding /var/lib/etcd/member; ``members``: the
+    live member list."""
+    members = _named(members, controls)
+    names = {h.name for h in controls}
+    listed = {m.name for m in members}
+    guard = Guard(learners={m.name for m in members if m.learner and m.name in names})
+    guard.problems = [f"{_label(m)}: a live etcd member ({', '.join(m.peer_urls)}) whose host is not a control "
+                      f"host in the inventory; remove it with `installer etcd member remove <inventory> {_label(m)}` "
+                      "(or put the host back)" for m in members if m.name not in names]
+    for h in controls:
+        if h.name in with_data and h.name not in listed:
+            guard.problems.append(
+                f"{h.name}: holds etcd data in {ETCD_DATA_DIR} but is not a member of the running cluster (removed "
+                f"earlier?): move that directory aside on {h.name}, then run `installer etcd member add <inventory> "
+                f"{h.name}`")
+        elif h.name not in with_data and h.name not in listed:
+            guard.problems.append(
+                f"{h.name}: has no etcd data while {_list(with_data)} run an etcd cluster; apply would start it as "
+                f"a new, separate cluster: run `installer etcd member add <inventory> {h.name}` to join it (as a "
+                "learner, then promoted)")
+        elif h.name not in with_data:
+            guard.joining[h.name] = ",".join(f"{m.name}={u}" for m in members for u in m.peer_urls)
+    return guard
+
+
+# --- talking to the cluster ------------------------------------------------------------------
+
+@dataclass
+class _View:
+    members: list[Member]
+    health: dict[str, bool]
+    via: Remote                   # a control host whose member answered
+
+
+def _inventory(inventory) -> Inventory:
+    return inventory if isinstance(inventory, Inventory) else api.validate(inventory)
+
+
+def _error_line(r) -> str:
+    lines = [x for x in (r.stderr + "\n" + r.stdout).strip().splitlines() if x.strip()]
+    errors = [x for x in lines if x.startswith("Error:")]
+    return (errors or lines or [f"exit {r.rc}"])[-1]
+
+
+def _health(r: Remote, members: list[Member]) -> dict[str, bool]:
+    """Voting member name -> answers `endpoint health` (a learner never does)."""
+    voting = [m for m in members if not m.learner and m.client_urls]
+    health = {m.name: False for m in members if not m.learner}
+    if not voting:
+        return health
+    endpoints = ",".join(u for m in voting for u in m.client_urls)
+    out = r.run(f"{_tls(endpoints)} endpoint health -w json", check=False, what="etcdctl endpoint health").stdout
+    try:
+        ok = {e.get("endpoint"): bool(e.get("health")) for e in json.loads(out)}
+    except (ValueError, AttributeError, TypeError):
+        ok = {}
+    for m in voting:
+        health[m.name] = any(ok.get(u) for u in m.client_urls)
+    return health
+
+
+def _view(inv: Inventory, remotes: dict[str, Remote], skip: str) -> _View:
+    """The members and their health, asked on the first control host (other than ``skip``)
+    whose member answers."""
+    why = []
+    for h in inv.controls:
+        if h.name == skip:
+            continue
+        r = remotes[h.name]
+        try:
+            res = r.run(f"{_tls(LOCAL)} member list -w json", check=False, what="etcdctl member list")
+        except HostError as e:
+            why.append(str(e))
+            continue
+        if res.rc != 0:
+            why.append(f"{h.name}: {_error_line(res)}")
+            continue
+        members = _named(parse_members(res.stdout, h.name), inv.controls)
+        return _View(members, _health(r, members), r)
+    raise EtcdOpError("no etcd member answered (nothing was changed): " + ("; ".join(why) or "no other control host"))
+
+
+def _checked(inv: Inventory, remotes: dict[str, Remote], name: str, rule, allow_even: bool, verb: str) -> _View:
+    """The live cluster, once ``rule`` (check_add or check_remove) allows the change."""
+    view = _view(inv, remotes, skip=name)
+    reason = rule(view.members, view.health, name, allow_even, [h.name for h in inv.controls])
+    if reason:
+        raise MembershipRefused(f"{name}: not {verb}: {reason}; nothing was changed")
+    return view
+
+
+def _retrying(r: Remote, command: str, what: str, deadline: float) -> str:
+    """Run an etcdctl membership command, again while etcd says "not yet" (e.g. a learner not
+    in sync, members connected for less than etcd's 5 s health interval)."""
+    while True:
+        res = r.run(command, check=False, what=what)
+        if res.rc == 0:
+            return res.stdout
+        err = _error_line(res)
+        if not any(s in err for s in _NOT_YET) or time.monotonic() > deadline:
+            raise EtcdOpError(f"{r.name}: {what} failed: {err}")
+        time.sleep(2)
+
+
+def _wait_healthy(via: Remote, inv: Inventory, members: list[Member], timeout: float) -> None:
+    endpoints = ",".join(u for m in members if not m.learner for u in m.client_urls)
+    r = via.run(health_script(SimpleNamespace(inv=inv), timeout, endpoints), check=False,
+                what="wait for etcd health", timeout=timeout + 30)
+    if r.rc != 0:
+        raise EtcdOpError(f"{via.name}: etcd is not healthy: {r.stderr.strip()[-500:]}")
+
+
+def _members(via: Remote, inv: Inventory) -> list[Member]:
+    out = via.run(f"{_tls(LOCAL)} member list -w json", what="etcdctl member list").stdout
+    return _named(parse_members(out, via.name), inv.controls)
+
+
+def _converge(inv: Inventory, state_dir, options: Options, log: Callable[[str], None]) -> None:
+    def event(ev: Event) -> None:
+        if ev.action not in ("checked", "unchanged"):
+            log(f"  {ev.phase} {ev.host}: {ev.action}" + (f" (restarted {', '.join(ev.restarts)})" if ev.restarts else ""))
+    runner.run(inv, state_dir, options, log=log, on_event=event)
+
+
+# --- add ---------------------------------------------------------------------------------------
+
+def add(inventory, name: str, *, state_dir=None, allow_even: bool = False, wait_timeout: float = 180.0,
+        log: Callable[[str], None] = print) -> Change:
+    """Add control host ``name`` (in the inventory, not yet a member) to etcd: as a learner,
+    then promoted; then converge the control hosts. Resumes an add that stopped after
+    registering the learner."""
+    inv = _inventory(inventory)
+    try:
+        host = inv.host(name)
+    except KeyError:
+        raise InstallerError(f"{name}: not in the inventory; add it there as a control host first") from None
+    if host.role != "control":
+        raise InstallerError(f"{name}: is a {host.role}, not a control host: etcd members run on control hosts")
+    deadline = time.monotonic() + wait_timeout
+    remotes = {h.name: Remote(h, inv) for h in inv.controls}
+    try:
+        view = _checked(inv, remotes, name, check_add, allow_even, "added")
+        member = next((m for m in view.members if m.name == name), None)
+        peer = _peer(host)
+        if member is None:
+            # the host must be reachable and empty before it is registered: a learner that can
+            # never start would block every later change
+            has_data = remotes[name].run(f"test -d {ETCD_DATA_DIR}/member", check=False,
+                                         what="look for etcd data").rc == 0
+            if has_data:
+                raise MembershipRefused(f"{name}: not added: it already holds etcd data in {ETCD_DATA_DIR} (from an "
+                                        "earlier cluster?); move that directory aside first; nothing was changed")
+            log(f"{name}: etcdctl member add {name} --learner --peer-urls={peer} (on {view.via.name})")
+            out = _retrying(view.via, f"{_tls(LOCAL)} member add {shlex.quote(name)} --learner "
+                            f"--peer-urls={shlex.quote(peer)} -w json", "etcdctl member add", deadline)
+            try:
+                member_id = f"{int(json.loads(out)['member']['ID']):x}"
+            except (ValueError, KeyError, TypeError):
+                raise EtcdOpError(f"{view.via.name}: etcdctl member add printed no member ID: {out[:200]}") from None
+        else:
+            member_id = member.id
+            log(f"{name}: already registered as a learner ({member_id}): resuming")
+        via = view.via
+    finally:
+        for r in remotes.values():
+            r.close()
+
+    log(f"{name}: install and start etcd (--initial-cluster-state=existing); it joins as a learner")
+    _converge(inv, state_dir, Options(hosts=frozenset({name}), only=frozenset({"preflight", "pki", "artifacts", "etcd"}),
+                                      wait_timeout=wait_timeout), log)
+
+    log(f"{name}: etcdctl member promote {member_id} once the learner is in sync")
+    try:
+        _retrying(via, f"{_tls(LOCAL)} member promote {member_id}", "etcdctl member promote", deadline)
+        members = _members(via, inv)
+        _wait_healthy(via, inv, members, max(10.0, deadline - time.monotonic()))
+    finally:
+        via.close()
+    log(f"{name}: promoted; {len(members)} members healthy")
+
+    log("converge the control hosts (every apiserver's --etcd-servers names the new member)")
+    _converge(inv, state_dir, Options(hosts=frozenset(h.name for h in inv.controls),
+                                      skip=frozenset({"cluster-bootstrap"}), wait_timeout=wait_timeout), log)
+    return Change(name, member_id, [], members, done=True)
+
+
+# --- remove ------------------------------------------------------------------------------------
+
+def _stop_script() -> str:
+    units = " ".join(CONTROL_UNITS + (ETCD_UNIT,))        # the apiserver first, etcd last
+    return (f"set -e; for u in {units}; do if systemctl cat \"$u\" >/dev/null 2>&1; then "
+            "systemctl disable --now --quiet \"$u\"; fi; done")
+
+
+def remove(inventory, name: str, *, state_dir=None, allow_even: bool = False, host_unreachable: bool = False,
+           wait_timeout: float = 180.0, log: Callable[[str], None] = print, dry_run: bool = False) -> Change:
+    """Remove member ``name`` (still in the inventory, or already deleted from it: then its
+    address comes from its peer URL). ``host_unreachable``: the host is gone; only the
+    membership changes. ``dry_run``: check, and return the steps without doing them.
+    ``state_dir`` is accepted for symmetry with ``add`` (a removal converges nothing: edit the
+    inventory and run `installer apply` afterwards)."""
+    del state_dir
+    inv = _inventory(inventory)
+    in_inventory = {h.name: h for h in inv.spec.hosts}
+    if name in in_inventory and in_inventory[name].role != "control":
+        raise InstallerError(f"{name}: is a {in_inventory[name].role}, not a control host: it is no etcd member")
+    deadline = time.monotonic() + wait_timeout
+    remotes = {h.name: Remote(h, inv) for h in inv.controls}
+    try:
+        view = _checked(inv, remotes, name, check_remove, allow_even, "removed")
+        member = next(m for m in view.members if m.name == name)
+        if name in remotes:
+            target = remotes[name]
+        else:
+            address = urlsplit(member.peer_urls[0]).hostname if member.peer_urls else None
+            if not address:
+                raise EtcdOpError(f"{name}: not in the inventory and its member has no peer URL to reach it by; "
+                                  "pass --host-unreachable; nothing was changed")
+            target = remotes[name] = Remote(HostSpec(name=name, address=address, role="control"), inv)
+        stamp = time.strftime("%Y%m%d%H%M%S", time.gmtime())
+        aside = f"{ETCD_DATA_DIR}.removed-{stamp}"
+        units = ", ".join(u.removesuffix(".service") for u in CONTROL_UNITS + (ETCD_UNIT,))
+        steps = ([] if host_unreachable else [f"stop and disable {units} on {name} ({target.host.address})"])
+        steps.append(f"etcdctl member remove {member.id} ({name}) on {view.via.name}")
+        if not host_unreachable:
+            steps.append(f"move {ETCD_DATA_DIR} on {name} aside to {ETCD_DATA_DIR}.removed-<time>")
+        rest = [m for m in view.members if m.id != member.id]
+        steps.append(f"check the remaining members healthy: {_list(_label(m) for m in rest)}")
+        if not host_unreachable:
+            try:
+                target.open()
+            except HostError as e:
+                raise EtcdOpError(f"{e}; nothing was changed (if {name} is gone for good, pass --host-unreachable)") \
+                    from None
+        if dry_run:
+            return Change(name, member.id, steps, view.members)
+
+        if not host_unreachable:
+            log(f"{name}: stop and disable {units}")
+            target.run(_stop_script(), what="stop the control plane and etcd")
+        log(f"{name}: etcdctl member remove {member.id} (on {view.via.name})")
+        _retrying(view.via, f"{_tls(LOCAL)} member remove {member.id}", "etcdctl member remove", deadline)
+        if not host_unreachable:
+            log(f"{name}: move {ETCD_DATA_DIR} aside to {aside}")
+            target.run(f"if [ -e {ETCD_DATA_DIR} ]; then mv -- {ETCD_DATA_DIR} {aside}; fi",
+                       what="move the etcd data aside")
+        members = _members(view.via, inv)
+        _wait_healthy(view.via, inv, members, max(10.0, deadline - time.monotonic()))
+        log(f"{name}: removed; {len(members)} members healthy: {_list(_label(m) for m in members)}")
+    finally:
+        for r in remotes.values():
+            r.close()
+    voting = len([m for m in members if not m.learner])
+    even = " (with spec.allowEvenControlHosts: true)" if voting % 2 == 0 else ""
+    then = f"run `installer apply` with {voting} control host{'s' if voting != 1 else ''}{even}"
+    nxt = f"delete {name} from the inventory, then {then}" if name in in_inventory else then
+    return Change(name, member.id, steps, members, done=True, next=nxt)
