@@ -1,0 +1,543 @@
+"""Host teardown without hosts: what the scripts remove and in which order, derived from the
+rendered plans; and the real worker and control scripts run under /bin/sh against a directory
+standing in for a host's root (``root=``), with fake systemctl, ip, iptables, umount, userdel,
+ctr and a fake /proc, and real processes (sleep) listed in a fake cgroup that must be killed."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import socket
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from installer import hostops, teardown
+from installer.facts import MANIFEST, STATE_DIR
+from installer.fetch import CNI_BIN_DIR, role_binaries
+from installer.inventory import HostSpec
+from installer.render.files import BIN_DIR
+from installer.render.network import SYSCTL_FILE
+from installer.render.worker import SYSCTLS
+from installer.ssh import Result
+
+WORKER, CONTROL = "node2", "cp1"
+STAMP_OLD, STAMP_NEW = "20240101T000000", "20250101T000000"
+
+
+@pytest.fixture(scope="module")
+def inv(prepared):
+    return prepared.inventory
+
+
+@pytest.fixture(scope="module")
+def plans(prepared):
+    return prepared.plans
+
+
+def binaries(role: str) -> list[str]:
+    from installer.artifacts import CNI_PLUGINS
+    return [f"{CNI_BIN_DIR if b in CNI_PLUGINS else BIN_DIR}/{b}" for b in role_binaries(role)]
+
+
+# --- pure: what is removed, and in which order -----------------------------------------------
+
+def test_backup_naming_is_the_one_hostops_uses():
+    assert f'"$2{teardown.BACKUP_INFIX}$STAMP"' in hostops._PRELUDE
+
+
+@pytest.mark.parametrize("name", [WORKER, CONTROL])
+def test_only_the_installers_paths_are_removed(inv, plans, name):
+    plan = plans[name]
+    t = teardown.host_teardown(inv, name, plans, data=True)
+    # files: exactly the planned ones, the absent ones and the role's binaries
+    assert set(t.files) == set(plan.files) | set(plan.absent) | set(binaries(plan.role))
+    # directories: planned ones, or parents of our files (never a system directory)
+    parents = {p for f in t.files for p in teardown._ancestors(f)}
+    extra = {teardown.CNI_DIR, teardown.CONTAINERD_OPT, f"{teardown.CONTAINERD_OPT}/bin",
+             f"{teardown.CONTAINERD_OPT}/lib"} if plan.role == "worker" else set()
+    assert set(t.dirs) <= set(plan.dirs) | parents | extra
+    assert not set(t.dirs) & teardown.SYSTEM_DIRS
+    assert {"/usr/local/bin", "/etc", "/opt", "/var/lib", "/etc/systemd/system"}.isdisjoint(t.dirs)
+    # deepest first, so that a parent is empty when its turn comes
+    depth = [d.count("/") for d in t.dirs]
+    assert depth == sorted(depth, reverse=True)
+    # whole trees: only the installer's and its components' own places
+    if plan.role == "worker":
+        assert t.trees == ("/etc/kubernetes", "/var/lib/kubelet", "/var/lib/kube-proxy", "/var/lib/cni",
+                           "/etc/cni/net.d", "/run/containerd")
+        assert t.data_trees == ("/var/lib/containerd",) and t.users == ()
+    else:
+        assert t.trees == ("/etc/kubernetes", "/etc/etcd")
+        assert t.data_trees == ("/var/lib/etcd", "/var/log/kubernetes")
+        assert t.users == (("etcd", "/var/lib/etcd"),)
+    assert set(t.units) == set(plan.units)
+
+
+def test_without_data_the_data_and_its_owner_stay(inv, plans):
+    t = teardown.host_teardown(inv, CONTROL, plans, data=False)
+    assert t.users == () and t.leftovers == ()
+    script = teardown.render_script(t)
+    assert "rmtree /var/lib/etcd" not in script and "userdel" not in script
+    lines = teardown.host_plan(inv, CONTROL, plans, data=False)
+    assert "keep /var/lib/etcd (data)" in lines and "keep the user etcd (it owns the kept data)" in lines
+
+
+def test_without_binaries_they_stay(inv, plans):
+    t = teardown.host_teardown(inv, WORKER, plans, data=True, binaries=False)
+    assert not set(binaries("worker")) & set(t.files)
+    assert "/usr/local/bin/* | /opt/cni/bin/*) continue" in teardown.render_script(t)   # manifest entries too
+
+
+GATE = f'[ -d "$R"{STATE_DIR} ] || exit 0'
+
+
+def order(script: str, *needles: str) -> list[int]:
+    """Where each needle first appears in the script's body (after the functions and the gate)."""
+    script = script[script.index(GATE):]
+    at = []
+    for n in needles:
+        assert n in script, n
+        at.append(script.index(n))
+    return at
+
+
+def test_worker_order_leaves_no_orphans(inv, plans):
+    s = teardown.host_script(inv, WORKER, plans, data=True)
+    at = order(s, "off kubelet.service", "off kube-proxy.service", "tasks kill -a -s SIGKILL", "tasks delete -f",
+               "off containerd.service", "\nreap\n", "\nunmount_ours\n", '"$R"/run/netns/cni-',
+               "off hiddenplane-routes.service", "ip link delete cni0", "route flush proto 199",
+               "clean_rules iptables ip", "clean_rules ip6tables ip6", f'"$R"{SYSCTL_FILE}',
+               'for f in $FILES; do rmf "$f"; done', "manifest | sort -u | while", "systemctl daemon-reload",
+               "rmtree /etc/kubernetes", "rmtree /var/lib/kubelet", "rmtree /var/lib/containerd", "rmd /opt/cni",
+               "could not remove", f'rm -rf "$R"{STATE_DIR}')
+    assert at == sorted(at)
+    # the gate comes before anything that changes the host: only functions are defined above it
+    assert not [line for line in s[:s.index(GATE)].splitlines()
+                if line.startswith(("off ", "rmf ", "rmtree ", "reap", "rm ")) and "() {" not in line]
+
+
+def test_control_order_and_its_user(inv, plans):
+    s = teardown.host_script(inv, CONTROL, plans, data=True)
+    at = order(s, "off kube-scheduler.service", "off kube-controller-manager.service", "off kube-apiserver.service",
+               "off etcd.service", "\nreap\n", "route flush proto 199", 'for f in $FILES; do rmf "$f"; done',
+               "rmtree /etc/kubernetes", "rmtree /var/lib/etcd", "/var/lib/etcd.pre-restore-", "userdel etcd",
+               f'rm -rf "$R"{STATE_DIR}')
+    assert at == sorted(at)
+    assert "tasks kill" not in s and "ip link delete" not in s      # no runtime, no bridge here
+
+
+@pytest.mark.parametrize("name", [WORKER, CONTROL])
+def test_no_secret_in_the_script(inv, plans, prepared, name):
+    """The script travels in argv (sh -c): only paths, never content."""
+    s = teardown.host_script(inv, name, plans, data=True)
+    assert "PRIVATE KEY" not in s and "BEGIN CERTIFICATE" not in s
+    for tok in prepared.material.tokens.values():
+        assert tok.secret not in s
+    assert prepared.material.encryption_key_b64 not in s
+
+
+@pytest.mark.parametrize("name", [WORKER, CONTROL])
+@pytest.mark.parametrize("data", [True, False])
+def test_scripts_parse(inv, plans, name, data, tmp_path):
+    p = tmp_path / "s.sh"
+    p.write_text(teardown.host_script(inv, name, plans, data=data))
+    for shell in ("/bin/sh", "dash", "bash"):
+        if shutil.which(shell):
+            r = subprocess.run([shell, "-n", str(p)], capture_output=True, text=True)
+            assert r.returncode == 0, f"{shell}: {r.stderr}"
+
+
+def test_a_node_no_longer_in_the_inventory_is_shaped_from_its_role(inv, plans):
+    gone = HostSpec(name="node9", address="192.168.56.239", role="worker")
+    t = teardown.host_teardown(inv, gone, plans, data=True)
+    same = teardown.host_teardown(inv, WORKER, plans, data=True)
+    assert t.host == "node9" and t.files == same.files and t.units == same.units and t.trees == same.trees
+    with pytest.raises(teardown.TeardownError, match="no host named node9"):
+        teardown.host_teardown(inv, "node9", plans, data=True)
+
+
+def test_human_plan_says_what_and_in_which_order(inv, plans):
+    lines = teardown.host_plan(inv, WORKER, plans, data=True)
+    assert lines[0] == "stop and disable kubelet.service and kube-proxy.service"
+    assert lines[1].startswith("kill and delete every container task")
+    assert "remove /var/lib/containerd (data)" in lines and lines[-1] == f"remove {STATE_DIR}"
+    assert any("forwarding back to the kernel default" in line for line in lines)
+    assert "keep /var/lib/containerd (data)" in teardown.host_plan(inv, WORKER, plans, data=False)
+
+
+def test_kernel_defaults_cover_every_sysctl_the_installer_sets():
+    assert set(teardown.KERNEL_DEFAULTS) == set(SYSCTLS)
+
+
+# --- wipe_host and reset without hosts ---------------------------------------------------------
+
+class FakeRemote:
+    def __init__(self, out="", rc=0, err=""):
+        self.result, self.scripts = Result(out, err, rc), []
+
+    def run(self, script, **kw):
+        self.scripts.append(script)
+        return self.result
+
+
+def test_wipe_host_returns_and_logs_what_was_done(inv, plans):
+    remote, logged = FakeRemote("stopped kubelet.service\nremoved /usr/local/bin/kubelet\n"), []
+    done = teardown.wipe_host(inv, inv.host(WORKER), plans, remote, data=True, log=logged.append)
+    assert done == ["stopped kubelet.service", "removed /usr/local/bin/kubelet"]
+    assert logged == [f"{WORKER}: stopped kubelet.service", f"{WORKER}: removed /usr/local/bin/kubelet"]
+    assert len(remote.scripts) == 1 and "off kubelet.service" in remote.scripts[0]
+
+
+def test_wipe_host_failure_names_the_host(inv, plans):
+    remote = FakeRemote("removed /etc/kubernetes\n", 1, "could not remove: /usr/local/bin/kubelet")
+    with pytest.raises(teardown.TeardownError, match=f"{WORKER}: teardown failed .*could not remove"):
+        teardown.wipe_host(inv, inv.host(WORKER), plans, remote, data=True, log=lambda m: None)
+
+
+def test_reset_without_yes_prints_the_plan_and_touches_nothing(inv, prepared, monkeypatch):
+    def no_ssh(*a, **kw):
+        raise AssertionError("reset without --yes connected to a host")
+    monkeypatch.setattr(teardown, "Remote", no_ssh)
+    logged = []
+    with pytest.raises(teardown.NotConfirmed, match="--yes"):
+        teardown.reset(inv, state_dir=prepared.state.root, log=logged.append)
+    assert logged.index(f"{WORKER} (worker):") < logged.index(f"{CONTROL} (control):")   # workers first
+    assert f"local state {prepared.state.root}: kept" in logged
+    assert prepared.state.root.is_dir()
+
+
+def test_reset_refuses_unknown_hosts_and_purge_of_a_subset(inv):
+    with pytest.raises(teardown.TeardownError, match="no host named nope"):
+        teardown.reset(inv, hosts=["nope"], yes=True)
+    with pytest.raises(teardown.TeardownError, match="--purge .* --host"):
+        teardown.reset(inv, hosts=[WORKER], purge=True, yes=True)
+
+
+def test_reset_does_nothing_when_a_host_is_unreachable(inv, plans, prepared, monkeypatch, tmp_path):
+    from installer.ssh import HostError
+    ran = []
+
+    class Fake:
+        def __init__(self, host, inv):
+            self.name = host.name
+
+        def open(self):
+            if self.name == "node3":
+                raise HostError(self.name, "cannot reach 192.168.56.232:22: timed out")
+
+        def run(self, script, **kw):
+            ran.append((self.name, script))
+            return Result("", "", 0)
+
+        def close(self):
+            pass
+    monkeypatch.setattr(teardown, "Remote", Fake)
+    with pytest.raises(teardown.TeardownError, match="node3: cannot reach.*nothing was done on any host"):
+        teardown.reset(inv, state_dir=prepared.state.root, yes=True, log=lambda m: None)
+    assert ran == []
+    # with --ignore-unreachable the others are reset (workers, then the control host), node3 named
+    report = teardown.reset(inv, state_dir=prepared.state.root, yes=True, ignore_unreachable=True,
+                            log=lambda m: None)
+    assert report.unreachable == ["node3"]
+    wiped = [name for name, script in ran if "off " in script]
+    assert wiped == [WORKER, CONTROL]
+    assert prepared.state.root.is_dir() and not report.purged
+
+
+# --- the real scripts under /bin/sh against a stand-in root ------------------------------------
+
+STUB = r"""#!/bin/sh
+echo "@NAME@ $*" >> "@LOG@"
+case "@NAME@ $*" in
+  "systemctl is-active "*) u=$2; [ -e "@STATE@/active.$u" ] && { cat "@STATE@/active.$u"; exit 0; }; echo inactive; exit 3;;
+  "systemctl is-enabled "*) u=$2; [ -e "@STATE@/enabled.$u" ] && { echo enabled; exit 0; }; echo disabled; exit 1;;
+  "systemctl stop "*) rm -f "@STATE@/active.$2";;
+  "systemctl disable "*) rm -f "@STATE@/enabled.$3";;
+  "ip link show cni0") [ -e "@STATE@/cni0" ] || exit 1;;
+  "ip link delete cni0") rm -f "@STATE@/cni0";;
+  "ip -4 route show proto 199") [ -e "@STATE@/routes" ] && echo "10.244.1.0/24 via 192.168.56.232 proto 199";;
+  "ip -4 route flush proto 199") rm -f "@STATE@/routes";;
+  "iptables-save -t nat") [ -e "@STATE@/masq" ] && printf '%s\n' '*nat' ':POSTROUTING ACCEPT [0:0]' \
+      ':HIDDENPLANE-MASQ - [0:0]' '-A POSTROUTING -j HIDDENPLANE-MASQ' '-A HIDDENPLANE-MASQ -j MASQUERADE' 'COMMIT';;
+  "iptables -w -t nat -X HIDDENPLANE-MASQ") rm -f "@STATE@/masq";;
+esac
+exit 0
+"""
+
+FAKE_CTR = r"""#!/bin/sh
+echo "ctr $*" >> "@LOG@"
+case "$*" in
+  "namespaces ls -q") echo k8s.io;;
+  "-n k8s.io tasks ls -q") [ -e "@STATE@/task" ] && echo t1;;
+  "-n k8s.io tasks delete -f t1") rm -f "@STATE@/task";;
+esac
+exit 0
+"""
+
+
+class Root:
+    """A directory standing in for a host's / with what apply left there, fake tools on PATH."""
+
+    def __init__(self, tmp_path: Path, inv, plans, name: str):
+        self.inv, self.plans, self.name = inv, plans, name
+        self.r, self.state, self.bin = tmp_path / "root", tmp_path / "fake-state", tmp_path / "bin"
+        self.log = tmp_path / "calls"
+        for d in (self.r, self.state, self.bin):
+            d.mkdir()
+        tools = ["systemctl", "ip", "iptables", "iptables-save", "ip6tables", "ip6tables-save", "nft", "umount",
+                 "userdel", "groupdel"]
+        for tool in tools:
+            self.exe(self.bin / tool, STUB.replace("@NAME@", tool))
+        self.env = {"PATH": f"{self.bin}:/usr/bin:/bin", "LC_ALL": "C"}
+        self.procs: list[subprocess.Popen] = []
+
+    def exe(self, path: Path, text: str) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text.replace("@LOG@", str(self.log)).replace("@STATE@", str(self.state)))
+        path.chmod(0o755)
+
+    def put(self, path: str, content: bytes = b"x\n") -> Path:
+        p = self.r / path.lstrip("/")
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(content)
+        return p
+
+    def exists(self, path: str) -> bool:
+        p = self.r / path.lstrip("/")
+        return p.exists() or p.is_symlink()
+
+    def installed(self, t) -> None:
+        """What apply leaves: every planned file and binary, recorded in the manifest."""
+        rows = []
+        for f in t.files:
+            data = f"ours {f}\n".encode()
+            self.put(f, data)
+            rows.append(f"{f}\t{hashlib.sha256(data).hexdigest()}\t{len(data)}\t0")
+        (self.r / STATE_DIR.lstrip("/")).mkdir(parents=True, exist_ok=True)
+        self.put(MANIFEST, ("\n".join(rows) + "\n").encode())
+        for u in t.units:
+            (self.state / f"active.{u}").write_text("active\n")
+            (self.state / f"enabled.{u}").write_text("enabled\n")
+            self.put(f"/etc/systemd/system/multi-user.target.wants/{u}")
+            wants = self.r / f"etc/systemd/system/multi-user.target.wants/{u}"
+            wants.unlink()
+            wants.symlink_to(f"/etc/systemd/system/{u}")
+
+    def sleeper(self) -> int:
+        """A real process to be killed; reaped by a thread as soon as it dies."""
+        p = subprocess.Popen(["sleep", "300"], start_new_session=True)
+        self.procs.append(p)
+        threading.Thread(target=p.wait, daemon=True).start()
+        return p.pid
+
+    def run(self, data: bool = True) -> subprocess.CompletedProcess:
+        s = teardown.host_script(self.inv, self.name, self.plans, data=data, root=str(self.r))
+        # its own session: were it to kill its process group, pytest would survive it
+        return subprocess.run(["/bin/sh", "-c", s], capture_output=True, text=True, env=self.env, timeout=120,
+                              start_new_session=True)
+
+    def calls(self) -> list[str]:
+        return self.log.read_text().splitlines() if self.log.exists() else []
+
+    def cleanup(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+
+
+@pytest.fixture
+def worker_root(tmp_path, inv, plans):
+    root = Root(tmp_path, inv, plans, WORKER)
+    yield root
+    root.cleanup()
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_worker_script_for_real(worker_root, inv, plans):
+    h = worker_root
+    t = teardown.host_teardown(inv, WORKER, plans, data=True)
+    h.installed(t)
+    # a foreign file apply replaced: its original is in the oldest backup, a newer one is foreign too
+    conf = "/etc/containerd/config.toml"
+    h.put(conf + teardown.BACKUP_INFIX + STAMP_OLD, b"the admin's original\n")
+    h.put(conf + teardown.BACKUP_INFIX + STAMP_NEW, b"an edit made after apply\n")
+    # things that are not ours and must survive
+    foreign = ["/usr/local/bin/helm", "/opt/cni/bin/macvlan", "/etc/sysctl.d/99-admin.conf",
+               "/etc/systemd/system/admin.service", "/etc/modules-load.d/admin.conf", "/var/lib/other/data",
+               "/etc/cni/README"]
+    for f in foreign:
+        h.put(f, b"not ours\n")
+    # what the components made: kubelet credentials and pods, CNI leases, containerd's data
+    made = ["/etc/kubernetes/kubelet.conf", "/var/lib/kubelet/pki/kubelet-client-current.pem",
+            "/var/lib/kubelet/pods/p1/volumes/v", "/var/lib/cni/networks/hiddenplane/10.244.1.2",
+            "/etc/cni/net.d/05-other.conflist", "/run/containerd/io.containerd.runtime.v2.task/k8s.io/t1/config.json",
+            "/var/lib/containerd/io.containerd.metadata.v1.bolt/meta.db", "/run/netns/cni-1234",
+            "/opt/containerd/bin/.keep"]
+    for f in made:
+        h.put(f)
+    (h.r / "opt/containerd/bin/.keep").unlink()
+    (h.r / "opt/containerd/lib").mkdir(parents=True)
+    # a manifest entry of an earlier configuration: a unit no longer planned
+    h.put("/etc/systemd/system/old-extra.service")
+    with open(h.r / MANIFEST.lstrip("/"), "a") as m:
+        m.write("/etc/systemd/system/old-extra.service\tabc\t1\t0\n")
+    (h.state / "active.old-extra.service").write_text("active\n")
+    # containerd running with a task, its socket; the bridge, a route and the masquerade chain
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(h.r / "run/containerd/containerd.sock"))
+    h.exe(h.r / "usr/local/bin/ctr", FAKE_CTR)
+    for flag in ("task", "cni0", "routes", "masq"):
+        (h.state / flag).write_text("")
+    # mounts: below the runtime and kubelet dirs (deepest first), the bind-mounted data dir itself
+    # (a mount point: emptied, not unmounted), and one that is not ours
+    mounts = ["/", "/var/lib/containerd", "/run/containerd/io.containerd.runtime.v2.task/k8s.io/t1/rootfs",
+              "/var/lib/kubelet/pods/p1/volumes/v", "/run/netns/cni-1234", "/data"]
+    h.put("/proc/self/mountinfo", "".join(f"{i} 1 0:1 / {m} rw - ext4 x rw\n" for i, m in enumerate(mounts)).encode())
+    # cgroups: containerd's unit still holds a shim (KillMode=process), a container in its namespace's
+    # cgroup; 0 is a process of another PID namespace and must never be signalled
+    shim, container = h.sleeper(), h.sleeper()
+    h.put("/proc/self/mounts", b"cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n")
+    h.put("/sys/fs/cgroup/system.slice/containerd.service/cgroup.procs", f"0\n{shim}\n".encode())
+    h.put("/sys/fs/cgroup/k8s.io/t1/cgroup.procs", f"{container}\n".encode())
+    h.put("/sys/fs/cgroup/system.slice/ssh.service/cgroup.procs", f"{os.getpid()}\n".encode())
+    # forwarding on (what apply set); a bridge sysctl already at the kernel default
+    h.put("/proc/sys/net/ipv4/ip_forward", b"1\n")
+    h.put("/proc/sys/net/ipv6/conf/all/forwarding", b"1\n")
+    h.put("/proc/sys/net/bridge/bridge-nf-call-iptables", b"1\n")
+
+    r = h.run()
+    assert r.returncode == 0, r.stderr
+    out, calls = r.stdout.splitlines(), h.calls()
+
+    # processes: the shim and the container are dead; pytest (another unit's cgroup) is not
+    assert not alive(shim) and not alive(container)
+    assert any(line.startswith("killed 2 leftover process(es)") for line in out), out
+    # units: kubelet and kube-proxy, then the task, then containerd; the manifest's extra unit too
+    i = {c: n for n, c in enumerate(calls)}
+    assert (i["systemctl stop kubelet.service"] < i["systemctl stop kube-proxy.service"]
+            < i["ctr -n k8s.io tasks kill -a -s SIGKILL t1"] < i["ctr -n k8s.io tasks delete -f t1"]
+            < i["systemctl stop containerd.service"] < i["systemctl stop hiddenplane-routes.service"])
+    assert "systemctl stop old-extra.service" in calls and "systemctl stop admin.service" not in calls
+    # mounts: ours, deepest first; never the data mount point itself nor a foreign one
+    umounts = [c.split(" ", 1)[1].removeprefix(str(h.r)) for c in calls if c.startswith("umount ")]
+    assert umounts == ["/var/lib/kubelet/pods/p1/volumes/v", "/run/netns/cni-1234",
+                       "/run/containerd/io.containerd.runtime.v2.task/k8s.io/t1/rootfs"]
+    # network: bridge, route, masquerade jump and chain, forwarding back to the kernel default
+    for c in ("ip link delete cni0", "ip -4 route flush proto 199", "iptables -w -t nat -D POSTROUTING -j HIDDENPLANE-MASQ",
+              "iptables -w -t nat -F HIDDENPLANE-MASQ", "iptables -w -t nat -X HIDDENPLANE-MASQ"):
+        assert c in calls, c
+    assert (h.r / "proc/sys/net/ipv4/ip_forward").read_text() == "0\n"
+    assert (h.r / "proc/sys/net/ipv6/conf/all/forwarding").read_text() == "0\n"
+    assert (h.r / "proc/sys/net/bridge/bridge-nf-call-iptables").read_text() == "1\n"
+    assert "set net.bridge.bridge-nf-call-iptables = 1" not in out
+    # files: ours gone, the replaced one back with its original content, the newer backup kept
+    for f in t.files:
+        if f != conf:
+            assert not h.exists(f), f
+    assert (h.r / conf.lstrip("/")).read_bytes() == b"the admin's original\n"
+    assert h.exists(conf + teardown.BACKUP_INFIX + STAMP_NEW)
+    assert f"kept 1 newer backup(s) of {conf} (not written by hiddenplane)" in out
+    assert not h.exists("/etc/systemd/system/old-extra.service")
+    assert not list((h.r / "etc/systemd/system").glob("*.wants/*"))
+    # what the components made is gone; /etc/containerd stays (it holds the restored file)
+    for f in made:
+        assert not h.exists(f), f
+    for d in ("/etc/kubernetes", "/var/lib/kubelet", "/var/lib/kube-proxy", "/var/lib/cni", "/etc/cni/net.d",
+              "/run/containerd", "/opt/containerd", STATE_DIR):
+        assert not h.exists(d), d
+    assert h.exists("/var/lib/containerd") and not any((h.r / "var/lib/containerd").iterdir())
+    assert "emptied /var/lib/containerd (a mount point: kept)" in out
+    assert h.exists("/etc/containerd")
+    # never anything foreign; system directories stay even when empty
+    for f in foreign:
+        assert (h.r / f.lstrip("/")).read_bytes() == b"not ours\n", f
+    assert h.exists("/opt/cni/bin") and h.exists("/etc/cni") and h.exists("/usr/local/bin")
+    assert not any(c.startswith(("userdel", "groupdel")) for c in calls)
+
+    # idempotent: a second run does nothing at all, and says nothing
+    h.log.unlink()
+    again = h.run()
+    assert again.returncode == 0 and again.stdout == "" and h.calls() == []
+
+
+def test_control_script_for_real_with_and_without_data(tmp_path, inv, plans):
+    h = Root(tmp_path, inv, plans, CONTROL)
+    t = teardown.host_teardown(inv, CONTROL, plans, data=True)
+    h.installed(t)
+    for f in ("/var/lib/etcd/member/wal/0.wal", "/var/lib/etcd.pre-restore-20250101T000000/member/snap/db",
+              "/var/log/kubernetes/audit/audit.log", "/etc/kubernetes/pki/etcd/extra-made-later"):
+        h.put(f)
+    h.put("/etc/passwd", b"root:x:0:0:root:/root:/bin/bash\netcd:x:999:997::/var/lib/etcd:/usr/sbin/nologin\n")
+    h.put("/etc/group", b"root:x:0:\netcd:x:997:\n")
+    # an older configuration's binary, recorded in the manifest
+    h.put("/usr/local/bin/konnectivity-server")
+    with open(h.r / MANIFEST.lstrip("/"), "a") as m:
+        m.write("/usr/local/bin/konnectivity-server\tabc\t1\t0\n")
+
+    r = h.run(data=False)
+    assert r.returncode == 0, r.stderr
+    for f in t.files:
+        assert not h.exists(f), f
+    assert not h.exists("/usr/local/bin/konnectivity-server") and not h.exists("/etc/kubernetes")
+    for kept in ("/var/lib/etcd/member/wal/0.wal", "/var/lib/etcd.pre-restore-20250101T000000/member/snap/db",
+                 "/var/log/kubernetes/audit/audit.log"):
+        assert h.exists(kept), kept
+    assert (h.r / teardown.KEPT_DATA.lstrip("/")).read_text() == "/var/lib/etcd\n/var/log/kubernetes\n"
+    assert sorted(p.name for p in (h.r / STATE_DIR.lstrip("/")).iterdir()) == ["kept-data"]
+    assert not any(c.startswith("userdel") for c in h.calls())
+    calls = h.calls()
+    stops = [c for c in calls if c.startswith("systemctl stop ")]
+    assert stops == [f"systemctl stop {u}" for u in t.units]
+
+    # later, with data: the rest goes, and the user and group made by useradd --system
+    r = h.run(data=True)
+    assert r.returncode == 0, r.stderr
+    for gone in ("/var/lib/etcd", "/var/lib/etcd.pre-restore-20250101T000000", "/var/log/kubernetes", STATE_DIR):
+        assert not h.exists(gone), gone
+    assert "userdel etcd" in h.calls() and "groupdel etcd" in h.calls()
+    assert h.run(data=True).stdout == ""
+
+
+def test_a_user_that_is_not_the_installers_shape_stays(tmp_path, inv, plans):
+    h = Root(tmp_path, inv, plans, CONTROL)
+    h.installed(teardown.host_teardown(inv, CONTROL, plans, data=True))
+    # Debian's etcd-server package makes its own etcd user, with a comment
+    h.put("/etc/passwd", b"etcd:x:120:130:etcd user,,,:/var/lib/etcd:/usr/sbin/nologin\n")
+    r = h.run(data=True)
+    assert r.returncode == 0, r.stderr
+    assert not any(c.startswith(("userdel", "groupdel")) for c in h.calls())
+
+
+def test_nothing_happens_on_a_host_the_installer_never_touched(tmp_path, inv, plans):
+    h = Root(tmp_path, inv, plans, WORKER)
+    for f in ("/etc/kubernetes/admin.conf", "/usr/local/bin/kubelet", "/var/lib/kubelet/config.yaml"):
+        h.put(f, b"kubeadm's\n")
+    (h.state / "active.kubelet.service").write_text("active\n")
+    r = h.run()
+    assert r.returncode == 0 and r.stdout == "" and h.calls() == []
+    assert (h.r / "usr/local/bin/kubelet").read_bytes() == b"kubeadm's\n"
+
+
+def test_an_unremovable_file_fails_and_keeps_the_state_for_a_rerun(tmp_path, inv, plans):
+    h = Root(tmp_path, inv, plans, WORKER)
+    t = teardown.host_teardown(inv, WORKER, plans, data=True)
+    h.installed(t)
+    h.exe(h.bin / "rm", "#!/bin/sh\ncase \"$*\" in *usr/local/bin/kubelet*) exit 1;; esac\nexec /bin/rm \"$@\"\n")
+    r = h.run()
+    assert r.returncode == 1 and "could not remove: /usr/local/bin/kubelet" in r.stderr
+    assert h.exists(STATE_DIR) and h.exists("/usr/local/bin/kubelet")
+    (h.bin / "rm").unlink()
+    r = h.run()
+    assert r.returncode == 0, r.stderr
+    assert "removed /usr/local/bin/kubelet" in r.stdout and not h.exists(STATE_DIR)
