@@ -541,3 +541,33 @@ def test_an_unremovable_file_fails_and_keeps_the_state_for_a_rerun(tmp_path, inv
     r = h.run()
     assert r.returncode == 0, r.stderr
     assert "removed /usr/local/bin/kubelet" in r.stdout and not h.exists(STATE_DIR)
+
+
+def test_reset_respects_a_live_apply_lock(inv, prepared, monkeypatch):
+    import json
+    import time
+    live = json.dumps({"machine": "elsewhere", "pid": 1, "since": int(time.time()), "run": "abc"})
+    ran = []
+
+    class Fake:
+        def __init__(self, host, inv):
+            self.name = host.name
+
+        def open(self):
+            pass
+
+        def run(self, script, **kw):
+            ran.append((self.name, script))
+            if "set -C" in script:
+                return Result(live + "\n", "", 3)
+            return Result("", "", 0)
+
+        def close(self):
+            pass
+    monkeypatch.setattr(teardown, "Remote", Fake)
+    with pytest.raises(teardown.TeardownError, match=f"{CONTROL}: another apply holds the lock: .*elsewhere.*nothing was done"):
+        teardown.reset(inv, state_dir=prepared.state.root, yes=True, log=lambda m: None)
+    assert not [name for name, script in ran if "off " in script]      # no host was wiped
+    # a worker alone: no control host to lock, it is reset
+    report = teardown.reset(inv, state_dir=prepared.state.root, yes=True, hosts=[WORKER], log=lambda m: None)
+    assert list(report.hosts) == [WORKER]
