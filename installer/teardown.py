@@ -21,14 +21,15 @@ Rules:
 - Directories are removed when empty only (never a system directory such as /usr/local/bin);
   a mount point (e.g. a bind-mounted /var/lib/containerd) is emptied, not unmounted.
 - ``data=False`` keeps etcd's data (``/var/lib/etcd`` and restore leftovers), the audit logs,
-  containerd's images and snapshots, and the etcd user that owns the data; a marker in
-  ``/var/lib/hiddenplane`` remembers that, so a later teardown with data removes them.
+  containerd's images and snapshots, and the etcd user that owns the data; ``/var/lib/hiddenplane``
+  keeps only the list of them (and of the originals put back), so that a later teardown with
+  data removes them (and leaves the originals alone).
 - Worker order (no orphan process survives): stop and disable kubelet and kube-proxy; kill
   and delete every container task in every containerd namespace; stop containerd; kill what
   is left in containerd's, the kubelet's and the containers' cgroups and every process running
   one of our binaries (containerd's unit has KillMode=process: shims outlive it); unmount what
-  is mounted below /run/containerd, /var/lib/containerd, /var/lib/kubelet and the CNI network
-  namespaces; then units, credentials, CNI state, routes, rules, sysctls, binaries, users.
+  is mounted below /run/containerd, /var/lib/containerd, /var/lib/kubelet (not those
+  directories themselves: they may be the admin's own disks) and the CNI network namespaces; then units, credentials, CNI state, routes, rules, sysctls, binaries, users.
 - Forwarding sysctls go back to the kernel default, then to whatever a remaining sysctl.d
   file says (``systemd-sysctl --prefix``); the installer does not record earlier runtime values.
 
@@ -289,7 +290,7 @@ reap() {
 }
 unmount_ours() {
   awk '{print $5}' "$R/proc/self/mountinfo" 2>/dev/null | while read -r m; do
-    case "$m" in RUNC/*|DATAC/*|KUBELET|KUBELET/*|NETNS*) printf '%s\n' "$m";; esac
+    case "$m" in RUNC/*|DATAC/*|KUBELET/*|NETNS*) printf '%s\n' "$m";; esac
   done | sort -r | while read -r m; do
     if umount "$R$m" 2>/dev/null || umount -l "$R$m" 2>/dev/null; then say "unmounted $m"; fi
   done
@@ -481,8 +482,9 @@ def render_script(t: Teardown, root: str = "") -> str:
             "# teardown with data still finds this host (and those paths)",
             "kept=''",
             f'for d in {kept}; do [ -e "$R$d" ] && kept="$kept$d\n"; done' if kept else ":",
+            # and the list of restored originals: a later teardown must not take them for ours
             f'find "$R"{_q(STATE_DIR)} -mindepth 1 -maxdepth 1 ! -name {posixpath.basename(KEPT_DATA)} '
-            "-exec rm -rf {} + 2>/dev/null",
+            f"! -name {posixpath.basename(RESTORED)} -exec rm -rf {{}} + 2>/dev/null",
             'if [ -n "$kept" ]; then',
             f'  printf "%b" "$kept" | sort -u > "$R"{_q(KEPT_DATA)}',
             f'  say "kept $(printf "%b" "$kept" | sort -u | tr "\\n" " ")(data; {KEPT_DATA} lists it)"',

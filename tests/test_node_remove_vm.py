@@ -11,7 +11,6 @@ other hosts."""
 from __future__ import annotations
 
 import ipaddress
-import json
 import time
 
 import pytest
@@ -25,12 +24,12 @@ from installer.ssh import Remote
 
 from .labfixtures import start_lab
 from .test_apply_lab import install_standins, run_installer
+from .test_images_lab import ARCHIVE, IMAGE
+from .test_images_lab import apply as apply_images
 
 pytestmark = [pytest.mark.lab, pytest.mark.vm]
 
 NAME, SUBNET = "rmvm", "10.213.245.0/24"
-IMAGE = "localhost/hiddenplane/busybox:lab"
-ARCHIVE = "image-busybox.tar"
 VM = "w2"
 UNITS = ("containerd", "kubelet", "kube-proxy", "hiddenplane-routes")
 PROCESSES = ("containerd", "containerd-shim", "runc", "kubelet", "kube-proxy")
@@ -62,10 +61,9 @@ def rmlab(tmp_path_factory):
 
 def apply(lab) -> dict:
     t = time.monotonic()
-    proc = run_installer("apply", str(lab.inv_images), "--state", str(lab.state), "--skip", "cluster-bootstrap",
-                         "--output", "json", "--wait-timeout", "180")
+    report = apply_images(lab, lab.inv_images)
     print(f"\napply {time.monotonic() - t:.1f} s")
-    return json.loads(proc.stdout)
+    return report
 
 
 def pod_cidrs(lab) -> dict[str, str]:

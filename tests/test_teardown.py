@@ -571,3 +571,19 @@ def test_reset_respects_a_live_apply_lock(inv, prepared, monkeypatch):
     # a worker alone: no control host to lock, it is reset
     report = teardown.reset(inv, state_dir=prepared.state.root, yes=True, hosts=[WORKER], log=lambda m: None)
     assert list(report.hosts) == [WORKER]
+
+
+def test_a_put_back_original_survives_a_later_teardown_with_data(tmp_path, inv, plans):
+    h = Root(tmp_path, inv, plans, WORKER)
+    h.installed(teardown.host_teardown(inv, WORKER, plans, data=True))
+    conf = "/etc/containerd/config.toml"
+    h.put(conf + teardown.BACKUP_INFIX + STAMP_OLD, b"the admin's original\n")
+    h.put("/var/lib/containerd/io.containerd.content.v1.content/blobs/x")
+    assert h.run(data=False).returncode == 0
+    assert (h.r / conf.lstrip("/")).read_bytes() == b"the admin's original\n"
+    assert h.exists("/var/lib/containerd/io.containerd.content.v1.content/blobs/x")
+    assert sorted(p.name for p in (h.r / STATE_DIR.lstrip("/")).iterdir()) == ["kept-data", "restored"]
+    r = h.run(data=True)
+    assert r.returncode == 0, r.stderr
+    assert (h.r / conf.lstrip("/")).read_bytes() == b"the admin's original\n"
+    assert not h.exists("/var/lib/containerd") and not h.exists(STATE_DIR)
