@@ -35,27 +35,23 @@ def _gone(e: ApiException) -> bool:
     return e.status == 404
 
 
-# --- cordon and drain -------------------------------------------------------------------------
-
-def node_exists(api: k8s.ApiClient, name: str) -> bool:
+def _unless_gone(what: str, verb: str, fn: Callable, *args) -> bool:
+    """Call ``fn``; False when the object does not exist (already gone is what we wanted)."""
     try:
-        _call(f"Node/{name}", k8s.CoreV1Api(api).read_node, name)
+        _call(what, fn, *args)
         return True
     except ApiException as e:
         if _gone(e):
             return False
-        raise KubeError(f"Node/{name}: {_status_message(e)}") from None
+        raise KubeError(f"{what}: {verb} refused: {_status_message(e)}") from None
 
+
+# --- cordon and drain -------------------------------------------------------------------------
 
 def cordon(api: k8s.ApiClient, name: str) -> bool:
     """Mark the Node unschedulable; False when there is no such Node."""
-    try:
-        _call(f"Node/{name}", k8s.CoreV1Api(api).patch_node, name, {"spec": {"unschedulable": True}})
-        return True
-    except ApiException as e:
-        if _gone(e):
-            return False
-        raise KubeError(f"Node/{name}: cordon refused: {_status_message(e)}") from None
+    return _unless_gone(f"Node/{name}", "cordon", k8s.CoreV1Api(api).patch_node, name,
+                        {"spec": {"unschedulable": True}})
 
 
 def _skipped(pod: k8s.V1Pod) -> str | None:
@@ -134,13 +130,7 @@ def drain(api: k8s.ApiClient, name: str, timeout: float, *, log: Callable[[str],
 # --- deleting what let the node in ------------------------------------------------------------
 
 def delete_node(api: k8s.ApiClient, name: str) -> bool:
-    try:
-        _call(f"Node/{name}", k8s.CoreV1Api(api).delete_node, name)
-        return True
-    except ApiException as e:
-        if _gone(e):
-            return False
-        raise KubeError(f"Node/{name}: delete refused: {_status_message(e)}") from None
+    return _unless_gone(f"Node/{name}", "delete", k8s.CoreV1Api(api).delete_node, name)
 
 
 def delete_tokens(api: k8s.ApiClient, name: str, token_ids: list[str]) -> list[str]:
@@ -153,27 +143,14 @@ def delete_tokens(api: k8s.ApiClient, name: str, token_ids: list[str]) -> list[s
     except ApiException as e:
         raise KubeError(f"list the bootstrap token Secrets of {name}: {_status_message(e)}") from None
     names = sorted({s.metadata.name for s in labelled} | {f"bootstrap-token-{t}" for t in token_ids})
-    deleted = []
-    for secret in names:
-        try:
-            _call(f"Secret/{secret}", core.delete_namespaced_secret, secret, TOKEN_NAMESPACE)
-            deleted.append(secret)
-        except ApiException as e:
-            if not _gone(e):
-                raise KubeError(f"Secret/{secret}: delete refused: {_status_message(e)}") from None
-    return deleted
+    return [s for s in names
+            if _unless_gone(f"Secret/{s}", "delete", core.delete_namespaced_secret, s, TOKEN_NAMESPACE)]
 
 
 def delete_renewal_binding(api: k8s.ApiClient, name: str) -> bool:
     binding = node_renewal_binding(name)["metadata"]["name"]
-    try:
-        _call(f"ClusterRoleBinding/{binding}", k8s.RbacAuthorizationV1Api(api).delete_cluster_role_binding,
-              binding)
-        return True
-    except ApiException as e:
-        if _gone(e):
-            return False
-        raise KubeError(f"ClusterRoleBinding/{binding}: delete refused: {_status_message(e)}") from None
+    return _unless_gone(f"ClusterRoleBinding/{binding}", "delete",
+                        k8s.RbacAuthorizationV1Api(api).delete_cluster_role_binding, binding)
 
 
 @dataclass
@@ -221,15 +198,9 @@ def node_csrs(api: k8s.ApiClient, name: str, token_ids: list[str]) -> tuple[Node
 
 
 def delete_csrs(api: k8s.ApiClient, names: list[str]) -> list[str]:
-    deleted = []
-    for n in names:
-        try:
-            _call(f"CertificateSigningRequest/{n}", k8s.CertificatesV1Api(api).delete_certificate_signing_request, n)
-            deleted.append(n)
-        except ApiException as e:
-            if not _gone(e):
-                raise KubeError(f"CertificateSigningRequest/{n}: delete refused: {_status_message(e)}") from None
-    return deleted
+    certs = k8s.CertificatesV1Api(api)
+    return [n for n in names if _unless_gone(f"CertificateSigningRequest/{n}", "delete",
+                                             certs.delete_certificate_signing_request, n)]
 
 
 def apply_revocations(api: k8s.ApiClient, revoked: list[str], k8s_version: str) -> list[tuple[str, str, str]]:

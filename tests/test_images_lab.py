@@ -34,6 +34,22 @@ def apply(lab, inventory) -> dict:
     return json.loads(proc.stdout)
 
 
+def with_image_archive(lab, tmp, vm_host: str) -> None:
+    """Stand-ins and a busybox image archive in the lab's artifacts, the VM worker's kernel
+    modules loaded, and ``lab.inv_images``: the lab inventory with that image as sandbox image."""
+    install_standins(lab.paths.artifacts)
+    busybox = vm.deb_tree("busybox-static", log=lambda *_: None) / "bin" / "busybox"
+    vm.busybox_image_archive(lab.paths.artifacts / ARCHIVE, IMAGE, busybox.read_bytes())
+    add_files(lab.paths.artifacts, [ARCHIVE])
+    # the VM's own kernel: load what preflight requires of a worker
+    lab.host(vm_host).run_expect([0], "modprobe -a overlay br_netfilter")
+    doc = yaml.safe_load(lab.inventory.read_text())
+    doc["spec"]["artifacts"]["sandboxImage"] = IMAGE
+    lab.inv_images = tmp / f"{lab.spec.name}-images.inventory.yaml"
+    lab.inv_images.write_text(yaml.safe_dump(doc))
+    lab.state = tmp / "state"
+
+
 @pytest.fixture(scope="module")
 def imglab(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("imglab")
@@ -42,17 +58,7 @@ def imglab(tmp_path_factory):
     try:
         assert lab.spec.host("w1").kind == "vm"
         print(f"\nlab {NAME} up in {time.monotonic() - t:.1f} s")
-        install_standins(lab.paths.artifacts)
-        busybox = vm.deb_tree("busybox-static", log=lambda *_: None) / "bin" / "busybox"
-        vm.busybox_image_archive(lab.paths.artifacts / ARCHIVE, IMAGE, busybox.read_bytes())
-        add_files(lab.paths.artifacts, [ARCHIVE])
-        # the VM's own kernel: load what preflight requires of a worker
-        lab.host("w1").run_expect([0], "modprobe -a overlay br_netfilter")
-        doc = yaml.safe_load(lab.inventory.read_text())
-        doc["spec"]["artifacts"]["sandboxImage"] = IMAGE
-        lab.inv_images = tmp / "img-images.inventory.yaml"
-        lab.inv_images.write_text(yaml.safe_dump(doc))
-        lab.state = tmp / "state"
+        with_image_archive(lab, tmp, "w1")
         yield lab
     finally:
         lab_mod.down(NAME, log=lambda *_: None)

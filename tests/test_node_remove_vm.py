@@ -17,14 +17,12 @@ import pytest
 import yaml
 
 from installer import api, teardown
-from installer.artifacts import add_files
 from installer.lab import lab as lab_mod
-from installer.lab import vm
 from installer.ssh import Remote
 
 from .labfixtures import start_lab
-from .test_apply_lab import install_standins, run_installer
-from .test_images_lab import ARCHIVE, IMAGE
+from .test_apply_lab import run_installer
+from .test_images_lab import IMAGE, with_image_archive
 from .test_images_lab import apply as apply_images
 
 pytestmark = [pytest.mark.lab, pytest.mark.vm]
@@ -44,16 +42,7 @@ def rmlab(tmp_path_factory):
     try:
         assert lab.spec.host(VM).kind == "vm" and lab.spec.host("w1").kind == "nspawn"
         print(f"\nlab {NAME} up in {time.monotonic() - t:.1f} s")
-        install_standins(lab.paths.artifacts)
-        busybox = vm.deb_tree("busybox-static", log=lambda *_: None) / "bin" / "busybox"
-        vm.busybox_image_archive(lab.paths.artifacts / ARCHIVE, IMAGE, busybox.read_bytes())
-        add_files(lab.paths.artifacts, [ARCHIVE])
-        lab.host(VM).run_expect([0], "modprobe -a overlay br_netfilter")     # the VM's own kernel
-        doc = yaml.safe_load(lab.inventory.read_text())
-        doc["spec"]["artifacts"]["sandboxImage"] = IMAGE
-        lab.inv_images = tmp / "rmvm-images.inventory.yaml"
-        lab.inv_images.write_text(yaml.safe_dump(doc))
-        lab.state = tmp / "state"
+        with_image_archive(lab, tmp, VM)
         yield lab
     finally:
         lab_mod.down(NAME, log=lambda *_: None)
