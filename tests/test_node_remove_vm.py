@@ -16,7 +16,7 @@ import time
 import pytest
 import yaml
 
-from installer import api, teardown
+from installer import api, reset, teardown
 from installer.lab import lab as lab_mod
 from installer.ssh import Remote
 
@@ -121,7 +121,7 @@ def test_containerd_stopped_first_shims_and_containers_are_still_found(rmlab):
     running(w2, "c1", 1001)
 
     inv = api.validate(rmlab.inv_images)
-    plans = teardown.cluster_plans(inv, rmlab.state)
+    plans = reset.cluster_plans(inv, rmlab.state)
     t = time.monotonic()
     with Remote(inv.host(VM), inv) as remote:
         done = teardown.wipe_host(inv, inv.host(VM), plans, remote, data=True, log=lambda m: None)

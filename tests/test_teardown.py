@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from installer import hostops, teardown
+from installer import hostops, reset, teardown
 from installer.facts import MANIFEST, STATE_DIR
 from installer.fetch import CNI_BIN_DIR, role_binaries
 from installer.inventory import HostSpec
@@ -201,10 +201,10 @@ def test_wipe_host_failure_names_the_host(inv, plans):
 def test_reset_without_yes_prints_the_plan_and_touches_nothing(inv, prepared, monkeypatch):
     def no_ssh(*a, **kw):
         raise AssertionError("reset without --yes connected to a host")
-    monkeypatch.setattr(teardown, "Remote", no_ssh)
+    monkeypatch.setattr(reset, "Remote", no_ssh)
     logged = []
-    with pytest.raises(teardown.NotConfirmed, match="--yes"):
-        teardown.reset(inv, state_dir=prepared.state.root, log=logged.append)
+    with pytest.raises(reset.NotConfirmed, match="--yes"):
+        reset.reset(inv, state_dir=prepared.state.root, log=logged.append)
     assert logged.index(f"{WORKER} (worker):") < logged.index(f"{CONTROL} (control):")   # workers first
     assert f"local state {prepared.state.root}: kept" in logged
     assert prepared.state.root.is_dir()
@@ -212,9 +212,9 @@ def test_reset_without_yes_prints_the_plan_and_touches_nothing(inv, prepared, mo
 
 def test_reset_refuses_unknown_hosts_and_purge_of_a_subset(inv):
     with pytest.raises(teardown.TeardownError, match="no host named nope"):
-        teardown.reset(inv, hosts=["nope"], yes=True)
+        reset.reset(inv, hosts=["nope"], yes=True)
     with pytest.raises(teardown.TeardownError, match="--purge .* --host"):
-        teardown.reset(inv, hosts=[WORKER], purge=True, yes=True)
+        reset.reset(inv, hosts=[WORKER], purge=True, yes=True)
 
 
 def test_reset_does_nothing_when_a_host_is_unreachable(inv, plans, prepared, monkeypatch, tmp_path):
@@ -235,13 +235,13 @@ def test_reset_does_nothing_when_a_host_is_unreachable(inv, plans, prepared, mon
 
         def close(self):
             pass
-    monkeypatch.setattr(teardown, "Remote", Fake)
+    monkeypatch.setattr(reset, "Remote", Fake)
     with pytest.raises(teardown.TeardownError, match="node3: cannot reach.*nothing was done on any host"):
-        teardown.reset(inv, state_dir=prepared.state.root, yes=True, log=lambda m: None)
+        reset.reset(inv, state_dir=prepared.state.root, yes=True, log=lambda m: None)
     assert ran == []
     # with --ignore-unreachable the others are reset (workers, then the control host), node3 named
-    report = teardown.reset(inv, state_dir=prepared.state.root, yes=True, ignore_unreachable=True,
-                            log=lambda m: None)
+    report = reset.reset(inv, state_dir=prepared.state.root, yes=True, ignore_unreachable=True,
+                         log=lambda m: None)
     assert report.unreachable == ["node3"]
     wiped = [name for name, script in ran if "off " in script]
     assert wiped == [WORKER, CONTROL]
@@ -564,12 +564,12 @@ def test_reset_respects_a_live_apply_lock(inv, prepared, monkeypatch):
 
         def close(self):
             pass
-    monkeypatch.setattr(teardown, "Remote", Fake)
+    monkeypatch.setattr(reset, "Remote", Fake)
     with pytest.raises(teardown.TeardownError, match=f"{CONTROL}: another apply holds the lock: .*elsewhere.*nothing was done"):
-        teardown.reset(inv, state_dir=prepared.state.root, yes=True, log=lambda m: None)
+        reset.reset(inv, state_dir=prepared.state.root, yes=True, log=lambda m: None)
     assert not [name for name, script in ran if "off " in script]      # no host was wiped
     # a worker alone: no control host to lock, it is reset
-    report = teardown.reset(inv, state_dir=prepared.state.root, yes=True, hosts=[WORKER], log=lambda m: None)
+    report = reset.reset(inv, state_dir=prepared.state.root, yes=True, hosts=[WORKER], log=lambda m: None)
     assert list(report.hosts) == [WORKER]
 
 

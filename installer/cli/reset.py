@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .. import teardown
+from .. import reset as reset_mod
 from .errors import domain_errors
 
 STATE_HELP = ("Local state directory (kept unless --purge). "
@@ -30,9 +30,9 @@ def reset(inventory, state_dir, yes, keep_data, purge, hosts, ignore_unreachable
 
     Exit 0 when done; 2 when not (no --yes, a host unreachable, an apply running: nothing done;
     a host that failed: rerun to finish)."""
-    report = teardown.reset(inventory, state_dir=state_dir, yes=yes, keep_data=keep_data, purge=purge,
-                            hosts=hosts, ignore_unreachable=ignore_unreachable,
-                            log=lambda m: click.echo(m, err=True))
+    report = reset_mod.reset(inventory, state_dir=state_dir, yes=yes, keep_data=keep_data, purge=purge,
+                             hosts=hosts, ignore_unreachable=ignore_unreachable,
+                             log=lambda m: click.echo(m, err=True))
     for name, done in report.hosts.items():
         click.echo(f"{name}: {'reset, ' + str(len(done)) + ' change(s)' if done else 'nothing to remove'}")
     if report.unreachable:

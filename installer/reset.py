@@ -1,0 +1,171 @@
+"""``installer reset``: run the host teardown (installer/teardown.py) on a whole cluster.
+
+Holds the orchestration only, no script: every host's plan from the local state
+(``cluster_plans``), the connection to every chosen host before anything is done, the apply
+lock taken on the control hosts, ``teardown.wipe_host`` on the workers and then on the control
+hosts (in parallel within a role), the optional purge of the local state, and the report of
+what was done (``ResetReport``).
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import api
+from .errors import InstallerError
+from .facts import LOCK, STATE_DIR
+from .inventory import Inventory
+from .pki.material import Material, ensure
+from .render.files import HostPlan
+from .render.plan import render_cluster
+from .ssh import HostError, Remote
+from .teardown import Log, TeardownError, host_plan, wipe_host
+
+
+class NotConfirmed(InstallerError):
+    """Nothing was done: the operator did not pass --yes."""
+
+
+@dataclass
+class ResetReport:
+    hosts: dict[str, list[str]] = field(default_factory=dict)    # host -> what was done
+    unreachable: list[str] = field(default_factory=list)         # skipped (--ignore-unreachable)
+    state: Path | None = None
+    purged: bool = False
+
+
+def cluster_plans(inv: Inventory, state_dir=None) -> dict[str, HostPlan]:
+    """Every host's plan, for its paths, users and units only: rendered from the state's
+    material when it is readable (nothing is written), else from throwaway material."""
+    state = api.state_for(inv, state_dir)
+    try:
+        old = state.load(inv) if state.root.is_dir() else Material()
+        material, _ = ensure(inv, old)
+    except InstallerError:
+        material, _ = ensure(inv, Material())
+    return render_cluster(inv, material)
+
+
+def _take_lock(remote: Remote) -> str | None:
+    """Take the apply lock on a control host that has one to take; the holder of a live lock
+    otherwise. The teardown removes the lock with the state directory."""
+    import json
+    import os
+    import time
+
+    from .phases.acquire_lock import holder, stale_reason
+    me = json.dumps({**holder(), "run": f"reset-{os.getpid()}"})
+    r = remote.run(f"[ -d {STATE_DIR} ] || exit 0; (set -C; printf '%s\\n' {shlex.quote(me)} > {LOCK}) "
+                   f"2>/dev/null || {{ cat {LOCK}; exit 3; }}", check=False, what="take the apply lock")
+    if r.rc == 3:
+        content = r.stdout.strip()
+        if stale_reason(content, time.time()) is None:
+            return content
+        remote.run(f"printf '%s\\n' {shlex.quote(me)} > {LOCK}", what="take over a stale apply lock")
+    elif r.rc != 0:
+        raise HostError(remote.name, f"take the apply lock failed (exit {r.rc}): {r.stderr.strip()}")
+    return None
+
+
+def _release_lock(remote: Remote) -> None:
+    try:
+        remote.run(f"grep -q '\"reset-' {LOCK} 2>/dev/null && rm -f {LOCK}; true", what="release the apply lock")
+    except HostError:
+        pass
+
+
+def _parallel(fn, items: Sequence[str], width: int = 10) -> dict:
+    """``{name: fn(name)}``, or the error it raised."""
+    out = {}
+    if not items:
+        return out
+    with ThreadPoolExecutor(max_workers=min(width, len(items))) as pool:
+        futures = {x: pool.submit(fn, x) for x in items}
+        for x, fut in futures.items():
+            try:
+                out[x] = fut.result()
+            except InstallerError as e:
+                out[x] = e
+    return out
+
+
+def reset(inventory, *, state_dir=None, yes: bool = False, keep_data: bool = False, purge: bool = False,
+          hosts: Iterable[str] = (), ignore_unreachable: bool = False, log: Log = print) -> ResetReport:
+    """Take off every host (or only ``hosts``) what the installer put there: workers first,
+    then control hosts, in parallel within a role. Without ``yes`` only the plan is logged and
+    NotConfirmed raised (nothing done). ``keep_data``: etcd data, audit logs and containerd's
+    images stay. ``purge`` also deletes the local state directory (never with ``hosts``).
+
+    Every chosen host is connected to first: when one cannot be reached nothing is done on any
+    (``ignore_unreachable`` resets the others and names the skipped ones). A live apply lock on
+    a control host also stops the reset before anything is done."""
+    inv = inventory if isinstance(inventory, Inventory) else api.validate(inventory)
+    names = list(dict.fromkeys(hosts))
+    unknown = [n for n in names if n not in {h.name for h in inv.spec.hosts}]
+    if unknown:
+        raise TeardownError(f"no host named {', '.join(unknown)} in the inventory")
+    if purge and names:
+        raise TeardownError("--purge deletes the whole cluster's state: it cannot go with --host")
+    chosen = [h for h in inv.spec.hosts if not names or h.name in names]
+    chosen = [h for h in chosen if h.role == "worker"] + [h for h in chosen if h.role == "control"]
+    state = api.state_for(inv, state_dir)
+    plans = cluster_plans(inv, state_dir)
+    data = not keep_data
+    if not yes:
+        for h in chosen:
+            log(f"{h.name} ({h.role}):")
+            for line in host_plan(inv, h, plans, data=data):
+                log(f"  - {line}")
+        log(f"local state {state.root}: " + ("delete it (--purge)" if purge else "kept"))
+        raise NotConfirmed("nothing done; pass --yes to reset these hosts")
+
+    report = ResetReport(state=state.root)
+    remotes = {h.name: Remote(h, inv) for h in chosen}
+    try:
+        opened = _parallel(lambda n: remotes[n].open(), [h.name for h in chosen])
+        failed = {n: e for n, e in opened.items() if isinstance(e, Exception)}
+        if failed and not ignore_unreachable:
+            raise TeardownError("cannot reach " + "; ".join(str(e) for e in failed.values())
+                                + ": nothing was done on any host (--ignore-unreachable resets the others)")
+        report.unreachable = sorted(failed)
+        for name in report.unreachable:
+            log(f"{name}: unreachable, skipped")
+        if purge and failed:
+            raise TeardownError(f"--purge: {', '.join(failed)} could not be reset; the state is kept")
+        reachable = [h for h in chosen if h.name not in failed]
+        controls = [h for h in reachable if h.role == "control"]
+        locks = _parallel(lambda n: _take_lock(remotes[n]), [h.name for h in controls])
+        held = {n: v for n, v in locks.items() if v is not None}
+        if held:
+            for h in controls:
+                _release_lock(remotes[h.name])
+            raise TeardownError("; ".join(
+                f"{n}: another apply holds the lock: {v}" if isinstance(v, str) else str(v) for n, v in held.items())
+                + ": nothing was done")
+        for role in ("worker", "control"):
+            group = [h for h in reachable if h.role == role]
+            specs = {h.name: h for h in group}
+            results = _parallel(lambda n: wipe_host(inv, specs[n], plans, remotes[n], data=data, log=log), list(specs))
+            errors = [e for e in results.values() if isinstance(e, Exception)]
+            for name, done in results.items():
+                if not isinstance(done, Exception):
+                    report.hosts[name] = done
+                    if not done:
+                        log(f"{name}: nothing of hiddenplane there")
+            if errors:
+                later = " (control hosts not touched)" if role == "worker" and controls else ""
+                raise TeardownError("; ".join(str(e) for e in errors) + later)
+    finally:
+        for r in remotes.values():
+            r.close()
+    if purge:
+        if state.root.exists():
+            shutil.rmtree(state.root)
+            report.purged = True
+            log(f"deleted the local state {state.root}")
+    return report
