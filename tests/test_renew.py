@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 from click.testing import CliRunner
 
-from installer import renew
+from installer import renew, rollout, rotate
 from installer.cli.main import cli
 from installer.errors import InstallerError, StateError
 from installer.pki import issue
@@ -71,7 +71,7 @@ def test_reissue_new_keys_for_the_chosen_leaves_only(prepared):
 
 def test_rotate_every_leaf_chains_to_the_new_ca(prepared):
     inv, old = prepared.inventory, prepared.material
-    new = renew.rotated(inv, old, renew.which_cas(["all"]))
+    new = rotate.rotated(inv, old, rotate.which_cas(["all"]))
     for ca in CA_NAMES:
         assert new.cas[ca].cert.serial_number != old.cas[ca].cert.serial_number
         assert new.cas[ca].cert.subject == old.cas[ca].cert.subject
@@ -86,15 +86,15 @@ def test_rotate_every_leaf_chains_to_the_new_ca(prepared):
 
 def test_rotate_only_the_cluster_ca_still_reissues_every_leaf(prepared):
     inv, old = prepared.inventory, prepared.material
-    assert renew.which_cas(["ca"]) == [CLUSTER_CA]
-    assert renew.which_cas(["etcd-ca", "front-proxy-ca"]) == [ETCD_CA, FRONT_PROXY_CA]
-    new = renew.rotated(inv, old, [CLUSTER_CA])
+    assert rotate.which_cas(["ca"]) == [CLUSTER_CA]
+    assert rotate.which_cas(["etcd-ca", "front-proxy-ca"]) == [ETCD_CA, FRONT_PROXY_CA]
+    new = rotate.rotated(inv, old, [CLUSTER_CA])
     assert new.cas[ETCD_CA] is old.cas[ETCD_CA] and new.cas[FRONT_PROXY_CA] is old.cas[FRONT_PROXY_CA]
     for spec in cert_specs(inv):
         assert new.certs[spec.name].cert.serial_number != old.certs[spec.name].cert.serial_number
         assert issue.signed_by(new.certs[spec.name].cert, new.cas[spec.ca].cert)
     with pytest.raises(InstallerError, match="unknown CA"):
-        renew.which_cas(["root"])
+        rotate.which_cas(["root"])
 
 
 def test_rollout_names_only_certificate_files_and_their_units(prepared):
@@ -111,7 +111,7 @@ def test_rollout_names_only_certificate_files_and_their_units(prepared):
     for w in inv.workers:
         assert set(everything[w.name].files) == {"/var/lib/kubelet/pki/kubelet.crt", "/var/lib/kubelet/pki/kubelet.key",
                                                  "/etc/kubernetes/kube-proxy.conf"}
-    rotated = renew.rollout(inv, old, renew.rotated(inv, old, [CLUSTER_CA]))
+    rotated = renew.rollout(inv, old, rotate.rotated(inv, old, [CLUSTER_CA]))
     assert "/etc/kubernetes/pki/ca.crt" in rotated[inv.controls[0].name].files
     assert "/etc/kubernetes/bootstrap-kubelet.conf" in rotated[inv.workers[0].name].files
 
@@ -138,7 +138,7 @@ def test_dry_run_and_rotate_without_yes_write_nothing(prepared, state):
     assert [r.name for r in report.reissued] == renew.leaf_names(prepared.inventory, prepared.material)
     for r in report.reissued:
         assert r.old_serial == format(prepared.material.certs[r.name].cert.serial_number, "x") != r.new_serial
-    plan = renew.rotate_ca(EXAMPLE, state_dir=state, log=lambda m: pytest.fail(m))
+    plan = rotate.rotate_ca(EXAMPLE, state_dir=state, log=lambda m: pytest.fail(m))
     assert plan.dry_run and any("stop etcd" in s for s in plan.steps)
     assert snapshot(state) == before and not (state / "backups").exists()
 
@@ -158,7 +158,7 @@ def test_refused_when_the_state_is_missing_or_behind(prepared, state, tmp_path):
     with pytest.raises(StateError, match="scheduler: new.*installer apply"):
         renew.renew(EXAMPLE, state_dir=state, dry_run=True)
     with pytest.raises(StateError, match="lacks scheduler"):
-        renew.rotate_ca(EXAMPLE, state_dir=state)
+        rotate.rotate_ca(EXAMPLE, state_dir=state)
     res = CliRunner().invoke(cli, ["certs", "renew", str(EXAMPLE), "--state", str(state), "--dry-run"])
     assert res.exit_code == 2 and "installer apply" in res.stderr and "Traceback" not in res.output
 
@@ -193,8 +193,8 @@ def test_handshake_reads_the_presented_certificate(prepared, tmp_path):
             assert kind == "direct-tcpip"
             return socket.create_connection(dest, timeout=timeout)
     remote = SimpleNamespace(open=lambda: None, _conn=SimpleNamespace(transport=Transport()))
-    with renew._client_dir(m) as creds:
-        der = renew.handshake(remote, "127.0.0.1", port, creds.context("admin"))
+    with rollout._client_dir(m) as creds:
+        der = rollout.handshake(remote, "127.0.0.1", port, creds.context("admin"))
     listener.close()
     t.join(5)
     from cryptography import x509
@@ -203,15 +203,15 @@ def test_handshake_reads_the_presented_certificate(prepared, tmp_path):
 
 def test_judge_names_a_wrong_serial_and_an_old_ca(prepared):
     inv, old = prepared.inventory, prepared.material
-    new = renew.rotated(inv, old, renew.which_cas(["all"]))
-    ep = next(e for e in renew.endpoints(inv) if e.name == "kube-apiserver")
-    assert renew._judge(ep, new.certs["apiserver"].cert, new, None, True, old.cas) == (
+    new = rotate.rotated(inv, old, rotate.which_cas(["all"]))
+    ep = next(e for e in rollout.endpoints(inv) if e.name == "kube-apiserver")
+    assert rollout._judge(ep, new.certs["apiserver"].cert, new, None, True, old.cas) == (
         True, "apiserver, signed by ca")
-    ok, why = renew._judge(ep, old.certs["apiserver"].cert, new, None, True, old.cas)
+    ok, why = rollout._judge(ep, old.certs["apiserver"].cert, new, None, True, old.cas)
     assert not ok and "the state's apiserver is" in why
-    etcd = next(e for e in renew.endpoints(inv) if e.name == "etcd peer")
+    etcd = next(e for e in rollout.endpoints(inv) if e.name == "etcd peer")
     assert etcd.ca == ETCD_CA and etcd.credential == "etcd/healthcheck-client"
-    sched = next(e for e in renew.endpoints(inv) if e.name == "kube-scheduler")
+    sched = next(e for e in rollout.endpoints(inv) if e.name == "kube-scheduler")
     same = old.certs["admin"].cert
-    assert renew._judge(sched, same, new, same, True, {})[0] is False        # restarted: must change
-    assert renew._judge(sched, same, new, same, False, {})[0] is True
+    assert rollout._judge(sched, same, new, same, True, {})[0] is False      # restarted: must change
+    assert rollout._judge(sched, same, new, same, False, {})[0] is True

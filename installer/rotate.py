@@ -1,0 +1,189 @@
+"""``ca rotate``: new CA(s) (default all three; ``which`` limits), every leaf re-issued under them,
+new bootstrap tokens.
+
+Members holding different CAs cannot talk to each other, so the roll-out takes the control plane
+down: stop every controller-manager, scheduler, konnectivity-server and apiserver; stop every etcd
+member when the etcd CA rotates (otherwise members restart one at a time as in a renewal); push;
+start etcd on every member, wait for a healthy cluster (the data directory is never touched: no
+data is lost); start the apiservers one by one (wait for /readyz), then the rest of the control
+plane. With a real API (``api=True``) the new bootstrap token Secrets are created and the old
+ones deleted. Then each worker in turn: stop kubelet and kube-proxy, remove the kubelet's client
+certificate and kubeconfig (signed by the old CA), push the new CA, serving pair, kube-proxy
+kubeconfig and bootstrap kubeconfig, start them: the kubelet bootstraps again against the new
+CA. The service-account key stays (tokens stay valid), and so does the encryption key. Finally
+every endpoint is checked by TLS handshake, and must not be signed by a CA rotated away.
+
+A rotation is a renewal of every leaf under new CAs: the leaves, the backup and the saved state
+are renew.py's; the session, pushes, restarts and handshakes are rollout.py's.
+
+Kubelet *client* certificates are never issued here: the cluster signs them (TLS
+bootstrapping) and the kubelet renews them itself.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Callable
+
+from . import api
+from .errors import InstallerError, StateError
+from .inventory import Inventory
+from .phases.base import Context
+from .phases.connect_hosts import ConnectHosts
+from .pki import issue
+from .pki.issue import Pair
+from .pki.material import Material, new_token
+from .pki.specs import CAS, ETCD_CA, cert_specs
+from .render.addons.konnectivity import enabled as konnectivity_enabled
+from .renew import (CA_CHOICES, NOT_OURS, backup, copy_material, inventory_of, pki_paths, reissue, reissued_rows,
+                    resumable, save_state)
+from .rollout import (APISERVER, CONTROLLER_MANAGER, ETCD, KONNECTIVITY, KUBE_PROXY, KUBELET, RANK, SCHEDULER,
+                      Reissued, Report, endpoints, hex_serial, push, read_endpoints, refresh, roll, session,
+                      stop_units, verify)
+
+KUBELET_CLIENT_FILES = ("/var/lib/kubelet/pki/kubelet-client-*.pem", "/etc/kubernetes/kubelet.conf")
+
+
+# --- pure: which CAs, new material, the plan ------------------------------------------------
+
+def which_cas(which) -> list[str]:
+    """CLI names (ca, etcd-ca, front-proxy-ca, all) -> state names, in table order."""
+    which = set(which or ("all",))
+    unknown = which - set(CA_CHOICES) - {"all"}
+    if unknown:
+        raise InstallerError(f"unknown CA {', '.join(sorted(unknown))}; choose from {', '.join(CA_CHOICES)}, all")
+    wanted = set(CA_CHOICES.values()) if "all" in which else {CA_CHOICES[w] for w in which}
+    return [c.name for c in CAS if c.name in wanted]
+
+
+def rotated(inv: Inventory, material: Material, which, now: dt.datetime | None = None) -> Material:
+    """New CAs ``which`` (state names), every leaf re-issued (new keys), a new bootstrap token per
+    worker; the service-account key, encryption key and pod CIDRs kept."""
+    now = now or dt.datetime.now(dt.timezone.utc)
+    pki = inv.spec.pki
+    new = copy_material(material)
+    for ca in CAS:
+        if ca.name in which:
+            key = issue.new_key(pki.keyAlgorithm)
+            new.cas[ca.name] = Pair(issue.make_ca(ca.cn, key, pki.caValidityDays, now), key)
+    new = reissue(inv, new, [s.name for s in cert_specs(inv)], now)
+    ttl = dt.timedelta(hours=pki.bootstrapTokenTTLHours)
+    new.tokens = {h.name: new_token(now + ttl) for h in inv.workers}
+    return new
+
+
+def rotate_plan(inv: Inventory, cas: list[str], use_api: bool) -> list[str]:
+    controls = ", ".join(h.name for h in inv.controls)
+    stop = "kube-scheduler, kube-controller-manager" + (", konnectivity-server" if konnectivity_enabled(inv) else "")
+    etcd_rotates = ETCD_CA in cas
+    steps = [
+        f"new CA(s): {', '.join(cas)}; every leaf certificate re-issued with a new key; a new bootstrap token "
+        "per worker; the service-account key and the encryption key kept",
+        "old CA material, leaves, tokens and admin.conf kept in <state>/backups/ca-rotate-<time>/ (0700)",
+        f"stop {stop}, kube-apiserver on {controls} (the API is down from here)",
+    ]
+    if etcd_rotates:
+        steps += [f"stop etcd on {controls} (members of different CAs cannot talk; the data directory stays)",
+                  f"push the new files to {controls}",
+                  "start etcd on every member, wait for a healthy cluster"]
+    else:
+        steps += [f"push the new files to {controls}",
+                  "restart etcd one member at a time, waiting for a healthy cluster after each"]
+    steps += ["start kube-apiserver on each control host in turn, wait for /livez and /readyz",
+              "start the rest of the control plane"]
+    if use_api:
+        steps.append("through the API: create the new bootstrap token Secrets, delete the old ones")
+    else:
+        steps.append("no API calls (--no-api): the new bootstrap token Secrets must be created by "
+                     "`installer apply --only cluster-bootstrap` before the workers can join")
+    if inv.workers:
+        steps.append(f"each worker in turn ({', '.join(h.name for h in inv.workers)}): stop kubelet and kube-proxy, "
+                     f"remove {' and '.join(KUBELET_CLIENT_FILES)}, push the new CA, serving pair, kube-proxy "
+                     "and bootstrap kubeconfigs, start them: the kubelet bootstraps again against the new CA")
+    steps.append("check by TLS handshake that every endpoint presents its new certificate, signed by the new CA")
+    steps.append("kubeconfigs handed out before (installer kubeconfig) trust the old CA: write them again")
+    return steps
+
+
+# --- ca rotate ---------------------------------------------------------------------------------
+
+def _api_tokens(ctx: Context, old: Material, report: Report) -> None:
+    from . import kube
+    from .phases.bootstrap_cluster import BootstrapCluster
+    ev = BootstrapCluster().run_host(ctx, "(api)")
+    report.steps += ev.detail
+    gone = {t.id for t in old.tokens.values()} - {t.id for t in ctx.material.tokens.values()}
+    with kube.api_access(ctx.inv, ctx.remotes, ctx.material) as url, \
+            kube.api_client(url, ctx.material, credential="super-admin") as client:
+        for token_id in sorted(gone):
+            if kube.delete_bootstrap_token(client, token_id):
+                report.steps.append(f"deleted bootstrap token {token_id}")
+
+
+def _rebootstrap_worker(ctx: Context, host: str, report: Report) -> None:
+    stop_units(ctx, host, [KUBELET, KUBE_PROXY])
+    ctx.log(f"{host}: remove the kubelet's client certificate and kubeconfig (old CA)")
+    ctx.remotes[host].run("rm -f " + " ".join(KUBELET_CLIENT_FILES), what="remove the kubelet client credentials")
+    refresh(ctx, [host])                     # not joined now: the bootstrap kubeconfig is planned again
+    r = push(ctx, host)
+    report.rollout[host] = r
+    roll(ctx, {host: sorted(set(r.units) | {KUBELET, KUBE_PROXY}, key=lambda u: (RANK.get(u, 9), u))}, report)
+
+
+def rotate_ca(inventory, *, state_dir=None, which=("all",), yes: bool = False, use_api: bool = True,
+              wait_timeout: float = 180.0, log: Callable[[str], None] = print) -> Report:
+    inv = inventory_of(inventory)
+    cas = which_cas(which)
+    state = api.state_for(inv, state_dir)
+    if not state.root.is_dir():
+        raise StateError(f"state directory {state.root} does not exist; run `installer apply` first (or pass --state)")
+    old = state.load(inv)
+    missing = [c.name for c in CAS if c.name not in old.cas] + [s.name for s in cert_specs(inv) if s.name not in old.certs]
+    if missing:
+        raise StateError(f"{state.root} lacks {', '.join(missing)}; run `installer apply` first")
+    report = Report("rotate", not yes, steps=rotate_plan(inv, cas, use_api), notes=[NOT_OURS])
+    if not yes:
+        return report
+    new = rotated(inv, old, cas)
+    report.steps = []
+    report.reissued = [Reissued(c, c, hex_serial(old.cas[c].cert.serial_number),
+                                hex_serial(new.cas[c].cert.serial_number),
+                                new.cas[c].cert.not_valid_after_utc.isoformat()) for c in cas]
+    report.reissued += reissued_rows(inv, old, new, [s.name for s in cert_specs(inv)])
+    with session(inv, state, old, wait_timeout, log) as ctx:
+        before = read_endpoints(ctx, endpoints(inv))
+        paths = (pki_paths(state, cas + [s.name for s in cert_specs(inv)])
+                 + [state.tokens_path, state.admin_kubeconfig])
+        report.backup = str(backup(state, "ca-rotate", paths))
+        log(f"old CA material kept in {report.backup}")
+        save_state(state, inv, new)
+        with resumable(report.backup, "after fixing the cause, `installer apply` finishes the control plane "
+                                      "(it starts what is stopped and pushes what is missing); a worker whose "
+                                      "kubelet still holds its old client certificate needs /var/lib/kubelet/pki/"
+                                      "kubelet-client-*.pem and /etc/kubernetes/kubelet.conf removed, then "
+                                      "`installer apply`"):
+            ctx.material = new
+            controls = [h.name for h in inv.controls]
+            for h in controls:
+                stop_units(ctx, h, [SCHEDULER, CONTROLLER_MANAGER, KONNECTIVITY, APISERVER])
+            etcd_together = ETCD_CA in cas
+            if etcd_together:
+                for h in controls:
+                    stop_units(ctx, h, [ETCD])
+            ConnectHosts().finish(ctx, [])
+            report.rollout, pending = {}, {}
+            for h in controls:
+                r = push(ctx, h)
+                report.rollout[h] = r
+                # a stopped unit is started even when none of its files changed
+                stopped = {u for u in (ETCD, APISERVER, KONNECTIVITY, CONTROLLER_MANAGER, SCHEDULER)
+                           if u in ctx.plans[h].units and (u != ETCD or etcd_together)}
+                pending[h] = sorted(set(r.units) | stopped, key=lambda u: (RANK.get(u, 9), u))
+            roll(ctx, pending, report, etcd_together=etcd_together)
+            if use_api:
+                _api_tokens(ctx, old, report)
+            for w in inv.workers:
+                _rebootstrap_worker(ctx, w.name, report)
+            restarted = {tuple(x.split(":", 1)) for x in report.restarts}
+            verify(ctx, before, restarted, report, old_cas=old.cas)
+    return report
