@@ -9,8 +9,9 @@ what was done (``ResetReport``).
 
 from __future__ import annotations
 
-import shlex
 import shutil
+import time
+import uuid
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -18,12 +19,12 @@ from pathlib import Path
 
 from . import api
 from .errors import InstallerError
-from .facts import LOCK, STATE_DIR
 from .inventory import Inventory
+from .phases.acquire_lock import break_stale, drop, stale_reason, take
 from .pki.material import Material, ensure
 from .render.files import HostPlan
 from .render.plan import render_cluster
-from .ssh import HostError, Remote
+from .ssh import Remote
 from .teardown import Log, TeardownError, host_plan, wipe_host
 
 
@@ -51,40 +52,22 @@ def cluster_plans(inv: Inventory, state_dir=None) -> dict[str, HostPlan]:
     return render_cluster(inv, material)
 
 
-def _take_lock(remote: Remote) -> str | None:
-    """Take the apply lock on a control host that has one to take; the holder of a live lock
-    otherwise. The teardown removes the lock with the state directory."""
-    import json
-    import os
-    import time
-
-    from .phases.acquire_lock import holder, stale_reason
-    me = json.dumps({**holder(), "run": f"reset-{os.getpid()}"})
-    r = remote.run(f"[ -d {STATE_DIR} ] || exit 0; (set -C; printf '%s\\n' {shlex.quote(me)} > {LOCK}) "
-                   f"2>/dev/null || {{ cat {LOCK}; exit 3; }}", check=False, what="take the apply lock")
-    if r.rc == 3:
-        content = r.stdout.strip()
-        if stale_reason(content, time.time()) is None:
-            return content
-        remote.run(f"printf '%s\\n' {shlex.quote(me)} > {LOCK}", what="take over a stale apply lock")
-    elif r.rc != 0:
-        raise HostError(remote.name, f"take the apply lock failed (exit {r.rc}): {r.stderr.strip()}")
-    return None
+def _take_lock(remote: Remote, run_id: str) -> str | None:
+    """Take the apply lock on a control host that has one to take (a stale one is taken over);
+    the content of a live lock otherwise. The teardown removes the lock with the state directory."""
+    held = take(remote, run_id, installed_only=True)
+    if held is not None and stale_reason(held, time.time()) is not None:
+        break_stale(remote)
+        held = take(remote, run_id, installed_only=True)
+    return held
 
 
-def _release_lock(remote: Remote) -> None:
-    try:
-        remote.run(f"grep -q '\"reset-' {LOCK} 2>/dev/null && rm -f {LOCK}; true", what="release the apply lock")
-    except HostError:
-        pass
-
-
-def _parallel(fn, items: Sequence[str], width: int = 10) -> dict:
+def _parallel(fn, items: Sequence[str]) -> dict:
     """``{name: fn(name)}``, or the error it raised."""
     out = {}
     if not items:
         return out
-    with ThreadPoolExecutor(max_workers=min(width, len(items))) as pool:
+    with ThreadPoolExecutor(max_workers=min(10, len(items))) as pool:
         futures = {x: pool.submit(fn, x) for x in items}
         for x, fut in futures.items():
             try:
@@ -139,11 +122,12 @@ def reset(inventory, *, state_dir=None, yes: bool = False, keep_data: bool = Fal
             raise TeardownError(f"--purge: {', '.join(failed)} could not be reset; the state is kept")
         reachable = [h for h in chosen if h.name not in failed]
         controls = [h for h in reachable if h.role == "control"]
-        locks = _parallel(lambda n: _take_lock(remotes[n]), [h.name for h in controls])
+        run_id = f"reset-{uuid.uuid4().hex}"
+        locks = _parallel(lambda n: _take_lock(remotes[n], run_id), [h.name for h in controls])
         held = {n: v for n, v in locks.items() if v is not None}
         if held:
             for h in controls:
-                _release_lock(remotes[h.name])
+                drop(remotes[h.name], run_id)
             raise TeardownError("; ".join(
                 f"{n}: another apply holds the lock: {v}" if isinstance(v, str) else str(v) for n, v in held.items())
                 + ": nothing was done")

@@ -15,8 +15,8 @@ import shlex
 import socket
 import time
 
-from ..facts import LOCK
-from ..ssh import HostError
+from ..facts import LOCK, STATE_DIR
+from ..ssh import HostError, Remote
 from .base import Context, Event, Phase
 
 LOCK_TTL = 3600.0
@@ -47,6 +47,35 @@ def stale_reason(content: str, now: float) -> str | None:
     return None
 
 
+def take(remote: Remote, run_id: str, *, installed_only: bool = False) -> str | None:
+    """Write ``run_id``'s lock on ``remote`` unless one is there (one round trip): None when
+    taken, else the content of the lock that is held. ``installed_only``: a host without
+    /var/lib/hiddenplane is left alone (nothing to lock there; None)."""
+    me = json.dumps({**holder(), "run": run_id})
+    guard = f"[ -d {STATE_DIR} ] || exit 0;" if installed_only else f"mkdir -p {os.path.dirname(LOCK)} &&"
+    r = remote.run(f"{guard} (set -C; printf '%s\\n' {shlex.quote(me)} > {LOCK}) 2>/dev/null "
+                   f"|| {{ cat {LOCK}; exit 3; }}", check=False, what="take the apply lock")
+    if r.rc == 3:
+        return r.stdout.strip()
+    if r.rc != 0:
+        raise HostError(remote.name, f"take the apply lock failed (exit {r.rc}): {r.stderr.strip()}")
+    return None
+
+
+def break_stale(remote: Remote) -> None:
+    remote.run(f"rm -f {LOCK}", what="break a stale lock")
+
+
+def drop(remote: Remote, run_id: str) -> None:
+    """Remove ``run_id``'s lock from ``remote`` (anyone else's stays); an unreachable host's
+    lock goes stale and is reported next time."""
+    try:
+        remote.run(f"grep -q {shlex.quote(run_id)} {LOCK} 2>/dev/null && rm -f {LOCK} || true",
+                   what="release the apply lock")
+    except HostError:
+        pass
+
+
 class AcquireLock(Phase):
     name = "lock"
     description = "take the apply lock on the control hosts (only when something will change)"
@@ -57,34 +86,24 @@ class AcquireLock(Phase):
         return [h.name for h in ctx.inv.controls]      # also in a run limited to some hosts
 
     def run_host(self, ctx: Context, host: str) -> Event:
-        me = json.dumps({**holder(), "run": ctx.run_id})
-        take = (f"mkdir -p {os.path.dirname(LOCK)} && (set -C; printf '%s\\n' {shlex.quote(me)} > {LOCK}) "
-                f"2>/dev/null || {{ cat {LOCK}; exit 3; }}")
-        r = ctx.remotes[host].run(take, check=False, what="take the apply lock")
-        if r.rc == 3:
-            content = r.stdout.strip()
+        content = take(ctx.remotes[host], ctx.run_id)
+        if content is not None:
             why = stale_reason(content, time.time())
             # our own machine's holder is certainly dead (a killed run): safe to take over
             dead_here = bool(why) and why.startswith("process ")
             if why and (ctx.options.force_unlock or dead_here):
                 ctx.log(f"{host}: breaking a stale apply lock ({why})")
-                ctx.remotes[host].run(f"rm -f {LOCK}", what="break a stale lock")
+                break_stale(ctx.remotes[host])
                 return self.run_host(ctx, host)
             if why:
                 raise HostError(host, f"a stale apply lock is held ({why}): {content}; "
                                 "re-run with --force-unlock to break it")
             raise HostError(host, f"another apply holds the lock: {content}")
-        if r.rc != 0:
-            raise HostError(host, f"take the apply lock failed (exit {r.rc}): {r.stderr.strip()}")
         ctx.locked.append(host)
         return Event(self.name, host, "checked")
 
 
 def release(ctx: Context) -> None:
     for host in list(ctx.locked):
-        script = f"grep -q {shlex.quote(ctx.run_id)} {LOCK} 2>/dev/null && rm -f {LOCK} || true"
-        try:
-            ctx.remotes[host].run(script, what="release the apply lock")
-        except HostError:
-            pass   # unreachable now: the lock goes stale and is reported next time
+        drop(ctx.remotes[host], ctx.run_id)
         ctx.locked.remove(host)
