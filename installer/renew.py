@@ -39,8 +39,8 @@ from .pki.issue import Pair
 from .pki.material import Material, ensure
 from .pki.specs import CAS, CLUSTER_CA, ETCD_CA, FRONT_PROXY_CA, cert_specs
 from .render.plan import render_cluster
-from .rollout import (RANK, Reissued, RenewError, Report, Rollout, endpoints, hex_serial, push, read_endpoints,
-                      roll, session, verify)
+from .rollout import (Reissued, RenewError, Report, Rollout, endpoints, hex_serial, push, read_endpoints,
+                      restart_order, roll, session, verify)
 from .state import StateDir, write_atomic
 
 BACKUPS = "backups"
@@ -103,7 +103,7 @@ def rollout(inv: Inventory, old: Material, new: Material) -> dict[str, Rollout]:
     for h in inv.spec.hosts:
         a, b = before[h.name].files, after[h.name].files
         files = sorted(p for p, f in b.items() if p not in a or a[p].sha256 != f.sha256)
-        units = sorted({u for p in files for u in b[p].restarts}, key=lambda u: (RANK.get(u, 9), u))
+        units = restart_order(u for p in files for u in b[p].restarts)
         if files:
             out[h.name] = Rollout(files, units)
     return out
@@ -211,6 +211,5 @@ def renew(inventory, *, state_dir=None, only=(), dry_run: bool = False, wait_tim
                     log(f"{h.name}: pushed {len(r.files)} file(s); to restart: {', '.join(r.units) or 'none'}")
                 pending[h.name] = r.units
             roll(ctx, pending, report)
-            restarted = {tuple(x.split(":", 1)) for x in report.restarts}
-            verify(ctx, before, restarted, report)
+            verify(ctx, before, report)
     return report

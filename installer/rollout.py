@@ -126,6 +126,11 @@ def hex_serial(serial: int) -> str:
     return format(serial, "x")
 
 
+def restart_order(units) -> list[str]:
+    """``units`` in the order ``roll`` restarts them (``RANK``, then by name)."""
+    return sorted(set(units), key=lambda u: (RANK.get(u, 9), u))
+
+
 # --- hosts: connect, probe, push, restart ---------------------------------------------------
 
 def _parallel(fn, items) -> None:
@@ -181,7 +186,7 @@ def push(ctx: Context, host: str) -> Rollout:
         ch.restart, ch.start = [], []
         ctx.execute(f"push {part}", host, ch)
         done.files += [f.path for f in ch.write] + [f"- {p}" for p in ch.remove]
-    done.units = sorted(ctx.facts[host].pending_restarts, key=lambda u: (RANK.get(u, 9), u))
+    done.units = restart_order(ctx.facts[host].pending_restarts)
     return done
 
 
@@ -382,10 +387,11 @@ def _judge(ep: Endpoint, cert: x509.Certificate, material: Material, before, res
     return True, f"{ep.cert}, signed by {ca_name}"
 
 
-def verify(ctx: Context, before: dict, restarted: set[tuple[str, str]], report: Report,
-           old_cas: dict[str, Pair] | None = None) -> None:
-    """Handshake with every endpoint until it presents what the state holds (or the wait ends)."""
+def verify(ctx: Context, before: dict, report: Report, old_cas: dict[str, Pair] | None = None) -> None:
+    """Handshake with every endpoint until it presents what the state holds (or the wait ends).
+    What was restarted is ``report.restarts``."""
     eps = endpoints(ctx.inv)
+    restarted = {tuple(x.split(":", 1)) for x in report.restarts}
     deadline = time.monotonic() + ctx.options.wait_timeout
     pending = list(eps)
     results: dict[Endpoint, EndpointCheck] = {}

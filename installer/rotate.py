@@ -37,8 +37,8 @@ from .pki.specs import CAS, ETCD_CA, cert_specs
 from .render.addons.konnectivity import enabled as konnectivity_enabled
 from .renew import (CA_CHOICES, NOT_OURS, backup, copy_material, inventory_of, pki_paths, reissue, reissued_rows,
                     resumable, save_state)
-from .rollout import (APISERVER, CONTROLLER_MANAGER, ETCD, KONNECTIVITY, KUBE_PROXY, KUBELET, RANK, SCHEDULER,
-                      Reissued, Report, endpoints, hex_serial, push, read_endpoints, refresh, roll, session,
+from .rollout import (APISERVER, CONTROLLER_MANAGER, ETCD, KONNECTIVITY, KUBE_PROXY, KUBELET, SCHEDULER, Reissued,
+                      Report, endpoints, hex_serial, push, read_endpoints, refresh, restart_order, roll, session,
                       stop_units, verify)
 
 KUBELET_CLIENT_FILES = ("/var/lib/kubelet/pki/kubelet-client-*.pem", "/etc/kubernetes/kubelet.conf")
@@ -127,7 +127,7 @@ def _rebootstrap_worker(ctx: Context, host: str, report: Report) -> None:
     refresh(ctx, [host])                     # not joined now: the bootstrap kubeconfig is planned again
     r = push(ctx, host)
     report.rollout[host] = r
-    roll(ctx, {host: sorted(set(r.units) | {KUBELET, KUBE_PROXY}, key=lambda u: (RANK.get(u, 9), u))}, report)
+    roll(ctx, {host: restart_order({*r.units, KUBELET, KUBE_PROXY})}, report)
 
 
 def rotate_ca(inventory, *, state_dir=None, which=("all",), yes: bool = False, use_api: bool = True,
@@ -178,12 +178,11 @@ def rotate_ca(inventory, *, state_dir=None, which=("all",), yes: bool = False, u
                 # a stopped unit is started even when none of its files changed
                 stopped = {u for u in (ETCD, APISERVER, KONNECTIVITY, CONTROLLER_MANAGER, SCHEDULER)
                            if u in ctx.plans[h].units and (u != ETCD or etcd_together)}
-                pending[h] = sorted(set(r.units) | stopped, key=lambda u: (RANK.get(u, 9), u))
+                pending[h] = restart_order({*r.units, *stopped})
             roll(ctx, pending, report, etcd_together=etcd_together)
             if use_api:
                 _api_tokens(ctx, old, report)
             for w in inv.workers:
                 _rebootstrap_worker(ctx, w.name, report)
-            restarted = {tuple(x.split(":", 1)) for x in report.restarts}
-            verify(ctx, before, restarted, report, old_cas=old.cas)
+            verify(ctx, before, report, old_cas=old.cas)
     return report
