@@ -12,6 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from .conftest import reference_dir
+from .standins.runtime import flatten
 
 # components whose flags are listed in flags/<component>.txt
 FLAG_COMPONENTS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy")
@@ -165,22 +166,6 @@ def unit_flags(content: str | bytes) -> dict[str, str | None]:
 
 # ---------------------------------------------------------------------------------------------
 # config documents
-
-
-def flatten(doc, opaque: frozenset[str] | set[str] = frozenset(), prefix: str = "") -> set[str]:
-    """Dotted paths of every key in ``doc``; list indices are dropped (a list's items hang off
-    the list's own path) and descent stops at any path in ``opaque``."""
-    out: set[str] = set()
-    if isinstance(doc, dict):
-        for key, value in doc.items():
-            path = f"{prefix}.{key}" if prefix else str(key)
-            out.add(path)
-            if path not in opaque:
-                out |= flatten(value, opaque, path)
-    elif isinstance(doc, list):
-        for item in doc:
-            out |= flatten(item, opaque, prefix)
-    return out
 
 
 def undocumented_paths(doc: dict, kind: str) -> set[str]:

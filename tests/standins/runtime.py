@@ -236,8 +236,10 @@ def _no_duplicates(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool =
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
 
 
-def flatten(doc, opaque: frozenset[str] = frozenset(), prefix: str = "") -> set[str]:
-    """Dotted paths of every key; list indices dropped; no descent below an opaque path."""
+def flatten(doc, opaque: frozenset[str] | set[str] = frozenset(), prefix: str = "") -> set[str]:
+    """Dotted paths of every key in ``doc``; list indices are dropped (a list's items hang off
+    the list's own path) and descent stops at any path in ``opaque``. (tests/reference.py
+    checks the rendered documents with this same function.)"""
     out: set[str] = set()
     if isinstance(doc, dict):
         for key, value in doc.items():
@@ -1146,7 +1148,7 @@ def run_scheduler(r: Report, ref: Reference, flags: Flags, files: Files, pki: PK
             if not kc:
                 r.fail(f"--config {config}: clientConnection.kubeconfig is not set")
             else:
-                check_kubeconfig(r, files, pki, f"--config clientConnection.kubeconfig", resolve(str(kc), config),
+                check_kubeconfig(r, files, pki, "--config clientConnection.kubeconfig", resolve(str(kc), config),
                                  "cert")
     _delegated_auth(r, flags, files, pki)
     endpoints = _secure_serving(r, flags, pki, "kube-scheduler", 10259)
