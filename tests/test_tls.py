@@ -16,18 +16,11 @@ import yaml
 
 from installer.render.control import CIPHER_SUITES
 
+# Go's cipher suite names (the apiserver's --tls-cipher-suites) -> OpenSSL's, the stand-ins' table
+from .standins.runtime import GO_CIPHERS as OPENSSL_CIPHERS
+
 TIMEOUT = 10
 PKI = "cp1/etc/kubernetes/pki"
-
-# The apiserver's --tls-cipher-suites, in OpenSSL's names (TLS 1.2; TLS 1.3 suites are fixed).
-OPENSSL_CIPHERS = {
-    "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256": "ECDHE-ECDSA-AES128-GCM-SHA256",
-    "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256": "ECDHE-RSA-AES128-GCM-SHA256",
-    "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384": "ECDHE-ECDSA-AES256-GCM-SHA384",
-    "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384": "ECDHE-RSA-AES256-GCM-SHA384",
-    "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-ECDSA-CHACHA20-POLY1305",
-    "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-RSA-CHACHA20-POLY1305",
-}
 
 
 @dataclass
