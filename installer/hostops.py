@@ -17,6 +17,8 @@ import time
 from .diff import HostChanges
 from .facts import MANIFEST, PENDING, STATE_DIR
 
+BACKUP_INFIX = ".hiddenplane-backup-"   # a replaced file's backup: PATH.hiddenplane-backup-STAMP
+
 _PRELUDE = f"""set -eu
 umask 077
 mkdir -p {STATE_DIR}/stage
@@ -26,7 +28,7 @@ trap 'rm -rf "$stage"' EXIT
 tar -x -C "$stage" -f -
 put() {{  # index path mode owner group backup digest
   (umask 022; mkdir -p "$(dirname "$2")")
-  if [ "$6" = 1 ] && [ -e "$2" ]; then cp -p "$2" "$2.hiddenplane-backup-$STAMP"; fi
+  if [ "$6" = 1 ] && [ -e "$2" ]; then cp -p "$2" "$2{BACKUP_INFIX}$STAMP"; fi
   install -m "$3" -o "$4" -g "$5" "$stage/$1" "$2.hp-new"
   sync "$2.hp-new"
   mv -f "$2.hp-new" "$2"
@@ -35,7 +37,8 @@ put() {{  # index path mode owner group backup digest
 """
 
 
-def _q(*parts: object) -> str:
+def q(*parts: object) -> str:
+    """``parts`` as shell words, each quoted (str() first)."""
     return " ".join(shlex.quote(str(p)) for p in parts)
 
 
@@ -53,22 +56,22 @@ def tarball(changes: HostChanges) -> bytes:
 def script(changes: HostChanges, stamp: str | None = None, no_block: bool = False) -> str:
     lines = [f"STAMP={shlex.quote(stamp or time.strftime('%Y%m%dT%H%M%S'))}", _PRELUDE]
     for u in changes.users:
-        lines.append(f"id -u {_q(u.name)} >/dev/null 2>&1 || useradd --system --user-group --no-create-home "
-                     f"--home-dir {_q(u.home)} --shell /usr/sbin/nologin {_q(u.name)}")
+        lines.append(f"id -u {q(u.name)} >/dev/null 2>&1 || useradd --system --user-group --no-create-home "
+                     f"--home-dir {q(u.home)} --shell /usr/sbin/nologin {q(u.name)}")
     for d in changes.dirs:
         # separate commands, not an && list: `set -e` ignores a failure anywhere but at its end
-        lines.append(f"mkdir -p {_q(d.path)}; chown {_q(f'{d.owner}:{d.group}')} {_q(d.path)}; "
-                     f"chmod {d.mode:04o} {_q(d.path)}")
+        lines.append(f"mkdir -p {q(d.path)}; chown {q(f'{d.owner}:{d.group}')} {q(d.path)}; "
+                     f"chmod {d.mode:04o} {q(d.path)}")
     units = sorted(set(changes.restart))
     if units or changes.defer:
-        lines.append(f"printf '%s\\n' {_q(*units, *changes.defer)} >> {PENDING}")
+        lines.append(f"printf '%s\\n' {q(*units, *changes.defer)} >> {PENDING}")
     for i, f in enumerate(changes.write):
-        lines.append("put " + _q(i, f.path, f"{f.mode:04o}", f.owner, f.group,
-                                  1 if f.path in changes.backup else 0, f.sha256))
+        lines.append("put " + q(i, f.path, f"{f.mode:04o}", f.owner, f.group,
+                                1 if f.path in changes.backup else 0, f.sha256))
     for p in changes.remove:
-        lines.append(f"rm -f {_q(p)}")
+        lines.append(f"rm -f {q(p)}")
     for f in changes.fix:
-        lines.append(f"chown {_q(f'{f.owner}:{f.group}')} {_q(f.path)}; chmod {f.mode:04o} {_q(f.path)}")
+        lines.append(f"chown {q(f'{f.owner}:{f.group}')} {q(f.path)}; chmod {f.mode:04o} {q(f.path)}")
     if changes.write:
         paths = "\n".join(f.path for f in changes.write)
         lines.append(f"printf '%s\\n' {shlex.quote(paths)} | sed 's/$/\\t/' > \"$stage/paths\"")
@@ -77,14 +80,14 @@ def script(changes: HostChanges, stamp: str | None = None, no_block: bool = Fals
     if changes.daemon_reload:
         lines.append("systemctl daemon-reload")
     if changes.enable:
-        lines.append(f"systemctl enable --quiet {_q(*changes.enable)}")
+        lines.append(f"systemctl enable --quiet {q(*changes.enable)}")
     nb = " --no-block" if no_block else ""
     for verb, units in (("start", changes.start), ("restart", changes.restart)):
         for u in units:
             # one retry after a pause absorbs transient start failures (seen in containers:
             # 219/CGROUP while the host is busy); a unit that still fails says why in the error
-            lines.append(f"systemctl {verb}{nb} {_q(u)} || {{ sleep 3; systemctl {verb}{nb} {_q(u)}; }} || "
-                         f"{{ journalctl -u {_q(u)} -n 12 --no-pager -o cat >&2; exit 1; }}")
+            lines.append(f"systemctl {verb}{nb} {q(u)} || {{ sleep 3; systemctl {verb}{nb} {q(u)}; }} || "
+                         f"{{ journalctl -u {q(u)} -n 12 --no-pager -o cat >&2; exit 1; }}")
     done = sorted(set(changes.restart) | set(changes.start))
     if done:
         # a started or restarted unit has read its new inputs; other phases' entries stay

@@ -51,6 +51,7 @@ from .artifacts import CNI_PLUGINS
 from .errors import InstallerError
 from .facts import MANIFEST, STATE_DIR
 from .fetch import CNI_BIN_DIR, role_binaries
+from .hostops import BACKUP_INFIX, q
 from .inventory import HostSpec, Inventory
 from .pki.material import Material, ensure
 from .render.control import AUDIT_DIR, ETCD_DATA_DIR
@@ -71,7 +72,6 @@ CNI_STATE = "/var/lib/cni"              # host-local leases, the CNI result cach
 CNI_NETNS = "/run/netns/cni-"           # network namespaces containerd's CRI makes for pods
 KEPT_DATA = f"{STATE_DIR}/kept-data"    # what a teardown without data left behind
 RESTORED = f"{STATE_DIR}/restored"      # backups already moved back (an interrupted run resumes)
-BACKUP_INFIX = ".hiddenplane-backup-"   # installer/hostops.py: PATH.hiddenplane-backup-STAMP
 ETCD_RESTORE_LEFTOVERS = f"{ETCD_DATA_DIR}.pre-restore-"   # installer/etcd_ops.py moves old data there
 LOG_DIR = posixpath.dirname(AUDIT_DIR)  # /var/log/kubernetes
 # chains the installed components add (kube-proxy, the kubelet, the CNI portmap plugin) and ours
@@ -169,10 +169,6 @@ def teardown_of(inv: Inventory, host: HostSpec, plan: HostPlan, *, data: bool, b
 
 
 # --- the script -----------------------------------------------------------------------------
-
-def _q(*parts: object) -> str:
-    return " ".join(shlex.quote(str(p)) for p in parts)
-
 
 _PRELUDE = r"""set -u
 PATH="${PATH:+$PATH:}/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -354,44 +350,44 @@ def render_script(t: Teardown, root: str = "") -> str:
         "NAMESPACES=''",
         _prelude(),
         f"# nothing of hiddenplane was ever on a host without {STATE_DIR}",
-        f'[ -d "$R"{_q(STATE_DIR)} ] || exit 0',
+        f'[ -d "$R"{q(STATE_DIR)} ] || exit 0',
         _exe_pids(t.processes),
         f"SCRIPTS=''; for b in {scripts}; do "
         "[ \"$(head -c 2 \"$R$b\" 2>/dev/null)\" = '#!' ] && SCRIPTS=\"$SCRIPTS $b\"; done",
-        f"MANIFEST_UNITS=$(cut -f1 \"$R\"{_q(MANIFEST)} 2>/dev/null | "
+        f"MANIFEST_UNITS=$(cut -f1 \"$R\"{q(MANIFEST)} 2>/dev/null | "
         f"sed -n 's|^{SYSTEMD_DIR}/\\([^/]*\\.service\\)$|\\1|p' | sort -u | "
         f"grep -vxF -e {' -e '.join(shlex.quote(u) for u in sorted(planned_units))} || true)",
     ]
     body: list[str] = []
     if worker:
         first, rest = list(t.units[:3]), list(t.units[3:])
-        body += [f"off {_q(u)}" for u in first[:2]]
+        body += [f"off {q(u)}" for u in first[:2]]
         body += [
             "# every container task in every containerd namespace: killed and deleted (its shim exits)",
-            f'if [ -x "$R"{_q(CTR)} ] && [ -S "$R"{_q(CONTAINERD_RUN + "/containerd.sock")} ]; then',
-            f'  NAMESPACES=$(timeout 30 "$R"{_q(CTR)} namespaces ls -q 2>/dev/null)',
+            f'if [ -x "$R"{q(CTR)} ] && [ -S "$R"{q(CONTAINERD_RUN + "/containerd.sock")} ]; then',
+            f'  NAMESPACES=$(timeout 30 "$R"{q(CTR)} namespaces ls -q 2>/dev/null)',
             "  for ns in $NAMESPACES; do",
-            f'    for t in $(timeout 30 "$R"{_q(CTR)} -n "$ns" tasks ls -q 2>/dev/null); do',
-            f'      timeout 60 "$R"{_q(CTR)} -n "$ns" tasks kill -a -s SIGKILL "$t" >/dev/null 2>&1',
-            f'      timeout 60 "$R"{_q(CTR)} -n "$ns" tasks delete -f "$t" >/dev/null 2>&1',
+            f'    for t in $(timeout 30 "$R"{q(CTR)} -n "$ns" tasks ls -q 2>/dev/null); do',
+            f'      timeout 60 "$R"{q(CTR)} -n "$ns" tasks kill -a -s SIGKILL "$t" >/dev/null 2>&1',
+            f'      timeout 60 "$R"{q(CTR)} -n "$ns" tasks delete -f "$t" >/dev/null 2>&1',
             '      say "killed container $ns/$t"',
             "    done",
             "  done",
             "fi",
             "# containerd's namespaces also from its state directories (when it was not running)",
-            f'for d in "$R"{_q(CONTAINERD_RUN)}/io.containerd.runtime.v2.task/* '
-            f'"$R"{_q(CONTAINERD_DATA)}/io.containerd.runtime.v2.task/*; do',
+            f'for d in "$R"{q(CONTAINERD_RUN)}/io.containerd.runtime.v2.task/* '
+            f'"$R"{q(CONTAINERD_DATA)}/io.containerd.runtime.v2.task/*; do',
             '  [ -d "$d" ] && NAMESPACES="$NAMESPACES ${d##*/}"',
             "done",
             "NAMESPACES=$(printf '%s\\n' $NAMESPACES k8s.io | grep -E '^[A-Za-z0-9._-]+$' | sort -u | tr '\\n' ' ')",
-            f"off {_q(first[2])}",
+            f"off {q(first[2])}",
             "reap",
             "unmount_ours",
-            f'for f in "$R"{_q(CNI_NETNS)}*; do if [ -e "$f" ]; then rm -f "$f" && say "removed ${{f#$R}}"; fi; done',
+            f'for f in "$R"{q(CNI_NETNS)}*; do if [ -e "$f" ]; then rm -f "$f" && say "removed ${{f#$R}}"; fi; done',
         ]
-        body += [f"off {_q(u)}" for u in rest]
+        body += [f"off {q(u)}" for u in rest]
     else:
-        body += [f"off {_q(u)}" for u in t.units]
+        body += [f"off {q(u)}" for u in t.units]
     body += [
         'for u in $MANIFEST_UNITS; do off "$u"; done',
         "reap",
@@ -413,7 +409,7 @@ def render_script(t: Teardown, root: str = "") -> str:
         f"clean_rules {posixpath.basename(IPTABLES[4])} ip",
         f"clean_rules {posixpath.basename(IPTABLES[6])} ip6",
         "# forwarding: back to the kernel default, then to what a remaining sysctl.d file says",
-        f'if [ -e "$R"{_q(SYSCTL_FILE)} ]; then',
+        f'if [ -e "$R"{q(SYSCTL_FILE)} ]; then',
     ]
     for key, value in KERNEL_DEFAULTS.items():
         path = _sysctl_path(key)
@@ -421,15 +417,15 @@ def render_script(t: Teardown, root: str = "") -> str:
                     f'echo {value} > "$R{path}" && say "set {key} = {value}"; fi')
     prefixes = " ".join(f"--prefix={k}" for k in KERNEL_DEFAULTS)
     body += [
-        f"  rmf {_q(SYSCTL_FILE)}",
-        f'  if [ -x "$R"{_q(SYSCTL_BIN)} ]; then "$R"{_q(SYSCTL_BIN)} {prefixes} >/dev/null 2>&1; fi',
+        f"  rmf {q(SYSCTL_FILE)}",
+        f'  if [ -x "$R"{q(SYSCTL_BIN)} ]; then "$R"{q(SYSCTL_BIN)} {prefixes} >/dev/null 2>&1; fi',
         "fi",
         "# our files (an original that was there before comes back), then what the manifest adds",
     ]
     body.append('for f in $FILES; do rmf "$f"; done')
     body += [
-        f'if [ -f "$R"{_q(MANIFEST)} ]; then',
-        f'  cut -f1 "$R"{_q(MANIFEST)} | sort -u | while IFS= read -r f; do',
+        f'if [ -f "$R"{q(MANIFEST)} ]; then',
+        f'  cut -f1 "$R"{q(MANIFEST)} | sort -u | while IFS= read -r f; do',
         f"    case \"$f\" in {STATE_DIR}/*) continue;; /*) ;; *) continue;; esac",
     ]
     if t.binary_dirs:
@@ -440,15 +436,15 @@ def render_script(t: Teardown, root: str = "") -> str:
         "  done",
         "fi",
         "if has systemctl; then systemctl daemon-reload >/dev/null 2>&1; "
-        f"systemctl reset-failed {_q(*t.units)} $MANIFEST_UNITS >/dev/null 2>&1; fi",
+        f"systemctl reset-failed {q(*t.units)} $MANIFEST_UNITS >/dev/null 2>&1; fi",
         "# trees made by us or by the components (credentials, CNI and runtime state)",
     ]
-    body += [f"rmtree {_q(d)}" for d in t.trees]
+    body += [f"rmtree {q(d)}" for d in t.trees]
     if t.data:
-        body += [f"rmtree {_q(d)}" for d in t.data_trees]
+        body += [f"rmtree {q(d)}" for d in t.data_trees]
         for g in t.leftovers:
-            body.append(f'for d in "$R"{_q(g.rstrip("*"))}*; do [ -e "$d" ] && rmtree "${{d#$R}}"; done')
-    body += [f"rmd {_q(d)}" for d in t.dirs]
+            body.append(f'for d in "$R"{q(g.rstrip("*"))}*; do [ -e "$d" ] && rmtree "${{d#$R}}"; done')
+    body += [f"rmd {q(d)}" for d in t.dirs]
     for name, home in t.users:
         body += [
             f"# the {name} user and group, when they are what `useradd --system --user-group` made for us",
@@ -469,7 +465,7 @@ def render_script(t: Teardown, root: str = "") -> str:
         'if [ -n "$bad" ]; then echo "could not remove:$bad" >&2; exit 1; fi',
     ]
     if t.data:
-        body.append(f'rm -rf "$R"{_q(STATE_DIR)} && say {_q("removed " + STATE_DIR)}')
+        body.append(f'rm -rf "$R"{q(STATE_DIR)} && say {q("removed " + STATE_DIR)}')
     else:
         kept = " ".join(shlex.quote(d) for d in t.data_trees)
         body += [
@@ -478,13 +474,13 @@ def render_script(t: Teardown, root: str = "") -> str:
             "kept=''",
             f'for d in {kept}; do [ -e "$R$d" ] && kept="$kept$d\n"; done' if kept else ":",
             # and the list of restored originals: a later teardown must not take them for ours
-            f'find "$R"{_q(STATE_DIR)} -mindepth 1 -maxdepth 1 ! -name {posixpath.basename(KEPT_DATA)} '
+            f'find "$R"{q(STATE_DIR)} -mindepth 1 -maxdepth 1 ! -name {posixpath.basename(KEPT_DATA)} '
             f"! -name {posixpath.basename(RESTORED)} -exec rm -rf {{}} + 2>/dev/null",
             'if [ -n "$kept" ]; then',
-            f'  printf "%b" "$kept" | sort -u > "$R"{_q(KEPT_DATA)}',
+            f'  printf "%b" "$kept" | sort -u > "$R"{q(KEPT_DATA)}',
             f'  say "kept $(printf "%b" "$kept" | sort -u | tr "\\n" " ")(data; {KEPT_DATA} lists it)"',
             "else",
-            f'  rm -rf "$R"{_q(STATE_DIR)} && say {_q("removed " + STATE_DIR)}',
+            f'  rm -rf "$R"{q(STATE_DIR)} && say {q("removed " + STATE_DIR)}',
             "fi",
         ]
     return "\n".join(head + body) + "\nexit 0\n"
