@@ -158,9 +158,9 @@ def _probe(ctx: Context, host: str) -> None:
         raise HostError(host, f"read facts: {e}") from None
 
 
-def refresh(ctx: Context, hosts=None) -> None:
+def refresh(ctx: Context) -> None:
     ctx.plans = render_cluster(ctx.inv, ctx.material)
-    _parallel(lambda h: _probe(ctx, h), hosts or [h.name for h in ctx.inv.spec.hosts])
+    _parallel(lambda h: _probe(ctx, h), [h.name for h in ctx.inv.spec.hosts])
     ConnectHosts().finish(ctx, [])           # render again with what the hosts told us
 
 

@@ -38,7 +38,7 @@ from .render.addons.konnectivity import enabled as konnectivity_enabled
 from .renew import (CA_CHOICES, NOT_OURS, backup, copy_material, inventory_of, pki_paths, reissue, reissued_rows,
                     resumable, save_state)
 from .rollout import (APISERVER, CONTROLLER_MANAGER, ETCD, KONNECTIVITY, KUBE_PROXY, KUBELET, SCHEDULER, Reissued,
-                      Report, endpoints, hex_serial, push, read_endpoints, refresh, restart_order, roll, session,
+                      Report, endpoints, hex_serial, push, read_endpoints, restart_order, roll, session,
                       stop_units, verify)
 
 KUBELET_CLIENT_FILES = ("/var/lib/kubelet/pki/kubelet-client-*.pem", "/etc/kubernetes/kubelet.conf")
@@ -124,7 +124,10 @@ def _rebootstrap_worker(ctx: Context, host: str, report: Report) -> None:
     stop_units(ctx, host, [KUBELET, KUBE_PROXY])
     ctx.log(f"{host}: remove the kubelet's client certificate and kubeconfig (old CA)")
     ctx.remotes[host].run("rm -f " + " ".join(KUBELET_CLIENT_FILES), what="remove the kubelet client credentials")
-    refresh(ctx, [host])                     # not joined now: the bootstrap kubeconfig is planned again
+    # not joined now (the probe's test is that client certificate): the bootstrap kubeconfig is
+    # planned again; the rest of the facts are current, no probe needed
+    ctx.facts[host].kubelet_joined = False
+    ConnectHosts().finish(ctx, [])
     r = push(ctx, host)
     report.rollout[host] = r
     roll(ctx, {host: restart_order({*r.units, KUBELET, KUBE_PROXY})}, report)
