@@ -24,6 +24,7 @@ from .pki.material import Material, ensure
 from .pki.specs import CAS
 from .render.plan import render_cluster
 from .ssh import HostError, Remote
+from .state import StateDir
 
 STATE = "state"
 KUBELET_CLIENT = "/var/lib/kubelet/pki/kubelet-client-current.pem"
@@ -147,14 +148,20 @@ def _plans_for(inv: Inventory, loaded: Material):
     return render_cluster(inv, material)
 
 
-def check(inventory_path, state_dir=None, offline: bool = False, remote_for: Callable | None = None,
-          log: Callable[[str], None] = lambda _: None) -> list[CertRow]:
-    """Every certificate, sorted by not-after (soonest first)."""
-    inv = api.validate(inventory_path)
+def existing_state(inv: Inventory, state_dir) -> StateDir:
+    """The inventory's state directory; refused when there is none (no apply has run)."""
     state = api.state_for(inv, state_dir)
     if not state.root.is_dir():
         raise StateError(f"state directory {state.root} does not exist; run `installer apply` first "
                          "(or pass --state)")
+    return state
+
+
+def check(inventory_path, state_dir=None, offline: bool = False, remote_for: Callable | None = None,
+          log: Callable[[str], None] = lambda _: None) -> list[CertRow]:
+    """Every certificate, sorted by not-after (soonest first)."""
+    inv = api.validate(inventory_path)
+    state = existing_state(inv, state_dir)
     loaded = state.load(inv)
     if not loaded.cas:
         raise StateError(f"{state.root} holds no certificates; run `installer apply` first (or pass --state)")

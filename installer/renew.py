@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from . import api
+from .certs import existing_state
 from .errors import InstallerError, StateError
 from .inventory import Inventory
 from .phases.connect_hosts import ConnectHosts
@@ -127,9 +128,7 @@ def inventory_of(inventory) -> Inventory:
 def load_state(inv: Inventory, state_dir) -> tuple[StateDir, Material]:
     """The state as it is; refused when it is missing, incomplete or does not match the
     inventory (an apply would change it): run ``installer apply`` first."""
-    state = api.state_for(inv, state_dir)
-    if not state.root.is_dir():
-        raise StateError(f"state directory {state.root} does not exist; run `installer apply` first (or pass --state)")
+    state = existing_state(inv, state_dir)
     loaded = state.load(inv)
     _, changes = ensure(inv, loaded)
     # an expired leaf is what a renewal is for; tokens are not touched by a renewal

@@ -25,7 +25,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Callable
 
-from . import api
+from .certs import existing_state
 from .errors import InstallerError, StateError
 from .inventory import Inventory
 from .phases.base import Context
@@ -137,9 +137,7 @@ def rotate_ca(inventory, *, state_dir=None, which=("all",), yes: bool = False, u
               wait_timeout: float = 180.0, log: Callable[[str], None] = print) -> Report:
     inv = inventory_of(inventory)
     cas = which_cas(which)
-    state = api.state_for(inv, state_dir)
-    if not state.root.is_dir():
-        raise StateError(f"state directory {state.root} does not exist; run `installer apply` first (or pass --state)")
+    state = existing_state(inv, state_dir)
     old = state.load(inv)
     missing = [c.name for c in CAS if c.name not in old.cas] + [s.name for s in cert_specs(inv) if s.name not in old.certs]
     if missing:
