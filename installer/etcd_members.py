@@ -26,17 +26,17 @@ import json
 import shlex
 import time
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Callable
 from urllib.parse import urlsplit
 
 from . import api, runner
 from .errors import InstallerError
-from .etcd_ops import CONTROL_UNITS, ETCD_UNIT, EtcdOpError, Member, _tls, parse_members
+from .etcd_ops import EtcdOpError, Member, _tls, control_remotes, parse_members
 from .inventory import HostSpec, Inventory
 from .phases.base import Event, Options
-from .phases.start_etcd import LOCAL, health_script
-from .render.control import ETCD_DATA_DIR, _url_host
+from .phases.select import CONTROL_UNITS, ETCD_UNIT
+from .phases.start_etcd import LOCAL, endpoint_health_script, error_line, member_list
+from .render.control import ETCD_DATA_DIR, peer_url
 from .ssh import HostError, Remote
 
 __all__ = ["MembershipRefused", "Change", "Guard", "add", "remove", "check_add", "check_remove", "apply_guard",
@@ -60,7 +60,6 @@ class Change:
     member_id: str
     steps: list[str]
     members: list[Member] = field(default_factory=list)
-    done: bool = False
     next: str = ""                # what the operator does next
 
 
@@ -174,14 +173,10 @@ def check_remove(members: list[Member], health: dict[str, bool], name: str, allo
     return _even(n - 1, allow_even)
 
 
-def _peer(host: HostSpec) -> str:
-    return f"https://{_url_host(host.address)}:2380"
-
-
 def _named(members: list[Member], controls: list[HostSpec]) -> list[Member]:
     """Members added but not started carry no name yet: name them after the control host
     whose peer URL they were registered with."""
-    by_peer = {_peer(h): h.name for h in controls}
+    by_peer = {peer_url(h.address): h.name for h in controls}
     return [m if m.name else dataclasses.replace(m, name=next((by_peer[u] for u in m.peer_urls if u in by_peer), ""))
             for m in members]
 
@@ -234,12 +229,6 @@ def _inventory(inventory) -> Inventory:
     return inventory if isinstance(inventory, Inventory) else api.validate(inventory)
 
 
-def _error_line(r) -> str:
-    lines = [x for x in (r.stderr + "\n" + r.stdout).strip().splitlines() if x.strip()]
-    errors = [x for x in lines if x.startswith("Error:")]
-    return (errors or lines or [f"exit {r.rc}"])[-1]
-
-
 def _health(r: Remote, members: list[Member]) -> dict[str, bool]:
     """Voting member name -> answers `endpoint health` (a learner never does)."""
     voting = [m for m in members if not m.learner and m.client_urls]
@@ -260,22 +249,11 @@ def _health(r: Remote, members: list[Member]) -> dict[str, bool]:
 def _view(inv: Inventory, remotes: dict[str, Remote], skip: str) -> _View:
     """The members and their health, asked on the first control host (other than ``skip``)
     whose member answers."""
-    why = []
-    for h in inv.controls:
-        if h.name == skip:
-            continue
-        r = remotes[h.name]
-        try:
-            res = r.run(f"{_tls(LOCAL)} member list -w json", check=False, what="etcdctl member list")
-        except HostError as e:
-            why.append(str(e))
-            continue
-        if res.rc != 0:
-            why.append(f"{h.name}: {_error_line(res)}")
-            continue
-        members = _named(parse_members(res.stdout, h.name), inv.controls)
-        return _View(members, _health(r, members), r)
-    raise EtcdOpError("no etcd member answered (nothing was changed): " + ("; ".join(why) or "no other control host"))
+    r, out, why = member_list([remotes[h.name] for h in inv.controls if h.name != skip], timeout="10s")
+    if r is None:
+        raise EtcdOpError(f"no etcd member answered (nothing was changed): {why or 'no other control host'}")
+    members = _named(parse_members(out, r.name), inv.controls)
+    return _View(members, _health(r, members), r)
 
 
 def _checked(inv: Inventory, remotes: dict[str, Remote], name: str, rule, allow_even: bool, verb: str) -> _View:
@@ -294,15 +272,15 @@ def _retrying(r: Remote, command: str, what: str, deadline: float) -> str:
         res = r.run(command, check=False, what=what)
         if res.rc == 0:
             return res.stdout
-        err = _error_line(res)
+        err = error_line(res)
         if not any(s in err for s in _NOT_YET) or time.monotonic() > deadline:
             raise EtcdOpError(f"{r.name}: {what} failed: {err}")
         time.sleep(2)
 
 
-def _wait_healthy(via: Remote, inv: Inventory, members: list[Member], timeout: float) -> None:
+def _wait_healthy(via: Remote, members: list[Member], timeout: float) -> None:
     endpoints = ",".join(u for m in members if not m.learner for u in m.client_urls)
-    r = via.run(health_script(SimpleNamespace(inv=inv), timeout, endpoints), check=False,
+    r = via.run(endpoint_health_script(endpoints, timeout), check=False,
                 what="wait for etcd health", timeout=timeout + 30)
     if r.rc != 0:
         raise EtcdOpError(f"{via.name}: etcd is not healthy: {r.stderr.strip()[-500:]}")
@@ -335,11 +313,10 @@ def add(inventory, name: str, *, state_dir=None, allow_even: bool = False, wait_
     if host.role != "control":
         raise InstallerError(f"{name}: is a {host.role}, not a control host: etcd members run on control hosts")
     deadline = time.monotonic() + wait_timeout
-    remotes = {h.name: Remote(h, inv) for h in inv.controls}
-    try:
+    with control_remotes(inv) as remotes:
         view = _checked(inv, remotes, name, check_add, allow_even, "added")
         member = next((m for m in view.members if m.name == name), None)
-        peer = _peer(host)
+        peer = peer_url(host.address)
         if member is None:
             # the host must be reachable and empty before it is registered: a learner that can
             # never start would block every later change
@@ -359,9 +336,6 @@ def add(inventory, name: str, *, state_dir=None, allow_even: bool = False, wait_
             member_id = member.id
             log(f"{name}: already registered as a learner ({member_id}): resuming")
         via = view.via
-    finally:
-        for r in remotes.values():
-            r.close()
 
     log(f"{name}: install and start etcd (--initial-cluster-state=existing); it joins as a learner")
     _converge(inv, state_dir, Options(hosts=frozenset({name}), only=frozenset({"preflight", "pki", "artifacts", "etcd"}),
@@ -371,7 +345,7 @@ def add(inventory, name: str, *, state_dir=None, allow_even: bool = False, wait_
     try:
         _retrying(via, f"{_tls(LOCAL)} member promote {member_id}", "etcdctl member promote", deadline)
         members = _members(via, inv)
-        _wait_healthy(via, inv, members, max(10.0, deadline - time.monotonic()))
+        _wait_healthy(via, members, max(10.0, deadline - time.monotonic()))
     finally:
         via.close()
     log(f"{name}: promoted; {len(members)} members healthy")
@@ -379,7 +353,7 @@ def add(inventory, name: str, *, state_dir=None, allow_even: bool = False, wait_
     log("converge the control hosts (every apiserver's --etcd-servers names the new member)")
     _converge(inv, state_dir, Options(hosts=frozenset(h.name for h in inv.controls),
                                       skip=frozenset({"cluster-bootstrap"}), wait_timeout=wait_timeout), log)
-    return Change(name, member_id, [], members, done=True)
+    return Change(name, member_id, [], members)
 
 
 # --- remove ------------------------------------------------------------------------------------
@@ -403,8 +377,7 @@ def remove(inventory, name: str, *, state_dir=None, allow_even: bool = False, ho
     if name in in_inventory and in_inventory[name].role != "control":
         raise InstallerError(f"{name}: is a {in_inventory[name].role}, not a control host: it is no etcd member")
     deadline = time.monotonic() + wait_timeout
-    remotes = {h.name: Remote(h, inv) for h in inv.controls}
-    try:
+    with control_remotes(inv) as remotes:
         view = _checked(inv, remotes, name, check_remove, allow_even, "removed")
         member = next(m for m in view.members if m.name == name)
         if name in remotes:
@@ -443,13 +416,10 @@ def remove(inventory, name: str, *, state_dir=None, allow_even: bool = False, ho
             target.run(f"if [ -e {ETCD_DATA_DIR} ]; then mv -- {ETCD_DATA_DIR} {aside}; fi",
                        what="move the etcd data aside")
         members = _members(view.via, inv)
-        _wait_healthy(view.via, inv, members, max(10.0, deadline - time.monotonic()))
+        _wait_healthy(view.via, members, max(10.0, deadline - time.monotonic()))
         log(f"{name}: removed; {len(members)} members healthy: {_list(_label(m) for m in members)}")
-    finally:
-        for r in remotes.values():
-            r.close()
     voting = len([m for m in members if not m.learner])
     even = " (with spec.allowEvenControlHosts: true)" if voting % 2 == 0 else ""
     then = f"run `installer apply` with {voting} control host{'s' if voting != 1 else ''}{even}"
     nxt = f"delete {name} from the inventory, then {then}" if name in in_inventory else then
-    return Change(name, member.id, steps, members, done=True, next=nxt)
+    return Change(name, member.id, steps, members, next=nxt)

@@ -16,25 +16,22 @@ import json
 import os
 import shlex
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Callable
+from typing import Callable, Iterator
 
 from . import api
 from .errors import InstallerError
 from .inventory import HostSpec, Inventory
+from .phases.select import CONTROL_UNITS, ETCD_UNIT
 from .phases.start_control_plane import LOCAL_PORTS, listening_script
-from .phases.start_etcd import PKI, health_script
-from .render.control import ETCD_DATA_DIR, _url_host, etcd_servers
-from .render.control import initial_cluster as render_initial_cluster
+from .phases.start_etcd import ETCDCTL, LOCAL, endpoint_health_script, etcdctl
+from .render.control import ETCD_DATA_DIR, etcd_servers, initial_cluster, peer_url
 from .ssh import HostError, Remote
 from .state import write_atomic
 
-ETCDCTL = "ETCDCTL_API=3 /usr/local/bin/etcdctl"
 WORK_DIR = "/var/lib/hiddenplane"
-CONTROL_UNITS = ("kube-apiserver.service", "kube-controller-manager.service", "kube-scheduler.service")
-ETCD_UNIT = "etcd.service"
 
 
 class EtcdOpError(InstallerError):
@@ -42,23 +39,20 @@ class EtcdOpError(InstallerError):
 
 
 def _tls(endpoints: str) -> str:
-    return (f"{ETCDCTL} --endpoints={shlex.quote(endpoints)} --cacert={PKI}/etcd/ca.crt "
-            f"--cert={PKI}/etcd/healthcheck-client.crt --key={PKI}/etcd/healthcheck-client.key "
-            "--command-timeout=10s")
+    """etcdctl for a day-2 command (10 s per command)."""
+    return etcdctl(endpoints, "10s")
 
 
-def initial_cluster(inv: Inventory) -> str:
-    """The same value as the etcd unit's --initial-cluster."""
-    return render_initial_cluster([(c.name, c.address) for c in inv.controls])
-
-
-def _remotes(inv: Inventory) -> dict[str, Remote]:
-    return {h.name: Remote(h, inv) for h in inv.controls}
-
-
-def _close(remotes: dict[str, Remote]) -> None:
-    for r in remotes.values():
-        r.close()
+@contextmanager
+def control_remotes(inv: Inventory) -> Iterator[dict[str, Remote]]:
+    """A Remote per control host (connected on first use), all closed afterwards; a Remote
+    added to the dict meanwhile is closed too."""
+    remotes = {h.name: Remote(h, inv) for h in inv.controls}
+    try:
+        yield remotes
+    finally:
+        for r in remotes.values():
+            r.close()
 
 
 def _first_reachable(inv: Inventory, remotes: dict[str, Remote]) -> Remote:
@@ -85,12 +79,9 @@ class Member:
 
 def members(inventory_path) -> list[Member]:
     inv = api.validate(inventory_path)
-    remotes = _remotes(inv)
-    try:
+    with control_remotes(inv) as remotes:
         r = _first_reachable(inv, remotes)
         out = r.run(f"{_tls(etcd_servers(inv))} member list -w json", what="etcdctl member list").stdout
-    finally:
-        _close(remotes)
     return parse_members(out, r.name)
 
 
@@ -121,23 +112,19 @@ class SnapshotInfo:
 def snapshot_save(inventory_path, dest) -> SnapshotInfo:
     inv = api.validate(inventory_path)
     dest = Path(dest)
-    remotes = _remotes(inv)
-    try:
+    with control_remotes(inv) as remotes:
         r = _first_reachable(inv, remotes)
         tmp = f"{WORK_DIR}/etcd-snapshot-{int(time.time())}-{os.getpid()}.db"
         q = shlex.quote(tmp)
-        local = _tls("https://127.0.0.1:2379")
         try:
             # etcdctl writes FILE.part, then renames; umask 077 keeps both 0600
             r.run(f"set -e; mkdir -p {WORK_DIR}; chmod 0700 {WORK_DIR}; umask 077; "
-                  f"{local} snapshot save {q} >/dev/null; chmod 0600 {q}",
+                  f"{_tls(LOCAL)} snapshot save {q} >/dev/null; chmod 0600 {q}",
                   what="etcdctl snapshot save", timeout=300)
             status = r.run(f"{ETCDCTL} snapshot status {q} -w json", what="etcdctl snapshot status").stdout
             data = r.get(tmp, what="copy the snapshot")
         finally:
             r.run(f"rm -f -- {q} {q}.part", check=False, what="remove the host's snapshot file")
-    finally:
-        _close(remotes)
     try:
         st = json.loads(status)
     except ValueError:
@@ -174,9 +161,9 @@ def _restore_script(inv: Inventory, host: HostSpec, snap: str, stamp: str) -> st
         "set -e\n"
         f"if [ -e {data} ]; then mv -- {data} {aside}; fi\n"
         f"{ETCDCTL} snapshot restore {shlex.quote(snap)} --name {shlex.quote(host.name)} "
-        f"--initial-cluster {shlex.quote(initial_cluster(inv))} "
+        f"--initial-cluster {shlex.quote(initial_cluster(inv.controls))} "
         f"--initial-cluster-token {shlex.quote(restore_token(inv, stamp))} "
-        f"--initial-advertise-peer-urls https://{_url_host(host.address)}:2380 "
+        f"--initial-advertise-peer-urls {peer_url(host.address)} "
         f"--data-dir {data}\n"
         f"chown -R etcd:etcd {data}\n"
         f"chmod 0700 {data}\n")
@@ -195,9 +182,8 @@ def snapshot_restore(inventory_path, snapshot, wait_timeout: float = 120,
         raise EtcdOpError(f"{snapshot} is empty")
     stamp = time.strftime("%Y%m%d%H%M%S", time.gmtime())
     remote_snap = f"{WORK_DIR}/etcd-restore-{stamp}.db"
-    remotes = _remotes(inv)
     names = [h.name for h in inv.controls]
-    try:
+    with control_remotes(inv) as remotes:
         for n in names:                     # every host must be reachable before we stop anything
             remotes[n].open()
         for n in names:
@@ -225,7 +211,7 @@ def snapshot_restore(inventory_path, snapshot, wait_timeout: float = 120,
             # a member waits for its peers before it reports ready: never block on it
             remotes[n].run(f"systemctl start --no-block {ETCD_UNIT}", what="start etcd")
         first = names[0]
-        r = remotes[first].run(health_script(SimpleNamespace(inv=inv), wait_timeout), check=False,
+        r = remotes[first].run(endpoint_health_script(etcd_servers(inv), wait_timeout), check=False,
                                what="wait for etcd health", timeout=wait_timeout + 30)
         if r.rc != 0:
             raise EtcdOpError(f"{first}: etcd did not become healthy after the restore "
@@ -245,6 +231,4 @@ def snapshot_restore(inventory_path, snapshot, wait_timeout: float = 120,
                                   f"{r.stderr.strip()[-600:]}")
         for n in names:
             remotes[n].run(f"rm -f -- {shlex.quote(remote_snap)}", check=False, what="remove the snapshot copy")
-    finally:
-        _close(remotes)
     return names

@@ -26,6 +26,10 @@ def members(inventory):
         click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
 
 
+def _progress(message: str) -> None:
+    click.echo(message, err=True)
+
+
 def nothing_without_yes(what: str, verb: str, steps: list[str]) -> None:
     """What ``what`` would do, on stderr; exit 2 (nothing was done)."""
     click.echo(f"{what} would:", err=True)
@@ -61,8 +65,7 @@ def restore(inventory, file, yes, wait_timeout):
     """Restore FILE on every etcd member (the control plane is stopped meanwhile)."""
     if not yes:
         nothing_without_yes("the restore", "restore", etcd_ops.restore_plan(api.validate(inventory), file, "<time>"))
-    hosts = etcd_ops.snapshot_restore(inventory, file, wait_timeout=wait_timeout,
-                                      log=lambda m: click.echo(m, err=True))
+    hosts = etcd_ops.snapshot_restore(inventory, file, wait_timeout=wait_timeout, log=_progress)
     click.echo(f"restored {file} on {', '.join(hosts)}; etcd healthy, control plane started")
 
 
@@ -75,10 +78,6 @@ def member():
     by more than this host; removing from a 2-member cluster; any change without a healthy
     quorum now or after it; an even member count unless --allow-even.
     """
-
-
-def _progress(message: str) -> None:
-    click.echo(message, err=True)
 
 
 ALLOW_EVEN_HELP = ("Allow an even member count: only as one step of replacing a host "

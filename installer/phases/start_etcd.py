@@ -17,19 +17,21 @@ from __future__ import annotations
 import shlex
 import threading
 
-from ..render.control import ETCD_DATA_DIR, etcd_servers, etcd_unit_files, _url_host
-from ..ssh import HostError
+from ..render.control import ETCD_DATA_DIR, client_url, etcd_servers, etcd_unit_files
+from ..ssh import HostError, Remote, Result
 from .base import Context, Event, Phase
 from .select import ETCD_UNIT, etcd_part
 
 PKI = "/etc/kubernetes/pki"
+ETCDCTL = "ETCDCTL_API=3 /usr/local/bin/etcdctl"
 LOCAL = "https://127.0.0.1:2379"
 # the restarts of one process's runs, one member at a time
 _restart_lock = threading.Lock()
 
 
 def etcdctl(endpoints: str, timeout: str = "5s") -> str:
-    return (f"ETCDCTL_API=3 /usr/local/bin/etcdctl --endpoints={shlex.quote(endpoints)} "
+    """etcdctl (API v3) with the health-check client certificate."""
+    return (f"{ETCDCTL} --endpoints={shlex.quote(endpoints)} "
             f"--cacert={PKI}/etcd/ca.crt --cert={PKI}/etcd/healthcheck-client.crt "
             f"--key={PKI}/etcd/healthcheck-client.key --command-timeout={timeout}")
 
@@ -40,9 +42,14 @@ def _retry(cmd: str, timeout: float) -> str:
             f"i=$((i+1)); sleep 2; done; echo \"$out\" >&2; exit 1")
 
 
+def endpoint_health_script(endpoints: str, timeout: float) -> str:
+    """Until every one of ``endpoints`` answers healthy."""
+    return _retry(f"{etcdctl(endpoints)} endpoint health", timeout)
+
+
 def health_script(ctx: Context, timeout: float, endpoints: str | None = None) -> str:
     """Until every endpoint (default: every control host) answers healthy."""
-    return _retry(f"{etcdctl(endpoints or etcd_servers(ctx.inv))} endpoint health", timeout)
+    return endpoint_health_script(endpoints or etcd_servers(ctx.inv), timeout)
 
 
 def status_script(timeout: float) -> str:
@@ -50,20 +57,27 @@ def status_script(timeout: float) -> str:
     return _retry(f"{etcdctl(LOCAL)} endpoint status", timeout)
 
 
-def member_list(ctx: Context, hosts: list[str]) -> tuple[str | None, str]:
-    """``etcdctl member list -w json`` asked on the first of ``hosts`` that answers:
-    (its output, "") or (None, why none did)."""
+def error_line(r: Result) -> str:
+    """The line of a failed etcdctl run that says why (its last ``Error:`` line)."""
+    lines = [x for x in (r.stderr + "\n" + r.stdout).strip().splitlines() if x.strip()]
+    errors = [x for x in lines if x.startswith("Error:")]
+    return (errors or lines or [f"exit {r.rc}"])[-1]
+
+
+def member_list(remotes: list[Remote], timeout: str = "5s") -> tuple[Remote | None, str, str]:
+    """``etcdctl member list -w json`` asked of the local member on the first of ``remotes``
+    whose member answers: (that remote, its output, "") or (None, "", why none did)."""
     why = []
-    for h in hosts:
+    for remote in remotes:
         try:
-            r = ctx.remotes[h].run(f"{etcdctl(LOCAL)} member list -w json", check=False, what="etcd member list")
+            r = remote.run(f"{etcdctl(LOCAL, timeout)} member list -w json", check=False, what="etcd member list")
         except HostError as e:
             why.append(str(e))
             continue
         if r.rc == 0:
-            return r.stdout, ""
-        why.append(f"{h}: {(r.stderr.strip() or r.stdout.strip())[-200:]}")
-    return None, "; ".join(why) or "no control host has etcd data"
+            return remote, r.stdout, ""
+        why.append(f"{remote.name}: {error_line(r)}")
+    return None, "", "; ".join(why)
 
 
 class StartEtcd(Phase):
@@ -86,8 +100,9 @@ class StartEtcd(Phase):
                                                for h in with_data)):
             return Guard()                    # a new cluster (every member bootstraps it), or nothing to do
         active = [h for h in with_data if ctx.facts[h].units.get(ETCD_UNIT, ("", ""))[0] == "active"]
-        out, why = member_list(ctx, active)
-        if out is None:
+        via, out, why = member_list([ctx.remotes[h] for h in active])
+        why = why or "no control host has etcd data"
+        if via is None:
             if fresh:
                 raise MembershipRefused(
                     f"{', '.join(fresh)}: no etcd data, while {', '.join(with_data)} hold an etcd cluster whose "
@@ -116,7 +131,7 @@ class StartEtcd(Phase):
         with _restart_lock:
             ev = ctx.execute(self.name, host, changes)
             wait = (status_script(ctx.options.wait_timeout) if host in ctx.etcd_guard.learners
-                    else health_script(ctx, ctx.options.wait_timeout, LOCAL))
+                    else endpoint_health_script(LOCAL, ctx.options.wait_timeout))
             r = ctx.remotes[host].run(wait, check=False, what="wait for etcd health after its restart",
                                       timeout=ctx.options.wait_timeout + 30)
             if r.rc != 0:
@@ -132,8 +147,8 @@ class StartEtcd(Phase):
         # a learner answers no health check: the voting members are checked from one of them,
         # each learner only until its member answers
         first = voting[0].name
-        endpoints = ",".join(f"https://{_url_host(h.address)}:2379" for h in voting)
-        r = ctx.remotes[first].run(health_script(ctx, ctx.options.wait_timeout, endpoints), check=False,
+        endpoints = ",".join(client_url(h.address) for h in voting)
+        r = ctx.remotes[first].run(endpoint_health_script(endpoints, ctx.options.wait_timeout), check=False,
                                    what="wait for etcd health", timeout=ctx.options.wait_timeout + 30)
         if r.rc != 0:
             raise HostError(first, f"etcd did not become healthy: {r.stderr.strip()[-500:]}")

@@ -60,24 +60,34 @@ ETCD_BOOTSTRAP_FLAGS = ("--initial-cluster", "--initial-cluster-state", "--initi
 ETCD_RESTART_KEY = "/etc/etcd/etcd.service.restart-key"
 
 
-def initial_cluster(members: list[tuple[str, str]]) -> str:
-    """``[(name, address)]`` -> ``name=https://address:2380,...`` (etcd's --initial-cluster)."""
-    return ",".join(f"{name}=https://{_url_host(address)}:2380" for name, address in members)
+def peer_url(address: str) -> str:
+    """The etcd member's peer URL on ``address``."""
+    return f"https://{_url_host(address)}:2380"
+
+
+def client_url(address: str) -> str:
+    """The etcd member's client URL on ``address``."""
+    return f"https://{_url_host(address)}:2379"
+
+
+def initial_cluster(hosts: list[HostSpec]) -> str:
+    """``name=https://address:2380,...`` of ``hosts`` (etcd's --initial-cluster)."""
+    return ",".join(f"{h.name}={peer_url(h.address)}" for h in hosts)
 
 
 def etcd_flags(inv: Inventory, host: HostSpec, join: str | None = None) -> list[str]:
     """``join``: the --initial-cluster of a member joining a running cluster (the current
     members plus itself, as `etcdctl member add` registered them); then the state is
     ``existing``. Otherwise every control host bootstraps the inventory's cluster."""
-    ip = _url_host(host.address)
+    client, peer = client_url(host.address), peer_url(host.address)
     return flags({
         "--name": host.name,
         "--data-dir": ETCD_DATA_DIR,
-        "--listen-client-urls": f"https://{ip}:2379,https://127.0.0.1:2379",
-        "--advertise-client-urls": f"https://{ip}:2379",
-        "--listen-peer-urls": f"https://{ip}:2380",
-        "--initial-advertise-peer-urls": f"https://{ip}:2380",
-        "--initial-cluster": join or initial_cluster([(c.name, c.address) for c in inv.controls]),
+        "--listen-client-urls": f"{client},https://127.0.0.1:2379",
+        "--advertise-client-urls": client,
+        "--listen-peer-urls": peer,
+        "--initial-advertise-peer-urls": peer,
+        "--initial-cluster": join or initial_cluster(inv.controls),
         "--initial-cluster-state": "existing" if join else "new",
         "--initial-cluster-token": f"{inv.metadata.name}-etcd",
         "--listen-metrics-urls": "http://127.0.0.1:2381",
@@ -116,7 +126,7 @@ def etcd_unit_files(inv: Inventory, host: HostSpec, join: str | None = None) -> 
 
 
 def etcd_servers(inv: Inventory) -> str:
-    return ",".join(f"https://{_url_host(c.address)}:2379" for c in inv.controls)
+    return ",".join(client_url(c.address) for c in inv.controls)
 
 
 def apiserver_flags(inv: Inventory, host: HostSpec) -> list[str]:
