@@ -117,11 +117,12 @@ def snapshot_save(inventory_path, dest) -> SnapshotInfo:
         tmp = f"{WORK_DIR}/etcd-snapshot-{int(time.time())}-{os.getpid()}.db"
         q = shlex.quote(tmp)
         try:
-            # etcdctl writes FILE.part, then renames; umask 077 keeps both 0600
-            r.run(f"set -e; mkdir -p {WORK_DIR}; chmod 0700 {WORK_DIR}; umask 077; "
-                  f"{_tls(LOCAL)} snapshot save {q} >/dev/null; chmod 0600 {q}",
-                  what="etcdctl snapshot save", timeout=300)
-            status = r.run(f"{ETCDCTL} snapshot status {q} -w json", what="etcdctl snapshot status").stdout
+            # etcdctl writes FILE.part, then renames; umask 077 keeps both 0600. Its status
+            # (JSON) is the script's only output.
+            status = r.run(f"set -e; mkdir -p {WORK_DIR}; chmod 0700 {WORK_DIR}; umask 077; "
+                           f"{_tls(LOCAL)} snapshot save {q} >/dev/null; chmod 0600 {q}; "
+                           f"{ETCDCTL} snapshot status {q} -w json",
+                           what="etcdctl snapshot save and status", timeout=300).stdout
             data = r.get(tmp, what="copy the snapshot")
         finally:
             r.run(f"rm -f -- {q} {q}.part", check=False, what="remove the host's snapshot file")
