@@ -39,7 +39,7 @@ awk '{print "M\t" $1}' /proc/modules 2>/dev/null
 if grep -qw overlay /proc/filesystems 2>/dev/null; then printf 'M\toverlay\n'; fi
 if [ -e /proc/sys/net/bridge/bridge-nf-call-iptables ]; then printf 'M\tbr_netfilter\n'; fi
 if command -v ss >/dev/null 2>&1; then ss -Htln 2>/dev/null | awk '{n=split($4,a,":"); print "P\t" a[n]}'; fi
-for u in $(awk -F: '{print $1}' /etc/passwd); do printf 'S\t%s\n' "$u"; done
+awk -F: '{print "S\t" $1}' /etc/passwd
 for x in RUNTIME; do
   if command -v "$x" >/dev/null 2>&1 || [ -e "/usr/local/bin/$x" ]; then printf 'X\tbinary\t%s\n' "$x"; fi
   if pgrep -x "$x" >/dev/null 2>&1; then printf 'X\tprocess\t%s\n' "$x"; fi
