@@ -29,6 +29,11 @@ def validate(path: str | Path) -> Inventory:
     return inventory_mod.load(path)
 
 
+def as_inventory(inventory: str | Path | Inventory) -> Inventory:
+    """A path is validated; an Inventory (e.g. one a day-2 command derived) is taken as is."""
+    return inventory if isinstance(inventory, Inventory) else validate(inventory)
+
+
 def state_for(inv: Inventory, state_dir: str | Path | None) -> StateDir:
     return StateDir(Path(state_dir) if state_dir else default_state_dir(inv.metadata.name))
 

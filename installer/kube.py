@@ -538,12 +538,17 @@ def set_pod_cidr(api: k8s.ApiClient, node: str, cidr: str) -> str:
     return "set"
 
 
-def node_names(api: k8s.ApiClient) -> list[str]:
-    """Names of every registered Node (control hosts must never be among them)."""
+def node_readiness(api: k8s.ApiClient) -> dict[str, bool]:
+    """Every registered Node and whether it is Ready."""
     try:
-        return sorted(n.metadata.name for n in _call("list nodes", k8s.CoreV1Api(api).list_node).items)
+        return {n.metadata.name: _ready(n)[0] for n in _call("list nodes", k8s.CoreV1Api(api).list_node).items}
     except ApiException as e:
         raise KubeError(f"list nodes: {_status_message(e)}") from None
+
+
+def node_names(api: k8s.ApiClient) -> list[str]:
+    """Names of every registered Node (control hosts must never be among them)."""
+    return sorted(node_readiness(api))
 
 
 def token_consumed(api: k8s.ApiClient, node: str) -> bool:

@@ -177,24 +177,23 @@ def _issued_serial(csr, name: str) -> str | None:
     return f"{cert.serial_number:x}" if identity(name) in cns else None
 
 
-def node_csrs(api: k8s.ApiClient, name: str, token_ids: list[str]) -> tuple[NodeCSRs, list]:
+def node_csrs(api: k8s.ApiClient, name: str, token_ids: list[str]) -> NodeCSRs:
     """The node's CSRs: made by ``system:node:<name>`` or by one of its bootstrap tokens."""
     users = {identity(name)} | {f"system:bootstrap:{t}" for t in token_ids}
     try:
         items = _call("list CSRs", k8s.CertificatesV1Api(api).list_certificate_signing_request).items
     except ApiException as e:
         raise KubeError(f"list CertificateSigningRequests: {_status_message(e)}") from None
-    out, mine = NodeCSRs(), []
+    out = NodeCSRs()
     for csr in items:
         serial = _issued_serial(csr, name)
         if csr.spec.username not in users and serial is None:
             continue
-        mine.append(csr)
         if serial:
             out.serials.append(serial)
         if not _decided(csr):
             out.pending.append(csr.metadata.name)
-    return out, mine
+    return out
 
 
 def delete_csrs(api: k8s.ApiClient, names: list[str]) -> list[str]:

@@ -26,6 +26,7 @@ from .inventory import HostSpec, Inventory
 from .ledger import Entry, Ledger, NodeRetiredError, check_inventory, revoked_message
 from .network import ROUTES_UNIT
 from .phases.base import Options
+from .phases.select import planned_changes
 from .pki.material import Material, ensure
 from .render.plan import render_cluster
 from .render.revocation import POLICY
@@ -50,7 +51,7 @@ class Target:
 
 
 def _target(inventory, state_dir, name: str) -> tuple[Target, Ledger]:
-    inv = inventory if isinstance(inventory, Inventory) else api_mod.validate(inventory)
+    inv = api_mod.as_inventory(inventory)
     state = api_mod.state_for(inv, state_dir)
     ledger = Ledger.load(state)
     host = ledger.host(name, inv)
@@ -108,16 +109,17 @@ def foreign_changes(report: runner.Report, allowed_host: str | None) -> list[str
 
 def _converge(inv: Inventory, state_dir, name: str | None, skip: frozenset[str], log, what: str,
               accept_new_host_keys: bool = False, wait_timeout: float = 180.0) -> runner.Report | None:
-    """Dry-run ``inv``; refuse when it would change more than ``name`` and the routes; else apply."""
+    """Apply ``inv``, refusing (before the lock and any change) when the facts show it would
+    change more than ``name`` and the routes. None when nothing changed."""
+    def only_name_and_routes(ctx) -> None:
+        extra = foreign_changes(runner.Report(events=planned_changes(ctx)), name)
+        if extra:
+            raise NodeOpError(f"{what}: the inventory has other pending changes; run `installer apply` for them "
+                              "first (nothing was changed):\n" + "\n".join(f"  {x}" for x in extra))
+
     opts = Options(skip=skip, accept_new_host_keys=accept_new_host_keys, wait_timeout=wait_timeout)
-    plan = runner.run(inv, state_dir, dataclasses.replace(opts, dry_run=True), log=log)
-    extra = foreign_changes(plan, name)
-    if extra:
-        raise NodeOpError(f"{what}: the inventory has other pending changes; run `installer apply` for them "
-                          "first (nothing was changed):\n" + "\n".join(f"  {x}" for x in extra))
-    if not plan.changed:
-        return None
-    return runner.run(inv, state_dir, opts, log=log)
+    report = runner.run(inv, state_dir, opts, log=log, check=only_name_and_routes)
+    return report if report.changed else None
 
 
 # --- list -----------------------------------------------------------------------------------
@@ -137,7 +139,7 @@ class NodeRow:
 
 
 def list_nodes(inventory, state_dir=None, *, use_api: bool = False, api_factory: ApiFactory | None = None) -> list[NodeRow]:
-    inv = api_mod.validate(inventory) if not isinstance(inventory, Inventory) else inventory
+    inv = api_mod.as_inventory(inventory)
     state = api_mod.state_for(inv, state_dir)
     ledger = Ledger.load(state)
     rows = {}
@@ -151,10 +153,7 @@ def list_nodes(inventory, state_dir=None, *, use_api: bool = False, api_factory:
     if use_api:
         material = state.load(inv)
         with cluster_api(inv, material, api_factory) as api:
-            ready = {}
-            for node in kube._call("list nodes", k8s.CoreV1Api(api).list_node).items:
-                ok, _ = kube._ready(node)
-                ready[node.metadata.name] = "Ready" if ok else "NotReady"
+            ready = {n: "Ready" if ok else "NotReady" for n, ok in kube.node_readiness(api).items()}
         for r in rows.values():
             r.registered = ready.pop(r.name, "absent") if r.role == "worker" else "never (control)"
         for n, status in ready.items():            # registered, but unknown to us
@@ -168,7 +167,7 @@ def add(inventory, name: str, state_dir=None, *, skip: frozenset[str] = frozense
         accept_new_host_keys: bool = False, wait_timeout: float = 180.0, log=print) -> runner.Report | None:
     """Join the inventory's host ``name``: only its certificates and token are issued, only it
     is changed (plus the routes on the other hosts)."""
-    inv = inventory if isinstance(inventory, Inventory) else api_mod.validate(inventory)
+    inv = api_mod.as_inventory(inventory)
     host = next((h for h in inv.spec.hosts if h.name == name), None)
     if host is None:
         raise NodeOpError(f"{name} is not in the inventory: add it under spec.hosts first")
@@ -239,10 +238,10 @@ def remove_plan(t: Target, *, skip_cluster: bool, host_unreachable: bool, revoke
     return steps
 
 
-def _wipe(t: Target, log, accept_new_host_keys: bool) -> list[str]:
+def _wipe(t: Target, material: Material, log, accept_new_host_keys: bool) -> list[str]:
     from . import teardown
     inv = with_host(t.inv, t.host)
-    plans = render_cluster(inv, _material(inv, t.state))
+    plans = render_cluster(inv, material)
     remote = Remote(t.host, inv, accept_new_host_keys)
     try:
         return teardown.wipe_host(inv, t.host, plans, remote, data=True, log=log)
@@ -255,15 +254,15 @@ def _cluster_cleanup(api, t: Target, material: Material, out: Outcome, log) -> l
     serials of client certificates seen issued to it."""
     n = t.host.name
     token_ids = [material.tokens[n].id] if n in material.tokens else []
+    done = []
     if node_api.delete_renewal_binding(api, n):
-        out.done.append(f"deleted ClusterRoleBinding hiddenplane:node-renewal:{n}")
-    for s in node_api.delete_tokens(api, n, token_ids):
-        out.done.append(f"deleted Secret kube-system/{s}")
-    csrs, _ = node_api.node_csrs(api, n, token_ids)
-    for c in node_api.delete_csrs(api, csrs.pending):
-        out.done.append(f"deleted pending CertificateSigningRequest {c}")
-    for line in out.done:
+        done.append(f"deleted ClusterRoleBinding hiddenplane:node-renewal:{n}")
+    done += [f"deleted Secret kube-system/{s}" for s in node_api.delete_tokens(api, n, token_ids)]
+    csrs = node_api.node_csrs(api, n, token_ids)
+    done += [f"deleted pending CertificateSigningRequest {c}" for c in node_api.delete_csrs(api, csrs.pending)]
+    for line in done:
         log(f"{n}: {line}")
+    out.done += done
     return csrs.serials
 
 
@@ -278,9 +277,9 @@ def _refresh_others(t: Target, skip: frozenset[str], log, out: Outcome, accept_n
         out.warnings.append(f"the other hosts' routes were not refreshed: {e}; run `installer apply` once "
                             f"{t.host.name} is out of the inventory")
         return
-    if report is not None:
-        out.done.append("dropped its routes on " + ", ".join(sorted({e.host for e in report.changed
-                                                                      if not e.host.startswith("(")})))
+    hosts = sorted({e.host for e in report.changed if not e.host.startswith("(")}) if report else []
+    if hosts:
+        out.done.append("dropped its routes on " + ", ".join(hosts))
 
 
 def remove(inventory, name: str, state_dir=None, *, timeout: float = 300.0, skip_cluster: bool = False,
@@ -288,18 +287,18 @@ def remove(inventory, name: str, state_dir=None, *, timeout: float = 300.0, skip
            api_factory: ApiFactory | None = None, refresh_others: bool = True, log=print) -> Outcome:
     t, ledger = _target(inventory, state_dir, name)
     out = Outcome(name)
+    material = _material(with_host(t.inv, t.host), t.state)
     if t.host.role == "control":
         from . import etcd_members
         etcd_members.remove(t.inv, name, state_dir=t.state.root, allow_even=allow_even,
                             host_unreachable=host_unreachable, log=log)
         out.done.append("removed from etcd")
         if not host_unreachable:
-            out.done += _wipe(t, log, accept_new_host_keys)
+            out.done += _wipe(t, material, log, accept_new_host_keys)
         out.entry = ledger.mark_removed(t.host, "installer node remove")
         ledger.save(t.state)
         return out
     skip = frozenset({"cluster-bootstrap"}) if skip_cluster else frozenset()
-    material = _material(with_host(t.inv, t.host), t.state)
     if not skip_cluster:
         with cluster_api(t.inv, material, api_factory) as api:
             if node_api.cordon(api, name):
@@ -319,7 +318,7 @@ def remove(inventory, name: str, state_dir=None, *, timeout: float = 300.0, skip
                     log(f"{name}: deleted Node")
             _cluster_cleanup(api, t, material, out, log)
     if not host_unreachable:
-        out.done += _wipe(t, log, accept_new_host_keys)
+        out.done += _wipe(t, material, log, accept_new_host_keys)
     out.entry = ledger.mark_removed(t.host, "installer node remove")
     ledger.save(t.state)
     if refresh_others:
@@ -354,7 +353,7 @@ def revoke(inventory, name: str, state_dir=None, *, host_unreachable: bool = Fal
         + (f" (certificate serials {', '.join(serials)})" if serials else ""))
     if not host_unreachable:
         try:
-            out.done += _wipe(t, log, accept_new_host_keys)
+            out.done += _wipe(t, material, log, accept_new_host_keys)
         except HostError as e:
             out.warnings.append(f"the host was not wiped ({e}); the revocation stands. Wipe or re-image it before "
                                 "it is used again")

@@ -14,7 +14,6 @@ from typing import Callable
 
 from . import api
 from .errors import InstallerError
-from .inventory import Inventory
 from .ledger import Ledger, check_inventory
 from .phases import ALWAYS, PHASE_NAMES, PHASES, SKIPPED_WITH
 from .phases.acquire_lock import release
@@ -67,7 +66,7 @@ def effective_options(options: Options) -> Options:
 def context(inventory, state_dir, options: Options, log: Callable[[str], None]) -> Context:
     """``inventory``: a path, or an already validated Inventory (day-2 commands pass one they
     derived, e.g. without a removed node)."""
-    inv = inventory if isinstance(inventory, Inventory) else api.validate(inventory)
+    inv = api.as_inventory(inventory)
     unknown = sorted(options.hosts - {h.name for h in inv.spec.hosts})
     if unknown:
         raise InstallerError(f"no host named {', '.join(unknown)} in the inventory")
@@ -87,7 +86,10 @@ def _resolve_artifacts(ctx: Context) -> None:
 
 
 def run(inventory_path, state_dir=None, options: Options | None = None,
-        log: Callable[[str], None] = print, on_event: Callable[[Event], None] | None = None) -> Report:
+        log: Callable[[str], None] = print, on_event: Callable[[Event], None] | None = None,
+        check: Callable[[Context], None] | None = None) -> Report:
+    """``check``: called once the hosts' facts are known, before the lock and any change; it
+    may refuse the run by raising (e.g. `node add` refusing other pending edits)."""
     options = options or Options()
     check_phase_names(options.only, "--only")
     check_phase_names(options.skip, "--skip")
@@ -128,6 +130,8 @@ def run(inventory_path, state_dir=None, options: Options | None = None,
                     for ev in ctx.events[before:]:
                         on_event(ev)
                 report.events += [e for e in events if e not in report.events]
+                if phase.name == "connect" and check is not None:
+                    check(ctx)
     finally:
         release(ctx)
         for name, remote in ctx.remotes.items():

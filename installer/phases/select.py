@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..diff import Selection
 from ..render.files import HostPlan
-from .base import Context
+from .base import Context, Event
 
 ETCD_UNIT = "etcd.service"
 CONTROL_UNITS = ("kube-apiserver.service", "kube-controller-manager.service", "kube-scheduler.service")
@@ -63,6 +63,15 @@ def phase_parts(ctx: Context, host: str) -> dict[str, Selection]:
     else:
         parts["workers"] = worker_part(plan)
     return parts
+
+
+def planned_changes(ctx: Context) -> list[Event]:
+    """What the host-changing phases would do, per host and phase (only non-empty ones), as
+    dry-run events: computed from the facts, no round trip."""
+    return [Event(phase, h, "changed", detail=ch.summary())
+            for h in (x.name for x in ctx.hosts()) if h in ctx.plans
+            for phase, sel in phase_parts(ctx, h).items() if ctx.will_run(phase)
+            for ch in [ctx.changes_for(h, sel)] if not ch.empty]
 
 
 def pending_work(ctx: Context) -> bool:
