@@ -39,6 +39,7 @@ from typing import Callable
 
 from .errors import InstallerError
 from .inventory import HostSpec, Inventory
+from .phases.select import CONTROL_UNITS as CONTROL_PLANE_UNITS, ETCD_UNIT, WORKER_UNITS
 from .render.files import HostPlan
 
 RUNTIME_BINARIES = ("kubelet", "containerd", "crio", "dockerd")
@@ -46,9 +47,8 @@ RUNTIME_UNITS = ("kubelet.service", "containerd.service", "crio.service", "docke
 UNIT_DIRS = ("/etc/systemd/system", "/run/systemd/system", "/lib/systemd/system", "/usr/lib/systemd/system")
 CONTAINERD_SOCKET = "/run/containerd/containerd.sock"
 NODE_CREDENTIALS = ("/etc/kubernetes/kubelet.conf", "/etc/kubernetes/bootstrap-kubelet.conf", "/var/lib/kubelet")
-CONTROL_UNITS = ("etcd.service", "kube-apiserver.service", "kube-controller-manager.service",
-                 "kube-scheduler.service")
-WORKER_UNITS = ("containerd.service", "kubelet.service", "kube-proxy.service")
+# the units apply starts (and waits for) on each role
+CONTROL_UNITS = (ETCD_UNIT, *CONTROL_PLANE_UNITS)
 # a worker never holds what signs cluster identities
 SIGNING_KEYS = ("/etc/kubernetes/pki/ca.key", "/etc/kubernetes/pki/front-proxy-ca.key",
                 "/etc/kubernetes/pki/etcd/ca.key", "/etc/kubernetes/pki/sa.key")
@@ -221,13 +221,18 @@ def _absent_check(name: str, stats: dict[str, _Stat], check: str, paths, on_path
     return CheckResult(name, check, not found, ("found " + ", ".join(found)) if found else "")
 
 
+# one round trip for every command of a host: the name and what `command -v` says, for those found
+ON_PATH = "for c in \"$@\"; do p=$(command -v \"$c\") && printf '%s\\t%s\\n' \"$c\" \"$p\"; done; true"
+
+
 def _on_path(host, commands: tuple[str, ...]) -> dict[str, str]:
     """command -> where it resolves, for those of ``commands`` that do (testinfra's Host.exists, batched)."""
-    out = {}
-    for c in commands:
-        if host.exists(c):
-            out[c] = host.check_output("command -v %s", c)
-    return out
+    if not commands:
+        return {}
+    out = host.run("sh -c %s on_path " + " ".join(["%s"] * len(commands)), ON_PATH, *commands)
+    if out.rc != 0:
+        raise _HostProblem(f"command -v failed (exit {out.rc}): {out.stderr.strip()[-300:]}")
+    return dict(line.split("\t", 1) for line in out.stdout.splitlines() if "\t" in line)
 
 
 def _unit_check(host, name: str, unit: str) -> CheckResult:
@@ -257,7 +262,7 @@ def _private_files(plan: HostPlan) -> dict[str, tuple[int, str, bool]]:
 
 
 def check_host(host, h: HostSpec, plan: HostPlan) -> list[CheckResult]:
-    """Every check of one host, through testinfra ``host`` (about twenty commands)."""
+    """Every check of one host, through testinfra ``host`` (about fifteen commands)."""
     name, results = h.name, []
     private = _private_files(plan)
     for top, args, owner in FOUND_SECRETS[h.role]:
