@@ -55,11 +55,10 @@ from .render.addons.konnectivity import KONNECTIVITY_VERSION
 from .render.addons.konnectivity import SERVER_BINARY as KONNECTIVITY_SERVER
 from .render.addons.konnectivity import UNIT as KONNECTIVITY_UNIT
 from .render.addons.mode import egress_mode
-from .render.files import BIN_DIR, HostFile
+from .render.files import BIN_DIR, CNI_BIN_DIR, HostFile
 
 MIRROR_ENV = "HIDDENPLANE_DOWNLOAD_MIRROR"
 TIMEOUT = 60                       # seconds, per connect and per read
-CNI_BIN_DIR = "/opt/cni/bin"
 IMAGE_DIR = "/var/lib/hiddenplane/images"      # image archives on workers
 IMAGE_PREFIX, IMAGE_SUFFIX = "image-", ".tar"
 ALL_BINARIES = CONTROL_BINARIES + WORKER_BINARIES + CNI_PLUGINS

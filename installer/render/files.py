@@ -16,6 +16,7 @@ BIN_DIR = "/usr/local/bin"
 K8S_DIR = "/etc/kubernetes"
 PKI_DIR = f"{K8S_DIR}/pki"
 SYSTEMD_DIR = "/etc/systemd/system"
+CNI_BIN_DIR = "/opt/cni/bin"          # the CNI plugins (containerd's bin_dir)
 
 
 @dataclass(frozen=True)

@@ -15,17 +15,15 @@ from ..pki import issue
 from ..pki.material import Material
 from ..pki.specs import CLUSTER_CA
 from .control import CIPHER_SUITES
-from .files import BIN_DIR, K8S_DIR, PKI_DIR, HostDir, HostFile, HostPlan, flags, render_template, to_yaml, unit_file
+from .files import BIN_DIR, CNI_BIN_DIR, K8S_DIR, PKI_DIR, HostDir, HostFile, HostPlan, flags, render_template, to_yaml, unit_file
 from .kubeconfig import kubeconfig
-from .network import SYSCTL_FILE, add_worker_network
+from .network import CNI_CONF_DIR, SYSCTL_FILE, add_worker_network
 from ..network import ROUTES_UNIT
 
 KUBELET_DIR = "/var/lib/kubelet"
 KUBE_PROXY_DIR = "/var/lib/kube-proxy"
 CONTAINERD_SOCK = "unix:///run/containerd/containerd.sock"
 SANDBOX_IMAGE = "registry.k8s.io/pause:3.10.1"      # the default of spec.artifacts.sandboxImage
-CNI_BIN_DIR = "/opt/cni/bin"
-CNI_CONF_DIR = "/etc/cni/net.d"
 RESOLVED_RESOLV_CONF = "/run/systemd/resolve/resolv.conf"
 
 MODULES = ("overlay", "br_netfilter")
