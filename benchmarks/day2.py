@@ -55,7 +55,7 @@ def main() -> None:
         rep = node_ops.add(inv_path, "w2", state, skip=SKIP, log=quiet)
         add_s = time.monotonic() - t
         others = {h: b for h, b in rep.bytes_up.items() if h != "w2"}
-        print(f"node add w2: {add_s:.1f} s (dry run + apply); round trips {rep.round_trips}; "
+        print(f"node add w2: {add_s:.1f} s (one apply run, checked before any change); round trips {rep.round_trips}; "
               f"bytes uploaded to w2 {rep.bytes_up.get('w2', 0)}, to the others {others}")
         print(f"  changed elsewhere: {sorted({e.host for e in rep.changed if e.host != 'w2'})}")
         t = time.monotonic()

@@ -5,9 +5,10 @@ Each is a short ordered list of steps over three narrow parts: the Kubernetes AP
 for the other hosts' routes. Control hosts are not Nodes: adding or removing one is an etcd
 membership change (``etcd_members``), one member at a time.
 
-What ``add`` and ``remove`` may change on the other hosts is checked on a dry run first: only
-the pod routes (``hiddenplane-routes.service``). Anything else pending means the inventory holds
-other edits, and the command refuses before touching anything: run ``installer apply`` for those.
+What ``add`` and ``remove`` may change on the other hosts is checked once the facts are read,
+before the lock and any change (``runner.run``'s ``check``): only the pod routes
+(``hiddenplane-routes.service``). Anything else pending means the inventory holds other edits,
+and the command refuses before touching anything: run ``installer apply`` for those.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ def cluster_api(inv: Inventory, material: Material, factory: ApiFactory | None =
 # --- what a run may change elsewhere ----------------------------------------------------------
 
 def foreign_changes(report: runner.Report, allowed_host: str | None) -> list[str]:
-    """Changes a dry run plans beyond ``allowed_host`` and the other hosts' pod routes."""
+    """Planned changes beyond ``allowed_host`` and the other hosts' pod routes."""
     out = []
     for ev in report.changed:
         if ev.host == allowed_host or ev.host.startswith("("):     # (local) state, (api) objects
