@@ -32,7 +32,7 @@ SYSTEM_UNITS = Path("/usr/lib/systemd/system")
 EXEC_KEYS = ("ExecStartPre", "ExecStart", "ExecStartPost", "ExecReload", "ExecStop", "ExecStopPost",
              "ExecCondition")
 BASELINE = "hp-baseline.service"
-BASELINE_UNIT = f"""[Unit]
+BASELINE_UNIT = """[Unit]
 Description=baseline for systemd-analyze noise
 
 [Service]
