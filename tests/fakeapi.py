@@ -1,27 +1,48 @@
-"""A fake kube-apiserver *transport* for any resource path, under the real ``kubernetes`` client.
+"""A fake kube-apiserver *transport* under the real ``kubernetes`` client, for every API test.
 
-Like ``test_kube.FakeApiServer`` it replaces ``ApiClient.rest_client.pool_manager`` and answers
-with real ``urllib3.HTTPResponse`` objects, but it knows resources by URL shape rather than by a
-fixed list: ``.../<plural>`` is a collection (POST creates, GET lists with label and field
-selectors), ``.../<plural>/<name>`` an object (GET, PUT, PATCH as a merge, DELETE). Pod
-evictions (``.../pods/<name>/eviction``) delete the pod unless a PodDisruptionBudget is made to
-refuse (``block_evictions``: 429 that many times per pod). Everything above the transport (typed
-API, serialization, error mapping) is the real client library.
+It replaces ``ApiClient.rest_client.pool_manager`` (urllib3) and answers with real
+``urllib3.HTTPResponse`` objects shaped like the apiserver's, recording every (method, path,
+JSON body) and the headers. Resources are known by URL shape: ``.../<plural>`` is a collection
+(POST creates or answers 409 AlreadyExists, GET lists with label and field selectors),
+``.../<plural>/<name>`` an object (GET or 404 NotFound, PUT checked against resourceVersion,
+PATCH as a merge, DELETE). Pod evictions (``.../pods/<name>/eviction``) delete the pod unless a
+PodDisruptionBudget is made to refuse (``block_evictions``: 429 that many times per pod);
+``fail`` forces an answer for a (method, path). Everything above the transport (typed API,
+serialization, error mapping) is the real client library.
 """
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import urllib3
 
-from .test_kube import _status, stored
+PLURALS = {"nodes", "pods", "secrets", "clusterrolebindings", "clusterroles", "certificatesigningrequests",
+           "validatingadmissionpolicies", "validatingadmissionpolicybindings", "events", "serviceaccounts",
+           "configmaps", "services", "deployments", "daemonsets"}
+REASONS = {200: "OK", 201: "Created", 403: "Forbidden", 404: "Not Found", 409: "Conflict", 429: "Too Many Requests"}
 
-PLURALS = {"nodes", "pods", "secrets", "clusterrolebindings", "certificatesigningrequests",
-           "validatingadmissionpolicies", "validatingadmissionpolicybindings", "events"}
-REASONS = {200: "OK", 201: "Created", 404: "Not Found", 409: "Conflict", 429: "Too Many Requests"}
+
+def _status(code: int, reason: str, message: str, **details) -> dict:
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure" if code >= 400 else "Success",
+            "message": message, "reason": reason, "details": details, "code": code}
+
+
+def stored(obj: dict, rv: int) -> dict:
+    """``obj`` as the apiserver returns it once stored: server metadata added, and a Secret's
+    write-only stringData merged into base64 ``data``."""
+    out = copy.deepcopy(obj)
+    meta = out.setdefault("metadata", {})
+    meta.update(uid=f"uid-{meta['name']}", resourceVersion=str(rv), creationTimestamp="2026-01-01T00:00:00Z")
+    if out.get("kind") == "Secret":
+        data = dict(out.get("data") or {})
+        for k, v in (out.pop("stringData", None) or {}).items():
+            data[k] = base64.b64encode(v.encode()).decode()
+        out["data"] = data
+    return out
 
 
 def _merge(into: dict, patch: dict) -> None:
@@ -42,11 +63,13 @@ class FakeCluster:
     def __init__(self):
         self.store: dict[str, dict] = {}          # object path -> stored object
         self.requests: list[tuple[str, str, dict | None]] = []
+        self.headers: list[dict] = []
+        self.fail: dict[tuple[str, str], tuple[int, dict]] = {}    # (method, path) -> forced answer
         self.block_evictions: dict[str, int] = {}   # "ns/name" -> 429 answers left
         self.rv = 100
 
     # -- seeding --
-    def put(self, path: str, obj: dict) -> dict:
+    def add(self, path: str, obj: dict) -> dict:
         self.rv += 1
         self.store[f"{path}/{obj['metadata']['name']}"] = stored(obj, self.rv)
         return self.store[f"{path}/{obj['metadata']['name']}"]
@@ -60,16 +83,17 @@ class FakeCluster:
     # -- the PoolManager interface --
     def request(self, method, url, body=None, headers=None, fields=None, **kwargs):
         parts = urlsplit(url)
-        path = unquote(parts.path)
+        path = unquote(parts.path)          # as the apiserver decodes it (":" arrives as %3A)
         query = {k: v[0] for k, v in parse_qs(parts.query).items()}
         query.update(dict(fields or ()))
         doc = json.loads(body) if body else None
         self.requests.append((method, path, doc))
-        code, answer = self._handle(method, path, query, doc)
+        self.headers.append(dict(headers or {}))
+        code, answer = self.fail.get((method, path)) or self._handle(method, path, query, doc)
         return urllib3.HTTPResponse(body=json.dumps(answer).encode(), status=code, reason=REASONS.get(code, ""),
                                     headers={"Content-Type": "application/json"}, preload_content=False)
 
-    def clear(self):
+    def clear(self):      # ApiClient.close() -> rest_client.close() -> pool_manager.clear()
         pass
 
     # -- the server --
@@ -103,11 +127,12 @@ class FakeCluster:
                 return 200, {"kind": "List", "apiVersion": "v1", "metadata": {"resourceVersion": str(self.rv)},
                              "items": self._list(path, query)}
             if method == "POST":
-                key = f"{path}/{doc['metadata']['name']}"
+                key, name = f"{path}/{doc['metadata']['name']}", doc["metadata"]["name"]
                 if key in self.store:
-                    return 409, _status(409, "AlreadyExists", f'{last} "{doc["metadata"]["name"]}" already exists',
-                                        name=doc["metadata"]["name"], kind=last)
-                return 201, self.put(path, doc)
+                    group = path.split("/")[2] if path.startswith("/apis/") else ""
+                    return 409, _status(409, "AlreadyExists", f'{last}{"." + group if group else ""} "{name}" '
+                                        "already exists", name=name, group=group, kind=last)
+                return 201, self.add(path, doc)
         if path not in self.store:
             return 404, _status(404, "NotFound", f'{head.rpartition("/")[2]} "{last}" not found', name=last)
         if method == "GET":
@@ -124,6 +149,6 @@ class FakeCluster:
             self.store[path]["metadata"]["resourceVersion"] = str(self.rv)
             return 200, self.store[path]
         if method == "DELETE":
-            gone = copy.deepcopy(self.store.pop(path))
-            return 200, gone
+            del self.store[path]
+            return 200, _status(200, "", "", name=last)
         raise AssertionError(f"unexpected {method} {path}")

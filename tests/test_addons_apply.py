@@ -22,7 +22,7 @@ from installer.phases.base import Context, Options
 from installer.render.addons import CILIUM_CHART, addon_objects, cilium_values_yaml, coredns_objects
 
 from .conftest import write_inventory
-from .test_kube import CRB, FakeApiServer, stored
+from .test_kube import CRB, FakeApiServer
 
 API = "https://192.168.56.230:6443"
 TUNNEL = "https://127.0.0.1:40123"        # what a faked api_access yields: not the inventory's URL
@@ -40,13 +40,10 @@ PATHS = {
 
 
 class AddonApiServer(FakeApiServer):
-    """FakeApiServer knowing the add-on collections too."""
-
-    COLLECTIONS = {**FakeApiServer.COLLECTIONS, **{p: p.rpartition("/")[2] for p in PATHS.values()}}
+    """FakeApiServer seeded by the add-on kinds' collections too."""
 
     def put(self, obj: dict) -> None:
-        self.rv += 1
-        self.store[item_path(obj)] = stored(obj, self.rv)
+        self.add(post_path(obj), obj)
 
 
 def post_path(obj: dict) -> str:

@@ -1,7 +1,7 @@
 """The cluster-bootstrap API calls through the real ``kubernetes`` client library.
 
 No kube-apiserver exists here, so the transport is faked at the lowest level the client has:
-``ApiClient.rest_client.pool_manager`` (urllib3) is replaced by ``FakeApiServer``, which records
+``ApiClient.rest_client.pool_manager`` (urllib3) is replaced by ``FakeApiServer`` (tests/fakeapi.py), which records
 every (method, path, JSON body) and answers with real ``urllib3.HTTPResponse`` objects shaped
 like the apiserver's (201 with the stored object, 409 AlreadyExists / 404 NotFound Status JSON,
 GET of a stored object with data base64-encoded, PUT checked against resourceVersion). Everything
@@ -27,7 +27,6 @@ import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
 
 import paramiko
 import pytest
@@ -43,6 +42,7 @@ from installer.pki import issue
 from installer.ssh import Remote
 
 from .conftest import EXAMPLE
+from .fakeapi import FakeCluster, _status
 
 API = "https://192.168.56.230:6443"
 CRB = "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings"
@@ -54,105 +54,16 @@ RFC3339 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
 
 # --- the fake transport -------------------------------------------------------------------------
 
-def _status(code: int, reason: str, message: str, **details) -> dict:
-    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure" if code >= 400 else "Success",
-            "message": message, "reason": reason, "details": details, "code": code}
-
-
-def stored(obj: dict, rv: int) -> dict:
-    """``obj`` as the apiserver returns it once stored: server metadata added, and a Secret's
-    write-only stringData merged into base64 ``data``."""
-    out = copy.deepcopy(obj)
-    meta = out.setdefault("metadata", {})
-    meta.update(uid=f"uid-{meta['name']}", resourceVersion=str(rv), creationTimestamp="2026-01-01T00:00:00Z")
-    if out.get("kind") == "Secret":
-        data = dict(out.get("data") or {})
-        for k, v in (out.pop("stringData", None) or {}).items():
-            data[k] = base64.b64encode(v.encode()).decode()
-        out["data"] = data
-    return out
-
-
-class FakeApiServer:
-    """Stands in for urllib3's PoolManager under the real ApiClient (see the module docstring)."""
-
-    COLLECTIONS = {CRB: "clusterrolebindings", SECRETS: "secrets", NODES: "nodes"}
+class FakeApiServer(FakeCluster):
+    """tests/fakeapi.py's fake transport, seeded by kind with the objects cluster-bootstrap sends."""
 
     def __init__(self, objects: list[dict] = ()):
-        self.requests: list[tuple[str, str, dict | None]] = []
-        self.headers: list[dict] = []
-        self.store: dict[str, dict] = {}
-        self.rv = 100
-        self.fail: dict[tuple[str, str], tuple[int, dict]] = {}    # (method, path) -> forced answer
+        super().__init__()
         for o in objects:
             self.put(o)
 
     def put(self, obj: dict) -> None:
-        coll = {"ClusterRoleBinding": CRB, "Secret": SECRETS, "Node": NODES}[obj["kind"]]
-        self.rv += 1
-        self.store[f"{coll}/{obj['metadata']['name']}"] = stored(obj, self.rv)
-
-    def request(self, method, url, body=None, headers=None, **kwargs):
-        path = unquote(urlsplit(url).path)   # as the apiserver decodes it (":" arrives as %3A)
-        doc = json.loads(body) if body else None
-        self.requests.append((method, path, doc))
-        self.headers.append(dict(headers or {}))
-        if (method, path) in self.fail:
-            return self._answer(*self.fail[(method, path)])
-        return self._answer(*self._handle(method, path, doc))
-
-    def clear(self):      # ApiClient.close() -> rest_client.close() -> pool_manager.clear()
-        pass
-
-    @staticmethod
-    def _answer(code: int, doc: dict):
-        return urllib3.HTTPResponse(body=json.dumps(doc).encode(), status=code,
-                                    reason={200: "OK", 201: "Created", 404: "Not Found", 409: "Conflict",
-                                            403: "Forbidden"}.get(code, ""),
-                                    headers={"Content-Type": "application/json"}, preload_content=False)
-
-    def _handle(self, method: str, path: str, doc):
-        coll, _, name = path.rpartition("/")
-        if method == "POST" and path in self.COLLECTIONS:
-            key = f"{path}/{doc['metadata']['name']}"
-            if key in self.store:
-                res = self.COLLECTIONS[path]
-                group = "rbac.authorization.k8s.io" if path == CRB else ""
-                return 409, _status(409, "AlreadyExists", f'{res}{"." + group if group else ""} '
-                                    f'"{doc["metadata"]["name"]}" already exists',
-                                    name=doc["metadata"]["name"], group=group, kind=res)
-            self.rv += 1
-            self.store[key] = stored(doc, self.rv)
-            return 201, self.store[key]
-        if method == "GET" and path in self.COLLECTIONS:
-            items = [v for k, v in self.store.items() if k.rpartition("/")[0] == path]
-            return 200, {"kind": "List", "apiVersion": "v1", "metadata": {"resourceVersion": str(self.rv)},
-                         "items": items}
-        if path not in self.store:
-            return 404, _status(404, "NotFound", f'"{name}" not found', name=name)
-        if method == "GET":
-            return 200, self.store[path]
-        if method == "PUT":
-            if doc["metadata"].get("resourceVersion") != self.store[path]["metadata"]["resourceVersion"]:
-                return 409, _status(409, "Conflict", "the object has been modified", name=name)
-            self.rv += 1
-            self.store[path] = stored(doc, self.rv)
-            return 200, self.store[path]
-        if method == "PATCH":       # a merge of the body into the stored object
-            def merge(into: dict, patch: dict) -> None:
-                for k, v in patch.items():
-                    if isinstance(v, dict) and isinstance(into.get(k), dict):
-                        merge(into[k], v)
-                    else:
-                        into[k] = v
-            merge(self.store[path], doc)
-            self.rv += 1
-            self.store[path]["metadata"]["resourceVersion"] = str(self.rv)
-            return 200, self.store[path]
-        if method == "DELETE":
-            del self.store[path]
-            return 200, _status(200, "", "", name=name)
-        raise AssertionError(f"unexpected {method} {path}")
+        self.add({"ClusterRoleBinding": CRB, "Secret": SECRETS, "Node": NODES}[obj["kind"]], obj)
 
 
 @pytest.fixture

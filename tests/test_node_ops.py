@@ -173,17 +173,17 @@ def fake_api(prepared, cluster):
 
 
 def seed_node(cluster: FakeCluster, name: str) -> None:
-    cluster.put(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}, "spec": {}})
+    cluster.add(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}, "spec": {}})
 
 
 def test_drain_evicts_respecting_budgets_and_skips_daemonsets(cluster, fake_api):
     seed_node(cluster, "node2")
-    cluster.put("/api/v1/namespaces/default/pods", pod("web-1", "node2"))
-    cluster.put("/api/v1/namespaces/default/pods", pod("web-2", "node2"))
-    cluster.put("/api/v1/namespaces/default/pods", pod("other", "node3"))
-    cluster.put("/api/v1/namespaces/kube-system/pods", pod("agent", "node2", "kube-system", owner="DaemonSet"))
-    cluster.put("/api/v1/namespaces/kube-system/pods", pod("static", "node2", "kube-system", mirror=True))
-    cluster.put("/api/v1/namespaces/default/pods", pod("done", "node2", phase="Succeeded"))
+    cluster.add("/api/v1/namespaces/default/pods", pod("web-1", "node2"))
+    cluster.add("/api/v1/namespaces/default/pods", pod("web-2", "node2"))
+    cluster.add("/api/v1/namespaces/default/pods", pod("other", "node3"))
+    cluster.add("/api/v1/namespaces/kube-system/pods", pod("agent", "node2", "kube-system", owner="DaemonSet"))
+    cluster.add("/api/v1/namespaces/kube-system/pods", pod("static", "node2", "kube-system", mirror=True))
+    cluster.add("/api/v1/namespaces/default/pods", pod("done", "node2", phase="Succeeded"))
     cluster.block_evictions["default/web-2"] = 2              # a PDB refuses twice, then allows
     with fake_api() as a:
         assert node_api.cordon(a, "node2")
@@ -199,7 +199,7 @@ def test_drain_evicts_respecting_budgets_and_skips_daemonsets(cluster, fake_api)
 
 def test_drain_times_out_naming_the_blocked_pod(cluster, fake_api):
     seed_node(cluster, "node2")
-    cluster.put("/api/v1/namespaces/db/pods", pod("primary", "node2", "db"))
+    cluster.add("/api/v1/namespaces/db/pods", pod("primary", "node2", "db"))
     cluster.block_evictions["db/primary"] = 10**6
     with fake_api() as a, pytest.raises(node_api.DrainError) as e:
         node_api.drain(a, "node2", timeout=0.05, interval=0.01, log=lambda m: None)
@@ -232,20 +232,20 @@ def seed_node_objects(cluster: FakeCluster, prepared, node: str) -> str:
     """Node, token Secret, renewal binding, one pending and one issued CSR; returns the token id."""
     seed_node(cluster, node)
     tid = prepared.material.tokens[node].id
-    cluster.put(SECRETS, {"apiVersion": "v1", "kind": "Secret", "metadata": {
+    cluster.add(SECRETS, {"apiVersion": "v1", "kind": "Secret", "metadata": {
         "name": f"bootstrap-token-{tid}", "namespace": "kube-system",
         "labels": {"hiddenplane.io/node": node}}, "type": "bootstrap.kubernetes.io/token", "data": {}})
-    cluster.put(SECRETS, {"apiVersion": "v1", "kind": "Secret", "metadata": {
+    cluster.add(SECRETS, {"apiVersion": "v1", "kind": "Secret", "metadata": {
         "name": "bootstrap-token-zzzzzz", "namespace": "kube-system",
         "labels": {"hiddenplane.io/node": "someone-else"}}, "type": "bootstrap.kubernetes.io/token", "data": {}})
     from installer.render.manifests import node_renewal_binding
-    cluster.put(CRB, node_renewal_binding(node))
-    cluster.put(CRB, node_renewal_binding("keep-me"))
+    cluster.add(CRB, node_renewal_binding(node))
+    cluster.add(CRB, node_renewal_binding("keep-me"))
     key = ec.generate_private_key(ec.SECP256R1())
-    cluster.put(CSRS, csr(f"csr-{node}-issued", f"system:bootstrap:{tid}", issued_to=f"system:node:{node}",
+    cluster.add(CSRS, csr(f"csr-{node}-issued", f"system:bootstrap:{tid}", issued_to=f"system:node:{node}",
                           key=key, ca=prepared.material.pair("ca"), approved=True))
-    cluster.put(CSRS, csr(f"csr-{node}-pending", f"system:node:{node}"))
-    cluster.put(CSRS, csr("csr-other-pending", "system:node:another"))
+    cluster.add(CSRS, csr(f"csr-{node}-pending", f"system:node:{node}"))
+    cluster.add(CSRS, csr("csr-other-pending", "system:node:another"))
     return tid
 
 
@@ -299,7 +299,7 @@ def test_revoke_refuses_a_control_host(prepared, state_copy, fake_api, cluster):
 
 def test_remove_with_host_unreachable_does_the_cluster_side(prepared, cluster, fake_api, state_copy):
     tid = seed_node_objects(cluster, prepared, "node2")
-    cluster.put("/api/v1/namespaces/default/pods", pod("web", "node2"))
+    cluster.add("/api/v1/namespaces/default/pods", pod("web", "node2"))
     out = node_ops.remove(EXAMPLE, "node2", state_copy, host_unreachable=True, api_factory=fake_api,
                           refresh_others=False, timeout=10, log=lambda m: None)
     paths = [(m, p) for m, p, _ in cluster.requests]
@@ -315,7 +315,7 @@ def test_remove_with_host_unreachable_does_the_cluster_side(prepared, cluster, f
 
 def test_remove_stops_when_the_drain_is_blocked(prepared, cluster, fake_api, state_copy):
     seed_node_objects(cluster, prepared, "node2")
-    cluster.put("/api/v1/namespaces/db/pods", pod("primary", "node2", "db"))
+    cluster.add("/api/v1/namespaces/db/pods", pod("primary", "node2", "db"))
     cluster.block_evictions["db/primary"] = 10**6
     with pytest.raises(node_ops.NodeOpError, match="stays cordoned and nothing else was done"):
         node_ops.remove(EXAMPLE, "node2", state_copy, api_factory=fake_api, refresh_others=False, timeout=0.05,
