@@ -118,12 +118,7 @@ def reissued_rows(inv: Inventory, old: Material, new: Material, names) -> list[R
             for n in names]
 
 
-# --- the inventory and the state -----------------------------------------------------------
-
-def inventory_of(inventory) -> Inventory:
-    """A validated inventory from a path (or the inventory itself)."""
-    return inventory if isinstance(inventory, Inventory) else api.validate(inventory)
-
+# --- the state ---------------------------------------------------------------------------------
 
 def load_state(inv: Inventory, state_dir) -> tuple[StateDir, Material]:
     """The state as it is; refused when it is missing, incomplete or does not match the
@@ -185,7 +180,7 @@ def save_state(state: StateDir, inv: Inventory, material: Material) -> None:
 
 def renew(inventory, *, state_dir=None, only=(), dry_run: bool = False, wait_timeout: float = 180.0,
           log: Callable[[str], None] = print) -> Report:
-    inv = inventory_of(inventory)
+    inv = api.as_inventory(inventory)
     state, old = load_state(inv, state_dir)
     names = leaf_names(inv, old, only)
     new = reissue(inv, old, names)

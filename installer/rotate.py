@@ -25,6 +25,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Callable
 
+from . import api
 from .certs import existing_state
 from .errors import InstallerError, StateError
 from .inventory import Inventory
@@ -35,7 +36,7 @@ from .pki.issue import Pair
 from .pki.material import Material, new_token
 from .pki.specs import CAS, ETCD_CA, cert_specs
 from .render.addons.konnectivity import enabled as konnectivity_enabled
-from .renew import (CA_CHOICES, NOT_OURS, backup, copy_material, inventory_of, pki_paths, reissue, reissued_rows,
+from .renew import (CA_CHOICES, NOT_OURS, backup, copy_material, pki_paths, reissue, reissued_rows,
                     resumable, save_state)
 from .rollout import (APISERVER, CONTROLLER_MANAGER, ETCD, KONNECTIVITY, KUBE_PROXY, KUBELET, SCHEDULER, Reissued,
                       Report, endpoints, hex_serial, push, read_endpoints, restart_order, roll, session,
@@ -135,7 +136,7 @@ def _rebootstrap_worker(ctx: Context, host: str, report: Report) -> None:
 
 def rotate_ca(inventory, *, state_dir=None, which=("all",), yes: bool = False, use_api: bool = True,
               wait_timeout: float = 180.0, log: Callable[[str], None] = print) -> Report:
-    inv = inventory_of(inventory)
+    inv = api.as_inventory(inventory)
     cas = which_cas(which)
     state = existing_state(inv, state_dir)
     old = state.load(inv)
