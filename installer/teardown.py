@@ -43,7 +43,7 @@ from __future__ import annotations
 import posixpath
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from . import network
@@ -110,7 +110,7 @@ class Teardown:
     users: tuple[tuple[str, str], ...]          # (name, home) created by the installer
     processes: tuple[str, ...]      # binaries whose processes must not survive
     binary_dirs: tuple[str, ...] = ()           # manifest entries here are skipped when binaries=False
-    leftovers: tuple[str, ...] = field(default=())   # globs of installer-made data (with data only)
+    leftovers: tuple[str, ...] = ()                  # globs of installer-made data (with data only)
 
 
 def _ancestors(path: str) -> list[str]:
@@ -310,14 +310,8 @@ clean_rules() {
     fi
   done
 }
-"""
-
-
-
-
-def _prelude() -> str:
-    return (_PRELUDE.replace("BACKUP", BACKUP_INFIX).replace("RUNC", CONTAINERD_RUN)
-            .replace("DATAC", CONTAINERD_DATA).replace("KUBELET", KUBELET_DIR).replace("NETNS", CNI_NETNS))
+""".replace("BACKUP", BACKUP_INFIX).replace("RUNC", CONTAINERD_RUN).replace("DATAC", CONTAINERD_DATA) \
+    .replace("KUBELET", KUBELET_DIR).replace("NETNS", CNI_NETNS)
 
 
 def _exe_pids(binaries: Sequence[str]) -> str:
@@ -344,11 +338,10 @@ def render_script(t: Teardown, root: str = "") -> str:
         f"R={shlex.quote(root)}",
         f"RESTORED={shlex.quote(RESTORED)}",
         f"PREFIXES={shlex.quote('|'.join(CHAIN_PREFIXES))}",
-        f"BINARIES={shlex.quote(' '.join(t.processes))}",
         "FILES=" + shlex.quote("\n".join(t.files)),
         f"CG_UNITS={shlex.quote(' '.join([CONTAINERD_UNIT, KUBELET_UNIT, KUBE_PROXY_UNIT]) if worker else '')}",
         "NAMESPACES=''",
-        _prelude(),
+        _PRELUDE,
         f"# nothing of hiddenplane was ever on a host without {STATE_DIR}",
         f'[ -d "$R"{q(STATE_DIR)} ] || exit 0',
         _exe_pids(t.processes),
@@ -556,21 +549,18 @@ def host_plan(inv: Inventory, host_name: str | HostSpec, plans: Mapping[str, Hos
 
 # --- executing ------------------------------------------------------------------------------
 
-def _run_script(remote: Remote, host: str, script: str, log: Log) -> list[str]:
-    r = remote.run(script, check=False, what="remove what hiddenplane installed", timeout=900)
-    done = [line for line in r.stdout.splitlines() if line.strip()]
-    for line in done:
-        log(f"{host}: {line}")
-    if r.rc != 0:
-        tail = "\n".join(r.stderr.strip().splitlines()[-6:])
-        raise TeardownError(f"{host}: teardown failed (exit {r.rc}): {tail}")
-    return done
-
-
 def wipe_host(inv: Inventory, host: HostSpec, plans: Mapping[str, HostPlan], remote: Remote, *, data: bool,
               log: Log = print) -> list[str]:
     """Run the teardown of ``host`` over ``remote`` (one round trip); returns one line per thing
     it did (empty: nothing of hiddenplane was there). ``host`` may be a node no longer in the
     inventory. Raises HostError when the host cannot be reached, TeardownError when something
     could not be removed (a rerun continues where it stopped)."""
-    return _run_script(remote, host.name, host_script(inv, host, plans, data=data), log)
+    r = remote.run(host_script(inv, host, plans, data=data), check=False, what="remove what hiddenplane installed",
+                   timeout=900)
+    done = [line for line in r.stdout.splitlines() if line.strip()]
+    for line in done:
+        log(f"{host.name}: {line}")
+    if r.rc != 0:
+        tail = "\n".join(r.stderr.strip().splitlines()[-6:])
+        raise TeardownError(f"{host.name}: teardown failed (exit {r.rc}): {tail}")
+    return done
