@@ -56,7 +56,8 @@ def apply(lab) -> dict:
 
 
 def pod_cidrs(lab) -> dict[str, str]:
-    return api.state_for(api.validate(lab.inv_images), lab.state).load(api.validate(lab.inv_images)).pod_cidrs
+    inv = api.validate(lab.inv_images)
+    return api.state_for(inv, lab.state).load(inv).pod_cidrs
 
 
 def start_container(host, cid: str, seconds: int) -> None:
