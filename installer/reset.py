@@ -87,7 +87,7 @@ def reset(inventory, *, state_dir=None, yes: bool = False, keep_data: bool = Fal
     Every chosen host is connected to first: when one cannot be reached nothing is done on any
     (``ignore_unreachable`` resets the others and names the skipped ones). A live apply lock on
     a control host also stops the reset before anything is done."""
-    inv = inventory if isinstance(inventory, Inventory) else api.validate(inventory)
+    inv = api.as_inventory(inventory)
     names = list(dict.fromkeys(hosts))
     unknown = [n for n in names if n not in {h.name for h in inv.spec.hosts}]
     if unknown:
