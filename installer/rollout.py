@@ -210,8 +210,8 @@ def _wait(ctx: Context, host: str, unit: str) -> None:
     elif unit in SECURE_PORTS:
         _run(ctx, host, listening_script((SECURE_PORTS[unit],), t), f"wait for {unit}", t)
     elif unit == KUBELET:
-        _run(ctx, host, active_script((unit,), t) + "\n" + listening_script(KUBELET_PORTS, t), "wait for the kubelet",
-             2 * t)
+        _run(ctx, host, active_script((unit,), t) + " && " + listening_script(KUBELET_PORTS, t, ("kubelet",)),
+             "wait for the kubelet", 2 * t)
     else:
         _run(ctx, host, active_script((unit,), t), f"wait for {unit}", t)
 

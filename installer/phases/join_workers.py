@@ -30,10 +30,11 @@ KUBELET_PORTS = (10250,)
 
 
 def active_script(units: tuple[str, ...], timeout: float) -> str:
+    """Wait until every unit is active. A subshell, so that scripts chain with ``&&``."""
     names = " ".join(units)
     tries = max(1, int(timeout))
-    return (f"i=0; while [ $i -lt {tries} ]; do systemctl is-active --quiet {names} && exit 0; "
-            f"i=$((i+1)); sleep 1; done; systemctl --no-pager status {names} 2>&1 | tail -30 >&2; exit 1")
+    return (f"(i=0; while [ $i -lt {tries} ]; do systemctl is-active --quiet {names} && exit 0; "
+            f"i=$((i+1)); sleep 1; done; systemctl --no-pager status {names} 2>&1 | tail -30 >&2; exit 1)")
 
 
 def normalize_ref(ref: str) -> str:
@@ -103,7 +104,9 @@ class JoinWorkers(Phase):
         ev = ctx.execute(self.name, host, ctx.changes_for(host, worker_part(ctx.plans[host])))
         if not ctx.options.dry_run and not ctx.settled([ev], WORKER_UNITS):
             timeout = ctx.options.wait_timeout
-            script = active_script(WORKER_UNITS, timeout) + "\n" + listening_script(KUBELET_PORTS, timeout)
+            # the units, then the kubelet's port
+            script = active_script(WORKER_UNITS, timeout) + " && " + listening_script(KUBELET_PORTS, timeout,
+                                                                                     ("kubelet",))
             r = ctx.remotes[host].run(script, check=False, what="wait for the worker units",
                                       timeout=2 * timeout + 30)
             if r.rc != 0:

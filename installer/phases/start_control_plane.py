@@ -15,14 +15,17 @@ from .select import CONTROL_UNITS, control_plane_part
 LOCAL_PORTS = (10257, 10259)
 
 
-def listening_script(ports: tuple[int, ...], timeout: float) -> str:
+def listening_script(ports: tuple[int, ...], timeout: float,
+                     units: tuple[str, ...] = ("kube-controller-manager", "kube-scheduler")) -> str:
+    """Wait until something listens on every port; on timeout show ``units``' status. A subshell,
+    so that scripts chain with ``&&`` (its ``exit`` ends only itself)."""
     want = " ".join(str(p) for p in ports)
     tries = max(1, int(timeout))
-    return (f"i=0; while [ $i -lt {tries} ]; do ok=1; for p in {want}; do "
+    return (f"(i=0; while [ $i -lt {tries} ]; do ok=1; for p in {want}; do "
             f"ss -Htln | awk '{{print $4}}' | grep -q \":$p$\" || ok=0; done; "
             f"[ $ok = 1 ] && exit 0; i=$((i+1)); sleep 1; done; "
             f"echo \"not listening on all of: {want}\" >&2; systemctl --no-pager status "
-            f"kube-controller-manager kube-scheduler 2>&1 | tail -20 >&2; exit 1")
+            f"{' '.join(units)} 2>&1 | tail -20 >&2; exit 1)")
 
 
 class StartControlPlane(Phase):
