@@ -6,6 +6,7 @@ import click
 
 from .certs import STATE_HELP, print_report
 from .errors import domain_errors
+from .output import nothing_without_yes
 
 
 @click.group()
@@ -40,11 +41,7 @@ def rotate(inventory, state_dir, which, yes, no_api, wait_timeout, fmt):
     report = rotate_mod.rotate_ca(inventory, state_dir=state_dir, which=which, yes=yes, use_api=not no_api,
                                   wait_timeout=wait_timeout, log=lambda m: click.echo(m, err=True))
     if not yes:
-        click.echo("the rotation would:", err=True)
-        for step in report.steps:
-            click.echo(f"  - {step}", err=True)
-        click.echo("error: nothing done; pass --yes to rotate", err=True)
-        raise SystemExit(2)
+        nothing_without_yes("the rotation", "rotate", report.steps)
     print_report(report, fmt)
     if fmt == "text":
         click.echo(f"rotated {', '.join(r.name for r in report.reissued if r.name == r.ca)}; "

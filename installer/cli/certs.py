@@ -8,6 +8,7 @@ import json
 import click
 
 from .errors import domain_errors
+from .output import table
 
 STATE_HELP = ("Local state directory holding the PKI. "
               "Default: $XDG_STATE_HOME/hiddenplane/<cluster> (~/.local/state/hiddenplane/<cluster>).")
@@ -46,9 +47,7 @@ def check(inventory, state_dir, within, offline, fmt):
              str(r.days_left(now)) if r.serial else "-",
              "; ".join((["EXPIRED"] if r.not_after <= now else ["EXPIRING"] if r in expiring else []) + r.notes))
             for r in rows]
-        widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
-        for line in lines:
-            click.echo("  ".join(c.ljust(w) for c, w in zip(line, widths)) + "  " + line[-1])
+        table(lines)
         if expiring:
             click.echo(f"{len(expiring)} certificate(s) expire within {within:g} days:")
             for r in expiring:

@@ -6,6 +6,7 @@ import click
 
 from .. import api, etcd_members, etcd_ops
 from .errors import domain_errors
+from .output import nothing_without_yes, table
 
 
 @click.group()
@@ -21,22 +22,11 @@ def members(inventory):
     rows = [("NAME", "ID", "PEER URL", "CLIENT URL", "LEARNER")]
     for m in etcd_ops.members(inventory):
         rows.append((m.name, m.id, ",".join(m.peer_urls), ",".join(m.client_urls), "yes" if m.learner else "no"))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    table(rows)
 
 
 def _progress(message: str) -> None:
     click.echo(message, err=True)
-
-
-def nothing_without_yes(what: str, verb: str, steps: list[str]) -> None:
-    """What ``what`` would do, on stderr; exit 2 (nothing was done)."""
-    click.echo(f"{what} would:", err=True)
-    for step in steps:
-        click.echo(f"  - {step}", err=True)
-    click.echo(f"error: nothing done; pass --yes to {verb}", err=True)
-    raise SystemExit(2)
 
 
 @etcd.group()

@@ -8,7 +8,7 @@ import click
 
 from .. import api, node_ops
 from .errors import domain_errors
-from .output import Progress
+from .output import Progress, nothing_without_yes, table
 
 STATE_HELP = ("Local state directory holding the PKI and the node ledger. "
               "Default: $XDG_STATE_HOME/hiddenplane/<cluster> (~/.local/state/hiddenplane/<cluster>).")
@@ -30,11 +30,7 @@ def _err(line: str) -> None:
 
 def _refuse_without_yes(inventory, state_dir, name, what: str, **kw) -> None:
     t, _ = node_ops._target(api.validate(inventory), state_dir, name)
-    _err(f"{what} {name} would:")
-    for step in node_ops.remove_plan(t, **kw):
-        _err(f"  - {step}")
-    _err("error: nothing done; pass --yes to do it")
-    raise SystemExit(2)
+    nothing_without_yes(f"{what} {name}", "do it", node_ops.remove_plan(t, **kw))
 
 
 def _outcome(out: node_ops.Outcome, verb: str) -> None:
@@ -59,17 +55,15 @@ def node():
 @domain_errors
 def list_(inventory, state_dir, use_api, fmt):
     """Every host with its state: active, removed or revoked (inventory + node ledger)."""
-    rows = node_ops.list_nodes(inventory, state_dir, use_api=use_api)
+    nodes = node_ops.list_nodes(inventory, state_dir, use_api=use_api)
     if fmt == "json":
-        click.echo(json.dumps([r.as_dict() for r in rows], indent=2))
+        click.echo(json.dumps([r.as_dict() for r in nodes], indent=2))
         return
-    table = [("NAME", "ROLE", "ADDRESS", "STATE", "SINCE", "IN INVENTORY") + (("API",) if use_api else ())]
-    for r in rows:
-        table.append((r.name, r.role, r.address, r.state, r.since, "yes" if r.in_inventory else "no")
+    rows = [("NAME", "ROLE", "ADDRESS", "STATE", "SINCE", "IN INVENTORY") + (("API",) if use_api else ())]
+    for r in nodes:
+        rows.append((r.name, r.role, r.address, r.state, r.since, "yes" if r.in_inventory else "no")
                      + ((r.registered,) if use_api else ()))
-    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-    for row in table:
-        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+    table(rows)
 
 
 @node.command()

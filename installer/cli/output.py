@@ -50,3 +50,19 @@ class Progress:
         self.console.print(f"[bold]{title}[/]: {len(report.changed)} change(s), {len(report.restarts)} restart(s), "
                            f"{sum(report.bytes_up.values())} B uploaded, {trips} SSH round trip(s), "
                            f"{report.seconds:.1f} s")
+
+
+def table(rows: list[tuple[str, ...]]) -> None:
+    """Print ``rows`` (the first is the header) in columns as wide as their widest cell."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+
+
+def nothing_without_yes(what: str, verb: str, steps: list[str]) -> None:
+    """What ``what`` would do, on stderr; exit 2 (nothing was done)."""
+    click.echo(f"{what} would:", err=True)
+    for step in steps:
+        click.echo(f"  - {step}", err=True)
+    click.echo(f"error: nothing done; pass --yes to {verb}", err=True)
+    raise SystemExit(2)

@@ -4,10 +4,10 @@ unit belongs to exactly one phase (a test checks the partition)."""
 from __future__ import annotations
 
 from ..diff import Selection
+from ..render.control import ETCD_UNIT
 from ..render.files import HostPlan
 from .base import Context, Event
 
-ETCD_UNIT = "etcd.service"
 CONTROL_UNITS = ("kube-apiserver.service", "kube-controller-manager.service", "kube-scheduler.service")
 WORKER_UNITS = ("containerd.service", "kubelet.service", "kube-proxy.service")
 
@@ -65,17 +65,21 @@ def phase_parts(ctx: Context, host: str) -> dict[str, Selection]:
     return parts
 
 
+def _changes(ctx: Context):
+    """(host, phase, HostChanges) for every non-empty change the running phases would make."""
+    for h in (x.name for x in ctx.hosts()):
+        if h in ctx.plans:
+            for phase, sel in phase_parts(ctx, h).items():
+                if ctx.will_run(phase) and not (ch := ctx.changes_for(h, sel)).empty:
+                    yield h, phase, ch
+
+
 def planned_changes(ctx: Context) -> list[Event]:
-    """What the host-changing phases would do, per host and phase (only non-empty ones), as
-    dry-run events: computed from the facts, no round trip."""
-    return [Event(phase, h, "changed", detail=ch.summary())
-            for h in (x.name for x in ctx.hosts()) if h in ctx.plans
-            for phase, sel in phase_parts(ctx, h).items() if ctx.will_run(phase)
-            for ch in [ctx.changes_for(h, sel)] if not ch.empty]
+    """What the host-changing phases would do, per host and phase, as dry-run events: computed
+    from the facts, no round trip."""
+    return [Event(phase, h, "changed", detail=ch.summary()) for h, phase, ch in _changes(ctx)]
 
 
 def pending_work(ctx: Context) -> bool:
     """Will any phase that runs change any host?"""
-    return any(not ctx.changes_for(h, sel).empty
-               for h in (x.name for x in ctx.hosts()) if h in ctx.plans
-               for phase, sel in phase_parts(ctx, h).items() if ctx.will_run(phase))
+    return next(_changes(ctx), None) is not None
