@@ -131,19 +131,27 @@ def reset(inventory, *, state_dir=None, yes: bool = False, keep_data: bool = Fal
             raise TeardownError("; ".join(
                 f"{n}: another apply holds the lock: {v}" if isinstance(v, str) else str(v) for n, v in held.items())
                 + ": nothing was done")
-        for role in ("worker", "control"):
-            group = [h for h in reachable if h.role == role]
-            specs = {h.name: h for h in group}
-            results = _parallel(lambda n: wipe_host(inv, specs[n], plans, remotes[n], data=data, log=log), list(specs))
-            errors = [e for e in results.values() if isinstance(e, Exception)]
-            for name, done in results.items():
-                if not isinstance(done, Exception):
-                    report.hosts[name] = done
-                    if not done:
-                        log(f"{name}: nothing of hiddenplane there")
-            if errors:
-                later = " (control hosts not touched)" if role == "worker" and controls else ""
-                raise TeardownError("; ".join(str(e) for e in errors) + later)
+        try:
+            for role in ("worker", "control"):
+                group = [h for h in reachable if h.role == role]
+                specs = {h.name: h for h in group}
+                results = _parallel(lambda n: wipe_host(inv, specs[n], plans, remotes[n], data=data, log=log),
+                                    list(specs))
+                errors = [e for e in results.values() if isinstance(e, Exception)]
+                for name, done in results.items():
+                    if not isinstance(done, Exception):
+                        report.hosts[name] = done
+                        if not done:
+                            log(f"{name}: nothing of hiddenplane there")
+                if errors:
+                    later = " (control hosts not touched)" if role == "worker" and controls else ""
+                    raise TeardownError("; ".join(str(e) for e in errors) + later)
+        except BaseException:
+            # a successful wipe takes the lock away with /var/lib/hiddenplane; a failed one must
+            # not leave it behind to refuse the next apply for an hour
+            for h in controls:
+                drop(remotes[h.name], run_id)
+            raise
     finally:
         for r in remotes.values():
             r.close()

@@ -573,6 +573,32 @@ def test_reset_respects_a_live_apply_lock(inv, prepared, monkeypatch):
     assert list(report.hosts) == [WORKER]
 
 
+def test_a_failed_reset_releases_its_lock(inv, prepared, monkeypatch):
+    ran = []
+
+    class Fake:
+        def __init__(self, host, inv):
+            self.name = host.name
+
+        def open(self):
+            pass
+
+        def run(self, script, **kw):
+            ran.append((self.name, script))
+            if "off " in script and self.name == WORKER:      # the worker's wipe fails
+                return Result("", "could not remove: /usr/local/bin/kubelet", 1)
+            return Result("", "", 0)
+
+        def close(self):
+            pass
+    monkeypatch.setattr(reset, "Remote", Fake)
+    with pytest.raises(teardown.TeardownError, match="control hosts not touched"):
+        reset.reset(inv, state_dir=prepared.state.root, yes=True, log=lambda m: None)
+    on_control = [script for name, script in ran if name == CONTROL]
+    assert "set -C" in on_control[0] and "rm -f" in on_control[-1] and "grep -q reset-" in on_control[-1]
+    assert not [s for s in on_control if "off " in s]                   # the control host was not wiped
+
+
 def test_a_put_back_original_survives_a_later_teardown_with_data(tmp_path, inv, plans):
     h = Root(tmp_path, inv, plans, WORKER)
     h.installed(teardown.host_teardown(inv, WORKER, plans, data=True))
