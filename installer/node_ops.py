@@ -29,7 +29,6 @@ from .network import ROUTES_UNIT
 from .phases.base import Options
 from .phases.select import planned_changes
 from .pki.material import Material, ensure
-from .render.plan import render_cluster
 from .render.revocation import POLICY
 from .ssh import HostError, Remote
 from .state import StateDir
@@ -239,13 +238,13 @@ def remove_plan(t: Target, *, skip_cluster: bool, host_unreachable: bool, revoke
     return steps
 
 
-def _wipe(t: Target, material: Material, log, accept_new_host_keys: bool) -> list[str]:
+def _wipe(t: Target, log, accept_new_host_keys: bool) -> list[str]:
     from . import teardown
     inv = with_host(t.inv, t.host)
-    plans = render_cluster(inv, material)
     remote = Remote(t.host, inv, accept_new_host_keys)
     try:
-        return teardown.wipe_host(inv, t.host, plans, remote, data=True, log=log)
+        # no plans given: teardown derives the host's paths, users and units from the inventory
+        return teardown.wipe_host(inv, t.host, {}, remote, data=True, log=log)
     finally:
         remote.close()
 
@@ -288,19 +287,19 @@ def remove(inventory, name: str, state_dir=None, *, timeout: float = 300.0, skip
            api_factory: ApiFactory | None = None, refresh_others: bool = True, log=print) -> Outcome:
     t, ledger = _target(inventory, state_dir, name)
     out = Outcome(name)
-    material = _material(with_host(t.inv, t.host), t.state)
     if t.host.role == "control":
         from . import etcd_members
         etcd_members.remove(t.inv, name, state_dir=t.state.root, allow_even=allow_even,
                             host_unreachable=host_unreachable, log=log)
         out.done.append("removed from etcd")
         if not host_unreachable:
-            out.done += _wipe(t, material, log, accept_new_host_keys)
+            out.done += _wipe(t, log, accept_new_host_keys)
         out.entry = ledger.mark_removed(t.host, "installer node remove")
         ledger.save(t.state)
         return out
     skip = frozenset({"cluster-bootstrap"}) if skip_cluster else frozenset()
     if not skip_cluster:
+        material = _material(with_host(t.inv, t.host), t.state)
         with cluster_api(t.inv, material, api_factory) as api:
             if node_api.cordon(api, name):
                 log(f"{name}: cordoned")
@@ -319,7 +318,7 @@ def remove(inventory, name: str, state_dir=None, *, timeout: float = 300.0, skip
                     log(f"{name}: deleted Node")
             _cluster_cleanup(api, t, material, out, log)
     if not host_unreachable:
-        out.done += _wipe(t, material, log, accept_new_host_keys)
+        out.done += _wipe(t, log, accept_new_host_keys)
     out.entry = ledger.mark_removed(t.host, "installer node remove")
     ledger.save(t.state)
     if refresh_others:
@@ -354,7 +353,7 @@ def revoke(inventory, name: str, state_dir=None, *, host_unreachable: bool = Fal
         + (f" (certificate serials {', '.join(serials)})" if serials else ""))
     if not host_unreachable:
         try:
-            out.done += _wipe(t, material, log, accept_new_host_keys)
+            out.done += _wipe(t, log, accept_new_host_keys)
         except HostError as e:
             out.warnings.append(f"the host was not wiped ({e}); the revocation stands. Wipe or re-image it before "
                                 "it is used again")
