@@ -230,6 +230,11 @@ def role_binaries(role: str, inv=None) -> tuple[str, ...]:
     raise ValueError(f"unknown role {role!r}")
 
 
+def binary_path(name: str) -> str:
+    """Where a binary is installed on a host: CNI plugins where containerd looks for them."""
+    return f"{CNI_BIN_DIR if name in CNI_PLUGINS else BIN_DIR}/{name}"
+
+
 def binary_files(resolved: dict[str, ResolvedArtifact], role: str, inv=None) -> list[HostFile]:
     """The binaries of one role as HostFiles that point at the local copy (``source``) and carry
     its verified ``digest``, so a host is compared and uploaded to without reading the file.
@@ -246,9 +251,8 @@ def binary_files(resolved: dict[str, ResolvedArtifact], role: str, inv=None) -> 
     out = []
     for name in names:
         art = resolved[name]
-        directory = CNI_BIN_DIR if name in CNI_PLUGINS else BIN_DIR
         restarts = (RESTARTS[name],) if name in RESTARTS else ()
-        out.append(HostFile(f"{directory}/{name}", b"", 0o755, restarts=restarts,
+        out.append(HostFile(binary_path(name), b"", 0o755, restarts=restarts,
                             source=art.path, digest=art.sha256))
     if role == "worker":
         out += image_files(resolved)       # image archives travel with the worker's binaries
