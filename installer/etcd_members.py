@@ -36,7 +36,7 @@ from .inventory import HostSpec, Inventory
 from .phases.base import Event, Options
 from .phases.select import CONTROL_UNITS, ETCD_UNIT
 from .phases.start_etcd import LOCAL, endpoint_health_script, error_line, member_list
-from .render.control import ETCD_DATA_DIR, peer_url
+from .render.control import ETCD_DATA_DIR, ETCD_REMOVED_ASIDE, peer_url
 from .ssh import HostError, Remote
 
 __all__ = ["MembershipRefused", "Change", "Guard", "add", "remove", "check_add", "check_remove", "apply_guard",
@@ -225,10 +225,6 @@ class _View:
     via: Remote                   # a control host whose member answered
 
 
-def _inventory(inventory) -> Inventory:
-    return inventory if isinstance(inventory, Inventory) else api.validate(inventory)
-
-
 def _health(r: Remote, members: list[Member]) -> dict[str, bool]:
     """Voting member name -> answers `endpoint health` (a learner never does)."""
     voting = [m for m in members if not m.learner and m.client_urls]
@@ -305,7 +301,7 @@ def add(inventory, name: str, *, state_dir=None, allow_even: bool = False, wait_
     """Add control host ``name`` (in the inventory, not yet a member) to etcd: as a learner,
     then promoted; then converge the control hosts. Resumes an add that stopped after
     registering the learner."""
-    inv = _inventory(inventory)
+    inv = api.as_inventory(inventory)
     try:
         host = inv.host(name)
     except KeyError:
@@ -372,7 +368,7 @@ def remove(inventory, name: str, *, state_dir=None, allow_even: bool = False, ho
     ``state_dir`` is accepted for symmetry with ``add`` (a removal converges nothing: edit the
     inventory and run `installer apply` afterwards)."""
     del state_dir
-    inv = _inventory(inventory)
+    inv = api.as_inventory(inventory)
     in_inventory = {h.name: h for h in inv.spec.hosts}
     if name in in_inventory and in_inventory[name].role != "control":
         raise InstallerError(f"{name}: is a {in_inventory[name].role}, not a control host: it is no etcd member")
@@ -389,12 +385,12 @@ def remove(inventory, name: str, *, state_dir=None, allow_even: bool = False, ho
                                   "pass --host-unreachable; nothing was changed")
             target = remotes[name] = Remote(HostSpec(name=name, address=address, role="control"), inv)
         stamp = time.strftime("%Y%m%d%H%M%S", time.gmtime())
-        aside = f"{ETCD_DATA_DIR}.removed-{stamp}"
+        aside = f"{ETCD_REMOVED_ASIDE}{stamp}"
         units = ", ".join(u.removesuffix(".service") for u in CONTROL_UNITS + (ETCD_UNIT,))
         steps = ([] if host_unreachable else [f"stop and disable {units} on {name} ({target.host.address})"])
         steps.append(f"etcdctl member remove {member.id} ({name}) on {view.via.name}")
         if not host_unreachable:
-            steps.append(f"move {ETCD_DATA_DIR} on {name} aside to {ETCD_DATA_DIR}.removed-<time>")
+            steps.append(f"move {ETCD_DATA_DIR} on {name} aside to {ETCD_REMOVED_ASIDE}<time>")
         rest = [m for m in view.members if m.id != member.id]
         steps.append(f"check the remaining members healthy: {_list(_label(m) for m in rest)}")
         if not host_unreachable:

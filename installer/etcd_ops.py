@@ -27,7 +27,7 @@ from .inventory import HostSpec, Inventory
 from .phases.select import CONTROL_UNITS, ETCD_UNIT
 from .phases.start_control_plane import LOCAL_PORTS, listening_script
 from .phases.start_etcd import ETCDCTL, LOCAL, endpoint_health_script, etcdctl
-from .render.control import ETCD_DATA_DIR, etcd_servers, initial_cluster, peer_url
+from .render.control import ETCD_DATA_DIR, ETCD_RESTORE_ASIDE, etcd_servers, initial_cluster, peer_url
 from .ssh import HostError, Remote
 from .state import write_atomic
 
@@ -145,7 +145,7 @@ def restore_plan(inv: Inventory, snapshot: str, stamp: str) -> list[str]:
         f"upload {snapshot} to {WORK_DIR}/ on {hosts} (0600)",
         f"stop {', '.join(u.removesuffix('.service') for u in CONTROL_UNITS)} on {hosts}",
         f"stop etcd on {hosts}",
-        f"on each member: move {ETCD_DATA_DIR} to {ETCD_DATA_DIR}.pre-restore-{stamp}, "
+        f"on each member: move {ETCD_DATA_DIR} to {ETCD_RESTORE_ASIDE}{stamp}, "
         f"restore the snapshot into {ETCD_DATA_DIR} with cluster token {restore_token(inv, stamp)}",
         "start etcd on every member, wait for a healthy cluster",
         "start the control plane again",
@@ -157,7 +157,7 @@ def restore_token(inv: Inventory, stamp: str) -> str:
 
 
 def _restore_script(inv: Inventory, host: HostSpec, snap: str, stamp: str) -> str:
-    data, aside = ETCD_DATA_DIR, f"{ETCD_DATA_DIR}.pre-restore-{stamp}"
+    data, aside = ETCD_DATA_DIR, f"{ETCD_RESTORE_ASIDE}{stamp}"
     return (
         "set -e\n"
         f"if [ -e {data} ]; then mv -- {data} {aside}; fi\n"
@@ -216,7 +216,7 @@ def snapshot_restore(inventory_path, snapshot, wait_timeout: float = 120,
                                what="wait for etcd health", timeout=wait_timeout + 30)
         if r.rc != 0:
             raise EtcdOpError(f"{first}: etcd did not become healthy after the restore "
-                              f"(the old data is in {ETCD_DATA_DIR}.pre-restore-{stamp}): "
+                              f"(the old data is in {ETCD_RESTORE_ASIDE}{stamp}): "
                               f"{r.stderr.strip()[-500:]}")
         for n in names:
             log(f"{n}: start {units}")

@@ -20,7 +20,7 @@ Rules:
   holding such a backup is never removed wholesale, only emptied of our files.
 - Directories are removed when empty only (never a system directory such as /usr/local/bin);
   a mount point (e.g. a bind-mounted /var/lib/containerd) is emptied, not unmounted.
-- ``data=False`` keeps etcd's data (``/var/lib/etcd`` and restore leftovers), the audit logs,
+- ``data=False`` keeps etcd's data (``/var/lib/etcd`` and the data dirs a restore or a member removal moved aside), the audit logs,
   containerd's images and snapshots, and the etcd user that owns the data; ``/var/lib/hiddenplane``
   keeps only the list of them (and of the originals put back), so that a later teardown with
   data removes them (and leaves the originals alone).
@@ -47,14 +47,13 @@ from dataclasses import dataclass
 from typing import Callable
 
 from . import network
-from .artifacts import CNI_PLUGINS
 from .errors import InstallerError
 from .facts import MANIFEST, STATE_DIR
-from .fetch import CNI_BIN_DIR, role_binaries
+from .fetch import CNI_BIN_DIR, binary_path, role_binaries
 from .hostops import BACKUP_INFIX, q
 from .inventory import HostSpec, Inventory
 from .pki.material import Material, ensure
-from .render.control import AUDIT_DIR, ETCD_DATA_DIR
+from .render.control import AUDIT_DIR, ETCD_DATA_DIR, ETCD_REMOVED_ASIDE, ETCD_RESTORE_ASIDE
 from .render.files import BIN_DIR, K8S_DIR, SYSTEMD_DIR, HostPlan
 from .render.network import CNI_CONF_DIR, CNI_DIR, IPTABLES, SYSCTL_BIN, SYSCTL_FILE
 from .render.plan import render_cluster
@@ -72,7 +71,6 @@ CNI_STATE = "/var/lib/cni"              # host-local leases, the CNI result cach
 CNI_NETNS = "/run/netns/cni-"           # network namespaces containerd's CRI makes for pods
 KEPT_DATA = f"{STATE_DIR}/kept-data"    # what a teardown without data left behind
 RESTORED = f"{STATE_DIR}/restored"      # backups already moved back (an interrupted run resumes)
-ETCD_RESTORE_LEFTOVERS = f"{ETCD_DATA_DIR}.pre-restore-"   # installer/etcd_ops.py moves old data there
 LOG_DIR = posixpath.dirname(AUDIT_DIR)  # /var/log/kubernetes
 # chains the installed components add (kube-proxy, the kubelet, the CNI portmap plugin) and ours
 CHAIN_PREFIXES = ("KUBE-", "CNI-", network.MASQ_CHAIN)
@@ -140,7 +138,7 @@ def teardown_of(inv: Inventory, host: HostSpec, plan: HostPlan, *, data: bool, b
     """Pure: what the teardown of ``host`` (planned as ``plan``) removes."""
     worker = host.role == "worker"
     bins = role_binaries(host.role, inv)
-    bin_paths = tuple(f"{CNI_BIN_DIR if b in CNI_PLUGINS else BIN_DIR}/{b}" for b in bins)
+    bin_paths = tuple(binary_path(b) for b in bins)
     files = list(dict.fromkeys([*plan.files, *plan.absent, *(bin_paths if binaries else ())]))
     # the reverse of the start order; units of an earlier configuration (konnectivity before
     # egress changed, say) are found in the host's manifest by the script
@@ -154,7 +152,7 @@ def teardown_of(inv: Inventory, host: HostSpec, plan: HostPlan, *, data: bool, b
     else:
         trees = (K8S_DIR, "/etc/etcd")
         data_trees = (ETCD_DATA_DIR, LOG_DIR)
-        leftovers = (f"{ETCD_RESTORE_LEFTOVERS}*",)
+        leftovers = (f"{ETCD_RESTORE_ASIDE}*", f"{ETCD_REMOVED_ASIDE}*")
     candidates = set(plan.dirs) | {a for p in files for a in _ancestors(p)}
     if worker:
         candidates |= {CNI_DIR, CONTAINERD_OPT, f"{CONTAINERD_OPT}/bin", f"{CONTAINERD_OPT}/lib"}

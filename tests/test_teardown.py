@@ -17,9 +17,8 @@ import pytest
 
 from installer import hostops, reset, teardown
 from installer.facts import MANIFEST, STATE_DIR
-from installer.fetch import CNI_BIN_DIR, role_binaries
+from installer.fetch import binary_path, role_binaries
 from installer.inventory import HostSpec
-from installer.render.files import BIN_DIR
 from installer.render.network import SYSCTL_FILE
 from installer.render.worker import SYSCTLS
 from installer.ssh import Result
@@ -39,8 +38,7 @@ def plans(prepared):
 
 
 def binaries(role: str) -> list[str]:
-    from installer.artifacts import CNI_PLUGINS
-    return [f"{CNI_BIN_DIR if b in CNI_PLUGINS else BIN_DIR}/{b}" for b in role_binaries(role)]
+    return [binary_path(b) for b in role_binaries(role)]
 
 
 # --- pure: what is removed, and in which order -----------------------------------------------
@@ -476,6 +474,7 @@ def test_control_script_for_real_with_and_without_data(tmp_path, inv, plans):
     t = teardown.host_teardown(inv, CONTROL, plans, data=True)
     h.installed(t)
     for f in ("/var/lib/etcd/member/wal/0.wal", "/var/lib/etcd.pre-restore-20250101T000000/member/snap/db",
+              "/var/lib/etcd.removed-20250101T000000/member/snap/db",
               "/var/log/kubernetes/audit/audit.log", "/etc/kubernetes/pki/etcd/extra-made-later"):
         h.put(f)
     h.put("/etc/passwd", b"root:x:0:0:root:/root:/bin/bash\netcd:x:999:997::/var/lib/etcd:/usr/sbin/nologin\n")
@@ -491,7 +490,7 @@ def test_control_script_for_real_with_and_without_data(tmp_path, inv, plans):
         assert not h.exists(f), f
     assert not h.exists("/usr/local/bin/konnectivity-server") and not h.exists("/etc/kubernetes")
     for kept in ("/var/lib/etcd/member/wal/0.wal", "/var/lib/etcd.pre-restore-20250101T000000/member/snap/db",
-                 "/var/log/kubernetes/audit/audit.log"):
+                 "/var/lib/etcd.removed-20250101T000000/member/snap/db", "/var/log/kubernetes/audit/audit.log"):
         assert h.exists(kept), kept
     assert (h.r / teardown.KEPT_DATA.lstrip("/")).read_text() == "/var/lib/etcd\n/var/log/kubernetes\n"
     assert sorted(p.name for p in (h.r / STATE_DIR.lstrip("/")).iterdir()) == ["kept-data"]
@@ -503,7 +502,8 @@ def test_control_script_for_real_with_and_without_data(tmp_path, inv, plans):
     # later, with data: the rest goes, and the user and group made by useradd --system
     r = h.run(data=True)
     assert r.returncode == 0, r.stderr
-    for gone in ("/var/lib/etcd", "/var/lib/etcd.pre-restore-20250101T000000", "/var/log/kubernetes", STATE_DIR):
+    for gone in ("/var/lib/etcd", "/var/lib/etcd.pre-restore-20250101T000000", "/var/lib/etcd.removed-20250101T000000",
+                 "/var/log/kubernetes", STATE_DIR):
         assert not h.exists(gone), gone
     assert "userdel etcd" in h.calls() and "groupdel etcd" in h.calls()
     assert h.run(data=True).stdout == ""

@@ -26,6 +26,9 @@ CIPHER_SUITES = (
     "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256", "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256",
 )
 ETCD_DATA_DIR = "/var/lib/etcd"
+# where a data dir is moved aside (never deleted) by a snapshot restore and a member removal
+ETCD_RESTORE_ASIDE = f"{ETCD_DATA_DIR}.pre-restore-"
+ETCD_REMOVED_ASIDE = f"{ETCD_DATA_DIR}.removed-"
 ETCD_UNIT = "etcd.service"
 # etcd runs as its own user and must read its member pairs: they live outside
 # /etc/kubernetes/pki so that directory stays entirely root:root (CIS 1.1.19).
