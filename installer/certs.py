@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime as dt
 import re
 import shlex
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -20,6 +19,7 @@ from cryptography.x509.oid import NameOID
 from . import api
 from .errors import InstallerError, StateError
 from .inventory import Inventory
+from .parallel import each
 from .pki.material import Material, ensure
 from .pki.specs import CAS
 from .render.plan import render_cluster
@@ -181,15 +181,14 @@ def check(inventory_path, state_dir=None, offline: bool = False, remote_for: Cal
             finally:
                 remote.close()
 
-        hosts = list(inv.spec.hosts)
         errors = []
-        with ThreadPoolExecutor(max_workers=max(1, min(10, len(hosts)))) as pool:
-            futures = [(h, pool.submit(one, h)) for h in hosts]
-            for h, fut in futures:
-                try:
-                    rows += fut.result()
-                except HostError as e:
-                    errors.append(str(e))
+        for result in each(one, inv.spec.hosts).values():
+            if isinstance(result, HostError):
+                errors.append(str(result))
+            elif isinstance(result, Exception):
+                raise result
+            else:
+                rows += result
         if errors:
             raise CertsError("cannot read certificates from " + "; ".join(errors)
                              + " (use --offline to check the state only)")

@@ -12,14 +12,14 @@ from __future__ import annotations
 import shutil
 import time
 import uuid
-from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import api
 from .errors import InstallerError
 from .inventory import Inventory
+from .parallel import each
 from .phases.acquire_lock import break_stale, drop, stale_reason, take
 from .pki.material import Material, ensure
 from .render.files import HostPlan
@@ -62,21 +62,6 @@ def _take_lock(remote: Remote, run_id: str) -> str | None:
     return held
 
 
-def _parallel(fn, items: Sequence[str]) -> dict:
-    """``{name: fn(name)}``, or the error it raised."""
-    out = {}
-    if not items:
-        return out
-    with ThreadPoolExecutor(max_workers=min(10, len(items))) as pool:
-        futures = {x: pool.submit(fn, x) for x in items}
-        for x, fut in futures.items():
-            try:
-                out[x] = fut.result()
-            except InstallerError as e:
-                out[x] = e
-    return out
-
-
 def reset(inventory, *, state_dir=None, yes: bool = False, keep_data: bool = False, purge: bool = False,
           hosts: Iterable[str] = (), ignore_unreachable: bool = False, log: Log = print) -> ResetReport:
     """Take off every host (or only ``hosts``) what the installer put there: workers first,
@@ -110,7 +95,7 @@ def reset(inventory, *, state_dir=None, yes: bool = False, keep_data: bool = Fal
     report = ResetReport(state=state.root)
     remotes = {h.name: Remote(h, inv) for h in chosen}
     try:
-        opened = _parallel(lambda n: remotes[n].open(), [h.name for h in chosen])
+        opened = each(lambda n: remotes[n].open(), [h.name for h in chosen])
         failed = {n: e for n, e in opened.items() if isinstance(e, Exception)}
         if failed and not ignore_unreachable:
             raise TeardownError("cannot reach " + "; ".join(str(e) for e in failed.values())
@@ -123,7 +108,7 @@ def reset(inventory, *, state_dir=None, yes: bool = False, keep_data: bool = Fal
         reachable = [h for h in chosen if h.name not in failed]
         controls = [h for h in reachable if h.role == "control"]
         run_id = f"reset-{uuid.uuid4().hex}"
-        locks = _parallel(lambda n: _take_lock(remotes[n], run_id), [h.name for h in controls])
+        locks = each(lambda n: _take_lock(remotes[n], run_id), [h.name for h in controls])
         held = {n: v for n, v in locks.items() if v is not None}
         if held:
             for h in controls:
@@ -135,7 +120,7 @@ def reset(inventory, *, state_dir=None, yes: bool = False, keep_data: bool = Fal
             for role in ("worker", "control"):
                 group = [h for h in reachable if h.role == role]
                 specs = {h.name: h for h in group}
-                results = _parallel(lambda n: wipe_host(inv, specs[n], plans, remotes[n], data=data, log=log),
+                results = each(lambda n: wipe_host(inv, specs[n], plans, remotes[n], data=data, log=log),
                                     list(specs))
                 errors = [e for e in results.values() if isinstance(e, Exception)]
                 for name, done in results.items():

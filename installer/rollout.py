@@ -28,7 +28,6 @@ import ssl
 import tempfile
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterator
@@ -40,6 +39,7 @@ from .errors import InstallerError
 from .facts import PROBE, parse, probe_input
 from .health import client_context, wait_ok
 from .inventory import Inventory
+from .parallel import each
 from .phases.acquire_lock import AcquireLock, release
 from .phases.base import Context, Options
 from .phases.connect_hosts import ConnectHosts
@@ -134,14 +134,12 @@ def restart_order(units) -> list[str]:
 # --- hosts: connect, probe, push, restart ---------------------------------------------------
 
 def _parallel(fn, items) -> None:
-    errors = []
-    items = list(items)
-    with ThreadPoolExecutor(max_workers=max(1, min(10, len(items)))) as pool:
-        for fut in [pool.submit(fn, i) for i in items]:
-            try:
-                fut.result()
-            except HostError as e:
-                errors.append(str(e))
+    """``fn`` on every item; the hosts' failures together as one RenewError."""
+    results = each(fn, items).values()
+    for r in results:
+        if isinstance(r, InstallerError) and not isinstance(r, HostError):
+            raise r
+    errors = [str(r) for r in results if isinstance(r, HostError)]
     if errors:
         raise RenewError("; ".join(errors))
 
