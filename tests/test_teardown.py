@@ -182,6 +182,30 @@ class FakeRemote:
         return self.result
 
 
+def fake_hosts(monkeypatch, answer=lambda name, script: Result("", "", 0), unreachable=()):
+    """Replace reset's Remote: every script run is recorded in the returned list as (host,
+    script) and answered by ``answer``; hosts in ``unreachable`` fail to connect."""
+    from installer.ssh import HostError
+    ran = []
+
+    class Fake:
+        def __init__(self, host, inv):
+            self.name = host.name
+
+        def open(self):
+            if self.name in unreachable:
+                raise HostError(self.name, "cannot reach 192.168.56.232:22: timed out")
+
+        def run(self, script, **kw):
+            ran.append((self.name, script))
+            return answer(self.name, script)
+
+        def close(self):
+            pass
+    monkeypatch.setattr(reset, "Remote", Fake)
+    return ran
+
+
 def test_wipe_host_returns_and_logs_what_was_done(inv, plans):
     remote, logged = FakeRemote("stopped kubelet.service\nremoved /usr/local/bin/kubelet\n"), []
     done = teardown.wipe_host(inv, inv.host(WORKER), plans, remote, data=True, log=logged.append)
@@ -216,24 +240,7 @@ def test_reset_refuses_unknown_hosts_and_purge_of_a_subset(inv):
 
 
 def test_reset_does_nothing_when_a_host_is_unreachable(inv, plans, prepared, monkeypatch, tmp_path):
-    from installer.ssh import HostError
-    ran = []
-
-    class Fake:
-        def __init__(self, host, inv):
-            self.name = host.name
-
-        def open(self):
-            if self.name == "node3":
-                raise HostError(self.name, "cannot reach 192.168.56.232:22: timed out")
-
-        def run(self, script, **kw):
-            ran.append((self.name, script))
-            return Result("", "", 0)
-
-        def close(self):
-            pass
-    monkeypatch.setattr(reset, "Remote", Fake)
+    ran = fake_hosts(monkeypatch, unreachable=("node3",))
     with pytest.raises(teardown.TeardownError, match="node3: cannot reach.*nothing was done on any host"):
         reset.reset(inv, state_dir=prepared.state.root, yes=True, log=lambda m: None)
     assert ran == []
@@ -547,24 +554,8 @@ def test_reset_respects_a_live_apply_lock(inv, prepared, monkeypatch):
     import json
     import time
     live = json.dumps({"machine": "elsewhere", "pid": 1, "since": int(time.time()), "run": "abc"})
-    ran = []
-
-    class Fake:
-        def __init__(self, host, inv):
-            self.name = host.name
-
-        def open(self):
-            pass
-
-        def run(self, script, **kw):
-            ran.append((self.name, script))
-            if "set -C" in script:
-                return Result(live + "\n", "", 3)
-            return Result("", "", 0)
-
-        def close(self):
-            pass
-    monkeypatch.setattr(reset, "Remote", Fake)
+    ran = fake_hosts(monkeypatch, lambda name, script: Result(live + "\n", "", 3) if "set -C" in script
+                     else Result("", "", 0))
     with pytest.raises(teardown.TeardownError, match=f"{CONTROL}: another apply holds the lock: .*elsewhere.*nothing was done"):
         reset.reset(inv, state_dir=prepared.state.root, yes=True, log=lambda m: None)
     assert not [name for name, script in ran if "off " in script]      # no host was wiped
@@ -574,24 +565,11 @@ def test_reset_respects_a_live_apply_lock(inv, prepared, monkeypatch):
 
 
 def test_a_failed_reset_releases_its_lock(inv, prepared, monkeypatch):
-    ran = []
-
-    class Fake:
-        def __init__(self, host, inv):
-            self.name = host.name
-
-        def open(self):
-            pass
-
-        def run(self, script, **kw):
-            ran.append((self.name, script))
-            if "off " in script and self.name == WORKER:      # the worker's wipe fails
-                return Result("", "could not remove: /usr/local/bin/kubelet", 1)
-            return Result("", "", 0)
-
-        def close(self):
-            pass
-    monkeypatch.setattr(reset, "Remote", Fake)
+    def answer(name, script):                                  # the worker's wipe fails
+        if "off " in script and name == WORKER:
+            return Result("", "could not remove: /usr/local/bin/kubelet", 1)
+        return Result("", "", 0)
+    ran = fake_hosts(monkeypatch, answer)
     with pytest.raises(teardown.TeardownError, match="control hosts not touched"):
         reset.reset(inv, state_dir=prepared.state.root, yes=True, log=lambda m: None)
     on_control = [script for name, script in ran if name == CONTROL]
