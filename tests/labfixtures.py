@@ -7,8 +7,11 @@ the lab's known_hosts.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +22,7 @@ import yaml
 from installer.lab import lab as lab_mod
 from installer.lab.model import LabPaths, LabSpec
 
+ROOT = Path(__file__).resolve().parent.parent
 LAB_NAME = "ci"
 LAB_SUBNET = "10.213.200.0/24"
 
@@ -60,6 +64,25 @@ def start_lab(name: str, subnet: str, tmp: Path, controls=1, workers=2, vm_worke
     paths = LabPaths.of(name)
     spec = lab_mod.load_spec(paths)
     return Lab(spec, paths, inv, write_ssh_config(paths, spec, tmp / "ssh_config"))
+
+
+def install_standins(artifacts: Path) -> None:
+    """The contract stand-ins for the five Kubernetes binaries, put in the lab's artifacts."""
+    subprocess.run([sys.executable, "-m", "tests.standins", "install", str(artifacts)], cwd=ROOT, check=True,
+                   capture_output=True)
+
+
+@contextlib.contextmanager
+def standin_lab(name: str, subnet: str, tmp: Path, *, controls=1, workers=2, vm_workers=0):
+    """A started lab with the contract stand-ins installed and ``lab.state`` set to ``tmp / "state"``
+    (not created: the first apply makes it); torn down on leaving, however that happens."""
+    the_lab = start_lab(name, subnet, tmp, controls, workers, vm_workers)
+    try:
+        install_standins(the_lab.paths.artifacts)
+        the_lab.state = tmp / "state"
+        yield the_lab
+    finally:
+        lab_mod.down(name, log=lambda *_: None)
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import ssl
 import subprocess
 import sys
 import time
@@ -15,21 +14,15 @@ import pytest
 import yaml
 
 from installer.health import client_context, https_get
-from installer.lab import lab as lab_mod
 from installer.pki import issue
 
 from .conftest import ROOT
-from .labfixtures import start_lab
+from .labfixtures import standin_lab
 
 pytestmark = pytest.mark.lab
 
 INSTALLER = str(Path(sys.executable).with_name("installer"))
 PKI = "/etc/kubernetes/pki"
-
-
-def install_standins(artifacts: Path) -> None:
-    subprocess.run([sys.executable, "-m", "tests.standins", "install", str(artifacts)], cwd=ROOT, check=True,
-                   capture_output=True)
 
 
 def run_installer(*args: str, check_rc: int | None = 0, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -47,12 +40,8 @@ def apply_json(inventory: Path, state: Path, *extra: str) -> dict:
 
 @pytest.fixture(scope="module")
 def applab(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("applab")
-    lab = start_lab("apply", "10.213.202.0/24", tmp)
-    install_standins(lab.paths.artifacts)
-    lab.state = tmp / "state"
-    yield lab
-    lab_mod.down("apply", log=lambda *_: None)
+    with standin_lab("apply", "10.213.202.0/24", tmp_path_factory.mktemp("applab")) as lab:
+        yield lab
 
 
 def etcdctl(host, *args: str) -> str:
@@ -212,7 +201,7 @@ def test_sigkill_in_a_phase_then_rerun_converges(applab, tmp_path, phase):
     expected = issue.load_cert((state / "pki" / "apiserver.crt").read_bytes())
     assert served == expected.public_bytes(serialization_der())
     # leave the lab on the module's state again
-    applab.state, old = state, applab.state
+    applab.state = state
 
 
 def serialization_der():
@@ -221,10 +210,8 @@ def serialization_der():
 
 
 def test_three_control_hosts_form_one_etcd_cluster(tmp_path):
-    lab = start_lab("apply3", "10.213.203.0/24", tmp_path, controls=3, workers=1)
-    try:
-        install_standins(lab.paths.artifacts)
-        report = apply_json(lab.inventory, tmp_path / "state")
+    with standin_lab("apply3", "10.213.203.0/24", tmp_path, controls=3, workers=1) as lab:
+        report = apply_json(lab.inventory, lab.state)
         assert report["changes"] > 0
         cp1 = lab.host("cp1")
         members = etcdctl(cp1, "member", "list", "-w", "json")
@@ -237,5 +224,3 @@ def test_three_control_hosts_form_one_etcd_cluster(tmp_path):
         assert health.count("is healthy") == 3, health
         for name in ("cp1", "cp2", "cp3"):
             assert lab.host(name).service("kube-apiserver").is_running
-    finally:
-        lab_mod.down("apply3", log=lambda *_: None)

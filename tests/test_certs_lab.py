@@ -9,13 +9,12 @@ import json
 import pytest
 
 from installer.api import prepare
-from installer.lab import lab as lab_mod
 from installer.pki import issue
 from installer.pki.specs import cert_specs
 from installer.state import write_atomic
 
-from .labfixtures import start_lab
-from .test_apply_lab import apply_json, install_standins, run_installer
+from .labfixtures import standin_lab
+from .test_apply_lab import apply_json, run_installer
 
 pytestmark = pytest.mark.lab
 
@@ -25,14 +24,8 @@ APISERVER = "/etc/kubernetes/pki/apiserver.crt"
 
 @pytest.fixture(scope="module")
 def certlab(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("certlab")
-    lab = start_lab(NAME, "10.213.241.0/24", tmp, controls=1, workers=1)
-    try:
-        install_standins(lab.paths.artifacts)
-        lab.state = tmp / "state"
+    with standin_lab(NAME, "10.213.241.0/24", tmp_path_factory.mktemp("certlab"), controls=1, workers=1) as lab:
         yield lab
-    finally:
-        lab_mod.down(NAME, log=lambda *_: None)
 
 
 def check(lab, *extra, rc):

@@ -13,10 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from installer.lab import lab as lab_mod
-
-from .labfixtures import start_lab
-from .test_apply_lab import PKI, apply_json, etcdctl, install_standins, run_installer
+from .labfixtures import standin_lab
+from .test_apply_lab import PKI, apply_json, etcdctl, run_installer
 
 pytestmark = pytest.mark.lab
 
@@ -27,18 +25,13 @@ KEY, VALUE = "/hiddenplane-test/before-removal", "kept"
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("etcdm")
-    the_lab = start_lab(LAB, SUBNET, tmp, controls=3, workers=1)
-    try:
-        install_standins(the_lab.paths.artifacts)
-        the_lab.state = tmp / "state"
+    with standin_lab(LAB, SUBNET, tmp, controls=3, workers=1) as the_lab:
         apply_json(the_lab.inventory, the_lab.state)
         doc = yaml.safe_load(the_lab.inventory.read_text())
         the_lab.without_cp3 = variant(tmp, "without-cp3", doc, drop="cp3", allow_even=True)
         the_lab.with_cp4 = variant(tmp, "with-cp4", doc, add="cp4", allow_even=True)
         the_lab.with_cp4_strict = variant(tmp, "with-cp4-strict", doc, add="cp4", allow_even=False)
         yield the_lab
-    finally:
-        lab_mod.down(LAB, log=lambda *_: None)
 
 
 def variant(tmp: Path, name: str, doc: dict, drop: str | None = None, add: str | None = None,

@@ -7,10 +7,8 @@ import stat
 
 import pytest
 
-from installer.lab import lab as lab_mod
-
-from .labfixtures import start_lab
-from .test_apply_lab import apply_json, etcdctl, install_standins, run_installer
+from .labfixtures import standin_lab
+from .test_apply_lab import apply_json, etcdctl, run_installer
 
 pytestmark = pytest.mark.lab
 
@@ -19,15 +17,9 @@ CONTROLS = ("cp1", "cp2", "cp3")
 
 @pytest.fixture(scope="module")
 def snaplab(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("snaplab")
-    lab = start_lab("snap", "10.213.240.0/24", tmp, controls=3, workers=1)
-    try:
-        install_standins(lab.paths.artifacts)
-        lab.state = tmp / "state"
+    with standin_lab("snap", "10.213.240.0/24", tmp_path_factory.mktemp("snaplab"), controls=3, workers=1) as lab:
         apply_json(lab.inventory, lab.state)
         yield lab
-    finally:
-        lab_mod.down("snap", log=lambda *_: None)
 
 
 def test_restore_without_yes_changes_nothing(snaplab, tmp_path):

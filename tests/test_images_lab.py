@@ -17,8 +17,8 @@ from installer.fetch import IMAGE_DIR
 from installer.lab import lab as lab_mod
 from installer.lab import vm
 
-from .labfixtures import start_lab
-from .test_apply_lab import install_standins, run_installer
+from .labfixtures import install_standins, start_lab
+from .test_apply_lab import run_installer
 
 pytestmark = [pytest.mark.lab, pytest.mark.vm]
 

@@ -21,8 +21,8 @@ import yaml
 from installer.lab import lab as lab_mod
 from installer.network import CONFLIST, ROUTE_PROTO
 
-from .labfixtures import start_lab
-from .test_apply_lab import apply_json, install_standins
+from .labfixtures import install_standins, start_lab
+from .test_apply_lab import apply_json
 
 pytestmark = pytest.mark.lab
 

@@ -19,12 +19,11 @@ import pytest
 import yaml
 
 from installer import api, kube, node_ops
-from installer.lab import lab as lab_mod
 from installer.ledger import Ledger, NodeRetiredError
 
 from .fakeapi import FakeCluster
-from .labfixtures import start_lab
-from .test_apply_lab import apply_json, install_standins, run_installer
+from .labfixtures import standin_lab
+from .test_apply_lab import apply_json, run_installer
 
 pytestmark = pytest.mark.lab
 
@@ -56,16 +55,11 @@ def managed_sums(host) -> str:
 @pytest.fixture(scope="module")
 def nodelab(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("nodelab")
-    lab = start_lab(NAME, SUBNET, tmp, controls=1, workers=2)
-    try:
-        install_standins(lab.paths.artifacts)
-        lab.state = tmp / "state"
+    with standin_lab(NAME, SUBNET, tmp, controls=1, workers=2) as lab:
         lab.tmp = tmp
         lab.without_w2 = inventory_without(lab, "w2", tmp / "without-w2.yaml")
         apply_json(lab.without_w2, lab.state)
         yield lab
-    finally:
-        lab_mod.down(NAME, log=lambda *_: None)
 
 
 def test_node_add_changes_only_the_new_worker_and_the_routes(nodelab, tmp_path):

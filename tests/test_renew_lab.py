@@ -14,11 +14,10 @@ import pytest
 import yaml
 from cryptography import x509
 
-from installer.lab import lab as lab_mod
 from installer.pki import issue
 
-from .labfixtures import start_lab
-from .test_apply_lab import apply_json, etcdctl, install_standins, run_installer
+from .labfixtures import standin_lab
+from .test_apply_lab import apply_json, etcdctl, run_installer
 
 pytestmark = pytest.mark.lab
 
@@ -35,16 +34,10 @@ SA_FILES = {"/etc/kubernetes/pki/sa.key", "/etc/kubernetes/pki/sa.pub"}
 
 @pytest.fixture(scope="module")
 def renewlab(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("renewlab")
-    lab = start_lab(NAME, SUBNET, tmp, controls=3, workers=1)
-    try:
-        install_standins(lab.paths.artifacts)
-        lab.state = tmp / "state"
+    with standin_lab(NAME, SUBNET, tmp_path_factory.mktemp("renewlab"), controls=3, workers=1) as lab:
         apply_json(lab.inventory, lab.state)
         lab.worker = next(h.name for h in lab.spec.hosts if h.role == "worker")
         yield lab
-    finally:
-        lab_mod.down(NAME, log=lambda *_: None)
 
 
 # --- what the hosts present, read independently of the installer -------------------------------

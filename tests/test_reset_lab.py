@@ -11,10 +11,8 @@ import subprocess
 
 import pytest
 
-from installer.lab import lab as lab_mod
-
-from .labfixtures import start_lab
-from .test_apply_lab import apply_json, install_standins, run_installer
+from .labfixtures import standin_lab
+from .test_apply_lab import apply_json, run_installer
 
 pytestmark = pytest.mark.lab
 
@@ -115,17 +113,11 @@ def differences(before: dict[str, list[str]], after: dict[str, list[str]]) -> st
 
 @pytest.fixture(scope="module")
 def rlab(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("resetlab")
-    lab = start_lab(NAME, SUBNET, tmp, controls=1, workers=1)
-    try:
-        install_standins(lab.paths.artifacts)
-        lab.state = tmp / "state"
+    with standin_lab(NAME, SUBNET, tmp_path_factory.mktemp("resetlab"), controls=1, workers=1) as lab:
         w1 = lab.host("w1")
         w1.run_expect([0], f"mkdir -p /etc/containerd && printf '%s' '{FOREIGN_TEXT}' > {FOREIGN}")
         lab.fresh = {h.name: snapshot(lab, h.name) for h in lab.spec.hosts}
         yield lab
-    finally:
-        lab_mod.down(NAME, log=lambda *_: None)
 
 
 def state_listing(lab) -> list[tuple[str, bytes]]:
