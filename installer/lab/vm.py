@@ -459,24 +459,29 @@ def _tar_bytes(entries: list[tuple[str, bytes | None, int, str | None]]) -> byte
 
 
 def build_image_archive(out: Path, name: str, files: dict[str, tuple[bytes, int]],
-                        cmd: list[str], env: list[str] | None = None) -> str:
-    """Write an OCI image layout tar (one uncompressed layer holding ``files``) that
-    ``ctr images import`` and ``podman load`` accept; returns the image's manifest digest.
+                        cmd: list[str], env: list[str] | None = None,
+                        links: dict[str, str] | None = None, entrypoint: list[str] | None = None) -> str:
+    """Write an OCI image layout tar (one uncompressed layer holding ``files``, and ``links``:
+    symlink path -> target) that ``ctr images import`` and ``podman load`` accept; returns the
+    image's manifest digest.
 
     ``name`` is the full reference (e.g. ``localhost/hiddenplane/busybox:lab``).
     """
+    links = links or {}
     dirs = set()
-    for path in files:
+    for path in [*files, *links]:
         parts = path.strip("/").split("/")[:-1]
         dirs.update("/".join(parts[:i + 1]) for i in range(len(parts)))
     dirs.update({"tmp", "proc", "sys", "dev", "etc"})
     entries = [(d, None, 0o1777 if d == "tmp" else 0o755, None) for d in sorted(dirs)]
     entries += [(p.strip("/"), content, mode, None) for p, (content, mode) in sorted(files.items())]
+    entries += [(p.strip("/"), None, 0o777, target) for p, target in sorted(links.items())]
     layer = _tar_bytes(entries)
     layer_digest = "sha256:" + hashlib.sha256(layer).hexdigest()
     config = json.dumps({
         "architecture": "amd64", "os": "linux", "created": "1970-01-01T00:00:00Z",
-        "config": {"Env": env or ["PATH=/bin:/usr/bin:/sbin:/usr/sbin"], "Cmd": cmd},
+        "config": {"Env": env or ["PATH=/bin:/usr/bin:/sbin:/usr/sbin"], "Cmd": cmd,
+                   **({"Entrypoint": entrypoint} if entrypoint else {})},
         "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
         "history": [{"created": "1970-01-01T00:00:00Z", "created_by": "hiddenplane lab"}],
     }, sort_keys=True).encode()

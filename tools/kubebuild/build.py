@@ -1,0 +1,493 @@
+"""Build the real cluster binaries and lab images from their Go modules (lab and test tooling).
+
+Nothing here ships in the wheel. ``scripts/build-kubernetes VERSION DIR`` runs it: every
+component of COMPONENTS is built from a small wrapper module under ``tools/kubebuild/`` (its
+``go.mod``/``go.sum`` committed, generated from the upstream go.mod by ``--pin``), and the
+images the lab needs (pause, CoreDNS, busybox) are wrapped as OCI archives. DIR gets the files
+plus a ``SHA256SUMS`` in the format ``source: dir`` verifies.
+
+Built outputs are cached per component under ``$HIDDENPLANE_CACHE_DIR/build`` (default
+``/var/cache/hiddenplane/build``), keyed by everything that goes into them: the wrapper
+module, the Go version, flags, tags and this recipe. A warm call only copies files.
+
+k8s.io/kubernetes requires each of its staging modules (k8s.io/api, client-go, ...) at
+v0.0.0 and replaces them with ./staging/...: a dependency's replace lines do not apply to
+us and v0.0.0 is not served, so the wrapper pins every staging module the downloaded go.mod
+names at v0.MINOR.PATCH.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from installer import versions                                   # noqa: E402
+from installer.artifacts import SUMS_FILE, read_sums, sha256_file, write_sums   # noqa: E402
+from installer.render.addons.coredns import COREDNS_IMAGE, COREDNS_VERSION  # noqa: E402
+from installer.render.worker import SANDBOX_IMAGE                # noqa: E402
+
+PINS = Path(__file__).resolve().parent
+RECIPE = 1                      # bump when how a component's binaries are built changes
+IMAGE_RECIPE = 2                # bump when how an image archive is made changes
+BUILD_DATE = "1970-01-01T00:00:00Z"     # reproducible: no wall-clock time in a binary
+LAB_BUSYBOX_IMAGE = "localhost/hiddenplane/busybox:lab"
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("HIDDENPLANE_CACHE_DIR", "/var/cache/hiddenplane")) / "build"
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+# --- the component table ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Component:
+    """One wrapper module and the binaries built from it.
+
+    ``modules`` are required at ``version``; ``binaries`` maps each output name to its main
+    package; ``ldflags(version)`` stamps the version the way the project's own build does.
+    """
+    name: str
+    version: str
+    modules: tuple[str, ...]
+    binaries: dict[str, str]
+    ldflags: Callable[[str], list[str]]
+    tags: str = ""
+    cgo: bool = False
+    staging: bool = False       # k8s.io/kubernetes: pin its staging modules
+    apt: tuple[str, ...] = ()   # Debian packages the build needs (headers)
+
+    @property
+    def pin_dir(self) -> Path:
+        return PINS / f"{self.name}-{self.version}"
+
+
+def _k8s_ldflags(version: str) -> list[str]:
+    major, minor, _ = version.lstrip("v").split(".")
+    out = []
+    for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        out += [f"-X {pkg}.gitVersion={version}", f"-X {pkg}.gitMajor={major}", f"-X {pkg}.gitMinor={minor}",
+                f"-X {pkg}.gitTreeState=clean", f"-X {pkg}.buildDate={BUILD_DATE}"]
+    return out
+
+
+def kubernetes(version: str) -> Component:
+    cmd = "k8s.io/kubernetes/cmd/"
+    return Component(
+        "kubernetes", version, ("k8s.io/kubernetes",),
+        {b: cmd + b for b in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet",
+                              "kube-proxy", "kubectl")},
+        _k8s_ldflags, tags="selinux,notest,grpcnotrace", staging=True)
+
+
+def others() -> list[Component]:
+    d = versions.DEFAULT_COMPONENTS
+    etcd, containerd, runc, cni = d["etcd"], "v" + d["containerd"].lstrip("v"), d["runc"], d["cni"]
+    return [
+        Component("etcd", etcd,
+                  ("go.etcd.io/etcd/server/v3", "go.etcd.io/etcd/etcdctl/v3", "go.etcd.io/etcd/etcdutl/v3"),
+                  {"etcd": "go.etcd.io/etcd/server/v3", "etcdctl": "go.etcd.io/etcd/etcdctl/v3",
+                   "etcdutl": "go.etcd.io/etcd/etcdutl/v3"},
+                  lambda v: [f"-X go.etcd.io/etcd/api/v3/version.GitSHA=v{v.lstrip('v')}"]),
+        Component("containerd", containerd, ("github.com/containerd/containerd/v2",),
+                  {b: f"github.com/containerd/containerd/v2/cmd/{b}"
+                   for b in ("containerd", "containerd-shim-runc-v2", "ctr")},
+                  lambda v: [f"-X github.com/containerd/containerd/v2/version.Version={v}",
+                             "-X github.com/containerd/containerd/v2/version.Revision=hiddenplane-kubebuild"],
+                  tags="no_btrfs no_devmapper no_zfs"),
+        # runc needs cgo (its nsenter is C) and libseccomp; linked statically like its releases
+        Component("runc", runc, ("github.com/opencontainers/runc",), {"runc": "github.com/opencontainers/runc"},
+                  lambda v: [f"-X main.version={v.lstrip('v')}", "-linkmode external", "-extldflags -static"],
+                  tags="seccomp netgo osusergo", cgo=True, apt=("libseccomp-dev", "pkg-config")),
+        Component("cni", cni, ("github.com/containernetworking/plugins",),
+                  {p: f"github.com/containernetworking/plugins/plugins/{kind}/{p}"
+                   for kind, p in (("main", "bridge"), ("ipam", "host-local"), ("main", "loopback"),
+                                   ("meta", "portmap"))},
+                  lambda v: [f"-X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion={v}"]),
+        Component("cri-tools", CRICTL_VERSION, ("sigs.k8s.io/cri-tools",), {"crictl": "sigs.k8s.io/cri-tools/cmd/crictl"},
+                  lambda v: [f"-X sigs.k8s.io/cri-tools/pkg/version.Version={v}"]),
+        Component("coredns", COREDNS_VERSION, ("github.com/coredns/coredns",), {"coredns": "github.com/coredns/coredns"},
+                  lambda v: [f"-X github.com/coredns/coredns/coremain.GitCommit={v}"]),
+    ]
+
+
+# cri-tools has no v1.36 on the module proxy; crictl is skew-tolerant within a few minors
+CRICTL_VERSION = "v1.37.0"
+
+
+# --- go helpers --------------------------------------------------------------------------------
+
+def go_env() -> dict[str, str]:
+    # GOTOOLCHAIN=local: never fetch another toolchain behind the user's back; GOFLAGS is ours
+    env = {**os.environ, "GOTOOLCHAIN": os.environ.get("GOTOOLCHAIN", "local"), "GOFLAGS": "-mod=readonly"}
+    env.pop("GOWORK", None)
+    return env
+
+
+def go(args: list[str], cwd: Path, env: dict | None = None, what: str = "") -> str:
+    proc = subprocess.run(["go", *args], cwd=cwd, env=env or go_env(), capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"build-kubernetes: {what or 'go ' + ' '.join(args)} failed (exit {proc.returncode}):\n"
+                         + "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-25:]))
+    return proc.stdout
+
+
+def go_version() -> str:
+    return subprocess.run(["go", "env", "GOVERSION"], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def download_gomod(module: str, version: str, cwd: Path) -> tuple[str, Path]:
+    """The upstream go.mod text and the module's unpacked source directory."""
+    info = json.loads(go(["mod", "download", "-json", f"{module}@{version}"], cwd,
+                         {**go_env(), "GOFLAGS": ""}, f"go mod download {module}@{version}"))
+    return Path(info["GoMod"]).read_text(), Path(info["Dir"])
+
+
+_STAGING = re.compile(r"^\s*(k8s\.io/[\w.-]+)\s+=>\s+\./staging/", re.M)
+_GO_LINE = re.compile(r"^go\s+(\S+)", re.M)
+
+
+def staging_modules(gomod: str) -> list[str]:
+    """Every module k8s.io/kubernetes replaces with its own staging directory."""
+    return sorted(set(_STAGING.findall(gomod)))
+
+
+def _ver_key(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", v)[:3])
+
+
+def wrapper_gomod(c: Component, upstream: dict[str, str]) -> str:
+    go_line = max((m[1] for text in upstream.values() if (m := _GO_LINE.search(text))), key=_ver_key,
+                  default="1.26.0")
+    lines = [f"// Generated by tools/kubebuild/build.py --pin: build {c.name} {c.version} as a dependency.",
+             "// Regenerate rather than edit.", f"module hiddenplane.local/kubebuild/{c.name}", "",
+             f"go {go_line}", "", "require ("]
+    lines += [f"\t{m} {c.version}" for m in c.modules] + [")"]
+    if c.staging:
+        _, minor, patch = c.version.lstrip("v").split(".")
+        staging = staging_modules(upstream["k8s.io/kubernetes"])
+        lines += ["", "// k8s.io/kubernetes requires these at v0.0.0 (not served) and replaces them with",
+                  "// ./staging/...; the same code is published as v0.MINOR.PATCH", "replace ("]
+        lines += [f"\t{m} => {m} v0.{minor}.{patch}" for m in staging] + [")"]
+    return "\n".join(lines) + "\n"
+
+
+def tools_go(c: Component) -> str:
+    imports = "\n".join(f'\t_ "{p}"' for p in sorted(set(c.binaries.values())))
+    return ("//go:build tools\n\n// Package tools names the main packages this wrapper module builds, so that\n"
+            f"// go mod tidy keeps their dependencies.\npackage tools\n\nimport (\n{imports}\n)\n")
+
+
+def pin(c: Component) -> Path:
+    """(Re)generate the wrapper module of ``c`` from the upstream go.mod files."""
+    c.pin_dir.mkdir(parents=True, exist_ok=True)
+    upstream = {m: download_gomod(m, c.version, c.pin_dir)[0] for m in c.modules}
+    (c.pin_dir / "go.mod").write_text(wrapper_gomod(c, upstream))
+    (c.pin_dir / "tools.go").write_text(tools_go(c))
+    (c.pin_dir / "go.sum").unlink(missing_ok=True)
+    log(f"==> pinning {c.name} {c.version} in {c.pin_dir.relative_to(ROOT)} (go mod tidy)")
+    go(["mod", "tidy"], c.pin_dir, {**go_env(), "GOFLAGS": "-mod=mod"}, f"go mod tidy ({c.name})")
+    return c.pin_dir
+
+
+# --- building ------------------------------------------------------------------------------------
+
+def build_env(c: Component) -> dict[str, str]:
+    return {**go_env(), "CGO_ENABLED": "1" if c.cgo else "0"}
+
+
+def build_key(c: Component, gover: str) -> str:
+    h = hashlib.sha256()
+    for part in (f"recipe={RECIPE}", c.name, c.version, gover, f"cgo={c.cgo}", c.tags,
+                 json.dumps(c.binaries, sort_keys=True), " ".join(c.ldflags(c.version)),
+                 *(p.read_text() for p in (c.pin_dir / "go.mod", c.pin_dir / "go.sum"))):
+        h.update(part.encode() + b"\0")
+    return h.hexdigest()[:16]
+
+
+class Heartbeat:
+    """Prints progress of a long build every ``every`` seconds: packages compiled, time spent."""
+
+    def __init__(self, label: str, every: float = 60.0):
+        self.label, self.every, self.count = label, every, 0
+        self.start = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            log(f"    {self.label}: {self.count} packages compiled, {fmt_secs(time.monotonic() - self.start)}")
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+
+
+def fmt_secs(s: float) -> str:
+    return f"{int(s // 60)}m{int(s % 60):02d}s" if s >= 60 else f"{s:.1f}s"
+
+
+def go_build(c: Component, out: Path) -> float:
+    """Build ``c``'s binaries into ``out``; returns the peak RSS (MiB) of the largest process
+    of the build (the go command and every compile and link it ran)."""
+    cmd = ["go", "build", "-v", "-trimpath", "-p", str(os.cpu_count() or 2),
+           "-ldflags", " ".join(["-s", "-w", *c.ldflags(c.version)]), "-o", f"{out}/"]
+    if c.tags:
+        cmd += ["-tags", c.tags.replace(" ", ",")]
+    # one go command for all of a component's binaries: shared packages compile once
+    cmd += sorted(set(c.binaries.values()))
+    with Heartbeat(f"{c.name} {c.version}") as hb, \
+            subprocess.Popen(cmd, cwd=c.pin_dir, env=build_env(c), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True) as proc:
+        tail: list[str] = []
+        for line in proc.stdout:
+            hb.count += 1
+            tail = (tail + [line.rstrip()])[-25:]
+        # wait4: the rusage of this build's process tree alone
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = rc = os.waitstatus_to_exitcode(status)
+    if rc != 0:
+        raise SystemExit(f"build-kubernetes: go build of {c.name} {c.version} failed (exit {rc}):\n" + "\n".join(tail))
+    # a main package named like its directory lands under that name; rename to ours
+    for name, pkg in c.binaries.items():
+        built = out / pkg.rstrip("/").rsplit("/", 1)[-1]
+        if built.name in ("v2", "v3"):
+            built = out / pkg.rstrip("/").rsplit("/", 2)[-2]
+        if built != out / name:
+            built.rename(out / name)
+    return usage.ru_maxrss / 1024
+
+
+@dataclass
+class Built:
+    name: str
+    files: dict[str, Path]          # artifact name -> cached file
+    cached: bool
+    seconds: float = 0.0
+    peak_rss_mib: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+def _cached_dir(label: str, key: str) -> Path:
+    return cache_root() / f"{label}-{key}"
+
+
+def _complete(d: Path) -> bool:
+    return (d / ".complete").is_file()
+
+
+def _verify_cached(d: Path) -> dict[str, Path]:
+    sums = read_sums(d)
+    for name, digest in sums.items():
+        if sha256_file(d / name) != digest:
+            raise SystemExit(f"build-kubernetes: cached {d / name} does not match its SHA256SUMS; "
+                             f"delete {d} and run again")
+    return {n: d / n for n in sums}
+
+
+def _finish(tmp: Path, final: Path) -> dict[str, Path]:
+    write_sums(tmp, {p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file()})
+    (tmp / ".complete").write_text("")
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    return {n: final / n for n in read_sums(final)}
+
+
+def build_component(c: Component, gover: str) -> Built:
+    if not (c.pin_dir / "go.sum").is_file():
+        log(f"note: no wrapper module for {c.name} {c.version} in tools/kubebuild: generating one "
+            "(commit it to pin its dependencies)")
+        pin(c)
+    key = build_key(c, gover)
+    final = _cached_dir(f"{c.name}-{c.version}", key)
+    if _complete(final):
+        return Built(c.name, _verify_cached(final), cached=True)
+    missing_apt = [p for p in c.apt if subprocess.run(["dpkg", "-s", p], capture_output=True).returncode != 0]
+    if missing_apt:
+        raise SystemExit(f"build-kubernetes: {c.name} needs Debian packages: apt-get install {' '.join(missing_apt)}")
+    log(f"==> building {c.name} {c.version}: {', '.join(c.binaries)}")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{c.name}-", dir=final.parent))
+    start = time.monotonic()
+    try:
+        rss = go_build(c, tmp)
+        files = _finish(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    secs = time.monotonic() - start
+    built = Built(c.name, files, cached=False, seconds=secs, peak_rss_mib=rss)
+    log(f"    {c.name} {c.version}: built in {fmt_secs(secs)} (largest process {built.peak_rss_mib:.0f} MiB)")
+    return built
+
+
+# --- images ---------------------------------------------------------------------------------------
+
+def _oci():
+    from installer.lab.vm import build_image_archive
+    return build_image_archive
+
+
+def pause_image(k8s: Component, gover: str) -> Built:
+    """pause from k8s.io/kubernetes' own build/pause/linux/pause.c (gcc -static), tagged as the
+    installer's default sandbox image."""
+    _, src = download_gomod("k8s.io/kubernetes", k8s.version, k8s.pin_dir)
+    source = (src / "build/pause/linux/pause.c").read_bytes()
+    tag = SANDBOX_IMAGE.rsplit(":", 1)[1]
+    gcc = subprocess.run(["gcc", "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
+    key = hashlib.sha256(b"\0".join([f"recipe={IMAGE_RECIPE}".encode(), source, SANDBOX_IMAGE.encode(),
+                                     "".join(gcc).encode()])).hexdigest()[:16]
+    final = _cached_dir("image-pause", key)
+    if _complete(final):
+        return Built("pause", _verify_cached(final), cached=True)
+    log(f"==> building image {SANDBOX_IMAGE} (pause.c from k8s.io/kubernetes {k8s.version})")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".pause-", dir=final.parent))
+    try:
+        (tmp / "pause.c").write_bytes(source)
+        proc = subprocess.run(["gcc", "-Os", "-Wall", "-Werror", "-static", f"-DVERSION=v{tag}-hiddenplane",
+                               "-o", str(tmp / "pause"), str(tmp / "pause.c")], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"build-kubernetes: gcc -static pause.c failed (libc6-dev installed?):\n{proc.stderr}")
+        subprocess.run(["strip", str(tmp / "pause")], check=True)
+        _oci()(tmp / "image-pause.tar", SANDBOX_IMAGE, {"/pause": ((tmp / "pause").read_bytes(), 0o755)}, [],
+               entrypoint=["/pause"])
+        for scratch in ("pause", "pause.c"):
+            (tmp / scratch).unlink()
+        return Built("pause", _finish(tmp, final), cached=False)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def coredns_image(coredns: Built) -> Built:
+    binary = coredns.files["coredns"]
+    key = hashlib.sha256(f"recipe={IMAGE_RECIPE} {COREDNS_IMAGE} {sha256_file(binary)}".encode()).hexdigest()[:16]
+    final = _cached_dir("image-coredns", key)
+    if _complete(final):
+        return Built("coredns-image", _verify_cached(final), cached=True)
+    log(f"==> image {COREDNS_IMAGE}")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".coredns-", dir=final.parent))
+    try:
+        _oci()(tmp / "image-coredns.tar", COREDNS_IMAGE, {"/coredns": (binary.read_bytes(), 0o755)}, [],
+               entrypoint=["/coredns"])
+        return Built("coredns-image", _finish(tmp, final), cached=False)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+BUSYBOX_APPLETS = ("sh", "ls", "cat", "echo", "sleep", "wget", "nc", "nslookup", "hostname", "httpd", "ip",
+                   "ping", "env", "mkdir", "true", "false", "id", "ps", "grep", "timeout")
+
+
+def busybox_image() -> Built:
+    """A shell for test pods: Debian's busybox-static, with the applets tests call as links."""
+    from installer.lab.vm import deb_tree
+    tree = deb_tree("busybox-static", log)
+    binary = tree / "bin/busybox"
+    key = hashlib.sha256(f"recipe={IMAGE_RECIPE} {LAB_BUSYBOX_IMAGE} {sha256_file(binary)} {BUSYBOX_APPLETS}"
+                         .encode()).hexdigest()[:16]
+    final = _cached_dir("image-busybox", key)
+    if _complete(final):
+        return Built("busybox-image", _verify_cached(final), cached=True)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".busybox-", dir=final.parent))
+    try:
+        _oci()(tmp / "image-busybox.tar", LAB_BUSYBOX_IMAGE, {"/bin/busybox": (binary.read_bytes(), 0o755)},
+               ["/bin/sh"], links={f"/bin/{a}": "busybox" for a in BUSYBOX_APPLETS})
+        return Built("busybox-image", _finish(tmp, final), cached=False)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+# --- output ---------------------------------------------------------------------------------------
+
+def install(dest: Path, built: list[Built]) -> dict[str, str]:
+    """Copy every built file into ``dest`` and record it in ``dest/SHA256SUMS`` (other lines kept)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    sums = read_sums(dest)
+    for b in built:
+        cached = read_sums(next(iter(b.files.values())).parent)
+        for name, path in b.files.items():
+            target = dest / name
+            if not (target.is_file() and sums.get(name) == cached[name] and sha256_file(target) == cached[name]):
+                tmp = dest / f".{name}.tmp"
+                shutil.copyfile(path, tmp)
+                tmp.chmod(0o644 if name.endswith(".tar") else 0o755)
+                tmp.rename(target)
+            sums[name] = cached[name]
+    write_sums(dest, sums)
+    return sums
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="build-kubernetes", description=__doc__.split("\n\n")[0])
+    p.add_argument("version", help=f"Kubernetes version, e.g. {versions.DEFAULT_KUBERNETES_VERSION} "
+                   "('default': the installer's default)")
+    p.add_argument("dir", type=Path, help="artifacts directory to fill (created; SHA256SUMS updated)")
+    p.add_argument("--pin", action="store_true", help="regenerate the wrapper modules (go.mod, go.sum) and exit")
+    p.add_argument("--only", action="append", default=[],
+                   help="build only these components (kubernetes, etcd, containerd, runc, cni, cri-tools, coredns, images)")
+    args = p.parse_args(argv)
+    version = versions.DEFAULT_KUBERNETES_VERSION if args.version == "default" else args.version
+    if versions.parse(version) is None:
+        p.error(f"VERSION: '{version}' is not vMAJOR.MINOR.PATCH")
+    if shutil.which("go") is None:
+        raise SystemExit("build-kubernetes: no `go` on PATH (Go 1.26 or newer is needed)")
+    k8s = kubernetes(version)
+    components = [k8s, *others()]
+    wanted = set(args.only) or {c.name for c in components} | {"images"}
+    unknown = wanted - {c.name for c in components} - {"images"}
+    if unknown:
+        p.error(f"--only: unknown {', '.join(sorted(unknown))}")
+    if args.pin:
+        for c in components:
+            if c.name in wanted:
+                pin(c)
+        return 0
+    gover = go_version()
+    start = time.monotonic()
+    log(f"build-kubernetes {version} -> {args.dir} ({gover}; cache {cache_root()})")
+    built: list[Built] = []
+    by_name: dict[str, Built] = {}
+    for c in components:
+        if c.name in wanted or (c.name == "coredns" and "images" in wanted):
+            b = build_component(c, gover)
+            by_name[c.name] = b
+            if c.name != "coredns":       # CoreDNS runs as a pod: only its image goes out
+                built.append(b)
+    if "images" in wanted:
+        built += [pause_image(k8s, gover), coredns_image(by_name["coredns"]), busybox_image()]
+    sums = install(args.dir, built)
+    fresh = [b for b in built if not b.cached and b.seconds]
+    summary = ", ".join(f"{b.name} {fmt_secs(b.seconds)}" for b in fresh) or "everything from the cache"
+    log(f"==> {args.dir}: {len(sums)} files in {SUMS_FILE}; {fmt_secs(time.monotonic() - start)} ({summary})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

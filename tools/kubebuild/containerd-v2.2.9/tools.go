@@ -1,0 +1,11 @@
+//go:build tools
+
+// Package tools names the main packages this wrapper module builds, so that
+// go mod tidy keeps their dependencies.
+package tools
+
+import (
+	_ "github.com/containerd/containerd/v2/cmd/containerd"
+	_ "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2"
+	_ "github.com/containerd/containerd/v2/cmd/ctr"
+)
