@@ -7,9 +7,9 @@ v1.37). 1.34 reached end of life in 2026 and is refused.
 
 import re
 
-DEFAULT_KUBERNETES_VERSION = "v1.36.4"
+DEFAULT_KUBERNETES_VERSION = "v1.36.5"
 # downloaded with `source: download`; each is checked against its published sha256
-DEFAULT_COMPONENTS = {"etcd": "v3.6.7", "containerd": "2.2.3", "runc": "v1.4.2", "cni": "v1.8.0"}
+DEFAULT_COMPONENTS = {"etcd": "v3.6.16", "containerd": "2.2.9", "runc": "v1.4.4", "cni": "v1.10.0"}
 MIN_SUPPORTED = (1, 35)
 MAX_SUPPORTED = (1, 37)
 

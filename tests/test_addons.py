@@ -259,7 +259,7 @@ def test_coredns_rbac(prepared):
 
 
 def test_image_constants():
-    assert re.fullmatch(r"registry\.k8s\.io/coredns/coredns:v1\.12\.\d+", COREDNS_IMAGE)
+    assert re.fullmatch(r"registry\.k8s\.io/coredns/coredns:v1\.14\.\d+", COREDNS_IMAGE)
     assert re.fullmatch(r"registry\.k8s\.io/kas-network-proxy/proxy-agent:v0\.\d+\.\d+", AGENT_IMAGE)
     assert AGENT_IMAGE.endswith(konn.KONNECTIVITY_VERSION)
     assert re.fullmatch(r"cilium-\d+\.\d+\.\d+\.tgz", CILIUM_CHART)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from ...inventory import Inventory
 from ..manifests import LABELS
 
-COREDNS_VERSION = "v1.12.4"
+COREDNS_VERSION = "v1.14.2"
 COREDNS_IMAGE = f"registry.k8s.io/coredns/coredns:{COREDNS_VERSION}"
 NAMESPACE = "kube-system"
 NAME = "coredns"
