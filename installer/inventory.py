@@ -215,12 +215,14 @@ class ArtifactsSpec(_Strict):
     source: Literal["download", "dir"] = "download"
     path: str | None = Field(None, description="With source: dir, the directory holding binaries and SHA256SUMS (relative to the inventory).")
     versions: ComponentVersions = Field(default_factory=ComponentVersions,
-                                        description="Versions of the non-Kubernetes components downloaded with source: download.")
+                                        description="Versions of the non-Kubernetes components: downloaded with source: "
+                                        "download; with either source, containerd's decides its config format "
+                                        "(1.x: version 2, 2.x: version 3).")
     checksums: dict[str, Annotated[str, AfterValidator(_sha256)]] = Field(
         default_factory=dict, description="Pinned sha256 per binary name (e.g. kube-apiserver); checked in "
         "addition to the published checksums, for both sources.")
     cacheDir: str | None = Field(None, description="Where downloads are kept. Default: $XDG_CACHE_HOME/hiddenplane/artifacts.")
-    sandboxImage: str = Field("registry.k8s.io/pause:3.10.1", pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$",
+    sandboxImage: str = Field("registry.k8s.io/pause:3.10.2", pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$",
                               description="containerd's "
                               "sandbox (pause) image; name the one an image-*.tar in the artifacts holds to "
                               "run without a registry.")
@@ -420,9 +422,10 @@ def _network_problems(data: dict, hosts: list) -> list[str]:
 
 
 def _pod_slice_problems(net: dict, pod, hosts: list) -> list[str]:
-    """With cni: routes every worker needs its own slice of podCIDR (see installer/network.py)."""
+    """Every worker needs its own slice of podCIDR (see installer/network.py): its CNI config
+    and routes with cni: routes, its Node.spec.podCIDR with either CNI."""
     mask = net.get("nodeCIDRMaskSize", NetworkSpec().nodeCIDRMaskSize)
-    if not pod or net.get("cni", "routes") != "routes" or not isinstance(mask, int) or isinstance(mask, bool):
+    if not pod or not isinstance(mask, int) or isinstance(mask, bool):
         return []
     if pod.version == 4 and mask < pod.prefixlen:
         return [f"spec.network.nodeCIDRMaskSize: /{mask} is larger than spec.network.podCIDR {pod}; "

@@ -25,10 +25,14 @@ def lab():
 @click.option("--subnet", default=DEFAULT_SUBNET, show_default=True, help="Private /24 for the lab.")
 @click.option("--inventory", "inventory_out", type=click.Path(dir_okay=False, path_type=Path),
               help="Where to write the lab's inventory. Default: ./<name>.inventory.yaml")
+@click.option("--artifacts", type=click.Path(file_okay=False, exists=True, path_type=Path),
+              help="A directory with SHA256SUMS (e.g. from scripts/build-kubernetes): its files go into "
+                   "the lab's artifacts, verified, over the Debian ones.")
 @domain_errors
-def up(name, controls, workers, vm_workers, subnet, inventory_out):
+def up(name, controls, workers, vm_workers, subnet, inventory_out, artifacts):
     """Boot the lab (idempotent: running hosts are kept)."""
-    out = lab_mod.up(name, controls, workers, vm_workers, subnet, inventory_out, log=click.echo)
+    out = lab_mod.up(name, controls, workers, vm_workers, subnet, inventory_out, log=click.echo,
+                     artifacts=artifacts)
     click.echo(f"lab {name} is up; inventory: {out}")
 
 

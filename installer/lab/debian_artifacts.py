@@ -13,7 +13,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from ..artifacts import CNI_PLUGINS, add_files
+from ..artifacts import (CNI_PLUGINS, SUMS_FILE, ArtifactError, add_files, read_sums, sha256_file,
+                         verify, write_sums)
 from .model import LabError, cache_root
 
 # Debian package -> (path inside the package, name in the artifacts directory)
@@ -77,6 +78,29 @@ def fill(dest: Path, log=print) -> list[str]:
             continue
         names += extract(debs[pkg], members, dest)
     add_files(dest, names)
+    return names
+
+
+def import_dir(src: Path, dest: Path) -> list[str]:
+    """Copy every file ``src/SHA256SUMS`` lists into ``dest``, each verified against it, and
+    record them in ``dest``'s SHA256SUMS (replacing Debian's of the same name)."""
+    names = sorted(read_sums(src))
+    if not names:
+        raise LabError(f"--artifacts {src}: no {SUMS_FILE} listing any file")
+    try:
+        digests = verify(src, names)
+    except ArtifactError as e:
+        raise LabError(f"--artifacts {src}: {e}") from None
+    have = read_sums(dest)
+    for name in names:
+        target = dest / name
+        if have.get(name) == digests[name] and target.is_file() and sha256_file(target) == digests[name]:
+            continue
+        tmp = dest / f".{name}.importing"
+        shutil.copyfile(src / name, tmp)
+        tmp.chmod(0o644 if name.endswith(".tar") else 0o755)
+        tmp.rename(target)
+    write_sums(dest, {**have, **digests})
     return names
 
 

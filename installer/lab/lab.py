@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import yaml
 
+from .. import versions
 from . import debian_artifacts, images, net, nspawn, seed
 from .model import DEFAULT_SUBNET, LabError, LabHost, LabPaths, LabSpec
 
@@ -70,19 +72,56 @@ def load_spec(paths: LabPaths) -> LabSpec:
 
 # --- up ------------------------------------------------------------------------------------
 
-def inventory_doc(spec: LabSpec, paths: LabPaths) -> dict:
+def inventory_doc(spec: LabSpec, paths: LabPaths, k8s_version: str | None = None,
+                  containerd_version: str | None = None) -> dict:
+    """The lab's inventory. What only the lab needs is set here, never as a product default:
+    the lab has no registry (images come from the artifacts), so AlwaysPullImages is off; the
+    versions are those of the binaries in its artifacts when they differ from the defaults
+    (Debian's containerd is 1.6, which reads another config format)."""
     cp1 = spec.hosts[0]
-    return {
+    doc = {
         "apiVersion": "hiddenplane/v1alpha1",
         "kind": "Cluster",
         "metadata": {"name": spec.name},
         "spec": {
-            "apiServer": {"endpoint": cp1.address},
+            "apiServer": {"endpoint": cp1.address, "alwaysPullImages": False},
             "ssh": {"user": "root", "port": 22, "keyPath": str(paths.ssh_key), "knownHosts": str(paths.known_hosts)},
             "hosts": [{"name": h.name, "address": h.address, "role": h.role} for h in spec.hosts],
             "artifacts": {"source": "dir", "path": str(paths.artifacts)},
         },
     }
+    if k8s_version:
+        doc["spec"]["kubernetes"] = {"version": k8s_version}
+    if containerd_version and containerd_version != versions.DEFAULT_COMPONENTS["containerd"]:
+        doc["spec"]["artifacts"]["versions"] = {"containerd": containerd_version}
+    return doc
+
+
+_VERSION_OUT = re.compile(r"^Kubernetes (v\d+\.\d+\.\d+)$")
+
+
+_CONTAINERD_OUT = re.compile(r"^containerd \S+ v?(\d+\.\d+\.\d+)")
+
+
+def _version_of(binary: Path, pattern: re.Pattern) -> str | None:
+    if not binary.is_file():
+        return None
+    try:
+        out = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = pattern.match(out)
+    return m[1] if m else None
+
+
+def binaries_version(artifacts: Path) -> str | None:
+    """The version real Kubernetes binaries in ``artifacts`` report (None: none there, or the
+    stand-ins, which print no release version)."""
+    return _version_of(artifacts / "kube-apiserver", _VERSION_OUT)
+
+
+def containerd_version(artifacts: Path) -> str | None:
+    return _version_of(artifacts / "containerd", _CONTAINERD_OUT)
 
 
 INOTIFY_INSTANCES = Path("/proc/sys/fs/inotify/max_user_instances")
@@ -174,7 +213,10 @@ def _start_host(spec: LabSpec, paths: LabPaths, base: Path, h: LabHost, files, l
 
 
 def up(name: str, controls: int = 1, workers: int = 2, vm_workers: int = 0, subnet: str | None = None,
-       inventory_out: Path | None = None, log=print) -> Path:
+       inventory_out: Path | None = None, log=print, artifacts: Path | None = None) -> Path:
+    """Boot the lab; ``artifacts``: a directory with a SHA256SUMS (e.g. from
+    scripts/build-kubernetes) whose files are copied into the lab's artifacts, verified, over
+    the Debian ones."""
     spec = LabSpec.create(name, controls, workers, vm_workers, subnet or DEFAULT_SUBNET)
     paths = LabPaths.of(name)
     preflight(spec, paths)
@@ -190,6 +232,9 @@ def up(name: str, controls: int = 1, workers: int = 2, vm_workers: int = 0, subn
     host_keys = _host_keys(paths, spec)
     paths.known_hosts.write_text("".join(seed.known_hosts_line(h, host_keys[h.name]) for h in spec.hosts))
     debian_artifacts.fill(paths.artifacts, log)
+    if artifacts is not None:
+        names = debian_artifacts.import_dir(Path(artifacts), paths.artifacts)
+        log(f"artifacts: {len(names)} files from {artifacts}")
 
     _raise_inotify_limit(log)
     net.ensure_bridge(spec)
@@ -202,7 +247,8 @@ def up(name: str, controls: int = 1, workers: int = 2, vm_workers: int = 0, subn
     with ThreadPoolExecutor(max_workers=8) as pool:
         list(pool.map(lambda h: _settle_boot(paths, h, log), spec.hosts))
 
-    text = yaml.safe_dump(inventory_doc(spec, paths), sort_keys=False)
+    text = yaml.safe_dump(inventory_doc(spec, paths, binaries_version(paths.artifacts),
+                                        containerd_version(paths.artifacts)), sort_keys=False)
     paths.inventory(name).write_text(text)
     out = (inventory_out or Path.cwd() / f"{name}.inventory.yaml").resolve()
     out.write_text(text)

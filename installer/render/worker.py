@@ -23,7 +23,7 @@ from ..network import ROUTES_UNIT
 KUBELET_DIR = "/var/lib/kubelet"
 KUBE_PROXY_DIR = "/var/lib/kube-proxy"
 CONTAINERD_SOCK = "unix:///run/containerd/containerd.sock"
-SANDBOX_IMAGE = "registry.k8s.io/pause:3.10.1"      # the default of spec.artifacts.sandboxImage
+SANDBOX_IMAGE = "registry.k8s.io/pause:3.10.2"      # the default of spec.artifacts.sandboxImage
 RESOLVED_RESOLV_CONF = "/run/systemd/resolve/resolv.conf"
 
 MODULES = ("overlay", "br_netfilter")
@@ -41,6 +41,11 @@ class HostFacts:
 
     systemd_resolved: bool = False
     kubelet_joined: bool = False      # the kubelet holds a client certificate of its own
+
+
+def containerd_config_version(inv: Inventory) -> int:
+    """containerd 2.x reads config version 3 (1.x only 2): follow the declared containerd."""
+    return 3 if int(inv.spec.artifacts.versions.containerd.lstrip("v").split(".")[0]) >= 2 else 2
 
 
 def resolv_conf(inv: Inventory, facts: HostFacts) -> str:
@@ -143,7 +148,8 @@ def render_worker(inv: Inventory, host: HostSpec, material: Material, facts: Hos
     plan.add(HostFile(f"{KUBE_PROXY_DIR}/config.yaml", to_yaml(kube_proxy_config(inv)), 0o600, restarts=(proxy,)))
     plan.add(HostFile("/etc/containerd/config.toml",
                       render_template("containerd-config.toml.j2", sandbox_image=inv.spec.artifacts.sandboxImage,
-                                      cni_bin_dir=CNI_BIN_DIR, cni_conf_dir=CNI_CONF_DIR),
+                                      cni_bin_dir=CNI_BIN_DIR, cni_conf_dir=CNI_CONF_DIR, runc=f"{BIN_DIR}/runc",
+                                      version=containerd_config_version(inv)),
                       0o644, restarts=(containerd,)))
     # loaded at boot; preflight requires them loaded already (containers cannot load modules)
     plan.add(HostFile("/etc/modules-load.d/hiddenplane.conf", "".join(f"{m}\n" for m in MODULES).encode(), 0o644))
