@@ -17,6 +17,8 @@ LOCK = f"{STATE_DIR}/apply.lock"
 PENDING = f"{STATE_DIR}/pending-restart"
 # what would un-hide a control host, or collide with what we run
 RUNTIME_MARKERS = ("kubelet", "containerd", "dockerd", "crio")
+# host commands the components call that the installer does not ship (preflight checks them)
+HOST_TOOLS = ("iptables", "iptables-save", "iptables-restore", "ip6tables", "modprobe")
 
 PROBE = r"""
 set -u
@@ -38,6 +40,7 @@ awk '{print "M\t" $1}' /proc/modules 2>/dev/null
 # for what they provide instead
 if grep -qw overlay /proc/filesystems 2>/dev/null; then printf 'M\toverlay\n'; fi
 if [ -e /proc/sys/net/bridge/bridge-nf-call-iptables ]; then printf 'M\tbr_netfilter\n'; fi
+for x in TOOLS; do if command -v "$x" >/dev/null 2>&1; then printf 'T\t%s\n' "$x"; fi; done
 if command -v ss >/dev/null 2>&1; then ss -Htln 2>/dev/null | awk '{n=split($4,a,":"); print "P\t" a[n]}'; fi
 awk -F: '{print "S\t" $1}' /etc/passwd
 for x in RUNTIME; do
@@ -72,7 +75,7 @@ if [ -s "$tmp/f" ]; then
 fi
 rm -rf "$tmp"
 echo END
-""".replace("MANIFEST", MANIFEST).replace("LOCK", LOCK).replace("PENDING", PENDING).replace("RUNTIME", " ".join(RUNTIME_MARKERS))
+""".replace("MANIFEST", MANIFEST).replace("LOCK", LOCK).replace("PENDING", PENDING).replace("RUNTIME", " ".join(RUNTIME_MARKERS)).replace("TOOLS", " ".join(HOST_TOOLS))
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,7 @@ class HostFacts:
     kubelet_joined: bool = False
     etcd_data: bool = False             # /var/lib/etcd/member exists: this host was an etcd member
     modules: set[str] = field(default_factory=set)
+    tools: set[str] = field(default_factory=set)        # HOST_TOOLS found on the PATH
     listening: set[int] = field(default_factory=set)
     users: set[str] = field(default_factory=set)
     runtime: set[tuple[str, str]] = field(default_factory=set)     # (binary|process|unit, name)
@@ -148,6 +152,8 @@ def parse(output: str) -> HostFacts:
                 setattr(facts, key, value.strip())
         elif kind == "M":
             facts.modules.add(cols[0])
+        elif kind == "T":
+            facts.tools.add(cols[0])
         elif kind == "P" and cols[0].isdigit():
             facts.listening.add(int(cols[0]))
         elif kind == "S":

@@ -575,8 +575,10 @@ def test_phase_selections_partition_every_plan(cluster, request):
 # --- 5. preflight ------------------------------------------------------------------------------
 
 def ok_facts(name: str, role: str) -> HostFacts:
+    worker = role == "worker"
     return HostFacts(hostname=name, os="debian 12", arch="x86_64", init="systemd",
-                     modules={"overlay", "br_netfilter"} if role == "worker" else set(), users={"root"})
+                     modules={"overlay", "br_netfilter"} if worker else set(), users={"root"},
+                     tools={"iptables", "iptables-save", "iptables-restore", "modprobe"} if worker else set())
 
 
 def test_preflight_accepts_good_hosts(prepared):
@@ -603,7 +605,8 @@ def _with(facts: HostFacts, **kw) -> HostFacts:
     ("cp1", dict(os="centos 9"), ["unsupported OS 'centos 9'", "debian 12"]),
     ("node2", dict(os="ubuntu 20.04"), ["unsupported OS"]),
     ("node2", dict(arch="armv7l"), ["unsupported architecture 'armv7l'"]),
-    ("node2", dict(modules={"overlay"}), ["br_netfilter", "modprobe -a br_netfilter"]),
+    ("node2", dict(modules={"overlay"}), ["br_netfilter", "not loadable", "modprobe -a br_netfilter"]),
+    ("node2", dict(tools={"iptables", "modprobe"}), ["iptables-save, iptables-restore", "apt-get install iptables"]),
     ("cp1", dict(listening={6443}), ["port 6443", "kube-apiserver.service"]),
     ("node2", dict(listening={10250}), ["port 10250", "kubelet.service"]),
 ])
@@ -630,7 +633,7 @@ def test_preflight_port_held_by_our_own_unit_is_fine(prepared):
 def test_preflight_reports_every_problem_at_once(prepared):
     w = prepared.inventory.host("node3")
     found = problems(w, HostFacts(hostname="x", os="arch", arch="i686", init="runit", swap_devices=2))
-    assert len(found) == 6, found
+    assert len(found) == 7, found
 
 
 # --- 6. the lock's staleness -------------------------------------------------------------------
