@@ -435,16 +435,30 @@ def _handler(api: k8s.ApiClient, obj: dict):
     raise ValueError(f"{_ident(obj)}: apply_objects handles {kinds} and bootstrap token Secrets only")
 
 
+def _read_if_exists(h, obj: dict):
+    """The live ``obj``, or None. A create can be refused as invalid (422) before the
+    apiserver looks for a name clash: a Service asking again for its own clusterIP gets
+    "provided IP is already allocated", not AlreadyExists (seen on 1.36)."""
+    try:
+        return h.read(obj)
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+
+
 def _apply_one(api: k8s.ApiClient, obj: dict) -> str:
     h, what = _handler(api, obj), _ident(obj)
     try:
         _call(what, h.create, obj)
         return "created"
     except ApiException as e:
-        if e.status != 409 or _reason(e) != "AlreadyExists":
+        clash = e.status == 409 and _reason(e) == "AlreadyExists"
+        found = None if clash or e.status != 422 else _read_if_exists(h, obj)
+        if not clash and found is None:
             raise KubeError(f"{what}: create refused: {_status_message(e)}") from None
     try:
-        live = api.sanitize_for_serialization(_call(what, h.read, obj))
+        live = api.sanitize_for_serialization(found if found is not None else _call(what, h.read, obj))
         change = h.compare(obj, live)
         if change is None:
             return "unchanged"
@@ -483,9 +497,10 @@ def _ready(node: k8s.V1Node) -> tuple[bool, str]:
 
 
 def wait_nodes_ready(api: k8s.ApiClient, names: Sequence[str], timeout: float, *,
-                     interval: float = 2.0) -> None:
-    """Poll (one list of Nodes per round) until every named Node has Ready=True; KubeError
-    naming each node that is missing or not ready when ``timeout`` seconds have passed."""
+                     interval: float = 2.0, registered_only: bool = False) -> None:
+    """Poll (one list of Nodes per round) until every named Node has Ready=True (or, with
+    ``registered_only``, exists); KubeError naming each node that is missing or not ready when
+    ``timeout`` seconds have passed."""
     core = k8s.CoreV1Api(api)
     deadline = time.monotonic() + timeout
     while True:
@@ -497,14 +512,14 @@ def wait_nodes_ready(api: k8s.ApiClient, names: Sequence[str], timeout: float, *
         for name in names:
             if name not in nodes:
                 waiting[name] = "not registered"
-            else:
+            elif not registered_only:
                 ok, why = _ready(nodes[name])
                 if not ok:
                     waiting[name] = why
         if not waiting:
             return
         if time.monotonic() >= deadline:
-            raise KubeError(f"nodes not Ready after {timeout:g}s: "
+            raise KubeError(f"nodes not {'registered' if registered_only else 'Ready'} after {timeout:g}s: "
                             + "; ".join(f"{n}: {w}" for n, w in waiting.items()))
         time.sleep(interval)
 
@@ -513,8 +528,9 @@ def set_pod_cidr(api: k8s.ApiClient, node: str, cidr: str) -> str:
     """Make ``Node.spec.podCIDR`` (and ``podCIDRs``) the installer's allocation for ``node``.
 
     The installer, not the controller-manager (``--allocate-node-cidrs=false``), owns pod CIDRs:
-    they are in each worker's CNI config and every host's routes before any Node exists. This
-    records the same slice on the Node, for tools that read it. The apiserver lets the field be
+    with ``cni: routes`` they are in each worker's CNI config and every host's routes before any
+    Node exists, and this records the same slice on the Node for tools that read it; with
+    ``cni: cilium`` (``ipam.mode: kubernetes``) this is where Cilium takes each node's range. The apiserver lets the field be
     set once: an empty one is patched ("set"), an equal one left ("unchanged"); a different one
     is an error naming both (the Node must be deleted and re-registered to change it)."""
     core = k8s.CoreV1Api(api)

@@ -128,6 +128,14 @@ class FakeCluster:
                              "items": self._list(path, query)}
             if method == "POST":
                 key, name = f"{path}/{doc['metadata']['name']}", doc["metadata"]["name"]
+                ip = (doc.get("spec") or {}).get("clusterIP") if last == "services" else None
+                taken = [o for k, o in self.store.items() if "/services/" in k and ip
+                         and (o.get("spec") or {}).get("clusterIP") == ip]
+                if taken:
+                    # as kube-apiserver 1.36 does: the IP allocation fails before the name clash
+                    return 422, _status(422, "Invalid", f'Service "{name}" is invalid: spec.clusterIPs: Invalid '
+                                        f'value: ["{ip}"]: failed to allocate IP {ip}: provided IP is already '
+                                        "allocated", name=name, kind="Service")
                 if key in self.store:
                     group = path.split("/")[2] if path.startswith("/apis/") else ""
                     return 409, _status(409, "AlreadyExists", f'{last}{"." + group if group else ""} "{name}" '
