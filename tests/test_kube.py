@@ -582,3 +582,22 @@ def test_kubeconfig_command_needs_a_pki(tmp_path):
                                  "-o", str(tmp_path / "k")])
     assert r.exit_code == 2 and "run `installer plan`" in r.output
     assert not (tmp_path / "k").exists() and not (tmp_path / "empty").exists()
+
+
+def test_joined_workers_get_no_token_secret_again(prepared):
+    """Once a worker's kubelet holds its own certificate its token Secret is deleted (workers
+    phase) and cluster-bootstrap never sends it again; the renewal binding stays."""
+    from installer.render.manifests import bootstrap_objects
+    objs = bootstrap_objects(prepared.inventory, prepared.material, frozenset({"node2"}))
+    secrets = [o["metadata"]["name"] for o in objs if o["kind"] == "Secret"]
+    assert secrets == [f"bootstrap-token-{prepared.material.tokens['node3'].id}"]
+    bindings = [o["metadata"]["name"] for o in objs if o["kind"] == "ClusterRoleBinding"]
+    assert {"hiddenplane:node-renewal:node2", "hiddenplane:node-renewal:node3"} <= set(bindings)
+
+
+def test_wait_for_registration_only(api, fake):
+    fake.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node2"},
+              "status": {"conditions": [{"type": "Ready", "status": "False", "reason": "KubeletNotReady"}]}})
+    kube.wait_nodes_ready(api, ["node2"], 5, interval=0.01, registered_only=True)
+    with pytest.raises(kube.KubeError, match="nodes not registered after 0.05s: node3: not registered"):
+        kube.wait_nodes_ready(api, ["node2", "node3"], 0.05, interval=0.01, registered_only=True)

@@ -218,7 +218,9 @@ def test_cilium_workers_keep_only_the_sysctls(doc, tmp_path):
         assert _routes(plan) == [] and not [line for line in _exec(plan) if "iptables" in line]
         assert _exec(plan)[0].endswith("systemd-sysctl /etc/sysctl.d/90-hiddenplane.conf")
     assert ROUTES_UNIT not in p.plans["cp1"].units
-    assert p.material.pod_cidrs == {} and not (tmp_path / "state" / "network.yaml").exists()
+    # the installer's allocation still exists: it becomes each Node's spec.podCIDR, which
+    # Cilium's ipam.mode kubernetes takes the node's pod range from
+    assert p.material.pod_cidrs == {"node2": "10.244.0.0/24", "node3": "10.244.1.0/24"}
 
 
 # --- the state ----------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 Through the Kubernetes client from the operator machine (directly, or tunnelled over SSH via a
 control host when the API endpoint is not reachable): RBAC for bootstrapping, per-node
-bootstrap token Secrets with an expiry, the apiserver's kubelet-API binding and per-node
+bootstrap token Secrets with an expiry (only for workers that have not joined yet: the workers
+phase deletes a token's Secret once its node registered), the apiserver's kubelet-API binding and per-node
 renewal bindings. Every manifest is schema-validated before anything is sent.
 """
 
@@ -21,7 +22,8 @@ class BootstrapCluster(Phase):
 
     def run_host(self, ctx: Context, host: str) -> Event:
         from .. import kube
-        objects = bootstrap_objects(ctx.inv, ctx.material)
+        joined = frozenset(h.name for h in ctx.inv.workers if h.name in ctx.facts and ctx.facts[h.name].kubelet_joined)
+        objects = bootstrap_objects(ctx.inv, ctx.material, joined)
         if ctx.options.dry_run:
             return Event(self.name, host, "changed", detail=[f"would apply {o['kind']} {o['metadata']['name']}"
                                                              for o in objects])

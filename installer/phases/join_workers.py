@@ -2,8 +2,9 @@
 
 Waits until the units are active and the kubelet serves its port. With a real cluster (the
 cluster-bootstrap phase ran) it also waits for each Node to be Ready and sets its
-spec.podCIDR to the installer's allocation (cni: routes); once a kubelet holds a
-client certificate of its own, the next run removes its bootstrap kubeconfig.
+spec.podCIDR to the installer's allocation (cni: routes) and deletes each node's bootstrap
+token Secret; once a kubelet holds a client certificate of its own, the next run removes its
+bootstrap kubeconfig from the host.
 
 Image archives from the artifacts (``image-*.tar``, uploaded to the workers by the artifacts
 phase) are imported into containerd's ``k8s.io`` namespace once containerd runs, only when
@@ -130,11 +131,18 @@ class JoinWorkers(Phase):
         from .. import kube
         names = [h.name for h in ctx.hosts("worker")]
         with kube.api_access(ctx.inv, ctx.remotes, ctx.material) as url, kube.api_client(url, ctx.material) as api:
+            # podCIDR as soon as each Node exists: Cilium (ipam kubernetes) needs it before the
+            # node can become Ready
+            kube.wait_nodes_ready(api, names, ctx.options.wait_timeout, registered_only=True)
+            done = {n: kube.set_pod_cidr(api, n, ctx.material.pod_cidrs[n]) for n in names}
+            ctx.events.append(Event(self.name, "(api)", "changed" if "set" in done.values() else "unchanged",
+                                    detail=[f"node {n} podCIDR {ctx.material.pod_cidrs[n]}: {how}"
+                                            for n, how in done.items()]))
+            # a registered Node holds its own client certificate: its token is done, delete it
+            # so that a leaked copy is worth nothing (it would still bootstrap until it expires)
+            deleted = [n for n in names if kube.delete_bootstrap_token(api, ctx.material.tokens[n].id)]
+            if deleted:
+                ctx.events.append(Event(self.name, "(api)", "changed",
+                                        detail=[f"deleted the bootstrap token Secret of {n}" for n in deleted]))
             kube.wait_nodes_ready(api, names, ctx.options.wait_timeout)
             ctx.events.append(Event(self.name, "(api)", "waited", detail=[f"node {n} Ready" for n in names]))
-            if ctx.inv.spec.network.cni == "routes":
-                # Node.spec.podCIDR agrees with the installer's allocation (kube.set_pod_cidr)
-                done = {n: kube.set_pod_cidr(api, n, ctx.material.pod_cidrs[n]) for n in names}
-                ctx.events.append(Event(self.name, "(api)", "changed" if "set" in done.values() else "unchanged",
-                                        detail=[f"node {n} podCIDR {ctx.material.pod_cidrs[n]}: {how}"
-                                                for n, how in done.items()]))

@@ -143,12 +143,11 @@ def ensure(inv: Inventory, old: Material, now: dt.datetime | None = None) -> tup
             why = "new" if tok is None else "expired" if tok.expires <= now else "expiring"
             ch.add(f"token/{h.name}", why)
 
+    # every CNI gets the installer's allocation: cni: routes renders it into the CNI config
+    # and routes, and both set it as Node.spec.podCIDR (Cilium's ipam.mode: kubernetes reads it)
     net = inv.spec.network
-    if net.cni == "routes":
-        new.pod_cidrs, reasons = network.allocate(net.podCIDR, net.nodeCIDRMaskSize, old.pod_cidrs,
-                                                  [h.name for h in inv.workers])
-        for node, why in reasons.items():
-            ch.add(f"network/{node}", why)
-    else:
-        new.pod_cidrs = dict(old.pod_cidrs)     # kept for a return to cni: routes
+    new.pod_cidrs, reasons = network.allocate(net.podCIDR, net.nodeCIDRMaskSize, old.pod_cidrs,
+                                              [h.name for h in inv.workers])
+    for node, why in reasons.items():
+        ch.add(f"network/{node}", why)
     return new, ch

@@ -62,9 +62,12 @@ def node_renewal_binding(node: str) -> dict:
     return _binding(f"hiddenplane:node-renewal:{node}", SELF_NODE_CLIENT_ROLE, "User", f"system:node:{node}")
 
 
-def bootstrap_objects(inv: Inventory, material: Material) -> list[dict]:
+def bootstrap_objects(inv: Inventory, material: Material, joined: frozenset[str] = frozenset()) -> list[dict]:
+    """``joined``: workers whose kubelet holds its own client certificate. Their token did its
+    job and was deleted (workers phase); it is never sent again."""
     objs = cluster_rbac()
     for h in inv.workers:
         objs.append(node_renewal_binding(h.name))
-        objs.append(token_secret(h.name, material))
+        if h.name not in joined:
+            objs.append(token_secret(h.name, material))
     return objs
