@@ -472,6 +472,25 @@ def _apply_one(api: k8s.ApiClient, obj: dict) -> str:
         raise KubeError(f"{what}: update refused: {_status_message(e)}") from None
 
 
+def _plan_one(api: k8s.ApiClient, obj: dict) -> str:
+    """What ``_apply_one`` would do to ``obj``, found by reading only."""
+    h, what = _handler(api, obj), _ident(obj)
+    try:
+        live = _read_if_exists(h, obj)
+    except ApiException as e:
+        raise KubeError(f"{what}: read refused: {_status_message(e)}") from None
+    if live is None:
+        return "created"
+    return "unchanged" if h.compare(obj, api.sanitize_for_serialization(live)) is None else "replaced"
+
+
+def plan_objects(api: k8s.ApiClient, objects: list[dict], k8s_version: str) -> list[tuple[str, str, str]]:
+    """``apply_objects`` stopped before any write: validates, then reads each object and says
+    what applying it would do (``created``, ``unchanged``, ``replaced``)."""
+    validate_objects(objects, k8s_version)
+    return [(obj["kind"], obj["metadata"]["name"], _plan_one(api, obj)) for obj in objects]
+
+
 def apply_objects(api: k8s.ApiClient, objects: list[dict], k8s_version: str) -> list[tuple[str, str, str]]:
     """Validate every object (strict, for ``k8s_version``'s minor) before sending any, then
     create each in order; an existing one is left when it matches, otherwise replaced with the

@@ -601,3 +601,16 @@ def test_wait_for_registration_only(api, fake):
     kube.wait_nodes_ready(api, ["node2"], 5, interval=0.01, registered_only=True)
     with pytest.raises(kube.KubeError, match="nodes not registered after 0.05s: node3: not registered"):
         kube.wait_nodes_ready(api, ["node2", "node3"], 0.05, interval=0.01, registered_only=True)
+
+
+def test_plan_objects_reads_only_and_tells_what_apply_would_do(prepared, api, fake):
+    objs = bootstrap(prepared)
+    assert {a for _, _, a in kube.plan_objects(api, objs, "v1.36.5")} == {"created"}
+    assert all(m == "GET" for m, _, _ in fake.requests)
+    kube.apply_objects(api, objs, "v1.36.5")
+    fake.requests.clear()
+    assert {a for _, _, a in kube.plan_objects(api, objs, "v1.36.5")} == {"unchanged"}
+    changed = copy.deepcopy(objs)
+    changed[0]["subjects"][0]["name"] = "someone-else"
+    assert kube.plan_objects(api, changed, "v1.36.5")[0][2] == "replaced"
+    assert all(m == "GET" for m, _, _ in fake.requests)

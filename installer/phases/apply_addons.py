@@ -18,7 +18,8 @@ open), with an admin kubeconfig written for the call into a private temporary di
 Skipping: like cluster-bootstrap this phase needs a real API, so ``--skip cluster-bootstrap``
 skips it too (the runner adds ``addons`` to the skipped phases); ``--only addons`` runs it alone
 against a cluster bootstrapped earlier. A dry run lists the objects it would apply and the Helm
-command it would run (with ``cni: cilium`` it checks that helm and the chart are there, too).
+command it would run (with ``cni: cilium`` it checks that helm and the chart are there, too);
+against a running apiserver it reads each object and lists only those that would change.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from ..pki import issue
 from ..pki.material import Material
 from ..render.addons import CILIUM_CHART, CILIUM_VERSION, addon_objects, cilium_chart, cilium_values_yaml, helm_argv
 from ..render.kubeconfig import kubeconfig
-from .base import Context, Event, Phase
+from .base import Context, Event, Phase, apply_api_objects
 
 HELM = "helm"
 HELM_TIMEOUT = 600.0         # seconds: `helm upgrade --install` without --wait returns once sent
@@ -106,11 +107,6 @@ def run_helm(inv: Inventory, material: Material, server: str, helm: str, chart: 
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _ident(obj: dict) -> str:
-    meta = obj["metadata"]
-    return f"{obj['kind']} {meta['namespace'] + '/' if meta.get('namespace') else ''}{meta['name']}"
-
-
 class ApplyAddons(Phase):
     name = "addons"
     description = "CoreDNS and konnectivity agents through the Kubernetes API; Cilium with Helm"
@@ -119,21 +115,13 @@ class ApplyAddons(Phase):
         return ["(api)"]
 
     def run_host(self, ctx: Context, host: str) -> Event:
-        from .. import kube
         inv = ctx.inv
-        objects = addon_objects(inv)
         cilium = inv.spec.network.cni == "cilium"
         helm, chart = helm_prerequisites(inv) if cilium else (None, None)
-        if ctx.options.dry_run:
-            detail = [f"would apply {_ident(o)}" for o in objects]
-            if cilium:
-                detail.append(f"would run helm upgrade --install cilium {chart} --namespace kube-system")
-            return Event(self.name, host, "changed", detail=detail)
-        with kube.api_access(inv, ctx.remotes, ctx.material) as url:
-            with kube.api_client(url, ctx.material, credential="admin") as api:
-                done = kube.apply_objects(api, objects, inv.spec.kubernetes.version)
-            changed = [f"{action} {kind} {name}" for kind, name, action in done if action != "unchanged"]
-            if cilium:
-                # Helm decides itself whether the release changes; report the call
-                changed += run_helm(inv, ctx.material, url, helm, chart)
-        return Event(self.name, host, "changed" if changed else "unchanged", detail=changed)
+        # Helm decides itself whether the release changes; report the call
+        then = (lambda url: run_helm(inv, ctx.material, url, helm, chart)) if cilium else None
+        ev = apply_api_objects(ctx, self.name, addon_objects(inv), "admin", then)
+        if cilium and ctx.options.dry_run:
+            ev.action = "changed"
+            ev.detail.append(f"would run helm upgrade --install cilium {chart} --namespace kube-system")
+        return ev

@@ -132,3 +132,40 @@ class Phase:
 
     def finish(self, ctx: Context, events: list[Event]) -> None:
         return None
+
+
+def _ident(obj: dict) -> str:
+    meta = obj["metadata"]
+    return f"{obj['kind']} {meta['namespace'] + '/' if meta.get('namespace') else ''}{meta['name']}"
+
+
+def api_live(ctx: Context) -> bool:
+    """Whether a kube-apiserver already runs (per the facts): then a dry run can ask it."""
+    return any(ctx.facts.get(h.name) and ctx.facts[h.name].units.get("kube-apiserver.service", ("",))[0] == "active"
+               for h in ctx.inv.controls)
+
+
+def apply_api_objects(ctx: Context, phase: str, objects: list[dict], credential: str,
+                      then: Callable[[str], list[str]] | None = None) -> Event:
+    """Send ``objects`` through the API (``kube.apply_objects``), or in a dry run say what that
+    would do: by reading them from the running apiserver (so a converged cluster plans
+    nothing), or, before any apiserver runs, that every object would be applied. ``then(url)``
+    runs after the objects, with the API still reachable at ``url`` (not in a dry run); its
+    lines join the event's."""
+    from .. import kube
+    version = ctx.inv.spec.kubernetes.version
+    if ctx.options.dry_run and not api_live(ctx):
+        kube.validate_objects(objects, version)
+        return Event(phase, "(api)", "changed", detail=[f"would apply {_ident(o)}" for o in objects])
+    with kube.api_access(ctx.inv, ctx.remotes, ctx.material) as url, \
+            kube.api_client(url, ctx.material, credential=credential) as api:
+        if ctx.options.dry_run:
+            done = kube.plan_objects(api, objects, version)
+            changed = [f"would {'create' if a == 'created' else 'replace'} {k} {n}" for k, n, a in done
+                       if a != "unchanged"]
+        else:
+            done = kube.apply_objects(api, objects, version)
+            changed = [f"{action} {kind} {name}" for kind, name, action in done if action != "unchanged"]
+        if then is not None and not ctx.options.dry_run:
+            changed += then(url)
+    return Event(phase, "(api)", "changed" if changed else "unchanged", detail=changed)

@@ -10,7 +10,7 @@ renewal bindings. Every manifest is schema-validated before anything is sent.
 from __future__ import annotations
 
 from ..render.manifests import bootstrap_objects
-from .base import Context, Event, Phase
+from .base import Context, Event, Phase, apply_api_objects
 
 
 class BootstrapCluster(Phase):
@@ -21,17 +21,11 @@ class BootstrapCluster(Phase):
         return ["(api)"]
 
     def run_host(self, ctx: Context, host: str) -> Event:
-        from .. import kube
         joined = frozenset(h.name for h in ctx.inv.workers if h.name in ctx.facts and ctx.facts[h.name].kubelet_joined)
         objects = bootstrap_objects(ctx.inv, ctx.material, joined)
-        if ctx.options.dry_run:
-            return Event(self.name, host, "changed", detail=[f"would apply {o['kind']} {o['metadata']['name']}"
-                                                             for o in objects])
         # the admin certificate gets its rights from a binding this phase creates: like kubeadm,
         # use the break-glass system:masters identity (kept in the state, never on a host)
-        with kube.api_access(ctx.inv, ctx.remotes, ctx.material) as url, \
-                kube.api_client(url, ctx.material, credential="super-admin") as api:
-            done = kube.apply_objects(api, objects, ctx.inv.spec.kubernetes.version)
-        ctx.bootstrap_ran = True
-        changed = [f"{action} {kind} {name}" for kind, name, action in done if action != "unchanged"]
-        return Event(self.name, host, "changed" if changed else "unchanged", detail=changed)
+        ev = apply_api_objects(ctx, self.name, objects, "super-admin")
+        if not ctx.options.dry_run:
+            ctx.bootstrap_ran = True
+        return ev
