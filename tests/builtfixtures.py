@@ -8,6 +8,7 @@ seconds once built). Every test that runs a real component takes them from here.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from installer import versions
-from installer.artifacts import read_sums, verify
+from installer.artifacts import read_sums, verify, write_sums
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = "HIDDENPLANE_TEST_ARTIFACTS"
@@ -33,13 +34,41 @@ def build(dest: Path) -> None:
         pytest.fail(f"scripts/build-kubernetes failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
 
 
-@pytest.fixture(scope="session")
-def built_artifacts() -> Path:
-    """A verified artifacts directory: the five Kubernetes binaries and kubectl at the default
-    version, etcd/etcdctl/etcdutl, containerd, runc, the CNI plugins, crictl, and the image
-    archives (pause, CoreDNS, busybox)."""
+def artifacts_dir() -> Path:
+    """The built artifacts (building them when missing), each file verified."""
     dest = Path(os.environ.get(ENV) or default_dir())
     if not (dest / "kube-apiserver").is_file():
         build(dest)
     verify(dest, sorted(read_sums(dest)))
     return dest
+
+
+def binaries_only(src: Path) -> Path:
+    """``src`` without the image archives (hard links, its own SHA256SUMS): what the labs of
+    the stand-in tests import, so their workers are not sent images nothing runs there."""
+    sums = {n: d for n, d in read_sums(src).items() if not n.endswith(".tar")}
+    dest = src.with_name(src.name + "-binaries")
+    if read_sums(dest) != sums:
+        shutil.rmtree(dest, ignore_errors=True)
+        tmp = src.with_name(f".{src.name}-binaries.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for name in sums:
+            os.link(src / name, tmp / name)
+        write_sums(tmp, sums)
+        tmp.rename(dest)
+    return dest
+
+
+@pytest.fixture(scope="session")
+def built_artifacts() -> Path:
+    """A verified artifacts directory: the five Kubernetes binaries and kubectl at the default
+    version, etcd/etcdctl/etcdutl, containerd, runc, the CNI plugins, crictl, and the image
+    archives (pause, CoreDNS, busybox)."""
+    return artifacts_dir()
+
+
+@pytest.fixture(scope="session")
+def kubectl(built_artifacts) -> str:
+    """The real kubectl of the default version (built with the components)."""
+    return str(built_artifacts / "kubectl")

@@ -22,6 +22,8 @@ import yaml
 from installer.lab import lab as lab_mod
 from installer.lab.model import LabPaths, LabSpec
 
+from .builtfixtures import artifacts_dir, binaries_only
+
 ROOT = Path(__file__).resolve().parent.parent
 LAB_NAME = "ci"
 LAB_SUBNET = "10.213.200.0/24"
@@ -56,11 +58,15 @@ def write_ssh_config(paths: LabPaths, spec: LabSpec, dest: Path) -> Path:
     return dest
 
 
-def start_lab(name: str, subnet: str, tmp: Path, controls=1, workers=2, vm_workers=0) -> Lab:
+def start_lab(name: str, subnet: str, tmp: Path, controls=1, workers=2, vm_workers=0, *,
+              images: bool = False) -> Lab:
+    """A lab with the built binaries (etcd 3.6, containerd 2.x, runc, CNI plugins, and the real
+    Kubernetes binaries unless stand-ins replace them); ``images``: the built image archives too."""
     require_lab_tools()
     lab_mod.down(name, log=lambda *_: None)          # a previous run that died mid-way
+    built = artifacts_dir()
     inv = lab_mod.up(name, controls, workers, vm_workers, subnet, tmp / f"{name}.inventory.yaml",
-                     log=lambda *_: None)
+                     log=lambda *_: None, artifacts=built if images else binaries_only(built))
     paths = LabPaths.of(name)
     spec = lab_mod.load_spec(paths)
     return Lab(spec, paths, inv, write_ssh_config(paths, spec, tmp / "ssh_config"))
