@@ -19,7 +19,6 @@ import copy
 import json
 import os
 import re
-import shutil
 import socket
 import ssl
 import stat
@@ -539,12 +538,8 @@ def test_api_access_reuses_a_given_remote_and_leaves_it_open(prepared, tls_apise
 
 # --- installer kubeconfig -------------------------------------------------------------------------
 
-KUBECTL = shutil.which("kubectl")
-
-
 @pytest.mark.kubectl
-@pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
-def test_kubeconfig_command(prepared, tmp_path, monkeypatch):
+def test_kubeconfig_command(prepared, tmp_path, monkeypatch, kubectl):
     monkeypatch.chdir(tmp_path)
     state = str(prepared.state.root)
     r = CliRunner().invoke(cli, ["kubeconfig", str(EXAMPLE), "--state", state])
@@ -552,7 +547,7 @@ def test_kubeconfig_command(prepared, tmp_path, monkeypatch):
     path = tmp_path / "lab.kubeconfig"
     assert "lab.kubeconfig: written" in r.output
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    out = subprocess.run([KUBECTL, "config", "view", "--raw", "--kubeconfig", str(path), "-o", "json"],
+    out = subprocess.run([kubectl, "config", "view", "--raw", "--kubeconfig", str(path), "-o", "json"],
                          capture_output=True, text=True, timeout=60, check=True,
                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
     view = json.loads(out.stdout)

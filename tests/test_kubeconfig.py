@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import json
-import shutil
 import stat
 import subprocess
 from pathlib import Path
@@ -16,7 +15,6 @@ from cryptography.x509.oid import NameOID
 
 from installer.pki import issue
 
-KUBECTL = shutil.which("kubectl")
 LOCAL = "https://127.0.0.1:6443"
 REMOTE = "https://192.168.56.230:6443"
 
@@ -30,13 +28,6 @@ CERT_KUBECONFIGS = {
     "node3/etc/kubernetes/kube-proxy.conf": ("system:kube-proxy", REMOTE, "system:kube-proxy"),
     "STATE": ("kubernetes-admin", REMOTE, "kubernetes-admin"),
 }
-
-
-@pytest.fixture(scope="module")
-def kubectl() -> str:
-    if KUBECTL is None:
-        pytest.skip("kubectl is not installed: cannot parse kubeconfigs with the real client")
-    return KUBECTL
 
 
 def kubectl_view(kubectl: str, path: Path, home: Path) -> dict:
