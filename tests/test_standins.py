@@ -1,7 +1,7 @@
 """The contract stand-ins (tests/standins) run for real: installed with
 ``python -m tests.standins install DIR``, executed through their ``#!/usr/bin/python3`` shebang
 with the flags of the rendered units of the example cluster, against the rendered files, with a
-real etcd (Debian etcd-server) for kube-apiserver.
+real etcd (3.6, built from its module) for kube-apiserver.
 
 Each host's rendered tree is copied per test and localized (tests/standins/harness.py): host
 paths point into the copy, and listeners are moved to 127.0.0.1 and free ports, one explicit
@@ -72,11 +72,12 @@ def standins(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def etcd(rendered, prepared, tmp_path_factory):
-    """A real etcd from the rendered cp1 etcd.service (see harness.start_etcd)."""
+def etcd(rendered, prepared, tmp_path_factory, built_artifacts):
+    """A real etcd (3.6, built) from the rendered cp1 etcd.service (see harness.start_etcd)."""
     tmp = tmp_path_factory.mktemp("standin-etcd")
     tree = HostTree.copy(rendered, "cp1", tmp)
-    server = start_etcd(tree, prepared.inventory.controls[0].address, tmp / "data", tmp / "etcd.log")
+    server = start_etcd(tree, prepared.inventory.controls[0].address, tmp / "data", tmp / "etcd.log",
+                        str(built_artifacts / "etcd"))
     try:
         yield server
     finally:

@@ -31,7 +31,6 @@ from tests import reference as ref
 HOST_PREFIXES = ("/etc/kubernetes/", "/etc/etcd/", "/var/lib/kubelet/", "/var/lib/kube-proxy/")
 _PREFIX_RE = re.compile(r"(^|[=,])(" + "|".join(re.escape(p) for p in HOST_PREFIXES) + ")")
 UNIT_DIR = "etc/systemd/system"
-ETCD = "/usr/bin/etcd"
 
 
 def free_ports(n: int) -> list[int]:
@@ -169,13 +168,14 @@ class Etcd:
         return total
 
 
-def start_etcd(tree: HostTree, host_address: str, data_dir: Path, log: Path, timeout: float = 15.0) -> Etcd:
-    """The rendered etcd ExecStart with, besides the path substitution: /usr/bin/etcd for
-    /usr/local/bin/etcd, the host address -> 127.0.0.1 (the member's certificates name
+def start_etcd(tree: HostTree, host_address: str, data_dir: Path, log: Path, etcd: str,
+               timeout: float = 15.0) -> Etcd:
+    """The rendered etcd ExecStart with, besides the path substitution: ``etcd`` (the built
+    binary) for /usr/local/bin/etcd, the host address -> 127.0.0.1 (the member's certificates name
     127.0.0.1 too), ports 2379/2380/2381 -> free ones, --data-dir -> ``data_dir``, and the
     client URL list deduplicated (host address and 127.0.0.1 became the same URL)."""
-    if not os.access(ETCD, os.X_OK):
-        raise AssertionError(f"{ETCD} is missing: install the Debian package etcd-server")
+    if not os.access(etcd, os.X_OK):
+        raise AssertionError(f"{etcd} is missing: scripts/build-kubernetes builds it")
     rendered = ref.exec_start(tree.path(f"/{UNIT_DIR}/etcd.service").read_bytes())
     assert rendered[0] == "/usr/local/bin/etcd"
     ports = dict(zip((2379, 2380, 2381), free_ports(3)))
@@ -189,7 +189,7 @@ def start_etcd(tree: HostTree, host_address: str, data_dir: Path, log: Path, tim
             arg = f"{name}={','.join(dict.fromkeys(urls.split(',')))}"
         return arg
 
-    argv = [ETCD] + [localize(a) for a in rendered[1:]]
+    argv = [etcd] + [localize(a) for a in rendered[1:]]
     data_dir.mkdir(mode=0o700, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
     with open(log, "wb") as out:
