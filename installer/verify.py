@@ -41,18 +41,18 @@ from .errors import InstallerError
 from .inventory import HostSpec, Inventory
 from .phases.select import CONTROL_UNITS as CONTROL_PLANE_UNITS, ETCD_UNIT, WORKER_UNITS
 from .render.files import HostPlan
+from .render.worker import BOOTSTRAP_KUBECONFIG
 
 RUNTIME_BINARIES = ("kubelet", "containerd", "crio", "dockerd")
 RUNTIME_UNITS = ("kubelet.service", "containerd.service", "crio.service", "docker.service")
 UNIT_DIRS = ("/etc/systemd/system", "/run/systemd/system", "/lib/systemd/system", "/usr/lib/systemd/system")
 CONTAINERD_SOCKET = "/run/containerd/containerd.sock"
-NODE_CREDENTIALS = ("/etc/kubernetes/kubelet.conf", "/etc/kubernetes/bootstrap-kubelet.conf", "/var/lib/kubelet")
+NODE_CREDENTIALS = ("/etc/kubernetes/kubelet.conf", BOOTSTRAP_KUBECONFIG, "/var/lib/kubelet")
 # the units apply starts (and waits for) on each role
 CONTROL_UNITS = (ETCD_UNIT, *CONTROL_PLANE_UNITS)
 # a worker never holds what signs cluster identities
 SIGNING_KEYS = ("/etc/kubernetes/pki/ca.key", "/etc/kubernetes/pki/front-proxy-ca.key",
                 "/etc/kubernetes/pki/etcd/ca.key", "/etc/kubernetes/pki/sa.key")
-BOOTSTRAP_KUBECONFIG = "/etc/kubernetes/bootstrap-kubelet.conf"
 KUBELET_CLIENT_CERT = "/var/lib/kubelet/pki/kubelet-client-current.pem"
 # files found on the host (not only the planned ones) that must be private: (find arguments, owner)
 KEYS = ("-type", "f", "-name", "*.key")

@@ -2,9 +2,9 @@
 
 Waits until the units are active and the kubelet serves its port. With a real cluster (the
 cluster-bootstrap phase ran) it also waits for each Node to be Ready and sets its
-spec.podCIDR to the installer's allocation (cni: routes) and deletes each node's bootstrap
-token Secret; once a kubelet holds a client certificate of its own, the next run removes its
-bootstrap kubeconfig from the host.
+spec.podCIDR to the installer's allocation (any CNI), deletes each node's bootstrap token
+Secret, and removes the bootstrap kubeconfig from each worker that joined in this run (the Node
+registered with the kubelet's own client certificate; later runs render it absent).
 
 Image archives from the artifacts (``image-*.tar``, uploaded to the workers by the artifacts
 phase) are imported into containerd's ``k8s.io`` namespace once containerd runs, only when
@@ -21,7 +21,9 @@ import shlex
 import tarfile
 from pathlib import Path
 
+from ..diff import Selection
 from ..fetch import BIN_DIR, IMAGE_DIR, is_image
+from ..render.worker import BOOTSTRAP_KUBECONFIG
 from ..ssh import HostError
 from .base import Context, Event, Phase
 from .select import WORKER_UNITS, worker_part
@@ -146,3 +148,9 @@ class JoinWorkers(Phase):
                                         detail=[f"deleted the bootstrap token Secret of {n}" for n in deleted]))
             kube.wait_nodes_ready(api, names, ctx.options.wait_timeout)
             ctx.events.append(Event(self.name, "(api)", "waited", detail=[f"node {n} Ready" for n in names]))
+        # the Node registered with the kubelet's own certificate: the bootstrap kubeconfig (its
+        # token now deleted) goes in this run, not the next
+        for n in names:
+            if not ctx.facts[n].kubelet_joined:
+                ctx.events.append(ctx.execute(self.name, n, ctx.changes_for(n, Selection(absent=(BOOTSTRAP_KUBECONFIG,)))))
+                ctx.facts[n].kubelet_joined = True

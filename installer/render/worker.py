@@ -21,6 +21,7 @@ from .network import CNI_CONF_DIR, SYSCTL_FILE, add_worker_network
 from ..network import ROUTES_UNIT
 
 KUBELET_DIR = "/var/lib/kubelet"
+BOOTSTRAP_KUBECONFIG = f"{K8S_DIR}/bootstrap-kubelet.conf"
 KUBE_PROXY_DIR = "/var/lib/kube-proxy"
 CONTAINERD_SOCK = "unix:///run/containerd/containerd.sock"
 SANDBOX_IMAGE = "registry.k8s.io/pause:3.10.2"      # the default of spec.artifacts.sandboxImage
@@ -95,7 +96,7 @@ def kubelet_config(inv: Inventory, facts: HostFacts) -> dict:
 def kubelet_flags(host: HostSpec) -> list[str]:
     return flags({
         "--config": f"{KUBELET_DIR}/config.yaml",
-        "--bootstrap-kubeconfig": f"{K8S_DIR}/bootstrap-kubelet.conf",
+        "--bootstrap-kubeconfig": BOOTSTRAP_KUBECONFIG,
         # written by the kubelet itself once its CSR is approved and signed
         "--kubeconfig": f"{K8S_DIR}/kubelet.conf",
         "--cert-dir": f"{KUBELET_DIR}/pki",
@@ -131,7 +132,7 @@ def render_worker(inv: Inventory, host: HostSpec, material: Material, facts: Hos
     plan.add(HostFile(f"{KUBELET_DIR}/pki/kubelet.key", issue.key_pem(serving.key), 0o600, secret=True,
                       restarts=(kubelet,)))
 
-    bootstrap = f"{K8S_DIR}/bootstrap-kubelet.conf"
+    bootstrap = BOOTSTRAP_KUBECONFIG
     if facts.kubelet_joined:
         # the token did its job: no bootstrap credential stays on a joined worker
         plan.absent.append(bootstrap)
