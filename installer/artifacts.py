@@ -17,8 +17,9 @@ from .errors import InstallerError
 SUMS_FILE = "SHA256SUMS"
 _LINE = re.compile(r"^([0-9a-f]{64}) [ *]([^/\s][^/]*)$")
 
-# what each role needs on its hosts (control hosts: no container runtime, by design)
-CONTROL_BINARIES = ("etcd", "etcdctl", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
+# what each role needs on its hosts (control hosts: no container runtime, by design; etcdutl
+# because etcd 3.6's etcdctl no longer checks or restores snapshots)
+CONTROL_BINARIES = ("etcd", "etcdctl", "etcdutl", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
 WORKER_BINARIES = ("containerd", "containerd-shim-runc-v2", "ctr", "runc", "kubelet", "kube-proxy")
 CNI_PLUGINS = ("bridge", "host-local", "loopback", "portmap")
 

@@ -1,9 +1,11 @@
 """etcd day-2 operations over SSH: list members, save a snapshot, restore one on every member.
 
-Everything runs ``etcdctl`` (API v3) on the control hosts with the health-check client
-certificate; nothing listens beyond what apply set up. A snapshot is taken with ``etcdctl
-snapshot save`` (which checks its integrity hash) into a 0600 file under /var/lib/hiddenplane,
-copied to the operator machine (written 0600, atomically) and removed from the host.
+Everything that talks to etcd runs ``etcdctl`` (API v3) on the control hosts with the
+health-check client certificate; nothing listens beyond what apply set up. A snapshot is taken
+with ``etcdctl snapshot save`` into a 0600 file under /var/lib/hiddenplane, checked with
+``etcdutl snapshot status`` (its integrity hash), copied to the operator machine (written 0600,
+atomically) and removed from the host. etcd 3.6 took ``snapshot status`` and ``snapshot
+restore`` out of etcdctl: both work on files, not on a member, so they are etcdutl's.
 
 A restore follows etcd's documented order: stop every apiserver (and the controller-manager
 and scheduler) first, stop etcd on every member, restore the *same* snapshot on every member
@@ -23,15 +25,17 @@ from typing import Callable, Iterator
 
 from . import api
 from .errors import InstallerError
+from .fetch import binary_path
 from .inventory import HostSpec, Inventory
 from .phases.select import CONTROL_UNITS, ETCD_UNIT
 from .phases.start_control_plane import LOCAL_PORTS, listening_script
-from .phases.start_etcd import ETCDCTL, LOCAL, endpoint_health_script, etcdctl
+from .phases.start_etcd import LOCAL, endpoint_health_script, etcdctl
 from .render.control import ETCD_DATA_DIR, ETCD_RESTORE_ASIDE, etcd_servers, initial_cluster, peer_url
 from .ssh import HostError, Remote
 from .state import write_atomic
 
 WORK_DIR = "/var/lib/hiddenplane"
+ETCDUTL = binary_path("etcdutl")
 
 
 class EtcdOpError(InstallerError):
@@ -121,20 +125,31 @@ def snapshot_save(inventory_path, dest) -> SnapshotInfo:
             # (JSON) is the script's only output.
             status = r.run(f"set -e; mkdir -p {WORK_DIR}; chmod 0700 {WORK_DIR}; umask 077; "
                            f"{_tls(LOCAL)} snapshot save {q} >/dev/null; chmod 0600 {q}; "
-                           f"{ETCDCTL} snapshot status {q} -w json",
-                           what="etcdctl snapshot save and status", timeout=300).stdout
+                           f"{shlex.join(snapshot_status_argv(tmp))}",
+                           what="etcdctl snapshot save, etcdutl snapshot status", timeout=300).stdout
             data = r.get(tmp, what="copy the snapshot")
         finally:
             r.run(f"rm -f -- {q} {q}.part", check=False, what="remove the host's snapshot file")
     try:
         st = json.loads(status)
     except ValueError:
-        raise EtcdOpError(f"{r.name}: etcdctl snapshot status printed no JSON: {status[:200]}") from None
+        raise EtcdOpError(f"{r.name}: etcdutl snapshot status printed no JSON: {status[:200]}") from None
     if not data:
         raise EtcdOpError(f"{r.name}: the snapshot is empty")
     write_atomic(dest, data, 0o600)
-    return SnapshotInfo(str(dest), r.name, int(st.get("hash", 0)), int(st.get("revision", 0)),
-                        int(st.get("totalKey", 0)), len(data))
+    return snapshot_info(st, str(dest), r.name, len(data))
+
+
+def snapshot_status_argv(snapshot: str) -> list[str]:
+    """Checks ``snapshot``'s integrity hash; prints hash, revision, totalKey, totalSize and
+    version as JSON."""
+    return [ETCDUTL, "snapshot", "status", snapshot, "-w", "json"]
+
+
+def snapshot_info(status: dict, path: str, host: str, size: int) -> SnapshotInfo:
+    """``status``: the JSON of snapshot_status_argv."""
+    return SnapshotInfo(path, host, int(status.get("hash", 0)), int(status.get("revision", 0)),
+                        int(status.get("totalKey", 0)), size)
 
 
 # --- snapshot restore ----------------------------------------------------------------------
@@ -156,16 +171,24 @@ def restore_token(inv: Inventory, stamp: str) -> str:
     return f"{inv.metadata.name}-etcd-restore-{stamp}"
 
 
+def snapshot_restore_argv(inv: Inventory, host: HostSpec, snapshot: str, stamp: str) -> list[str]:
+    """Writes ``host``'s member of a new cluster (every control host, a new token) from
+    ``snapshot`` into the etcd data dir, which must not exist. Flags as ``--flag=value``, as in
+    the etcd unit."""
+    return [ETCDUTL, "snapshot", "restore", snapshot,
+            f"--name={host.name}",
+            f"--initial-cluster={initial_cluster(inv.controls)}",
+            f"--initial-cluster-token={restore_token(inv, stamp)}",
+            f"--initial-advertise-peer-urls={peer_url(host.address)}",
+            f"--data-dir={ETCD_DATA_DIR}"]
+
+
 def _restore_script(inv: Inventory, host: HostSpec, snap: str, stamp: str) -> str:
     data, aside = ETCD_DATA_DIR, f"{ETCD_RESTORE_ASIDE}{stamp}"
     return (
         "set -e\n"
         f"if [ -e {data} ]; then mv -- {data} {aside}; fi\n"
-        f"{ETCDCTL} snapshot restore {shlex.quote(snap)} --name {shlex.quote(host.name)} "
-        f"--initial-cluster {shlex.quote(initial_cluster(inv.controls))} "
-        f"--initial-cluster-token {shlex.quote(restore_token(inv, stamp))} "
-        f"--initial-advertise-peer-urls {peer_url(host.address)} "
-        f"--data-dir {data}\n"
+        f"{shlex.join(snapshot_restore_argv(inv, host, snap, stamp))}\n"
         f"chown -R etcd:etcd {data}\n"
         f"chmod 0700 {data}\n")
 
@@ -205,7 +228,7 @@ def snapshot_restore(inventory_path, snapshot, wait_timeout: float = 120,
         # membership and token, so the unit needs no change.
         for h in inv.controls:
             log(f"{h.name}: restore into {ETCD_DATA_DIR}")
-            remotes[h.name].run(_restore_script(inv, h, remote_snap, stamp), what="etcdctl snapshot restore",
+            remotes[h.name].run(_restore_script(inv, h, remote_snap, stamp), what="etcdutl snapshot restore",
                                 timeout=300)
         for n in names:
             log(f"{n}: start etcd")

@@ -5,7 +5,7 @@ listed in its ``SHA256SUMS`` and match it. ``source: download`` fetches the offi
 files for the pinned versions into a local cache, laid out per component, version and platform::
 
     CACHE/kubernetes/v1.36.4/linux-amd64/kube-apiserver
-    CACHE/etcd/v3.6.7/linux-amd64/{etcd,etcdctl}
+    CACHE/etcd/v3.6.7/linux-amd64/{etcd,etcdctl,etcdutl}
     CACHE/containerd/2.2.3/linux-amd64/{containerd,ctr,containerd-shim-runc-v2}
     CACHE/runc/v1.4.2/linux-amd64/runc
     CACHE/cni/v1.8.0/linux-amd64/{bridge,host-local,loopback,portmap}
@@ -80,6 +80,14 @@ RESTARTS = {
 Log = Callable[[str], None]
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
+# why a binary an artifacts directory lacks is needed, and where to get it: said with the error
+# because older sets (Debian's etcd packages, etcd 3.4 releases) have no etcdutl
+WHERE_FROM = {
+    "etcdutl": "etcdutl (etcd 3.5 and later) checks and restores etcd snapshots; it is in the official "
+               "etcd release tarball, etcd-vX-linux-ARCH/etcdutl next to etcd and etcdctl (Debian's etcd "
+               "packages have none)",
+}
+
 
 @dataclass(frozen=True)
 class Release:
@@ -104,10 +112,10 @@ SOURCES: dict[str, Release] = {
         "https://dl.k8s.io/release/{version}/bin/linux/{arch}/{name}",
         "{url}.sha256"),
     "etcd": Release(
-        ("etcd", "etcdctl"),
+        ("etcd", "etcdctl", "etcdutl"),
         _GH + "/etcd-io/etcd/releases/download/{version}/etcd-{version}-linux-{arch}.tar.gz",
         _GH + "/etcd-io/etcd/releases/download/{version}/SHA256SUMS",
-        {"etcd": "etcd-{version}-linux-{arch}/etcd", "etcdctl": "etcd-{version}-linux-{arch}/etcdctl"}),
+        {b: f"etcd-{{version}}-linux-{{arch}}/{b}" for b in ("etcd", "etcdctl", "etcdutl")}),
     "containerd": Release(
         ("containerd", "containerd-shim-runc-v2", "ctr"),
         _GH + "/containerd/containerd/releases/download/v{version}/containerd-{version}-linux-{arch}.tar.gz",
@@ -265,7 +273,15 @@ def _resolve_dir(inv) -> dict[str, ResolvedArtifact]:
     directory = inv.artifacts_dir()
     if directory is None:
         raise ArtifactError("spec.artifacts.path: required when spec.artifacts.source is 'dir'")
-    digests = verify(directory, cluster_binaries(inv))
+    names = cluster_binaries(inv)
+    try:
+        digests = verify(directory, names)
+    except ArtifactError as e:
+        sums = read_sums(directory)
+        absent = [n for n in names if n in WHERE_FROM and (n not in sums or not (directory / n).is_file())]
+        if not absent:
+            raise
+        raise ArtifactError("; ".join([str(e), *(WHERE_FROM[n] for n in absent)])) from None
     return {n: ResolvedArtifact(n, directory / n, d) for n, d in digests.items()}
 
 
@@ -410,7 +426,8 @@ def _extract(archive: Path, members: dict[str, str], dest: Path, url: str) -> di
             for name, inner in members.items():
                 member = index.get(inner)
                 if member is None or not member.isreg():
-                    raise ArtifactError(f"{display(url)}: the archive has no file {inner} (for {name})")
+                    hint = f"; {WHERE_FROM[name]}" if name in WHERE_FROM else ""
+                    raise ArtifactError(f"{display(url)}: the archive has no file {inner} (for {name}){hint}")
                 target = dest / f"bin-{name}"
                 h = hashlib.sha256()
                 with tar.extractfile(member) as src, open(target, "wb") as dst:

@@ -1,5 +1,7 @@
-"""A real etcd (Debian etcd-server 3.4) started with the flags of the rendered etcd.service,
-and a real etcdctl talking to it with the certificates the installer hands out.
+"""A real etcd (3.6, built from its Go module: the ``built_artifacts`` fixture) started with the
+flags of the rendered etcd.service, and a real etcdctl talking to it with the certificates the
+installer hands out; a snapshot saved from it and restored with the etcdutl command lines the
+installer renders.
 
 The control host of the rendered cluster has the loopback address 127.0.0.2, so etcd listens
 on the "host address" (127.0.0.2) and on 127.0.0.1 like on a real host, and the rendered
@@ -10,14 +12,15 @@ substitution per kind, applied to every argument:
     /var/lib/etcd        ->  <tmp data dir>
     :2379 :2380 :2381    ->  free ports (client, peer, metrics)
 
-and /usr/local/bin/etcd is /usr/bin/etcd. The apiserver's view of etcd (--etcd-servers,
+and /usr/local/bin/etcd is the built etcd. The apiserver's view of etcd (--etcd-servers,
 --etcd-cafile, --etcd-certfile, --etcd-keyfile) comes from the rendered kube-apiserver.service
-with the same substitution.
+with the same substitution, and so do the etcdutl command lines of a restore.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import copy
 import json
 import os
@@ -30,18 +33,20 @@ import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterator
 
 import pytest
 import yaml
 
 from installer import api
+from installer.etcd_ops import ETCDUTL, snapshot_info, snapshot_restore_argv, snapshot_status_argv
+from installer.inventory import Inventory
 
 from . import reference as ref
 from .conftest import write_inventory
 
 pytestmark = pytest.mark.etcd
 
-ETCD, ETCDCTL = "/usr/bin/etcd", "/usr/bin/etcdctl"
 HOST_ADDRESS = "127.0.0.2"
 RENDERED_PORTS = (2379, 2380, 2381)          # client, peer, metrics
 PKI = "/etc/kubernetes/pki"
@@ -62,6 +67,25 @@ def _free_ports(n: int) -> list[int]:
 
 
 @dataclass
+class Rendered:
+    """The rendered control host: its tree, etcd's ExecStart, the apiserver's flags."""
+    inventory: Inventory
+    host: Path
+    exec_start: list[str]
+    apiserver_flags: dict[str, str]
+    bin: Path                        # the built etcd, etcdctl, etcdutl
+
+    def localizer(self, data_dir: Path, ports: dict[int, int]) -> Callable[[str], str]:
+        host = self.host
+
+        def localize(arg: str) -> str:
+            arg = arg.replace("/etc/kubernetes/", f"{host}/etc/kubernetes/").replace("/etc/etcd/", f"{host}/etc/etcd/")
+            arg = re.sub(r"=/var/lib/etcd$", f"={data_dir}", arg)
+            return re.sub(r":(2379|2380|2381)(?=$|[,/])", lambda m: f":{ports[int(m[1])]}", arg)
+        return localize
+
+
+@dataclass
 class Etcd:
     proc: subprocess.Popen
     host: Path                       # the rendered tree of the control host
@@ -70,6 +94,7 @@ class Etcd:
     ports: dict[int, int]            # rendered -> actual
     log: Path
     apiserver: dict[str, str]        # the apiserver's etcd flags, localized
+    bin: Path
 
     def pki(self, rel: str) -> str:
         return str(self.host / PKI.lstrip("/") / rel)
@@ -80,11 +105,7 @@ class Etcd:
 
 
 @pytest.fixture(scope="module")
-def etcd(example_doc, tmp_path_factory):
-    for exe in (ETCD, ETCDCTL):
-        if not os.access(exe, os.X_OK):
-            pytest.fail(f"{exe} is missing: install the Debian packages etcd-server and etcd-client "
-                        "(scripts/test does this when run as root)")
+def cluster(example_doc, tmp_path_factory, built_artifacts) -> Rendered:
     tmp = tmp_path_factory.mktemp("etcd")
     doc = copy.deepcopy(example_doc)
     doc["spec"]["hosts"][0]["address"] = HOST_ADDRESS
@@ -94,28 +115,25 @@ def etcd(example_doc, tmp_path_factory):
     p = api.render(write_inventory(tmp, doc), tmp / "out", tmp / "state")
     assert [h.name for h in p.inventory.controls] == [name]
     host = tmp / "out" / name
-    data_dir = tmp / "data"
-    data_dir.mkdir(mode=0o700)
-    ports = dict(zip(RENDERED_PORTS, _free_ports(3)))
-
-    def localize(arg: str) -> str:
-        arg = arg.replace("/etc/kubernetes/", f"{host}/etc/kubernetes/").replace("/etc/etcd/", f"{host}/etc/etcd/")
-        arg = re.sub(r"=/var/lib/etcd$", f"={data_dir}", arg)
-        return re.sub(r":(2379|2380|2381)(?=$|[,/])", lambda m: f":{ports[int(m[1])]}", arg)
-
     rendered = ref.exec_start((host / "etc/systemd/system/etcd.service").read_bytes())
     assert rendered[0] == "/usr/local/bin/etcd"
-    argv = [ETCD] + [localize(a) for a in rendered[1:]]
     api_flags = ref.unit_flags((host / "etc/systemd/system/kube-apiserver.service").read_bytes())
-    apiserver = {k: localize(api_flags[k]) for k in ("--etcd-servers", "--etcd-cafile", "--etcd-certfile",
-                                                     "--etcd-keyfile")}
+    return Rendered(p.inventory, host, rendered, api_flags, built_artifacts)
 
-    log = tmp / "etcd.log"
+
+@contextlib.contextmanager
+def running(cluster: Rendered, data_dir: Path, ports: dict[int, int], log: Path) -> Iterator[Etcd]:
+    """The built etcd with the rendered flags on ``data_dir`` and ``ports``, until healthy;
+    stopped on exit."""
+    localize = cluster.localizer(data_dir, ports)
+    argv = [str(cluster.bin / "etcd")] + [localize(a) for a in cluster.exec_start[1:]]
+    apiserver = {k: localize(cluster.apiserver_flags[k])
+                 for k in ("--etcd-servers", "--etcd-cafile", "--etcd-certfile", "--etcd-keyfile")}
     env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
     with open(log, "wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp,
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=log.parent,
                                 start_new_session=True)
-    server = Etcd(proc, host, argv, rendered, ports, log, apiserver)
+    server = Etcd(proc, cluster.host, argv, cluster.exec_start, ports, log, apiserver, cluster.bin)
     try:
         _wait_healthy(server)
         yield server
@@ -126,6 +144,15 @@ def etcd(example_doc, tmp_path_factory):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=5)
+
+
+@pytest.fixture(scope="module")
+def etcd(cluster, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("etcd-run")
+    data_dir = tmp / "data"
+    data_dir.mkdir(mode=0o700)
+    with running(cluster, data_dir, dict(zip(RENDERED_PORTS, _free_ports(3))), tmp / "etcd.log") as server:
+        yield server
 
 
 def _wait_healthy(server: Etcd) -> None:
@@ -150,7 +177,7 @@ def etcdctl(server: Etcd, *args: str, endpoints: str | None = None, cert: str | 
             key: str | None = None, cacert: str | None = None, timeout: str = "3s") -> subprocess.CompletedProcess:
     """etcdctl (API v3). A refused request only fails at the deadline: callers that expect a
     refusal pass a short ``timeout``."""
-    cmd = [ETCDCTL, f"--endpoints={endpoints or server.apiserver['--etcd-servers']}",
+    cmd = [str(server.bin / "etcdctl"), f"--endpoints={endpoints or server.apiserver['--etcd-servers']}",
            f"--cacert={cacert or server.pki('etcd/ca.crt')}", "--dial-timeout=2s", f"--command-timeout={timeout}"]
     if cert:
         cmd += [f"--cert={cert}", f"--key={key}"]
@@ -297,3 +324,69 @@ def test_peer_port_requires_an_etcd_peer_certificate(etcd):
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", peer), timeout=1).close()
 
+
+
+# --- snapshot save, status, restore --------------------------------------------------------
+
+def _localized_etcdutl(cluster: Rendered, argv: list[str], localize: Callable[[str], str]) -> list[str]:
+    assert argv[0] == ETCDUTL == "/usr/local/bin/etcdutl"
+    return [str(cluster.bin / "etcdutl")] + [localize(a) for a in argv[1:]]
+
+
+def _run(argv: list[str]) -> subprocess.CompletedProcess:
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
+
+
+def test_snapshot_restored_with_the_rendered_etcdutl_commands(cluster, etcd, tmp_path):
+    """Keys put before `etcdctl snapshot save` are in the member etcdutl restores (with the
+    installer's own command lines), keys put after it are not; the restored member runs with
+    the unchanged rendered flags (the unit's --initial-cluster* are ignored for a data dir that
+    has its membership)."""
+    creds = _apiserver_creds(etcd)
+    prefix = f"/hiddenplane-test/snapshot-{uuid.uuid4()}"
+    before = {f"{prefix}/before-{i}": f"v{i}-{uuid.uuid4()}" for i in range(3)}
+    after = {f"{prefix}/after-{i}": f"w{i}-{uuid.uuid4()}" for i in range(2)}
+    for k, v in before.items():
+        assert etcdctl(etcd, "put", k, v, **creds).returncode == 0
+    got = etcdctl(etcd, "get", prefix, "--prefix", "-w", "json", **creds)
+    assert got.returncode == 0, got.stderr
+    revision = json.loads(got.stdout)["header"]["revision"]
+
+    # as snapshot_save does: etcdctl with the health-check client on the loopback listener
+    snap = tmp_path / "etcd.db"
+    saved = etcdctl(etcd, "snapshot", "save", str(snap), endpoints=f"https://127.0.0.1:{etcd.client_port}",
+                    cert=etcd.pki("etcd/healthcheck-client.crt"), key=etcd.pki("etcd/healthcheck-client.key"),
+                    timeout="30s")
+    assert saved.returncode == 0, saved.stderr
+    for k, v in after.items():
+        assert etcdctl(etcd, "put", k, v, **creds).returncode == 0
+
+    status = _run(_localized_etcdutl(cluster, snapshot_status_argv(str(snap)), lambda a: a))
+    assert status.returncode == 0, status.stderr
+    info = snapshot_info(json.loads(status.stdout), str(snap), "cp1", snap.stat().st_size)
+    assert info.revision == revision
+    assert info.hash != 0 and info.total_keys >= len(before) and info.size > 0
+
+    ports = dict(zip(RENDERED_PORTS, _free_ports(3)))
+    data_dir = tmp_path / "restored"
+    localize = cluster.localizer(data_dir, ports)
+    host = cluster.inventory.controls[0]
+    argv = snapshot_restore_argv(cluster.inventory, host, str(snap), "20260101000000")
+    assert f"--initial-cluster-token={cluster.inventory.metadata.name}-etcd-restore-20260101000000" in argv
+    restored = _run(_localized_etcdutl(cluster, argv, localize))
+    assert restored.returncode == 0, restored.stderr
+    assert (data_dir / "member").is_dir()
+
+    with running(cluster, data_dir, ports, tmp_path / "restored.log") as member:
+        creds = _apiserver_creds(member)
+        for k, v in before.items():
+            got = etcdctl(member, "get", k, "--print-value-only", **creds)
+            assert got.returncode == 0 and got.stdout.strip() == v, (k, got.stderr)
+        for k in after:
+            got = etcdctl(member, "get", k, "--print-value-only", **creds)
+            assert got.returncode == 0 and got.stdout.strip() == "", k
+        members = json.loads(etcdctl(member, "member", "list", "-w", "json", **creds).stdout)["members"]
+        assert [(m["name"], m["peerURLs"]) for m in members] == \
+            [(host.name, [f"https://{HOST_ADDRESS}:{ports[2380]}"])]
+        assert etcdctl(member, "put", f"{prefix}/written-after-restore", "x", **creds).stdout.strip() == "OK"

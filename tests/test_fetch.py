@@ -70,8 +70,10 @@ def publish(root: Path) -> dict[str, bytes]:
         put(f"{K8S_DIR}/{n}", bins[n])
         put(f"{K8S_DIR}/{n}.sha256", sha(bins[n]))
     top = "etcd-v3.6.7-linux-amd64"
+    # as the official tarball: the three binaries and documentation in one top directory
     etcd = tarball({f"{top}/etcd": bins["etcd"], f"{top}/etcdctl": bins["etcdctl"],
-                    f"{top}/etcdutl": b"etcdutl", f"{top}/README.md": b"readme"}, dirs=(top,))
+                    f"{top}/etcdutl": bins["etcdutl"], f"{top}/README.md": b"readme",
+                    f"{top}/Documentation/README.md": b"docs"}, dirs=(top, f"{top}/Documentation"))
     put(ETCD_TGZ, etcd)
     put(ETCD_SUMS, f"{sha(b'other')}  etcd-v3.6.7-linux-arm64.tar.gz\n"
                    f"{sha(etcd)}  etcd-v3.6.7-linux-amd64.tar.gz\n"
@@ -156,11 +158,13 @@ def test_cold_download_verifies_everything_then_the_cache_makes_no_request(examp
         assert art.sha256 == sha(mirror.bins[name])
     assert got["kube-apiserver"].path == cache / "kubernetes/v1.36.4/linux-amd64/kube-apiserver"
     assert got["etcdctl"].path == cache / "etcd/v3.6.7/linux-amd64/etcdctl"
+    assert got["etcdutl"].path == cache / "etcd/v3.6.7/linux-amd64/etcdutl"
+    assert read_sums(cache / "etcd/v3.6.7/linux-amd64") == {b: sha(mirror.bins[b]) for b in ("etcd", "etcdctl", "etcdutl")}
     assert got["containerd-shim-runc-v2"].path == cache / "containerd/2.2.3/linux-amd64/containerd-shim-runc-v2"
     assert got["runc"].path == cache / "runc/v1.4.2/linux-amd64/runc"
     assert got["portmap"].path == cache / "cni/v1.8.0/linux-amd64/portmap"
     # only the named binaries are taken out of the archives; every cache dir records its digests
-    assert "etcdutl" not in cached_files(cache) and not any("vlan" in f for f in cached_files(cache))
+    assert not any(f.endswith("README.md") or "vlan" in f for f in cached_files(cache))
     assert read_sums(cache / "cni/v1.8.0/linux-amd64") == {p: sha(mirror.bins[p]) for p in CNI_PLUGINS}
     assert not list(cache.glob(".fetch-*"))
     # 5 Kubernetes binaries + 4 archives/binaries, each with its published checksum file
@@ -175,7 +179,7 @@ def test_cold_download_verifies_everything_then_the_cache_makes_no_request(examp
     again = resolve(inv, log=lines.append)
     assert again == got
     assert len(mirror.requests) == 18, "a warm cache must not touch the network"
-    assert lines == [f"artifacts: 15 verified binaries from the cache {cache}"]
+    assert lines == [f"artifacts: 16 verified binaries from the cache {cache}"]
 
 
 def test_a_damaged_cached_binary_is_fetched_again_alone(example_doc, tmp_path, mirror):
@@ -206,6 +210,20 @@ def test_a_download_that_differs_from_its_published_digest_is_refused_and_not_ca
     cache = tmp_path / "cache"
     assert not any(f.startswith("etcd/") for f in cached_files(cache)), "nothing of etcd may be cached"
     assert not list(cache.glob(".fetch-*"))
+
+
+def test_an_etcd_release_without_etcdutl_is_refused_saying_why(example_doc, tmp_path, mirror):
+    """etcd 3.4's tarball has etcd and etcdctl only; snapshots need etcdutl."""
+    top = "etcd-v3.6.7-linux-amd64"
+    old = tarball({f"{top}/etcd": mirror.bins["etcd"], f"{top}/etcdctl": mirror.bins["etcdctl"]}, dirs=(top,))
+    (mirror.root / ETCD_TGZ).write_bytes(old)
+    (mirror.root / ETCD_SUMS).write_text(f"{sha(old)}  etcd-v3.6.7-linux-amd64.tar.gz\n")
+    with pytest.raises(ArtifactError) as e:
+        resolve(make_inv(example_doc, tmp_path), log=lambda _: None)
+    msg = str(e.value)
+    assert f"the archive has no file {top}/etcdutl (for etcdutl)" in msg
+    assert "checks and restores etcd snapshots" in msg
+    assert not any(f.startswith("etcd/") for f in cached_files(tmp_path / "cache"))
 
 
 def test_a_tampered_kubernetes_binary_leaves_an_empty_cache(example_doc, tmp_path, mirror):
@@ -313,6 +331,33 @@ def test_source_dir_verifies_against_sha256sums(example_doc, tmp_path, monkeypat
     assert f"kube-scheduler: sha256 {sha(b'swapped')} does not match" in str(e.value)
 
 
+def test_source_dir_without_etcdutl_says_where_it_comes_from(example_doc, tmp_path):
+    """An artifacts directory from Debian's etcd packages (the lab without --artifacts) has no
+    etcdutl: the error names it, why it is needed and where it is."""
+    d = tmp_path / "artifacts"
+    d.mkdir()
+    names = [n for n in ALL_BINARIES if n != "etcdutl"]
+    for n in names:
+        (d / n).write_bytes(fake(n))
+    add_files(d, names)
+    with pytest.raises(ArtifactError) as e:
+        resolve(dir_inv(example_doc, tmp_path), log=lambda _: None)
+    msg = str(e.value)
+    assert msg.startswith(f"artifacts: etcdutl: no entry in {d / 'SHA256SUMS'}; ")
+    assert "etcd-vX-linux-ARCH/etcdutl" in msg and "Debian's etcd packages have none" in msg
+
+    (d / "etcdutl").write_bytes(fake("etcdutl"))
+    add_files(d, ["etcdutl"])
+    (d / "etcdutl").unlink()                          # listed, but gone
+    with pytest.raises(ArtifactError, match=r"etcdutl: missing from .*; etcdutl \(etcd 3.5 and later\)"):
+        resolve(dir_inv(example_doc, tmp_path), log=lambda _: None)
+
+    (d / "etcdutl").write_bytes(b"swapped")           # a mismatch is only a mismatch: no hint
+    with pytest.raises(ArtifactError) as e:
+        resolve(dir_inv(example_doc, tmp_path), log=lambda _: None)
+    assert "etcdutl: sha256" in str(e.value) and "release tarball" not in str(e.value)
+
+
 # --- what each role gets -------------------------------------------------------------------
 
 def test_binary_files_per_role_and_no_worker_binary_on_control(tmp_path):
@@ -328,7 +373,7 @@ def test_binary_files_per_role_and_no_worker_binary_on_control(tmp_path):
     assert not {p.rsplit("/", 1)[1] for p in control} & worker_names, "hidden control plane: no runtime"
     assert not any(p.startswith("/opt/cni") for p in control)
     assert control["/usr/local/bin/etcd"].restarts == ("etcd.service",)
-    assert control["/usr/local/bin/etcdctl"].restarts == ()
+    assert control["/usr/local/bin/etcdctl"].restarts == control["/usr/local/bin/etcdutl"].restarts == ()
     for unit in ("kube-apiserver", "kube-controller-manager", "kube-scheduler"):
         assert control[f"/usr/local/bin/{unit}"].restarts == (f"{unit}.service",)
 

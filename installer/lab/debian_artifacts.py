@@ -4,6 +4,9 @@ etcd, etcdctl, containerd, ctr, containerd-shim-runc-v2, runc and the CNI plugin
 Debian 12 packages (``apt-get download`` + ``dpkg-deb -x``; nothing is installed on the
 machine). The five Kubernetes binaries are not packaged anywhere we can reach: drop the official
 ones (or, for tests, the contract stand-ins) into the directory and add them to SHA256SUMS.
+Debian's etcd (3.4) has no etcdutl, which snapshot save and restore need: ``lab up --artifacts``
+with a built set (etcd 3.6, etcdctl, etcdutl) replaces Debian's etcd; without one, resolving the
+artifacts (the start of ``installer apply``) stops, naming etcdutl and where it comes from.
 """
 
 from __future__ import annotations
