@@ -46,7 +46,7 @@ def applab(tmp_path_factory):
 
 def etcdctl(host, *args: str) -> str:
     return host.check_output(
-        "ETCDCTL_API=3 /usr/local/bin/etcdctl --endpoints=https://127.0.0.1:2379 "
+        "/usr/local/bin/etcdctl --endpoints=https://127.0.0.1:2379 "
         f"--cacert={PKI}/etcd/ca.crt --cert={PKI}/apiserver-etcd-client.crt --key={PKI}/apiserver-etcd-client.key "
         + " ".join(args) + " 2>&1")
 
@@ -218,7 +218,7 @@ def test_three_control_hosts_form_one_etcd_cluster(tmp_path):
         listed = json.loads(members)["members"]
         assert sorted(m["name"] for m in listed) == ["cp1", "cp2", "cp3"]
         health = cp1.check_output(
-            "ETCDCTL_API=3 /usr/local/bin/etcdctl --endpoints=https://10.213.203.11:2379,https://10.213.203.12:2379,"
+            "/usr/local/bin/etcdctl --endpoints=https://10.213.203.11:2379,https://10.213.203.12:2379,"
             f"https://10.213.203.13:2379 --cacert={PKI}/etcd/ca.crt --cert={PKI}/etcd/healthcheck-client.crt "
             f"--key={PKI}/etcd/healthcheck-client.key endpoint health 2>&1")
         assert health.count("is healthy") == 3, health

@@ -181,7 +181,7 @@ def etcdctl(server: Etcd, *args: str, endpoints: str | None = None, cert: str | 
            f"--cacert={cacert or server.pki('etcd/ca.crt')}", "--dial-timeout=2s", f"--command-timeout={timeout}"]
     if cert:
         cmd += [f"--cert={cert}", f"--key={key}"]
-    env = {"ETCDCTL_API": "3", "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(server.host)}
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(server.host)}
     return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=30, env=env)
 
 

@@ -60,7 +60,7 @@ def healthy_endpoints(lab, hosts: list[str], via: str = "cp1") -> int:
     """How many of ``hosts`` answer `etcdctl endpoint health` (the health-check client, mTLS)."""
     endpoints = ",".join(f"https://{lab.spec.host(h).address}:2379" for h in hosts)
     out = lab.host(via).run(
-        f"ETCDCTL_API=3 /usr/local/bin/etcdctl --endpoints={endpoints} --cacert={PKI}/etcd/ca.crt "
+        f"/usr/local/bin/etcdctl --endpoints={endpoints} --cacert={PKI}/etcd/ca.crt "
         f"--cert={PKI}/etcd/healthcheck-client.crt --key={PKI}/etcd/healthcheck-client.key endpoint health 2>&1")
     return out.stdout.count("is healthy")
 

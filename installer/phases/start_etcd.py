@@ -23,7 +23,7 @@ from .base import Context, Event, Phase
 from .select import ETCD_UNIT, etcd_part
 
 PKI = "/etc/kubernetes/pki"
-ETCDCTL = "ETCDCTL_API=3 /usr/local/bin/etcdctl"
+ETCDCTL = "/usr/local/bin/etcdctl"     # API v3 is the default since 3.4; 3.6 warns about the variable
 LOCAL = "https://127.0.0.1:2379"
 # the restarts of one process's runs, one member at a time
 _restart_lock = threading.Lock()

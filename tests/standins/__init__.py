@@ -87,5 +87,15 @@ def install(directory: Path, reference: Path | None = None) -> list[Path]:
         tmp.chmod(0o755)
         os.replace(tmp, target)
         written.append(target)
-    artifacts.add_files(directory, list(COMPONENTS))
+    names = list(COMPONENTS)
+    if not (directory / "etcdutl").exists():
+        # Debian's etcd (3.4, the fallback without Go) has no etcdutl; control hosts get one
+        # that says so, instead of an apply that cannot start. Snapshot restore needs the real one.
+        target = directory / "etcdutl"
+        target.write_text("#!/bin/sh\necho 'etcdutl stand-in: no real etcdutl in these artifacts "
+                          "(build etcd 3.6: scripts/build-kubernetes)' >&2\nexit 1\n")
+        target.chmod(0o755)
+        written.append(target)
+        names.append("etcdutl")
+    artifacts.add_files(directory, names)
     return written
