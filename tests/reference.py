@@ -1,6 +1,11 @@
 """Loaders for the upstream reference data in ../shared/reference (see its README.md), and
 helpers that read what the installer renders: systemd unit files and config documents.
 
+The real binaries (tests/test_real_flags.py) are the check for the version they are built at;
+the lists stay for the other supported minors they describe (tests/test_contract.py says which),
+for what no real binary checks yet (tests/test_addons.py: the egress flags and
+EgressSelectorConfiguration of the konnectivity variants) and for the stand-ins.
+
 Nothing here is a test; test modules import these helpers.
 """
 
@@ -14,7 +19,7 @@ from pathlib import Path
 from .conftest import reference_dir
 from .standins.runtime import flatten
 
-# components whose flags are listed in flags/<component>.txt
+# components whose flags are listed in flags/<component>.txt (test_contract checks only some)
 FLAG_COMPONENTS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy")
 
 _API_VERSION_RE = re.compile(r"^#\s*apiVersion:\s*(\S+)")

@@ -1,7 +1,15 @@
 """The rendered cluster against its contracts.
 
-1. Upstream: every flag a unit passes and every field a config file sets is documented in
-   ../shared/reference, and no flag is deprecated there.
+1. Upstream reference lists (../shared/reference), only where they add something to
+   tests/test_real_flags.py, which has the real v1.36 binaries check every flag and config file.
+   A list is kept when it describes another minor the installer supports (1.35 to 1.37,
+   installer/versions.py), since the same files are rendered for every version: the flags of
+   kube-apiserver, kube-controller-manager and kube-scheduler (v1.37) and kube-proxy (v1.35);
+   KubeletConfiguration, KubeSchedulerConfiguration and the audit Policy (v1.35);
+   KubeProxyConfiguration (stored with the v1.37 pages). Dropped: the kubelet's flags (the list
+   is v1.34, which is not supported), EncryptionConfiguration and AdmissionConfiguration (their
+   pages state no version; the real kube-apiserver decodes both strictly).
+   test_each_kept_reference_list_describes_another_supported_minor fails when that stops being so.
 2. CIS (../shared/reference/cis.md): each rule is a row of a table below, so a failure names
    its rule ID.
 3. The hidden control plane: control hosts get nothing of a node, workers get nothing of the
@@ -23,6 +31,7 @@ import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
+from installer import versions
 from installer.api import Prepared
 from installer.network import ROUTES_UNIT
 from installer.pki import issue
@@ -137,7 +146,30 @@ def public_der(key) -> bytes:
 # 1. upstream reference: flags and config fields
 
 
-@pytest.mark.parametrize("component", ref.FLAG_COMPONENTS)
+# the reference lists kept (see the module docstring): component or Kind -> the minor it describes
+REFERENCE_FLAGS = {"kube-apiserver": "v1.37", "kube-controller-manager": "v1.37", "kube-scheduler": "v1.37",
+                   "kube-proxy": "v1.35"}
+CONFIG_KINDS = {                   # Kind -> (role of the hosts that get it, the minor it describes)
+    "KubeletConfiguration": ("worker", "v1.35"),
+    "KubeProxyConfiguration": ("worker", "v1.37"),
+    "KubeSchedulerConfiguration": ("control", "v1.35"),
+    "Policy": ("control", "v1.35"),
+}
+
+
+def test_each_kept_reference_list_describes_another_supported_minor():
+    built = versions.parse(versions.DEFAULT_KUBERNETES_VERSION)[:2]      # what the real binaries are
+    kept = [(ref.flags_file(c), m) for c, m in REFERENCE_FLAGS.items()] + \
+           [(ref.config_file(k), m) for k, (_, m) in CONFIG_KINDS.items()]
+    for path, minor in kept:
+        said = ref.kubernetes_version(path)
+        assert minor in said, f"{path}: line 2 says {said!r}, expected {minor}"
+        m = tuple(int(x) for x in minor.lstrip("v").split("."))
+        assert m != built, f"{path} describes {minor}, the version of the real binaries: it adds nothing"
+        assert versions.MIN_SUPPORTED <= m <= versions.MAX_SUPPORTED, f"{path}: {minor} is not supported"
+
+
+@pytest.mark.parametrize("component", REFERENCE_FLAGS)
 def test_unit_flags_are_documented_and_not_deprecated(cluster, component):
     known = ref.load_flags(component)
     version = ref.kubernetes_version(ref.flags_file(component))
@@ -156,21 +188,12 @@ def test_unit_flags_are_documented_and_not_deprecated(cluster, component):
     assert not problems, "\n".join(problems)
 
 
-CONFIG_KINDS = {
-    "KubeletConfiguration": "worker",
-    "KubeProxyConfiguration": "worker",
-    "KubeSchedulerConfiguration": "control",
-    "Policy": "control",
-    "EncryptionConfiguration": "control",
-    "AdmissionConfiguration": "control",
-}
-
-
 @pytest.mark.parametrize("kind", CONFIG_KINDS)
 def test_config_fields_are_documented(cluster, kind):
     version = ref.kubernetes_version(ref.config_file(kind))
+    role = CONFIG_KINDS[kind][0]
     problems = []
-    for plan in cluster.hosts(CONFIG_KINDS[kind]):
+    for plan in cluster.hosts(role):
         docs = [(path, d) for path, d in documents(plan) if d["kind"] == kind]
         assert len(docs) == 1, f"{plan.name}: expected one {kind}, found {[p for p, _ in docs]}"
         path, doc = docs[0]
@@ -179,7 +202,7 @@ def test_config_fields_are_documented(cluster, kind):
                             f"upstream documents {ref.api_version(kind)!r}")
         for field in sorted(ref.undocumented_paths(doc, kind)):
             problems.append(f"{plan.name}:{path}: {field} is not a documented {kind} field ({version})")
-    for plan in cluster.hosts("control" if CONFIG_KINDS[kind] == "worker" else "worker"):
+    for plan in cluster.hosts("control" if role == "worker" else "worker"):
         assert not [p for p, d in documents(plan) if d["kind"] == kind], f"{plan.name} got a {kind}"
     assert not problems, "\n".join(problems)
 
