@@ -1,0 +1,160 @@
+"""One real cluster on the local lab, shared by every test that needs real Kubernetes.
+
+The hosts: ``cp1`` a systemd-nspawn machine (the hidden control plane needs no runtime), ``w1``
+and ``w2`` qemu VMs (real containers need a real kernel view of cgroups). The binaries: the
+real Kubernetes components, etcd 3.6, containerd 2.x, runc and the CNI plugins, built from their
+Go modules (tests/builtfixtures.py), and the image archives pause, CoreDNS and busybox, imported
+from the artifacts (no registry). ``installer apply`` runs whole: no phase skipped.
+
+What only the lab needs is in the lab's inventory, never a product default: AlwaysPullImages
+off (``installer lab up``), and ``upstreamDNS`` pointing at a small DNS server the fixture runs
+on cp1, because the lab has no resolver: it answers ``*.example.`` with TEST-NET addresses and
+logs every question, so a test can see CoreDNS forward a name outside the cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from installer.lab import lab as lab_mod
+
+from .labfixtures import Lab, start_lab
+
+ROOT = Path(__file__).resolve().parent.parent
+INSTALLER = str(ROOT / ".venv" / "bin" / "installer")
+NAME, SUBNET = "real", "10.213.230.0/24"
+BUSYBOX = "localhost/hiddenplane/busybox:lab"
+OUTSIDE = {"outside.example.": "192.0.2.53"}
+DNS_LOG = "/var/log/hp-test-dns.log"
+WAIT = "900"          # seconds: TCG VMs start a kubelet and pull nothing, slowly
+
+# A DNS server for the lab's upstream (test scaffolding on cp1): A records for OUTSIDE,
+# NXDOMAIN for everything else (CoreDNS's loop probe among them), each question logged.
+DNS_SERVER = r'''
+import socket, struct, sys
+ANSWERS = %(answers)r
+log = open(%(log)r, "a", buffering=1)
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind((%(addr)r, 53))
+while True:
+    q, peer = s.recvfrom(512)
+    i, labels = 12, []
+    while q[i]:
+        labels.append(q[i + 1:i + 1 + q[i]].decode()); i += 1 + q[i]
+    name, qtype = ".".join(labels).lower() + ".", struct.unpack("!H", q[i + 1:i + 3])[0]
+    log.write(f"{peer[0]} {name} {qtype}\n")
+    head, question = q[:2], q[12:i + 5]
+    ip = ANSWERS.get(name) if qtype == 1 else None
+    if ip:
+        answer = b"\xc0\x0c" + struct.pack("!HHIH", 1, 1, 30, 4) + socket.inet_aton(ip)
+        s.sendto(head + struct.pack("!HHHHH", 0x8180, 1, 1, 0, 0) + question + answer, peer)
+    else:
+        s.sendto(head + struct.pack("!HHHHH", 0x8183, 1, 0, 0, 0) + question, peer)
+'''
+
+
+def run_installer(*args: str, check_rc: int | None = 0, timeout: float = 1800) -> subprocess.CompletedProcess:
+    proc = subprocess.run([INSTALLER, *args], capture_output=True, text=True, timeout=timeout)
+    if check_rc is not None:
+        assert proc.returncode == check_rc, f"rc={proc.returncode}\nstdout:{proc.stdout[-4000:]}\nstderr:{proc.stderr[-4000:]}"
+    return proc
+
+
+def wait_for(what: str, fn, timeout: float = 300, interval: float = 2.0):
+    """Poll ``fn`` until it returns something true; fail naming ``what`` and its last value."""
+    deadline, last = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(interval)
+    pytest.fail(f"{what}: not after {timeout:g}s (last: {last!r})")
+
+
+@dataclass
+class RealCluster:
+    lab: Lab
+    inventory: Path
+    state: Path
+    kubeconfig: Path
+    kubectl_bin: str
+    apply_report: dict
+    apply_seconds: float
+
+    def kubectl(self, *args: str, check: bool = True, timeout: float = 120, stdin: str | None = None
+                ) -> subprocess.CompletedProcess:
+        proc = subprocess.run([self.kubectl_bin, "--kubeconfig", str(self.kubeconfig), *args], capture_output=True,
+                              text=True, timeout=timeout, input=stdin)
+        if check:
+            assert proc.returncode == 0, f"kubectl {' '.join(args)}: rc={proc.returncode}\n{proc.stderr[-2000:]}"
+        return proc
+
+    def get(self, *args: str) -> dict:
+        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+
+    def ssh(self, host: str, command: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        return subprocess.run(["ssh", "-F", str(self.lab.ssh_config), host, command], capture_output=True,
+                              text=True, timeout=timeout)
+
+    @property
+    def controls(self) -> list[str]:
+        return [h.name for h in self.lab.spec.hosts if h.role == "control"]
+
+    @property
+    def workers(self) -> list[str]:
+        return [h.name for h in self.lab.spec.hosts if h.role == "worker"]
+
+    def address(self, host: str) -> str:
+        return self.lab.spec.host(host).address
+
+    def run_pod(self, name: str, node: str, command: str) -> dict:
+        """A busybox pod pinned to ``node`` running ``command``; returns it once Running."""
+        spec = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"app": name}},
+                "spec": {"nodeName": node, "terminationGracePeriodSeconds": 1,
+                         "containers": [{"name": "c", "image": BUSYBOX, "imagePullPolicy": "Never",
+                                         "command": ["sh", "-c", command]}]}}
+        self.kubectl("apply", "-f", "-", stdin=json.dumps(spec))
+        return wait_for(f"pod {name} Running on {node}",
+                        lambda: (p := self.get("pod", name))["status"].get("phase") == "Running"
+                        and p["status"].get("podIP") and p, timeout=300)
+
+
+def start_upstream_dns(cluster_lab: Lab, address: str) -> None:
+    script = DNS_SERVER % {"answers": OUTSIDE, "log": DNS_LOG, "addr": address}
+    subprocess.run(["ssh", "-F", str(cluster_lab.ssh_config), "cp1",
+                    "cat > /root/hp-test-dns.py && systemctl stop hp-test-dns 2>/dev/null; "
+                    "systemd-run --unit=hp-test-dns /usr/bin/python3 /root/hp-test-dns.py"],
+                   input=script, text=True, check=True, capture_output=True, timeout=60)
+
+
+@pytest.fixture(scope="session")
+def real_cluster(tmp_path_factory, built_artifacts, kubectl) -> RealCluster:
+    tmp = tmp_path_factory.mktemp("real")
+    lab = start_lab(NAME, SUBNET, tmp, controls=1, workers=2, vm_workers=2, images=True)
+    try:
+        assert [h.kind for h in lab.spec.hosts] == ["nspawn", "vm", "vm"]
+        cp1 = lab.spec.host("cp1").address
+        doc = yaml.safe_load(lab.inventory.read_text())
+        doc["spec"]["network"] = {"upstreamDNS": [cp1]}
+        inventory = tmp / "real.inventory.yaml"
+        inventory.write_text(yaml.safe_dump(doc, sort_keys=False))
+        start_upstream_dns(lab, cp1)
+        state = tmp / "state"
+        start = time.monotonic()
+        proc = run_installer("apply", str(inventory), "--state", str(state), "--output", "json", "--wait-timeout", WAIT)
+        seconds = time.monotonic() - start
+        kubeconfig = tmp / "admin.kubeconfig"
+        run_installer("kubeconfig", str(inventory), "--state", str(state), "-o", str(kubeconfig))
+        print(f"\nreal cluster: apply {seconds:.0f} s")
+        yield RealCluster(lab, inventory, state, kubeconfig, kubectl, json.loads(proc.stdout), seconds)
+    finally:
+        if not os.environ.get("HIDDENPLANE_KEEP_REAL_LAB"):
+            lab_mod.down(NAME, log=lambda *_: None)

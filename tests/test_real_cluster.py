@@ -1,0 +1,269 @@
+"""The whole `installer apply` on the real-cluster lab (tests/realcluster.py), checked the way
+an operator and a tenant would see it: with the real kubectl against the real apiserver, with
+testinfra and openssl on the hosts.
+
+- Only the workers are Nodes, all Ready; no Node, Lease or CSR names a control host; control
+  hosts hold no kubelet, runtime or node credential.
+- Each worker joined with its own bootstrap token: one CSR per node, approved by the
+  controller-manager; the kubelet's client certificate is signed by the cluster CA, names
+  ``system:node:<name>`` and lives at most ``kubeletClientCertHours``; the bootstrap kubeconfig
+  is gone from the worker and the token's Secret from the API.
+- The apiserver reaches the kubelets (``kubectl logs``/``exec``) and verifies their serving
+  certificates against the cluster CA; it reaches pod IPs (the webhook/aggregated-API path).
+- Pods: CoreDNS Ready, ``kubernetes.default`` resolves to the first service IP and a name
+  outside the cluster is forwarded upstream without a loop; pod to pod across workers without
+  NAT; a ClusterIP Service through kube-proxy.
+- etcd 3.6 with mTLS.
+- A second apply changes nothing and ``plan --check`` exits 0.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import ipaddress
+import json
+import re
+
+import pytest
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
+
+from installer import versions
+
+from .realcluster import DNS_LOG, OUTSIDE, run_installer, wait_for
+
+pytestmark = [pytest.mark.lab, pytest.mark.vm, pytest.mark.real]
+
+KUBELET_CLIENT = "/var/lib/kubelet/pki/kubelet-client-current.pem"
+BOOTSTRAP_KUBECONFIG = "/etc/kubernetes/bootstrap-kubelet.conf"
+
+
+@pytest.fixture(scope="module")
+def rc(real_cluster):
+    return real_cluster
+
+
+@pytest.fixture(scope="module")
+def web(rc):
+    """An HTTP server pod on each worker (busybox httpd, verbose: it logs each client's
+    address), and a ClusterIP Service in front of the one on w2."""
+    pods = {}
+    for w in rc.workers:
+        pods[w] = rc.run_pod(f"web-{w}", w, f"echo hello-from-{w} > /tmp/index.html; exec httpd -f -v -p 8080 -h /tmp")
+    rc.kubectl("expose", "pod", "web-w2", "--name", "web", "--port", "80", "--target-port", "8080")
+    return {w: p["status"]["podIP"] for w, p in pods.items()}
+
+
+def http_get(rc, pod: str, ip: str, port: int) -> str:
+    """GET / from inside ``pod`` with nc (busybox's static wget crashes resolving names and
+    services through glibc's NSS)."""
+    return rc.kubectl("exec", pod, "--", "sh", "-c",
+                      f"printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 10 {ip} {port}", timeout=60).stdout
+
+
+def ready(obj: dict) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in obj["status"].get("conditions") or [])
+
+
+# --- the run itself --------------------------------------------------------------------------------
+
+def test_apply_ran_every_phase_and_converged(rc):
+    phases = {e["phase"] for e in rc.apply_report["events"]}
+    assert {"cluster-bootstrap", "addons", "workers", "verify"} <= phases
+    assert not [e for e in rc.apply_report["events"] if e["action"] in ("skipped", "failed")]
+    joined = [d for e in rc.apply_report["events"] if e["phase"] == "workers" for d in e["detail"]]
+    assert {f"node {w} Ready" for w in rc.workers} <= set(joined)
+    print(f"\ncold apply of 1 control + 2 VM workers: {rc.apply_seconds:.0f} s")
+
+
+def test_second_apply_changes_nothing_and_plan_check_passes(rc):
+    again = json.loads(run_installer("apply", str(rc.inventory), "--state", str(rc.state), "--output", "json",
+                                     "--wait-timeout", "600").stdout)
+    assert again["changes"] == 0 and again["restarts"] == [] and set(again["bytesUploaded"].values()) == {0}
+    run_installer("plan", str(rc.inventory), "--state", str(rc.state), "--check")
+
+
+# --- hidden control plane --------------------------------------------------------------------------
+
+def test_only_the_workers_are_nodes_and_all_are_ready(rc):
+    nodes = rc.get("nodes")["items"]
+    assert sorted(n["metadata"]["name"] for n in nodes) == sorted(rc.workers)
+    assert all(ready(n) for n in nodes), [n["status"]["conditions"] for n in nodes]
+    for n in nodes:
+        info = n["status"]["nodeInfo"]
+        assert info["kubeletVersion"] == versions.DEFAULT_KUBERNETES_VERSION
+        assert info["containerRuntimeVersion"] == f"containerd://{versions.DEFAULT_COMPONENTS['containerd']}"
+    table = rc.kubectl("get", "nodes").stdout
+    print("\n" + table)
+    assert not any(c in table for c in rc.controls)
+
+
+def test_no_lease_or_csr_names_a_control_host(rc):
+    leases = [x["metadata"]["name"] for x in rc.get("leases", "-n", "kube-node-lease")["items"]]
+    assert sorted(leases) == sorted(rc.workers)
+    for csr in rc.get("csr")["items"]:
+        assert not any(c in csr["spec"]["username"] for c in rc.controls), csr["spec"]["username"]
+    # nobody's Node for cp1 anywhere in the API's own view of node identities
+    assert rc.kubectl("get", "node", "cp1", check=False).returncode != 0
+
+
+def test_control_hosts_have_no_kubelet_runtime_or_node_credential(rc):
+    for name in rc.controls:
+        host = rc.lab.host(name)
+        for b in ("kubelet", "containerd", "kube-proxy", "runc", "containerd-shim-runc-v2", "crictl"):
+            assert not host.exists(b) and not host.file(f"/usr/local/bin/{b}").exists, (name, b)
+            assert not host.process.filter(comm=b), (name, b)
+            assert not host.file(f"/etc/systemd/system/{b}.service").exists
+        for path in ("/var/lib/kubelet", "/etc/kubernetes/kubelet.conf", BOOTSTRAP_KUBECONFIG, "/etc/cni",
+                     "/var/lib/containerd", "/run/containerd"):
+            assert not host.file(path).exists, (name, path)
+    run_installer("verify", str(rc.inventory), "--state", str(rc.state), "--api")
+
+
+# --- joining: one token per node, the kubelet's own certificate ------------------------------------
+
+def _ca(rc) -> x509.Certificate:
+    return x509.load_pem_x509_certificate((rc.state / "pki" / "ca.crt").read_bytes())
+
+
+def _signed_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
+    key = ca.public_key()
+    try:
+        if isinstance(key, ec.EllipticCurvePublicKey):
+            key.verify(cert.signature, cert.tbs_certificate_bytes, ec.ECDSA(cert.signature_hash_algorithm))
+        elif isinstance(key, rsa.RSAPublicKey):
+            key.verify(cert.signature, cert.tbs_certificate_bytes, padding.PKCS1v15(), cert.signature_hash_algorithm)
+        else:
+            return False
+    except Exception:
+        return False
+    return cert.issuer == ca.subject
+
+
+def test_each_worker_joined_with_its_own_token_approved_by_the_controller_manager(rc):
+    token_ids = {node: t["id"] for node, t in yaml.safe_load((rc.state / "secrets" / "tokens.yaml").read_text()).items()}
+    csrs = rc.get("csr")["items"]
+    for w in rc.workers:
+        mine = [c for c in csrs if c["spec"]["username"] == f"system:bootstrap:{token_ids[w]}"]
+        assert len(mine) == 1, (w, [c["spec"]["username"] for c in csrs])
+        csr = mine[0]
+        assert csr["spec"]["signerName"] == "kubernetes.io/kube-apiserver-client-kubelet"
+        approved = [c for c in csr["status"]["conditions"] if c["type"] == "Approved"]
+        # the controller-manager's csrapproving controller, not a person or the installer
+        assert approved and approved[0]["reason"] == "AutoApproved", csr["status"]
+        issued = x509.load_pem_x509_certificate(base64.b64decode(csr["status"]["certificate"]))
+        assert issued.subject.rfc4514_string() == f"CN=system:node:{w},O=system:nodes"
+    # every token's Secret is gone once its node joined
+    secrets = rc.get("secrets", "-n", "kube-system", "--field-selector", "type=bootstrap.kubernetes.io/token")
+    assert secrets["items"] == []
+
+
+def test_kubelet_client_certificate_is_short_lived_and_the_bootstrap_kubeconfig_is_gone(rc):
+    ca = _ca(rc)
+    hours = 24       # spec.pki.kubeletClientCertHours, the default in the lab inventory
+    for w in rc.workers:
+        host = rc.lab.host(w)
+        pem = host.file(KUBELET_CLIENT).content
+        cert = x509.load_pem_x509_certificate(pem)
+        assert _signed_by(cert, ca), w
+        assert cert.subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME)[0].value == f"system:node:{w}"
+        lifetime = cert.not_valid_after_utc - cert.not_valid_before_utc
+        # the signer backdates NotBefore by up to 5 minutes against clock skew
+        assert lifetime <= dt.timedelta(hours=hours, minutes=5), (w, lifetime)
+        assert not host.file(BOOTSTRAP_KUBECONFIG).exists, w
+        assert host.file(KUBELET_CLIENT).mode == 0o600 or host.file(
+            host.file(KUBELET_CLIENT).linked_to).mode == 0o600
+
+
+# --- the apiserver reaches kubelets and pods -------------------------------------------------------
+
+def test_logs_and_exec_through_the_kubelet(rc, web):
+    out = rc.kubectl("exec", "web-w1", "--", "cat", "/tmp/index.html").stdout
+    assert out.strip() == "hello-from-w1"
+    http_get(rc, "web-w2", web["w2"], 8080)        # gives web-w2's httpd something to log
+    logs = wait_for("web-w2 logs a request", lambda: rc.kubectl("logs", "web-w2").stdout.strip(), timeout=60)
+    assert logs
+
+
+def test_kubelet_serving_certificates_verify_against_the_cluster_ca(rc):
+    """What the apiserver checks when it dials a kubelet (--kubelet-certificate-authority): a
+    real TLS handshake from the control host, with openssl, against the cluster CA."""
+    for w in rc.workers:
+        r = rc.ssh("cp1", f"echo | openssl s_client -connect {rc.address(w)}:10250 -CAfile /etc/kubernetes/pki/ca.crt "
+                          f"-verify_return_error -verify_ip {rc.address(w)} 2>&1 | grep -E 'Verify return code'")
+        assert "Verify return code: 0 (ok)" in r.stdout, (w, r.stdout, r.stderr)
+
+
+def test_the_hidden_control_plane_reaches_pod_ips(rc, web):
+    for w, ip in web.items():
+        r = rc.ssh("cp1", "python3 -c \"import urllib.request as u; "
+                          f"print(u.urlopen('http://{ip}:8080/', timeout=10).read().decode())\"")
+        assert r.stdout.strip() == f"hello-from-{w}", (w, r.stderr)
+
+
+# --- the pod network ---------------------------------------------------------------------------
+
+def test_pod_to_pod_across_workers_without_nat(rc, web):
+    reply = http_get(rc, "web-w1", web["w2"], 8080)
+    assert "hello-from-w2" in reply
+    reply = http_get(rc, "web-w2", web["w1"], 8080)
+    assert "hello-from-w1" in reply
+    # w2's httpd saw the client pod's own address, not its node's
+    logs = rc.kubectl("logs", "web-w2").stdout
+    assert web["w1"] in logs, logs
+
+
+def test_a_cluster_ip_service_reaches_its_pod_through_kube_proxy(rc, web):
+    svc = rc.get("service", "web")
+    ip = svc["spec"]["clusterIP"]
+    assert ipaddress.ip_address(ip) in ipaddress.ip_network("10.96.0.0/12")
+    wait_for("endpoints of web", lambda: rc.get("endpointslices", "-l", "kubernetes.io/service-name=web")["items"]
+             and rc.get("endpointslices", "-l", "kubernetes.io/service-name=web")["items"][0].get("endpoints"))
+    for client in ("web-w1", "web-w2"):
+        reply = wait_for(f"{client} -> {ip}:80", lambda: http_get(rc, client, ip, 80), timeout=60)
+        assert "hello-from-w2" in reply, (client, reply)
+    for w in rc.workers:
+        rules = rc.lab.host(w).check_output("iptables-save -t nat")
+        assert re.search(rf"KUBE-SERVICES .*-d {re.escape(ip)}/32 .*dport 80", rules), w
+
+
+# --- DNS -------------------------------------------------------------------------------------------
+
+def test_coredns_is_ready_and_resolves_inside_and_outside(rc, web):
+    wait_for("CoreDNS ready", lambda: (d := rc.get("deployment", "coredns", "-n", "kube-system"))["status"].get(
+        "readyReplicas") == d["spec"]["replicas"], timeout=600)
+    out = rc.kubectl("exec", "web-w1", "--", "nslookup", "kubernetes.default.svc.cluster.local", "10.96.0.10").stdout
+    assert re.search(r"Name:\s+kubernetes\.default\.svc\.cluster\.local\s+Address:\s+10\.96\.0\.1\b", out), out
+    name, ip = next(iter(OUTSIDE.items()))
+
+    def lookup() -> str:
+        out = rc.kubectl("exec", "web-w1", "--", "nslookup", name.rstrip("."), "10.96.0.10", check=False).stdout
+        return out if ip in out else ""
+    wait_for(f"{name} through CoreDNS", lookup, timeout=60)
+    # it reached the upstream (the lab's DNS server on cp1), asked by CoreDNS from the pod network
+    log = rc.ssh("cp1", f"cat {DNS_LOG}").stdout
+    asked = [line.split() for line in log.splitlines() if line.split()[1:2] == [name]]
+    assert asked and all(ipaddress.ip_address(a[0]) in ipaddress.ip_network("10.244.0.0/16")
+                         or a[0] in (rc.address(w) for w in rc.workers) for a in asked), log
+    for pod in rc.get("pods", "-n", "kube-system", "-l", "k8s-app=kube-dns")["items"]:
+        logs = rc.kubectl("logs", "-n", "kube-system", pod["metadata"]["name"]).stdout
+        assert "Loop" not in logs and "loop" not in logs.lower().replace("lameduck", ""), logs
+
+
+# --- etcd ------------------------------------------------------------------------------------------
+
+ETCDCTL = ("/usr/local/bin/etcdctl --endpoints=https://127.0.0.1:2379 --cacert=/etc/kubernetes/pki/etcd/ca.crt "
+           "--cert=/etc/kubernetes/pki/etcd/healthcheck-client.crt --key=/etc/kubernetes/pki/etcd/healthcheck-client.key")
+
+
+def test_etcd_is_3_6_with_mutual_tls(rc):
+    out = rc.ssh("cp1", f"{ETCDCTL} endpoint status -w json")
+    assert out.returncode == 0, out.stderr
+    [status] = json.loads(out.stdout)
+    assert status["Status"]["version"] == versions.DEFAULT_COMPONENTS["etcd"].lstrip("v")
+    refused = rc.ssh("cp1", "/usr/local/bin/etcdctl --endpoints=https://127.0.0.1:2379 "
+                            "--cacert=/etc/kubernetes/pki/etcd/ca.crt --dial-timeout=3s --command-timeout=5s endpoint health")
+    assert refused.returncode != 0
+    assert re.search(r"certificate required|bad certificate|unhealthy", refused.stdout + refused.stderr), refused
