@@ -215,12 +215,9 @@ def build_env(c: Component) -> dict[str, str]:
 
 
 def build_key(c: Component, gover: str) -> str:
-    h = hashlib.sha256()
-    for part in (f"recipe={RECIPE}", c.name, c.version, gover, f"cgo={c.cgo}", c.tags,
-                 json.dumps(c.binaries, sort_keys=True), " ".join(c.ldflags(c.version)),
-                 *(p.read_text() for p in (c.pin_dir / "go.mod", c.pin_dir / "go.sum"))):
-        h.update(part.encode() + b"\0")
-    return h.hexdigest()[:16]
+    return key_of(f"recipe={RECIPE}", c.name, c.version, gover, f"cgo={c.cgo}", c.tags,
+                  json.dumps(c.binaries, sort_keys=True), " ".join(c.ldflags(c.version)),
+                  *((c.pin_dir / f).read_text() for f in ("go.mod", "go.sum")))
 
 
 class Heartbeat:
@@ -314,31 +311,49 @@ def _finish(tmp: Path, final: Path) -> dict[str, Path]:
     return {n: final / n for n in read_sums(final)}
 
 
+def key_of(*parts: str | bytes) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update((part.encode() if isinstance(part, str) else part) + b"\0")
+    return h.hexdigest()[:16]
+
+
+def cached(name: str, label: str, key: str, make: Callable[[Path], float | None]) -> Built:
+    """The cache entry ``label-key``; when missing, ``make(tmp)`` writes its files into a fresh
+    directory that becomes the entry once complete (an interrupted build leaves nothing).
+    ``make`` may return the peak RSS (MiB) of what it ran."""
+    final = _cached_dir(label, key)
+    if _complete(final):
+        return Built(name, _verify_cached(final), cached=True)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{label}-", dir=final.parent))
+    start = time.monotonic()
+    try:
+        rss = make(tmp)
+        files = _finish(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return Built(name, files, cached=False, seconds=time.monotonic() - start, peak_rss_mib=rss or 0.0)
+
+
 def build_component(c: Component, gover: str) -> Built:
     if not (c.pin_dir / "go.sum").is_file():
         log(f"note: no wrapper module for {c.name} {c.version} in tools/kubebuild: generating one "
             "(commit it to pin its dependencies)")
         pin(c)
-    key = build_key(c, gover)
-    final = _cached_dir(f"{c.name}-{c.version}", key)
-    if _complete(final):
-        return Built(c.name, _verify_cached(final), cached=True)
-    missing_apt = [p for p in c.apt if subprocess.run(["dpkg", "-s", p], capture_output=True).returncode != 0]
-    if missing_apt:
-        raise SystemExit(f"build-kubernetes: {c.name} needs Debian packages: apt-get install {' '.join(missing_apt)}")
-    log(f"==> building {c.name} {c.version}: {', '.join(c.binaries)}")
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{c.name}-", dir=final.parent))
-    start = time.monotonic()
-    try:
-        rss = go_build(c, tmp)
-        files = _finish(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    secs = time.monotonic() - start
-    built = Built(c.name, files, cached=False, seconds=secs, peak_rss_mib=rss)
-    log(f"    {c.name} {c.version}: built in {fmt_secs(secs)} (largest process {built.peak_rss_mib:.0f} MiB)")
+
+    def make(tmp: Path) -> float:
+        missing_apt = [p for p in c.apt if subprocess.run(["dpkg", "-s", p], capture_output=True).returncode != 0]
+        if missing_apt:
+            raise SystemExit(f"build-kubernetes: {c.name} needs Debian packages: apt-get install {' '.join(missing_apt)}")
+        log(f"==> building {c.name} {c.version}: {', '.join(c.binaries)}")
+        return go_build(c, tmp)
+
+    built = cached(c.name, f"{c.name}-{c.version}", build_key(c, gover), make)
+    if not built.cached:
+        log(f"    {c.name} {c.version}: built in {fmt_secs(built.seconds)} (largest process "
+            f"{built.peak_rss_mib:.0f} MiB)")
     return built
 
 
@@ -349,22 +364,16 @@ def _oci():
     return build_image_archive
 
 
-def pause_image(k8s: Component, gover: str) -> Built:
+def pause_image(k8s: Component) -> Built:
     """pause from k8s.io/kubernetes' own build/pause/linux/pause.c (gcc -static), tagged as the
     installer's default sandbox image."""
     _, src = download_gomod("k8s.io/kubernetes", k8s.version, k8s.pin_dir)
     source = (src / "build/pause/linux/pause.c").read_bytes()
     tag = SANDBOX_IMAGE.rsplit(":", 1)[1]
-    gcc = subprocess.run(["gcc", "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
-    key = hashlib.sha256(b"\0".join([f"recipe={IMAGE_RECIPE}".encode(), source, SANDBOX_IMAGE.encode(),
-                                     "".join(gcc).encode()])).hexdigest()[:16]
-    final = _cached_dir("image-pause", key)
-    if _complete(final):
-        return Built("pause", _verify_cached(final), cached=True)
-    log(f"==> building image {SANDBOX_IMAGE} (pause.c from k8s.io/kubernetes {k8s.version})")
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".pause-", dir=final.parent))
-    try:
+    gcc = "".join(subprocess.run(["gcc", "--version"], capture_output=True, text=True).stdout.splitlines()[:1])
+
+    def make(tmp: Path) -> None:
+        log(f"==> building image {SANDBOX_IMAGE} (pause.c from k8s.io/kubernetes {k8s.version})")
         (tmp / "pause.c").write_bytes(source)
         proc = subprocess.run(["gcc", "-Os", "-Wall", "-Werror", "-static", f"-DVERSION=v{tag}-hiddenplane",
                                "-o", str(tmp / "pause"), str(tmp / "pause.c")], capture_output=True, text=True)
@@ -375,28 +384,20 @@ def pause_image(k8s: Component, gover: str) -> Built:
                entrypoint=["/pause"])
         for scratch in ("pause", "pause.c"):
             (tmp / scratch).unlink()
-        return Built("pause", _finish(tmp, final), cached=False)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    return cached("pause", "image-pause", key_of(f"recipe={IMAGE_RECIPE}", source, SANDBOX_IMAGE, gcc), make)
 
 
 def coredns_image(coredns: Built) -> Built:
     binary = coredns.files["coredns"]
-    key = hashlib.sha256(f"recipe={IMAGE_RECIPE} {COREDNS_IMAGE} {sha256_file(binary)}".encode()).hexdigest()[:16]
-    final = _cached_dir("image-coredns", key)
-    if _complete(final):
-        return Built("coredns-image", _verify_cached(final), cached=True)
-    log(f"==> image {COREDNS_IMAGE}")
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".coredns-", dir=final.parent))
-    try:
+
+    def make(tmp: Path) -> None:
+        log(f"==> image {COREDNS_IMAGE}")
         _oci()(tmp / "image-coredns.tar", COREDNS_IMAGE, {"/coredns": (binary.read_bytes(), 0o755)}, [],
                entrypoint=["/coredns"])
-        return Built("coredns-image", _finish(tmp, final), cached=False)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    return cached("coredns-image", "image-coredns",
+                  key_of(f"recipe={IMAGE_RECIPE}", COREDNS_IMAGE, sha256_file(binary)), make)
 
 
 BUSYBOX_APPLETS = ("sh", "ls", "cat", "echo", "sleep", "wget", "nc", "nslookup", "hostname", "httpd", "ip",
@@ -406,22 +407,15 @@ BUSYBOX_APPLETS = ("sh", "ls", "cat", "echo", "sleep", "wget", "nc", "nslookup",
 def busybox_image() -> Built:
     """A shell for test pods: Debian's busybox-static, with the applets tests call as links."""
     from installer.lab.vm import deb_tree
-    tree = deb_tree("busybox-static", log)
-    binary = tree / "bin/busybox"
-    key = hashlib.sha256(f"recipe={IMAGE_RECIPE} {LAB_BUSYBOX_IMAGE} {sha256_file(binary)} {BUSYBOX_APPLETS}"
-                         .encode()).hexdigest()[:16]
-    final = _cached_dir("image-busybox", key)
-    if _complete(final):
-        return Built("busybox-image", _verify_cached(final), cached=True)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".busybox-", dir=final.parent))
-    try:
+    binary = deb_tree("busybox-static", log) / "bin/busybox"
+
+    def make(tmp: Path) -> None:
         _oci()(tmp / "image-busybox.tar", LAB_BUSYBOX_IMAGE, {"/bin/busybox": (binary.read_bytes(), 0o755)},
                ["/bin/sh"], links={f"/bin/{a}": "busybox" for a in BUSYBOX_APPLETS})
-        return Built("busybox-image", _finish(tmp, final), cached=False)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    return cached("busybox-image", "image-busybox",
+                  key_of(f"recipe={IMAGE_RECIPE}", LAB_BUSYBOX_IMAGE, sha256_file(binary), " ".join(BUSYBOX_APPLETS)),
+                  make)
 
 
 # --- output ---------------------------------------------------------------------------------------
@@ -481,9 +475,9 @@ def main(argv: list[str] | None = None) -> int:
             if c.name != "coredns":       # CoreDNS runs as a pod: only its image goes out
                 built.append(b)
     if "images" in wanted:
-        built += [pause_image(k8s, gover), coredns_image(by_name["coredns"]), busybox_image()]
+        built += [pause_image(k8s), coredns_image(by_name["coredns"]), busybox_image()]
     sums = install(args.dir, built)
-    fresh = [b for b in built if not b.cached and b.seconds]
+    fresh = [b for b in [*by_name.values(), *built] if not b.cached and b.seconds]
     summary = ", ".join(f"{b.name} {fmt_secs(b.seconds)}" for b in fresh) or "everything from the cache"
     log(f"==> {args.dir}: {len(sums)} files in {SUMS_FILE}; {fmt_secs(time.monotonic() - start)} ({summary})")
     return 0
