@@ -122,13 +122,15 @@ def test_second_apply_changes_nothing(applab):
 
 def test_changing_one_flag_restarts_only_that_unit(applab, tmp_path):
     doc = yaml.safe_load(applab.inventory.read_text())
-    doc["spec"]["apiServer"]["alwaysPullImages"] = False
+    # the lab has it off (no registry): turn it on
+    assert doc["spec"]["apiServer"]["alwaysPullImages"] is False
+    doc["spec"]["apiServer"]["alwaysPullImages"] = True
     changed = tmp_path / "apply.inventory.yaml"
     changed.write_text(yaml.safe_dump(doc))
     report = apply_json(changed, applab.state)
     assert report["restarts"] == ["cp1:kube-apiserver.service"]
     unit = applab.host("cp1").file("/etc/systemd/system/kube-apiserver.service").content_string
-    assert "AlwaysPullImages" not in unit
+    assert "AlwaysPullImages" in unit
     # and back, so later tests start from the lab's own inventory
     assert apply_json(applab.inventory, applab.state)["restarts"] == ["cp1:kube-apiserver.service"]
 
