@@ -155,7 +155,7 @@ def test_a_live_lock_is_respected(applab, tmp_path):
                    "> /var/lib/hiddenplane/apply.lock")
     try:
         doc = yaml.safe_load(applab.inventory.read_text())
-        doc["spec"]["apiServer"]["alwaysPullImages"] = False     # something to change, so a lock is needed
+        doc["spec"]["apiServer"]["alwaysPullImages"] = True      # something to change (the lab has it off), so a lock is needed
         changed = tmp_path / "apply.inventory.yaml"
         changed.write_text(yaml.safe_dump(doc))
         proc = run_installer("apply", str(changed), "--state", str(applab.state), "--skip", "cluster-bootstrap",
