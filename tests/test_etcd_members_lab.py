@@ -165,7 +165,10 @@ def test_6_add_cp3_back_as_a_learner_then_promoted(lab):
     cp3_id = next(m["ID"] for m in ms if m["name"] == "cp3")
     # etcd's own record: the member was a learner first, then promoted
     journal = lab.host("cp1").check_output("journalctl -u etcd --no-pager -o cat")
-    assert f"learners=({cp3_id})" in journal and f"promote member {cp3_id:x}" in journal
+    entries = [json.loads(line) for line in journal.splitlines() if line.startswith("{")]
+    hex_id = f"{cp3_id:x}"
+    assert any(e.get("added-peer-id") == hex_id and e.get("added-peer-is-learner") is True for e in entries), journal
+    assert any(e.get("promoted-member-id") == hex_id for e in entries), journal
     assert healthy_endpoints(lab, ["cp1", "cp2", "cp3"]) == 3
     assert healthy_endpoints(lab, ["cp1", "cp2", "cp3"], via="cp3") == 3
 

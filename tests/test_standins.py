@@ -220,8 +220,11 @@ def test_install_writes_five_self_contained_scripts_and_their_sums(tmp_path):
                         and getattr(n.targets[0], "id", None) == "REFERENCE")
         assert embedded == reference_data(name, reference_dir())      # the lists, verbatim
         assert embedded["flags"] == (reference_dir() / "flags" / f"{name}.txt").read_text()
-    assert set(artifacts.read_sums(d)) == {*COMPONENTS, "etcd"}
+    # no etcdutl in the directory: one that says why it is missing (Debian's etcd has none)
+    assert set(artifacts.read_sums(d)) == {*COMPONENTS, "etcd", "etcdutl"}
     assert set(artifacts.verify(d, [*COMPONENTS, "etcd"])) == {*COMPONENTS, "etcd"}
+    missing = subprocess.run([str(d / "etcdutl"), "snapshot", "status", "x"], capture_output=True, text=True)
+    assert missing.returncode == 1 and "no real etcdutl" in missing.stderr
     # re-installing is idempotent; a modified script no longer verifies
     assert _install(d).returncode == 0
     artifacts.verify(d, COMPONENTS)
