@@ -14,6 +14,8 @@ testinfra and openssl on the hosts.
   outside the cluster is forwarded upstream without a loop; pod to pod across workers without
   NAT; a ClusterIP Service through kube-proxy.
 - etcd 3.6 with mTLS.
+- Images without a registry: the archives go to the workers only and are imported once; an
+  image removed from containerd is imported again by the next apply, nothing else changes.
 - A second apply changes nothing and ``plan --check`` exits 0.
 """
 
@@ -32,7 +34,10 @@ from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 
 from installer import versions
 
-from .realcluster import DNS_LOG, OUTSIDE, run_installer, wait_for
+from installer.render.addons import COREDNS_IMAGE
+from installer.render.worker import SANDBOX_IMAGE
+
+from .realcluster import BUSYBOX, DNS_LOG, OUTSIDE, run_installer, wait_for
 
 pytestmark = [pytest.mark.lab, pytest.mark.vm, pytest.mark.real]
 
@@ -78,11 +83,48 @@ def test_apply_ran_every_phase_and_converged(rc):
     print(f"\ncold apply of 1 control + 2 VM workers: {rc.apply_seconds:.0f} s")
 
 
+def apply(rc) -> dict:
+    return json.loads(run_installer("apply", str(rc.inventory), "--state", str(rc.state), "--output", "json",
+                                    "--wait-timeout", "600").stdout)
+
+
+def imports(report: dict) -> list[tuple[str, str]]:
+    return [(e["host"], d) for e in report["events"] for d in e["detail"] if d.startswith("imported ")]
+
+
 def test_second_apply_changes_nothing_and_plan_check_passes(rc):
-    again = json.loads(run_installer("apply", str(rc.inventory), "--state", str(rc.state), "--output", "json",
-                                     "--wait-timeout", "600").stdout)
+    again = apply(rc)
     assert again["changes"] == 0 and again["restarts"] == [] and set(again["bytesUploaded"].values()) == {0}
+    assert imports(again) == []
     run_installer("plan", str(rc.inventory), "--state", str(rc.state), "--check")
+
+
+# --- images without a registry ---------------------------------------------------------------------
+
+IMAGES = ("image-busybox.tar", "image-coredns.tar", "image-pause.tar")
+
+
+def test_the_image_archives_went_to_the_workers_only_and_were_imported(rc):
+    uploads = {e["host"]: e["detail"] for e in rc.apply_report["events"] if e["phase"] == "artifacts"}
+    for w in rc.workers:
+        assert all(any(f"/var/lib/hiddenplane/images/{a}" in d for d in uploads[w]) for a in IMAGES), uploads[w]
+        assert sorted(d for h, d in imports(rc.apply_report) if h == w) == [f"imported {a}" for a in IMAGES]
+        refs = rc.lab.host(w).check_output("/usr/local/bin/ctr -n k8s.io images ls -q").split()
+        assert {BUSYBOX, SANDBOX_IMAGE, COREDNS_IMAGE} <= set(refs), refs
+        assert f"sandbox = '{SANDBOX_IMAGE}'" in rc.lab.host(w).file("/etc/containerd/config.toml").content_string
+    for c in rc.controls:
+        assert not any("/var/lib/hiddenplane/images" in d for d in uploads[c])
+        assert not rc.lab.host(c).file("/var/lib/hiddenplane/images").exists
+
+
+def test_an_image_removed_from_containerd_is_imported_again(rc, web):
+    w1 = rc.lab.host("w1")
+    w1.run_expect([0], f"/usr/local/bin/ctr -n k8s.io images rm {BUSYBOX}")
+    report = apply(rc)
+    assert imports(report) == [("w1", "imported image-busybox.tar")]
+    assert report["restarts"] == [] and set(report["bytesUploaded"].values()) == {0}
+    assert BUSYBOX in w1.check_output("/usr/local/bin/ctr -n k8s.io images ls -q").split()
+    assert rc.get("pod", "web-w1")["status"]["phase"] == "Running"
 
 
 # --- hidden control plane --------------------------------------------------------------------------
@@ -119,6 +161,19 @@ def test_control_hosts_have_no_kubelet_runtime_or_node_credential(rc):
         for path in ("/var/lib/kubelet", "/etc/kubernetes/kubelet.conf", BOOTSTRAP_KUBECONFIG, "/etc/cni",
                      "/var/lib/containerd", "/run/containerd"):
             assert not host.file(path).exists, (name, path)
+    run_installer("verify", str(rc.inventory), "--state", str(rc.state), "--api")
+
+
+def test_verify_api_names_a_control_host_that_appears_as_a_node(rc):
+    """A Node object named like a control host (made by hand here; a kubelet started there would
+    make one) fails `installer verify --api`, naming it."""
+    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "cp1"}}
+    rc.kubectl("create", "-f", "-", stdin=json.dumps(node))
+    try:
+        proc = run_installer("verify", str(rc.inventory), "--state", str(rc.state), "--api", check_rc=1)
+        assert "registered: cp1" in proc.stdout + proc.stderr
+    finally:
+        rc.kubectl("delete", "node", "cp1", "--wait=false")
     run_installer("verify", str(rc.inventory), "--state", str(rc.state), "--api")
 
 

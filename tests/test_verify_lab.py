@@ -163,34 +163,3 @@ def test_verify_session_dir_is_private_and_removed():
     finally:
         s.close()
     assert not s.dir.exists()
-
-
-def test_api_check_names_a_control_host_registered_as_node(tmp_path, monkeypatch):
-    """The --api check's logic (the stand-ins cannot answer API calls; the real one is proven on
-    the Vagrant lab): a Node named like a control host fails it, naming the host."""
-    import contextlib
-
-    from installer import kube, verify
-    from installer.api import prepare
-    prepare(ROOT / "inventory.example.yaml", tmp_path / "state")
-    inv = load(ROOT / "inventory.example.yaml")
-    seen = {}
-
-    @contextlib.contextmanager
-    def access(inv_, remotes, material=None, **kw):
-        seen["remote"] = remotes(inv_.controls[0])     # a verifying Remote, never auto-accepting
-        yield "https://api.example:6443"
-
-    @contextlib.contextmanager
-    def client(url, material, **kw):
-        yield url
-
-    monkeypatch.setattr(kube, "api_access", access)
-    monkeypatch.setattr(kube, "api_client", client)
-    for nodes, ok, detail in ((["node2", "node3"], True, "nodes: node2, node3"),
-                              (["cp1", "node2", "node3"], False, "registered: cp1")):
-        monkeypatch.setattr(kube, "node_names", lambda api, nodes=nodes: nodes)
-        [result] = verify._api_checks(inv, tmp_path / "state")
-        assert (result.host, result.check, result.ok, result.detail) == \
-            ("cluster", "no Node for a control host", ok, detail)
-    assert seen["remote"].accept_new_host_keys is False
