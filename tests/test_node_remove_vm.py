@@ -11,19 +11,20 @@ other hosts."""
 from __future__ import annotations
 
 import ipaddress
+import json
 import time
 
 import pytest
 import yaml
 
 from installer import api, reset, teardown
+from installer.artifacts import add_files
 from installer.lab import lab as lab_mod
+from installer.lab import vm
 from installer.ssh import Remote
 
-from .labfixtures import start_lab
+from .labfixtures import install_standins, start_lab
 from .test_apply_lab import run_installer
-from .test_images_lab import IMAGE, with_image_archive
-from .test_images_lab import apply as apply_images
 
 pytestmark = [pytest.mark.lab, pytest.mark.vm]
 
@@ -31,6 +32,28 @@ NAME, SUBNET = "rmvm", "10.213.245.0/24"
 VM = "w2"
 UNITS = ("containerd", "kubelet", "kube-proxy", "hiddenplane-routes")
 PROCESSES = ("containerd", "containerd-shim", "runc", "kubelet", "kube-proxy")
+IMAGE = "localhost/hiddenplane/busybox:lab"
+ARCHIVE = "image-busybox.tar"
+
+
+def apply_images(lab, inventory) -> dict:
+    proc = run_installer("apply", str(inventory), "--state", str(lab.state), "--skip", "cluster-bootstrap",
+                         "--output", "json", "--wait-timeout", "120")
+    return json.loads(proc.stdout)
+
+
+def with_image_archive(lab, tmp) -> None:
+    """Stand-ins and a busybox image archive in the lab's artifacts, and ``lab.inv_images``: the
+    lab inventory with that image as sandbox image (a small one: the VM gets nothing else)."""
+    install_standins(lab.paths.artifacts)
+    busybox = vm.deb_tree("busybox-static", log=lambda *_: None) / "bin" / "busybox"
+    vm.busybox_image_archive(lab.paths.artifacts / ARCHIVE, IMAGE, busybox.read_bytes())
+    add_files(lab.paths.artifacts, [ARCHIVE])
+    doc = yaml.safe_load(lab.inventory.read_text())
+    doc["spec"]["artifacts"]["sandboxImage"] = IMAGE
+    lab.inv_images = tmp / f"{lab.spec.name}-images.inventory.yaml"
+    lab.inv_images.write_text(yaml.safe_dump(doc))
+    lab.state = tmp / "state"
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +65,7 @@ def rmlab(tmp_path_factory):
     try:
         assert lab.spec.host(VM).kind == "vm" and lab.spec.host("w1").kind == "nspawn"
         print(f"\nlab {NAME} up in {time.monotonic() - t:.1f} s")
-        with_image_archive(lab, tmp, VM)
+        with_image_archive(lab, tmp)
         yield lab
     finally:
         lab_mod.down(NAME, log=lambda *_: None)

@@ -477,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
     if "images" in wanted:
         built += [pause_image(k8s), coredns_image(by_name["coredns"]), busybox_image()]
     sums = install(args.dir, built)
-    fresh = [b for b in [*by_name.values(), *built] if not b.cached and b.seconds]
+    fresh = [b for b in {b.name: b for b in [*by_name.values(), *built]}.values() if not b.cached and b.seconds]
     summary = ", ".join(f"{b.name} {fmt_secs(b.seconds)}" for b in fresh) or "everything from the cache"
     log(f"==> {args.dir}: {len(sums)} files in {SUMS_FILE}; {fmt_secs(time.monotonic() - start)} ({summary})")
     return 0
