@@ -13,7 +13,7 @@ import yaml
 from installer import api, inventory
 from installer.render.plan import write_tree
 
-pytest_plugins = ["tests.builtfixtures", "tests.labfixtures", "tests.realcluster"]
+pytest_plugins = ["tests.builtfixtures", "tests.labfixtures", "tests.realcluster", "tests.rendered"]
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "inventory.example.yaml"

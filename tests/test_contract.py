@@ -32,14 +32,13 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from installer import versions
-from installer.api import Prepared
 from installer.network import ROUTES_UNIT
 from installer.pki import issue
 from installer.pki.specs import CLUSTER_CA, ETCD_CA, FRONT_PROXY_CA
 from installer.render.files import HostDir, HostFile, HostPlan
-from installer.render.plan import write_tree
 
 from . import reference as ref
+from .rendered import Cluster
 
 UNIT_DIR = "/etc/systemd/system"
 PKI_DIR = "/etc/kubernetes/pki"
@@ -50,31 +49,6 @@ ROLE_OF = {**{u: "control" for u in CONTROL_UNITS}, **{u: "worker" for u in WORK
 
 # ---------------------------------------------------------------------------------------------
 # fixtures and helpers
-
-
-@dataclass
-class Cluster:
-    name: str
-    prepared: Prepared
-    tree: Path                                  # write_tree output: <tree>/<host>/<abs path>
-
-    @property
-    def plans(self) -> dict[str, HostPlan]:
-        return self.prepared.plans
-
-    def hosts(self, role: str) -> list[HostPlan]:
-        return [p for p in self.plans.values() if p.role == role]
-
-
-@pytest.fixture(scope="module", params=["prepared", "three_controls"])
-def cluster(request, tmp_path_factory) -> Cluster:
-    p: Prepared = request.getfixturevalue(request.param)
-    tree = tmp_path_factory.mktemp(f"tree-{request.param}")
-    write_tree(p.plans, tree, p.inventory, p.material)
-    c = Cluster(request.param, p, tree)
-    # guard against a vacuous pass: the clusters really have both roles
-    assert c.hosts("control") and c.hosts("worker")
-    return c
 
 
 def unit_file(plan: HostPlan, component: str) -> HostFile | None:

@@ -76,11 +76,10 @@ from typing import Callable
 import pytest
 import yaml
 
-from installer.api import Prepared
 from installer.render.files import HostPlan
-from installer.render.plan import write_tree
 
 from . import reference as ref
+from .rendered import Cluster, write
 
 UNIT_DIR = "/etc/systemd/system"
 COMPONENTS = {                         # component (= binary) -> the role of the hosts running it
@@ -112,35 +111,10 @@ PFLAG_DEPRECATION = re.compile(r"Flag --\S+ has been deprecated.*")
 # the clusters
 
 
-@dataclass
-class Cluster:
-    name: str
-    prepared: Prepared
-    tree: Path                                  # write_tree output: <tree>/<host>/<abs path>
-
-    def hosts(self, role: str) -> list[HostPlan]:
-        return [p for p in self.prepared.plans.values() if p.role == role]
-
-    def address(self, host: str) -> str:
-        return next(h.address for h in self.prepared.inventory.spec.hosts if h.name == host)
-
-
-@pytest.fixture(scope="module", params=["prepared", "three_controls"])
-def cluster(request, tmp_path_factory) -> Cluster:
-    p: Prepared = request.getfixturevalue(request.param)
-    tree = tmp_path_factory.mktemp(f"tree-{request.param}")
-    write_tree(p.plans, tree, p.inventory, p.material)
-    c = Cluster(request.param, p, tree)
-    assert c.hosts("control") and c.hosts("worker")
-    return c
-
-
 @pytest.fixture(scope="module")
 def example(prepared, tmp_path_factory) -> Cluster:
     """The example cluster alone, for the runs with a deliberately wrong flag or file."""
-    tree = tmp_path_factory.mktemp("tree-example")
-    write_tree(prepared.plans, tree, prepared.inventory, prepared.material)
-    return Cluster("prepared", prepared, tree)
+    return write("example", prepared, tmp_path_factory)
 
 
 def unit(plan: HostPlan, component: str) -> str:
