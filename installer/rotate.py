@@ -182,6 +182,9 @@ def rotate_ca(inventory, *, state_dir=None, which=("all",), yes: bool = False, u
                            if u in ctx.plans[h].units and (u != ETCD or etcd_together)}
                 pending[h] = restart_order({*r.units, *stopped})
             roll(ctx, pending, report, etcd_together=etcd_together)
+            # every worker bootstraps again, with a new token: none counts as joined any more
+            for w in inv.workers:
+                ctx.facts[w.name].kubelet_joined = False
             if use_api:
                 _api_tokens(ctx, old, report)
             for w in inv.workers:
