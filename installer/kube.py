@@ -516,13 +516,17 @@ def _ready(node: k8s.V1Node) -> tuple[bool, str]:
 
 
 def wait_nodes_ready(api: k8s.ApiClient, names: Sequence[str], timeout: float, *,
-                     interval: float = 2.0, registered_only: bool = False) -> None:
+                     interval: float = 2.0, registered_only: bool = False,
+                     each_round: Callable[[], None] | None = None) -> None:
     """Poll (one list of Nodes per round) until every named Node has Ready=True (or, with
     ``registered_only``, exists); KubeError naming each node that is missing or not ready when
-    ``timeout`` seconds have passed."""
+    ``timeout`` seconds have passed. ``each_round`` runs before each look (e.g. approving the
+    CSRs the nodes wait for)."""
     core = k8s.CoreV1Api(api)
     deadline = time.monotonic() + timeout
     while True:
+        if each_round is not None:
+            each_round()
         try:
             nodes = {n.metadata.name: n for n in _call("list nodes", core.list_node).items}
         except ApiException as e:
@@ -602,6 +606,27 @@ def token_consumed(api: k8s.ApiClient, node: str) -> bool:
         if e.status == 404:
             return False
         raise KubeError(f"Node/{node}: {_status_message(e)}") from None
+
+
+def binding_exists(api: k8s.ApiClient, name: str) -> bool:
+    try:
+        _call(f"ClusterRoleBinding/{name}", k8s.RbacAuthorizationV1Api(api).read_cluster_role_binding, name)
+        return True
+    except ApiException as e:
+        if e.status == 404:
+            return False
+        raise KubeError(f"ClusterRoleBinding/{name}: {_status_message(e)}") from None
+
+
+def delete_binding(api: k8s.ApiClient, name: str) -> bool:
+    """Delete the ClusterRoleBinding ``name``; False when it was not there."""
+    try:
+        _call(f"ClusterRoleBinding/{name}", k8s.RbacAuthorizationV1Api(api).delete_cluster_role_binding, name)
+        return True
+    except ApiException as e:
+        if e.status == 404:
+            return False
+        raise KubeError(f"ClusterRoleBinding/{name}: delete refused: {_status_message(e)}") from None
 
 
 def delete_bootstrap_token(api: k8s.ApiClient, token_id: str) -> bool:

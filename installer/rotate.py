@@ -22,6 +22,8 @@ bootstrapping) and the kubelet renews them itself.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import datetime as dt
 from typing import Callable
 
@@ -121,6 +123,20 @@ def _api_tokens(ctx: Context, old: Material, report: Report) -> None:
                 report.steps.append(f"deleted bootstrap token {token_id}")
 
 
+def _approve_rebootstrap(ctx: Context, host: str, report: Report, timeout: float) -> None:
+    """The kubelet asks again with its new token: approve it (its own token, its own name),
+    wait for the certificate, then delete the token's Secret."""
+    from . import csr_approval, kube
+    token_nodes = {t.id: n for n, t in ctx.material.tokens.items()}
+    token_id = ctx.material.tokens[host].id
+    with kube.api_access(ctx.inv, ctx.remotes, ctx.material) as url, \
+            kube.api_client(url, ctx.material) as client:
+        for v in csr_approval.approve_until_issued(client, token_nodes, [token_id], timeout):
+            report.steps.append(f"{'approved' if v.approve else 'denied'} CSR {v.csr}: {v.message}")
+        if kube.delete_bootstrap_token(client, token_id):
+            report.steps.append(f"{host}: deleted its bootstrap token Secret (it has its certificate)")
+
+
 def _rebootstrap_worker(ctx: Context, host: str, report: Report) -> None:
     stop_units(ctx, host, [KUBELET, KUBE_PROXY])
     ctx.log(f"{host}: remove the kubelet's client certificate and kubeconfig (old CA)")
@@ -188,6 +204,14 @@ def rotate_ca(inventory, *, state_dir=None, which=("all",), yes: bool = False, u
             if use_api:
                 _api_tokens(ctx, old, report)
             for w in inv.workers:
-                _rebootstrap_worker(ctx, w.name, report)
+                if use_api:
+                    # the kubelet waits for its certificate before it serves :10250, which the
+                    # restart waits for: approve beside the restart
+                    with ThreadPoolExecutor(max_workers=1) as pool:
+                        approval = pool.submit(_approve_rebootstrap, ctx, w.name, report, wait_timeout)
+                        _rebootstrap_worker(ctx, w.name, report)
+                        approval.result()
+                else:
+                    _rebootstrap_worker(ctx, w.name, report)
             verify(ctx, before, report, old_cas=old.cas)
     return report

@@ -121,6 +121,16 @@ class FakeCluster:
                                     "Cannot evict pod as it would violate the pod's disruption budget.")
             del self.store[pod_path]
             return 201, _status(201, "", "", name=name)
+        if path.endswith("/approval") and method == "PUT":
+            # the CSR approval subresource: only status.conditions are taken from the body
+            csr_path = path.removesuffix("/approval")
+            if csr_path not in self.store:
+                return 404, _status(404, "NotFound", "not found", name=csr_path.rpartition("/")[2])
+            self.rv += 1
+            stored_csr = self.store[csr_path]
+            stored_csr.setdefault("status", {})["conditions"] = (doc.get("status") or {}).get("conditions") or []
+            stored_csr["metadata"]["resourceVersion"] = str(self.rv)
+            return 200, stored_csr
         head, _, last = path.rpartition("/")
         if last in PLURALS or path == "/api/v1/pods":
             if method == "GET":

@@ -91,9 +91,7 @@ def expected_objects(prepared) -> list[dict]:
     objs = [
         binding("hiddenplane:kubelet-bootstrap", "system:node-bootstrapper", "Group",
                 "system:bootstrappers:hiddenplane"),
-        binding("hiddenplane:node-autoapprove-bootstrap",
-                "system:certificates.k8s.io:certificatesigningrequests:nodeclient", "Group",
-                "system:bootstrappers:hiddenplane"),
+        # no nodeclient (auto-approval) binding: the installer approves each node's own CSR
         binding("hiddenplane:apiserver-kubelet-api-admin", "system:kubelet-api-admin", "User",
                 "kube-apiserver-kubelet-client"),
         binding("hiddenplane:cluster-admins", "cluster-admin", "Group", "kubeadm:cluster-admins"),
@@ -143,7 +141,7 @@ def test_first_run_sends_exactly_the_bootstrap_objects_in_order(prepared, api, f
     assert all(h.get("Content-Type") == "application/json" for h in fake.headers)
     assert all(h.get("Accept", "").startswith("application/json") for h in fake.headers)
     # the apiserver turned each token's stringData into data: what a kubelet's token resolves to
-    secret = fake.store[item_path(want[5])]
+    secret = fake.store[item_path(want[4])]
     t = prepared.material.tokens["node2"]
     assert base64.b64decode(secret["data"]["token-secret"]).decode() == t.secret
 
@@ -176,48 +174,48 @@ def test_changed_role_ref_is_deleted_and_created(prepared, api, fake):
 
 def test_changed_subjects_are_replaced_keeping_foreign_labels(prepared, api, fake):
     want = expected_objects(prepared)
-    old = copy.deepcopy(want[2])
+    old = copy.deepcopy(want[1])
     old["subjects"][0]["name"] = "someone-else"
     old["metadata"]["labels"] = {"team": "infra"}
     fake.put(old)
     rv = fake.store[item_path(old)]["metadata"]["resourceVersion"]
     done = kube.apply_objects(api, bootstrap(prepared), prepared.inventory.spec.kubernetes.version)
-    assert done[2] == ("ClusterRoleBinding", "hiddenplane:apiserver-kubelet-api-admin", "replaced")
+    assert done[1] == ("ClusterRoleBinding", "hiddenplane:apiserver-kubelet-api-admin", "replaced")
     puts = [(p, b) for m, p, b in fake.requests if m == "PUT"]
     assert len(puts) == 1 and not any(m == "DELETE" for m, _, _ in fake.requests)
     path, body = puts[0]
-    assert path == item_path(want[2])
-    assert body["subjects"] == want[2]["subjects"] and body["roleRef"] == want[2]["roleRef"]
+    assert path == item_path(want[1])
+    assert body["subjects"] == want[1]["subjects"] and body["roleRef"] == want[1]["roleRef"]
     assert body["metadata"]["resourceVersion"] == rv
     assert body["metadata"]["labels"] == {"team": "infra", **LABELS}
 
 
 def test_token_secret_left_when_equal_and_replaced_when_expiry_differs(prepared, api, fake):
     want = expected_objects(prepared)
-    same, changed = copy.deepcopy(want[5]), copy.deepcopy(want[7])
+    same, changed = copy.deepcopy(want[4]), copy.deepcopy(want[6])
     changed["stringData"]["expiration"] = "2020-01-01T00:00:00Z"
     fake.put(same)
     fake.put(changed)
     done = kube.apply_objects(api, bootstrap(prepared), prepared.inventory.spec.kubernetes.version)
-    assert done[5] == ("Secret", same["metadata"]["name"], "unchanged")
-    assert done[7] == ("Secret", changed["metadata"]["name"], "replaced")
+    assert done[4] == ("Secret", same["metadata"]["name"], "unchanged")
+    assert done[6] == ("Secret", changed["metadata"]["name"], "replaced")
     puts = [(p, b) for m, p, b in fake.requests if m == "PUT"]
-    assert [p for p, _ in puts] == [item_path(want[7])]
-    assert puts[0][1]["stringData"] == want[7]["stringData"] and puts[0][1]["type"] == "bootstrap.kubernetes.io/token"
-    data = fake.store[item_path(want[7])]["data"]
-    assert base64.b64decode(data["expiration"]).decode() == want[7]["stringData"]["expiration"]
+    assert [p for p, _ in puts] == [item_path(want[6])]
+    assert puts[0][1]["stringData"] == want[6]["stringData"] and puts[0][1]["type"] == "bootstrap.kubernetes.io/token"
+    data = fake.store[item_path(want[6])]["data"]
+    assert base64.b64decode(data["expiration"]).decode() == want[6]["stringData"]["expiration"]
 
 
 def test_invalid_manifest_is_refused_before_any_request(prepared, api, fake):
     objs = bootstrap(prepared)
-    objs[3]["roleReff"] = objs[3].pop("roleRef")
-    objs[5]["stringData"]["token-id"] = 123          # not a string
+    objs[2]["roleReff"] = objs[2].pop("roleRef")
+    objs[4]["stringData"]["token-id"] = 123          # not a string
     with pytest.raises(kube.KubeError) as e:
         kube.apply_objects(api, objs, "v1.36.4")
     assert fake.requests == []
     msg = str(e.value)
     assert "2 object(s) invalid for Kubernetes 1.36.0" in msg
-    assert "ClusterRoleBinding/hiddenplane:cluster-admins" in msg and objs[5]["metadata"]["name"] in msg
+    assert "ClusterRoleBinding/hiddenplane:cluster-admins" in msg and objs[4]["metadata"]["name"] in msg
 
 
 def test_target_version():
@@ -293,7 +291,7 @@ def test_set_pod_cidr_sets_once_and_refuses_a_different_one(api, fake):
 
 
 def test_delete_bootstrap_token(prepared, api, fake):
-    tok = expected_objects(prepared)[5]
+    tok = expected_objects(prepared)[4]
     fake.put(tok)
     tid = tok["stringData"]["token-id"]
     assert kube.delete_bootstrap_token(api, tid) is True

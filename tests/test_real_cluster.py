@@ -26,10 +26,14 @@ import datetime as dt
 import ipaddress
 import json
 import re
+import subprocess
+import time
+from pathlib import Path
 
 import pytest
 import yaml
 from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 
 from installer import versions
@@ -197,7 +201,7 @@ def _signed_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
     return cert.issuer == ca.subject
 
 
-def test_each_worker_joined_with_its_own_token_approved_by_the_controller_manager(rc):
+def test_each_worker_joined_with_its_own_token_approved_for_its_own_name(rc):
     token_ids = {node: t["id"] for node, t in yaml.safe_load((rc.state / "secrets" / "tokens.yaml").read_text()).items()}
     csrs = rc.get("csr")["items"]
     for w in rc.workers:
@@ -206,8 +210,8 @@ def test_each_worker_joined_with_its_own_token_approved_by_the_controller_manage
         csr = mine[0]
         assert csr["spec"]["signerName"] == "kubernetes.io/kube-apiserver-client-kubelet"
         approved = [c for c in csr["status"]["conditions"] if c["type"] == "Approved"]
-        # the controller-manager's csrapproving controller, not a person or the installer
-        assert approved and approved[0]["reason"] == "AutoApproved", csr["status"]
+        # the installer, because the token was that node's own (no group auto-approval)
+        assert approved and approved[0]["reason"] == "HiddenplaneNodeToken", csr["status"]
         issued = x509.load_pem_x509_certificate(base64.b64decode(csr["status"]["certificate"]))
         assert issued.subject.rfc4514_string() == f"CN=system:node:{w},O=system:nodes"
     # every token's Secret is gone once its node joined
@@ -230,6 +234,81 @@ def test_kubelet_client_certificate_is_short_lived_and_the_bootstrap_kubeconfig_
         assert not host.file(BOOTSTRAP_KUBECONFIG).exists, w
         assert host.file(KUBELET_CLIENT).mode == 0o600 or host.file(
             host.file(KUBELET_CLIENT).linked_to).mode == 0o600
+
+
+def _token_kubeconfig(rc, token: str) -> Path:
+    """A kubeconfig (0600) holding only a bootstrap token, as a thief would use it."""
+    path = rc.state.parent / "thief.kubeconfig"
+    doc = {"apiVersion": "v1", "kind": "Config", "current-context": "t",
+           "clusters": [{"name": "c", "cluster": {"server": f"https://{rc.address('cp1')}:6443",
+                                                  "certificate-authority": str(rc.state / "pki" / "ca.crt")}}],
+           "users": [{"name": "u", "user": {"token": token}}],
+           "contexts": [{"name": "t", "context": {"cluster": "c", "user": "u"}}]}
+    path.write_text(yaml.safe_dump(doc))
+    path.chmod(0o600)
+    return path
+
+
+def _csr_for(name: str) -> dict:
+    key = ec.generate_private_key(ec.SECP256R1())
+    req = (x509.CertificateSigningRequestBuilder()
+           .subject_name(x509.Name([x509.NameAttribute(x509.NameOID.ORGANIZATION_NAME, "system:nodes"),
+                                    x509.NameAttribute(x509.NameOID.COMMON_NAME, f"system:node:{name}")]))
+           .sign(key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM))
+    return {"apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest",
+            "metadata": {"generateName": f"thief-{name}-"},
+            "spec": {"request": base64.b64encode(req).decode(), "signerName": "kubernetes.io/kube-apiserver-client-kubelet",
+                     "usages": ["digital signature", "client auth"]}}
+
+
+def test_a_token_is_good_for_its_own_node_only_and_dies_once_it_joined(rc):
+    """w1's token, leaked: after w1 joined it authenticates nobody; made valid again (its Secret
+    back, as if stolen before w1 joined) it can ask for certificates for w2 and w9, which nothing
+    approves, and the next apply denies both, naming w1, and deletes the Secret again. An
+    auto-approval binding an earlier release made is deleted by that apply too."""
+    t = yaml.safe_load((rc.state / "secrets" / "tokens.yaml").read_text())["w1"]
+    thief = _token_kubeconfig(rc, f"{t['id']}.{t['secret']}")
+
+    def as_thief(*args: str, stdin: str | None = None):
+        return subprocess.run([rc.kubectl_bin, "--kubeconfig", str(thief), *args], capture_output=True, text=True,
+                              timeout=60, input=stdin)
+    dead = as_thief("get", "--raw", "/api")
+    assert dead.returncode != 0 and "Unauthorized" in dead.stderr, dead
+    secret = {"apiVersion": "v1", "kind": "Secret", "type": "bootstrap.kubernetes.io/token",
+              "metadata": {"name": f"bootstrap-token-{t['id']}", "namespace": "kube-system"},
+              "stringData": {"token-id": t["id"], "token-secret": t["secret"], "usage-bootstrap-authentication": "true",
+                             "auth-extra-groups": "system:bootstrappers:hiddenplane"}}
+    rc.kubectl("apply", "-f", "-", stdin=json.dumps(secret))
+    old_binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                   "metadata": {"name": "hiddenplane:node-autoapprove-bootstrap"},
+                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                               "name": "system:certificates.k8s.io:certificatesigningrequests:nodeclient"},
+                   "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group",
+                                 "name": "system:bootstrappers:hiddenplane"}]}
+    made = []
+    for other in ("w2", "w9"):
+        r = as_thief("create", "-f", "-", "-o", "name", stdin=json.dumps(_csr_for(other)))
+        assert r.returncode == 0, r.stderr
+        made.append(r.stdout.strip().rpartition("/")[2])
+    time.sleep(10)       # room for the controller-manager to approve, if anything let it
+    for name in made:
+        status = rc.get("csr", name).get("status") or {}
+        assert not status.get("conditions") and not status.get("certificate"), (name, status)
+    rc.kubectl("create", "-f", "-", stdin=json.dumps(old_binding))
+
+    report = apply(rc)
+    api_detail = [d for e in report["events"] if e["host"] == "(api)" for d in e["detail"]]
+    for name in made:
+        [line] = [d for d in api_detail if f"CSR {name}:" in d]
+        assert line.startswith("denied") and "belongs to node w1" in line, line
+        status = rc.get("csr", name)["status"]
+        assert [c["type"] for c in status["conditions"]] == ["Denied"] and not status.get("certificate")
+        print(f"\n{line}")
+    assert "deleted ClusterRoleBinding hiddenplane:node-autoapprove-bootstrap" in api_detail
+    assert "deleted the bootstrap token Secret of w1" in api_detail
+    dead = as_thief("get", "--raw", "/api")
+    assert dead.returncode != 0 and "Unauthorized" in dead.stderr, dead
+    assert rc.kubectl("get", "clusterrolebinding", "hiddenplane:node-autoapprove-bootstrap", check=False).returncode
 
 
 # --- the apiserver reaches kubelets and pods -------------------------------------------------------

@@ -146,12 +146,14 @@ def api_live(ctx: Context) -> bool:
 
 
 def apply_api_objects(ctx: Context, phase: str, objects: list[dict], credential: str,
-                      then: Callable[[str], list[str]] | None = None) -> Event:
+                      then: Callable[[str], list[str]] | None = None,
+                      retired_bindings: tuple[str, ...] = ()) -> Event:
     """Send ``objects`` through the API (``kube.apply_objects``), or in a dry run say what that
     would do: by reading them from the running apiserver (so a converged cluster plans
     nothing), or, before any apiserver runs, that every object would be applied. ``then(url)``
     runs after the objects, with the API still reachable at ``url`` (not in a dry run); its
-    lines join the event's."""
+    lines join the event's. ``retired_bindings``: ClusterRoleBindings of earlier releases,
+    deleted when they exist."""
     from .. import kube
     version = ctx.inv.spec.kubernetes.version
     if ctx.options.dry_run and not api_live(ctx):
@@ -163,9 +165,12 @@ def apply_api_objects(ctx: Context, phase: str, objects: list[dict], credential:
             done = kube.plan_objects(api, objects, version)
             changed = [f"would {'create' if a == 'created' else 'replace'} {k} {n}" for k, n, a in done
                        if a != "unchanged"]
+            changed += [f"would delete ClusterRoleBinding {b}" for b in retired_bindings
+                        if kube.binding_exists(api, b)]
         else:
             done = kube.apply_objects(api, objects, version)
             changed = [f"{action} {kind} {name}" for kind, name, action in done if action != "unchanged"]
+            changed += [f"deleted ClusterRoleBinding {b}" for b in retired_bindings if kube.delete_binding(api, b)]
         if then is not None and not ctx.options.dry_run:
             changed += then(url)
     return Event(phase, "(api)", "changed" if changed else "unchanged", detail=changed)

@@ -1,10 +1,12 @@
 """workers: kernel settings, containerd, kubelet (bootstrap kubeconfig) and kube-proxy.
 
 Waits until the units are active and the kubelet serves its port. With a real cluster (the
-cluster-bootstrap phase ran) it also waits for each Node to be Ready and sets its
-spec.podCIDR to the installer's allocation (any CNI), deletes each node's bootstrap token
-Secret, and removes the bootstrap kubeconfig from each worker that joined in this run (the Node
-registered with the kubelet's own client certificate; later runs render it absent).
+cluster-bootstrap phase ran) it then approves each joining node's client CSR when it was made
+with that node's own token (and denies every other bootstrap-token CSR:
+installer/csr_approval.py), waits for each Node to register, sets its spec.podCIDR to the
+installer's allocation (any CNI), deletes its bootstrap token Secret, waits for Ready, and
+removes the bootstrap kubeconfig from each worker that joined in this run (the Node registered
+with the kubelet's own client certificate; later runs render it absent).
 
 Image archives from the artifacts (``image-*.tar``, uploaded to the workers by the artifacts
 phase) are imported into containerd's ``k8s.io`` namespace once containerd runs, only when
@@ -107,9 +109,11 @@ class JoinWorkers(Phase):
         ev = ctx.execute(self.name, host, ctx.changes_for(host, worker_part(ctx.plans[host])))
         if not ctx.options.dry_run and not ctx.settled([ev], WORKER_UNITS):
             timeout = ctx.options.wait_timeout
-            # the units, then the kubelet's port
-            script = active_script(WORKER_UNITS, timeout) + " && " + listening_script(KUBELET_PORTS, timeout,
-                                                                                     ("kubelet",))
+            # the units, then the kubelet's port; a joining kubelet serves it only once the
+            # installer approved its CSR (finish), so then the Node's registration is the wait
+            script = active_script(WORKER_UNITS, timeout)
+            if not (ctx.bootstrap_ran and not ctx.facts[host].kubelet_joined):
+                script += " && " + listening_script(KUBELET_PORTS, timeout, ("kubelet",))
             r = ctx.remotes[host].run(script, check=False, what="wait for the worker units",
                                       timeout=2 * timeout + 30)
             if r.rc != 0:
@@ -130,12 +134,21 @@ class JoinWorkers(Phase):
     def finish(self, ctx: Context, events: list[Event]) -> None:
         if ctx.options.dry_run or not ctx.bootstrap_ran:
             return   # Node objects exist only on a real cluster bootstrapped in this run
-        from .. import kube
+        from .. import csr_approval, kube
         names = [h.name for h in ctx.hosts("worker")]
+        token_nodes = {ctx.material.tokens[h.name].id: h.name for h in ctx.inv.workers if h.name in ctx.material.tokens}
+        verdicts: list[csr_approval.Verdict] = []
         with kube.api_access(ctx.inv, ctx.remotes, ctx.material) as url, kube.api_client(url, ctx.material) as api:
+            # each joining kubelet waits for its CSR: the installer approves it when the token
+            # is that node's own (csr_approval), then the Node registers
+            kube.wait_nodes_ready(api, names, ctx.options.wait_timeout, registered_only=True,
+                                  each_round=lambda: verdicts.extend(csr_approval.approve_pending(api, token_nodes)))
+            verdicts += csr_approval.approve_pending(api, token_nodes)
+            if verdicts:
+                ctx.events.append(Event(self.name, "(api)", "changed", detail=[
+                    f"{'approved' if v.approve else 'denied'} CSR {v.csr}: {v.message}" for v in verdicts]))
             # podCIDR as soon as each Node exists: Cilium (ipam kubernetes) needs it before the
             # node can become Ready
-            kube.wait_nodes_ready(api, names, ctx.options.wait_timeout, registered_only=True)
             done = {n: kube.set_pod_cidr(api, n, ctx.material.pod_cidrs[n]) for n in names}
             ctx.events.append(Event(self.name, "(api)", "changed" if "set" in done.values() else "unchanged",
                                     detail=[f"node {n} podCIDR {ctx.material.pod_cidrs[n]}: {how}"

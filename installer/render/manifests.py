@@ -11,7 +11,6 @@ from ..pki.material import Material
 from ..pki.specs import ADMIN_GROUP
 
 BOOTSTRAP_GROUP = "system:bootstrappers:hiddenplane"
-NODE_CLIENT_ROLE = "system:certificates.k8s.io:certificatesigningrequests:nodeclient"
 SELF_NODE_CLIENT_ROLE = "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient"
 LABELS = {"app.kubernetes.io/managed-by": "hiddenplane"}
 
@@ -45,10 +44,15 @@ def token_secret(node: str, material: Material) -> dict:
     }
 
 
+# Bindings earlier releases made and this one must not leave behind: the group auto-approval of
+# bootstrap CSRs let any token get a certificate for any node name (installer/csr_approval.py)
+RETIRED_BINDINGS = ("hiddenplane:node-autoapprove-bootstrap",)
+
+
 def cluster_rbac() -> list[dict]:
+    # no nodeclient binding: the installer approves each node's first CSR itself
     return [
         _binding("hiddenplane:kubelet-bootstrap", "system:node-bootstrapper", "Group", BOOTSTRAP_GROUP),
-        _binding("hiddenplane:node-autoapprove-bootstrap", NODE_CLIENT_ROLE, "Group", BOOTSTRAP_GROUP),
         # lets `kubectl logs/exec` through: the apiserver's kubelet client may use the kubelet API
         _binding("hiddenplane:apiserver-kubelet-api-admin", "system:kubelet-api-admin", "User",
                  "kube-apiserver-kubelet-client"),
