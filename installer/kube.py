@@ -160,9 +160,10 @@ def _free_local_port() -> int:
 RemoteSource = Mapping[str, Remote] | Sequence[Remote] | Callable[[HostSpec], Remote]
 
 
-def _control_remote(inv: Inventory, remotes: RemoteSource) -> tuple[Remote, bool]:
-    """The first control host's Remote and whether we created it (and so must close it)."""
-    host = inv.controls[0]
+def _control_remote(inv: Inventory, remotes: RemoteSource, host: HostSpec | None = None) -> tuple[Remote, bool]:
+    """The Remote of ``host`` (default: the first control host) and whether we created it (and
+    so must close it)."""
+    host = host or inv.controls[0]
     if callable(remotes):
         return remotes(host), True
     if isinstance(remotes, Mapping):
@@ -175,18 +176,21 @@ def _control_remote(inv: Inventory, remotes: RemoteSource) -> tuple[Remote, bool
 
 @contextlib.contextmanager
 def api_access(inv: Inventory, remotes: RemoteSource, material: Material | None = None, *,
-               probe_timeout: float = 2.0) -> Iterator[str]:
+               probe_timeout: float = 2.0, apiserver: HostSpec | None = None) -> Iterator[str]:
     """Yield the API's base URL: ``inv.api_url`` when ``endpoint:port`` accepts a TCP connection
     within ``probe_timeout``; otherwise ``https://127.0.0.1:LOCALPORT``, an SSH local port
     forward through the first control host to the apiserver on its loopback (kept open for
     the block). ``remotes``: Remotes by host name, a list of Remotes, or a factory
     ``HostSpec -> Remote`` (a Remote made by the factory is closed afterwards).
-    ``material`` is not used (the probe is plain TCP; ``api_client`` verifies the server)."""
+    ``material`` is not used (the probe is plain TCP; ``api_client`` verifies the server).
+    ``apiserver``: that control host's own apiserver instead of the endpoint (its address is a
+    SAN of the serving certificate), directly or through that host."""
     port = inv.spec.apiServer.port
-    if tcp_reachable(inv.endpoint, port, probe_timeout):
-        yield inv.api_url
+    address = apiserver.address if apiserver else inv.endpoint
+    if tcp_reachable(address, port, probe_timeout):
+        yield f"https://[{address}]:{port}" if ":" in address else f"https://{address}:{port}"
         return
-    remote, owned = _control_remote(inv, remotes)
+    remote, owned = _control_remote(inv, remotes, apiserver)
     body_error: BaseException | None = None
     try:
         remote.open()

@@ -205,3 +205,48 @@ def delete_csrs(api: k8s.ApiClient, names: list[str]) -> list[str]:
 def apply_revocations(api: k8s.ApiClient, revoked: list[str], k8s_version: str) -> list[tuple[str, str, str]]:
     """Create or update the revoked-nodes policy and its binding for every name in ``revoked``."""
     return apply_objects(api, policy_objects(revoked), k8s_version)
+
+
+REVOKED_MESSAGE = "this node identity was revoked"
+
+
+def refuses(api: k8s.ApiClient, node: str) -> str | None:
+    """Whether this apiserver refuses a write by ``system:node:<node>`` because of the revoked-
+    nodes policy: a server-side dry run (nothing is stored) of creating its Node, made as that
+    identity (impersonation). Returns the apiserver's answer when refused, else None."""
+    body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}
+    headers = {"Impersonate-User": identity(node), "Impersonate-Group": "system:nodes"}
+    try:
+        _call(f"Node/{node} (dry run as {identity(node)})", k8s.CoreV1Api(api).create_node, body,
+              dry_run="All", _headers=headers)
+    except ApiException as e:
+        message = _status_message(e)
+        if e.status == 403 and REVOKED_MESSAGE in (e.body or ""):
+            return message
+        if e.status == 409:          # admitted, then found existing: the policy is not active yet
+            return None
+        raise KubeError(f"dry-run write as {identity(node)}: {message}") from None
+    return None
+
+
+def wait_refused_everywhere(clients: dict[str, k8s.ApiClient], nodes: list[str], timeout: float,
+                            interval: float = 0.2) -> dict[str, float]:
+    """Poll every apiserver (``clients``: control host -> its own apiserver) until each refuses
+    every identity in ``nodes``; returns, per apiserver, the seconds until it did. KubeError
+    naming the apiservers that still admit a write after ``timeout``."""
+    start = time.monotonic()
+    waiting = {(host, n) for host in clients for n in nodes}
+    done: dict[str, float] = {}
+    while waiting:
+        for host, n in sorted(waiting):
+            if refuses(clients[host], n):
+                waiting.discard((host, n))
+                if not any(h == host for h, _ in waiting):
+                    done[host] = time.monotonic() - start
+        if not waiting:
+            break
+        if time.monotonic() - start > timeout:
+            raise KubeError("the revoked-nodes policy is not enforced yet by "
+                            + ", ".join(sorted({h for h, _ in waiting})) + f" after {timeout:g}s")
+        time.sleep(interval)
+    return done

@@ -328,9 +328,20 @@ def remove(inventory, name: str, state_dir=None, *, timeout: float = 300.0, skip
 
 # --- revoke -----------------------------------------------------------------------------------
 
+def _wait_enforced(inv: Inventory, material: Material, name: str, timeout: float) -> dict[str, float]:
+    """Every control host's own apiserver refuses ``system:node:<name>`` (node_api)."""
+    with contextlib.ExitStack() as stack:
+        clients = {}
+        for h in inv.controls:
+            url = stack.enter_context(kube.api_access(inv, lambda x: Remote(x, inv), material, apiserver=h))
+            clients[h.name] = stack.enter_context(kube.api_client(url, material, credential="admin"))
+        return node_api.wait_refused_everywhere(clients, [name], timeout)
+
+
 def revoke(inventory, name: str, state_dir=None, *, host_unreachable: bool = False,
            accept_new_host_keys: bool = False, api_factory: ApiFactory | None = None,
-           refresh_others: bool = True, refresh_skip: frozenset[str] = frozenset(), log=print) -> Outcome:
+           refresh_others: bool = True, refresh_skip: frozenset[str] = frozenset(),
+           policy_timeout: float = 60.0, log=print) -> Outcome:
     """Shut ``system:node:<name>`` out for good: deny its writes, delete its way to renew or
     re-bootstrap, delete its Node, record it, wipe the host (when reachable)."""
     t, ledger = _target(inventory, state_dir, name)
@@ -344,6 +355,10 @@ def revoke(inventory, name: str, state_dir=None, *, host_unreachable: bool = Fal
         # first the policy: from here on the identity cannot re-create its Node or anything else
         for kind, obj, action in node_api.apply_revocations(api, revoked, t.inv.spec.kubernetes.version):
             out.done.append(f"{action} {kind} {obj} (denies {', '.join('system:node:' + r for r in revoked)})")
+        if api_factory is None:
+            # each apiserver loads the policy on its own: see every one refuse before going on
+            for host, seconds in _wait_enforced(t.inv, material, name, policy_timeout).items():
+                out.done.append(f"the apiserver on {host} refuses system:node:{name} ({seconds:.2f} s after the policy)")
         serials = _cluster_cleanup(api, t, material, out, log)
         if node_api.delete_node(api, name):
             out.done.append(f"deleted Node {name}")

@@ -379,3 +379,34 @@ def test_a_limited_run_plans_only_its_hosts_but_connects_and_locks_the_controls(
     assert connect.prepare(ctx) == ["node3", "cp1"]          # cp1: the lock and the API tunnel
     with pytest.raises(InstallerError, match="no host named nope"):
         runner.context(EXAMPLE, state_copy, Options(hosts=frozenset({"nope"})), log=lambda m: None)
+
+
+def test_revocation_counts_as_enforced_only_when_each_apiserver_refuses_the_identity(prepared):
+    """node_api.refuses: a dry-run create of the Node as the revoked identity, refused by the
+    policy (403 with its message); admitted (409 AlreadyExists, or created) is not enforced."""
+    from installer import kube, node_api
+
+    from .fakeapi import FakeCluster, _status
+
+    def client(fake):
+        a = kube.api_client("https://192.168.56.230:6443", prepared.material)
+        a.rest_client.pool_manager = fake
+        return a
+    denied, admitted = FakeCluster(), FakeCluster()
+    denied.fail[("POST", "/api/v1/nodes")] = (403, _status(
+        403, "Forbidden", 'nodes "w2" is forbidden: ValidatingAdmissionPolicy \'hiddenplane-revoked-nodes\' with '
+        "binding 'hiddenplane-revoked-nodes' denied request: this node identity was revoked by hiddenplane"))
+    admitted.fail[("POST", "/api/v1/nodes")] = (409, _status(409, "AlreadyExists", 'nodes "w2" already exists'))
+    a, b = client(denied), client(admitted)
+    try:
+        assert "this node identity was revoked" in node_api.refuses(a, "w2")
+        assert node_api.refuses(b, "w2") is None
+        method, path, _ = denied.requests[0]
+        assert (method, path) == ("POST", "/api/v1/nodes")
+        assert denied.headers[0]["Impersonate-User"] == "system:node:w2"
+        assert node_api.wait_refused_everywhere({"cp1": a}, ["w2"], timeout=1).keys() == {"cp1"}
+        with pytest.raises(kube.KubeError, match="not enforced yet by cp2"):
+            node_api.wait_refused_everywhere({"cp1": a, "cp2": b}, ["w2"], timeout=0.3, interval=0.1)
+    finally:
+        a.close()
+        b.close()
