@@ -1,7 +1,8 @@
 """One real cluster on the local lab, shared by every test that needs real Kubernetes.
 
-The hosts: ``cp1`` a systemd-nspawn machine (the hidden control plane needs no runtime), ``w1``
-and ``w2`` qemu VMs (real containers need a real kernel view of cgroups). The binaries: the
+The hosts: ``cp1``, ``cp2``, ``cp3``, systemd-nspawn machines (the hidden control plane needs no
+runtime; three, so that etcd membership and every apiserver's view of a revocation are real),
+``w1`` and ``w2`` qemu VMs (real containers need a real kernel view of cgroups). The binaries: the
 real Kubernetes components, etcd 3.6, containerd 2.x, runc and the CNI plugins, built from their
 Go modules (tests/builtfixtures.py), and the image archives pause, CoreDNS and busybox, imported
 from the artifacts (no registry). ``installer apply`` runs whole: no phase skipped.
@@ -89,6 +90,19 @@ class RealCluster:
     apply_report: dict
     apply_seconds: float
 
+    def write_inventory(self, name: str, drop: tuple[str, ...] = ()) -> Path:
+        """The cluster's inventory without the hosts ``drop`` (what an operator edits)."""
+        doc = yaml.safe_load(self.inventory.read_text())
+        doc["spec"]["hosts"] = [h for h in doc["spec"]["hosts"] if h["name"] not in drop]
+        path = self.inventory.with_name(name)
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        return path
+
+    def write_kubeconfig(self) -> None:
+        """The admin kubeconfig again, from the state (after a renewal or a CA rotation)."""
+        run_installer("kubeconfig", str(self.inventory), "--state", str(self.state), "-o", str(self.kubeconfig),
+                      "--force")
+
     def kubectl(self, *args: str, check: bool = True, timeout: float = 120, stdin: str | None = None
                 ) -> subprocess.CompletedProcess:
         proc = subprocess.run([self.kubectl_bin, "--kubeconfig", str(self.kubeconfig), *args], capture_output=True,
@@ -135,12 +149,30 @@ def start_upstream_dns(cluster_lab: Lab, address: str) -> None:
                    input=script, text=True, check=True, capture_output=True, timeout=60)
 
 
+REUSE = "HIDDENPLANE_REAL_REUSE"       # debugging: a kept lab's directory (with HIDDENPLANE_KEEP_REAL_LAB)
+
+
+def _reuse(tmp: Path, kubectl: str) -> RealCluster:
+    """The cluster of an earlier run kept up (``HIDDENPLANE_KEEP_REAL_LAB``): its inventory,
+    state and kubeconfig in ``tmp``; a no-op apply stands for the cold one."""
+    from .labfixtures import write_ssh_config
+    paths = lab_mod.LabPaths.of(NAME)
+    spec = lab_mod.load_spec(paths)
+    lab = Lab(spec, paths, tmp / f"{NAME}.inventory.yaml", write_ssh_config(paths, spec, tmp / "ssh_config"))
+    inventory, state = tmp / "real.inventory.yaml", tmp / "state"
+    proc = run_installer("apply", str(inventory), "--state", str(state), "--output", "json", "--wait-timeout", WAIT)
+    return RealCluster(lab, inventory, state, tmp / "admin.kubeconfig", kubectl, json.loads(proc.stdout), 0.0)
+
+
 @pytest.fixture(scope="session")
 def real_cluster(tmp_path_factory, built_artifacts, kubectl) -> RealCluster:
+    if os.environ.get(REUSE):
+        yield _reuse(Path(os.environ[REUSE]), kubectl)
+        return
     tmp = tmp_path_factory.mktemp("real")
-    lab = start_lab(NAME, SUBNET, tmp, controls=1, workers=2, vm_workers=2, images=True)
+    lab = start_lab(NAME, SUBNET, tmp, controls=3, workers=2, vm_workers=2, images=True)
     try:
-        assert [h.kind for h in lab.spec.hosts] == ["nspawn", "vm", "vm"]
+        assert [h.kind for h in lab.spec.hosts] == ["nspawn"] * 3 + ["vm", "vm"]
         cp1 = lab.spec.host("cp1").address
         doc = yaml.safe_load(lab.inventory.read_text())
         doc["spec"]["network"] = {"upstreamDNS": [cp1]}

@@ -1,0 +1,450 @@
+"""Day 2 on the real cluster (tests/realcluster.py, after tests/test_real_cluster.py): each
+command against the real apiservers, kubelets and etcd, in the order an operator might run them.
+
+- ``node drain``: a PodDisruptionBudget blocks it, and it stops after its timeout naming the pod.
+- ``node remove w2``: pods evicted, the Node deleted, the host wiped (no container, shim, runc,
+  kubelet or kube-proxy process left: listed), the other hosts' routes to its pods gone.
+- ``node add w2``: it joins again with a new token the installer approves, and is Ready; no other
+  host restarts anything but the routes unit.
+- ``node revoke w2``, proven as an attacker would try it: w2's kubelet client certificate and
+  key are copied off the host first; afterwards every write with them is refused by every
+  apiserver (create its Node, its status, its Lease, a CSR, a mirror pod), a Secret its pod used
+  cannot be read, its kubelet restarted with its old credentials does not bring the Node back,
+  and its old bootstrap token authenticates nobody. The time from `revoke` returning to the first
+  refused write on each of the three apiservers is printed.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from .realcluster import BUSYBOX, run_installer, wait_for
+
+pytestmark = [pytest.mark.lab, pytest.mark.vm, pytest.mark.real]
+
+KUBELET_CLIENT = "/var/lib/kubelet/pki/kubelet-client-current.pem"
+PROCESSES = ("containerd", "containerd-shim-runc-v2", "runc", "kubelet", "kube-proxy")
+
+
+@pytest.fixture(scope="module")
+def rc(real_cluster):
+    return real_cluster
+
+
+def ready_nodes(rc) -> dict[str, bool]:
+    return {n["metadata"]["name"]: any(c["type"] == "Ready" and c["status"] == "True"
+                                       for c in n["status"].get("conditions") or [])
+            for n in rc.get("nodes")["items"]}
+
+
+def pinned(name: str, node: str, replicas: int = 1) -> dict:
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
+                     "template": {"metadata": {"labels": {"app": name}},
+                                  "spec": {"nodeSelector": {"kubernetes.io/hostname": node},
+                                           "terminationGracePeriodSeconds": 1,
+                                           "containers": [{"name": "c", "image": BUSYBOX, "imagePullPolicy": "Never",
+                                                           "command": ["sleep", "100000"]}]}}}}
+
+
+def running_pods(rc, label: str) -> list[dict]:
+    return [p for p in rc.get("pods", "-l", f"app={label}")["items"] if p["status"].get("phase") == "Running"]
+
+
+def processes(rc, host: str) -> list[str]:
+    out = rc.ssh(host, "ps -eo comm=").stdout.split()
+    return sorted({p for p in out if p in PROCESSES or p.startswith("containerd-shim")})
+
+
+def proto199(rc, host: str) -> str:
+    return rc.ssh(host, "ip route show proto 199").stdout
+
+
+# --- drain, remove, add ---------------------------------------------------------------------------
+
+def test_drain_blocked_by_a_pdb_stops_after_its_timeout_naming_the_pod(rc):
+    rc.kubectl("apply", "-f", "-", stdin=json.dumps(pinned("guarded", "w2")))
+    pdb = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "guarded"},
+           "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}}
+    rc.kubectl("apply", "-f", "-", stdin=json.dumps(pdb))
+    [pod] = wait_for("guarded pod running", lambda: running_pods(rc, "guarded"), timeout=300)
+    try:
+        proc = run_installer("node", "drain", str(rc.inventory), "w2", "--state", str(rc.state), "--timeout", "20",
+                             check_rc=None, timeout=300)
+        print("\n" + proc.stderr.strip().splitlines()[-1])
+        assert proc.returncode != 0
+        assert pod["metadata"]["name"] in proc.stderr and "disruption budget" in proc.stderr.lower(), proc.stderr
+        assert rc.get("node", "w2")["spec"].get("unschedulable") is True        # left cordoned, as it says
+        assert running_pods(rc, "guarded"), "the PDB kept the pod"
+    finally:
+        rc.kubectl("delete", "pdb", "guarded")
+        rc.kubectl("delete", "deployment", "guarded")
+        rc.kubectl("uncordon", "w2")
+
+
+def test_node_remove_evicts_deletes_wipes_and_drops_the_routes(rc):
+    rc.kubectl("apply", "-f", "-", stdin=json.dumps(pinned("leaving", "w2")))
+    wait_for("a pod on w2", lambda: running_pods(rc, "leaving"), timeout=300)
+    cidr = rc.get("node", "w2")["spec"]["podCIDR"]
+    assert all(cidr in proto199(rc, h) for h in ("cp1", "w1")), "routes to w2's pods before"
+    assert processes(rc, "w2")
+    proc = run_installer("node", "remove", str(rc.inventory), "w2", "--state", str(rc.state), "--yes",
+                         "--timeout", "300", timeout=1800)
+    print("\n" + proc.stdout)
+    assert "w2" not in ready_nodes(rc)
+    left = processes(rc, "w2")
+    print(f"w2 processes of the node after remove: {left or 'none'}")
+    assert left == []
+    for unit in ("kubelet", "kube-proxy", "containerd"):
+        assert rc.ssh("w2", f"systemctl cat {unit}.service").returncode != 0, unit
+    for path in ("/var/lib/kubelet", "/etc/kubernetes", "/var/lib/containerd", "/etc/cni/net.d/10-hiddenplane.conflist"):
+        assert rc.ssh("w2", f"test -e {path}").returncode != 0, path
+    for h in ("cp1", "cp2", "cp3", "w1"):
+        assert cidr not in proto199(rc, h), h
+    # its deployment's pod moved nowhere (pinned to w2): pending, not lost silently
+    assert not running_pods(rc, "leaving")
+    rc.kubectl("delete", "deployment", "leaving")
+
+
+def test_node_add_brings_it_back_and_restarts_nothing_elsewhere(rc):
+    report = json.loads(run_installer("node", "add", str(rc.inventory), "w2", "--state", str(rc.state),
+                                      "--wait-timeout", "900", "--output", "json", timeout=2400).stdout)
+    elsewhere = [r for r in report["restarts"] if not r.startswith("w2:")]
+    assert all(r.endswith(":hiddenplane-routes.service") for r in elsewhere), elsewhere
+    approved = [d for e in report["events"] if e["host"] == "(api)" for d in e["detail"] if d.startswith("approved CSR")]
+    assert len(approved) == 1 and "node w2" in approved[0], approved
+    assert ready_nodes(rc).get("w2") is True
+    cidr = rc.get("node", "w2")["spec"]["podCIDR"]
+    assert all(cidr in proto199(rc, h) for h in ("cp1", "w1"))
+
+
+# --- revoke, the way an attacker would try it -----------------------------------------------------
+
+class Thief:
+    """HTTPS requests with a stolen kubelet client certificate (cert and key in one PEM)."""
+
+    def __init__(self, pem: Path, ca: Path):
+        self.ctx = ssl.create_default_context(cafile=str(ca))
+        self.ctx.load_cert_chain(str(pem))
+
+    def request(self, url: str, method: str = "GET", body: dict | None = None,
+                content_type: str = "application/json") -> tuple[int, str]:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": content_type})
+        try:
+            with urllib.request.urlopen(req, context=self.ctx, timeout=30) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+
+def _csr_body(cn: str, signer: str, usages: list[str], san_ip: str | None = None) -> dict:
+    key = ec.generate_private_key(ec.SECP256R1())
+    b = x509.CertificateSigningRequestBuilder().subject_name(x509.Name([
+        x509.NameAttribute(x509.NameOID.ORGANIZATION_NAME, "system:nodes"),
+        x509.NameAttribute(x509.NameOID.COMMON_NAME, cn)]))
+    if san_ip:
+        import ipaddress
+        b = b.add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(san_ip))]),
+                            critical=False)
+    pem = b.sign(key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM)
+    return {"apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest",
+            "metadata": {"generateName": "stolen-"},
+            "spec": {"request": base64.b64encode(pem).decode(), "signerName": signer, "usages": usages}}
+
+
+def test_revoke_refuses_a_stolen_certificate_everywhere(rc, tmp_path):
+    # before: a Secret a pod on w2 uses, and the thief's copy of w2's client certificate and key
+    rc.kubectl("create", "secret", "generic", "w2-secret", "--from-literal=k=v")
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "uses-secret"},
+           "spec": {"nodeName": "w2", "terminationGracePeriodSeconds": 1,
+                    "containers": [{"name": "c", "image": BUSYBOX, "imagePullPolicy": "Never",
+                                    "command": ["sleep", "100000"],
+                                    "volumeMounts": [{"name": "s", "mountPath": "/s"}]}],
+                    "volumes": [{"name": "s", "secret": {"secretName": "w2-secret"}}]}}
+    rc.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
+    wait_for("uses-secret running", lambda: rc.get("pod", "uses-secret")["status"].get("phase") == "Running", timeout=300)
+    stolen = tmp_path / "stolen.pem"
+    stolen.write_text(rc.lab.host("w2").file(KUBELET_CLIENT).content_string)
+    stolen.chmod(0o600)
+    thief = Thief(stolen, rc.state / "pki" / "ca.crt")
+    apiservers = {c: f"https://{rc.address(c)}:6443" for c in rc.controls}
+    before, _ = thief.request(f"{apiservers['cp1']}/api/v1/namespaces/default/secrets/w2-secret")
+    assert before == 200, "with its pod there, the Node authorizer lets w2 read the Secret"
+    lease = rc.get("lease", "w2", "-n", "kube-node-lease")
+    token = yaml.safe_load((rc.state / "secrets" / "tokens.yaml").read_text())["w2"]
+
+    # revoke; the host "unreachable" for the installer, so its kubelet keeps its credentials
+    proc = run_installer("node", "revoke", str(rc.inventory), "w2", "--state", str(rc.state), "--yes",
+                         "--host-unreachable", timeout=900)
+    returned = time.monotonic()
+    print("\n" + proc.stdout)
+    waited = re.findall(r"the apiserver on (cp\d) refuses system:node:w2 \(([\d.]+) s after the policy\)",
+                        proc.stdout + proc.stderr)
+    assert sorted(h for h, _ in waited) == sorted(rc.controls), proc.stdout
+
+    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "w2"}}
+    for c, url in apiservers.items():
+        code, answer = thief.request(f"{url}/api/v1/nodes", "POST", node)
+        first = time.monotonic() - returned
+        print(f"{c}: create Node w2 with the stolen certificate {first:.2f} s after revoke returned: {code} {answer[:200]}")
+        assert code == 403 and "this node identity was revoked" in answer, (c, code, answer)
+
+    url = apiservers["cp2"]
+    attempts = {
+        "update its status": (f"{url}/api/v1/nodes/w2/status", "PATCH",
+                              {"status": {"conditions": [{"type": "Ready", "status": "True"}]}},
+                              "application/merge-patch+json"),
+        "create its Lease": (f"{url}/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases", "POST",
+                             {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                              "metadata": {"name": "w2", "namespace": "kube-node-lease"},
+                              "spec": {"holderIdentity": "w2", "leaseDurationSeconds": 40}}, "application/json"),
+        "renew its Lease": (f"{url}/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/w2", "PUT",
+                            {**lease, "spec": {**lease["spec"], "renewTime": "2026-12-02T00:00:00.000000Z"}},
+                            "application/json"),
+        "create a client CSR": (f"{url}/apis/certificates.k8s.io/v1/certificatesigningrequests", "POST",
+                                _csr_body("system:node:w2", "kubernetes.io/kube-apiserver-client-kubelet",
+                                          ["digital signature", "client auth"]), "application/json"),
+        "create a serving CSR": (f"{url}/apis/certificates.k8s.io/v1/certificatesigningrequests", "POST",
+                                 _csr_body("system:node:w2", "kubernetes.io/kubelet-serving",
+                                           ["digital signature", "server auth"], rc.address("w2")), "application/json"),
+        "create a mirror pod": (f"{url}/api/v1/namespaces/default/pods", "POST",
+                                {"apiVersion": "v1", "kind": "Pod",
+                                 "metadata": {"name": "mirror-w2", "annotations": {"kubernetes.io/config.mirror": "x"}},
+                                 "spec": {"nodeName": "w2", "containers": [{"name": "c", "image": BUSYBOX}]}},
+                                "application/json"),
+    }
+    for what, (u, method, body, ctype) in attempts.items():
+        code, answer = thief.request(u, method, body, ctype)
+        print(f"{what}: {code} {json.loads(answer).get('message', answer)[:220] if answer.startswith('{') else answer[:220]}")
+        # refused: by the policy (403), or because what it would change is gone with the Node (404)
+        assert code in (403, 404), (what, code, answer)
+        if code == 403:
+            assert "revoked" in answer or "forbidden" in answer.lower(), (what, answer)
+    code, answer = thief.request(f"{url}/api/v1/namespaces/default/secrets/w2-secret")
+    print(f"read the Secret its pod used: {code} {answer[:220]}")
+    assert code == 403, answer
+
+    # its kubelet, restarted with its old credentials, does not bring the Node back
+    assert rc.ssh("w2", "systemctl restart kubelet").returncode == 0
+    time.sleep(45)
+    assert "w2" not in ready_nodes(rc)
+    journal = rc.ssh("w2", "journalctl -u kubelet --since -60s --no-pager -o cat").stdout
+    assert "this node identity was revoked" in journal, journal[-3000:]
+    # its old bootstrap token authenticates nobody
+    tok = subprocess.run(["curl", "-sk", "-o", "/dev/null", "-w", "%{http_code}", "-H", "@-", f"{url}/api"],
+                         input=f"Authorization: Bearer {token['id']}.{token['secret']}\n", capture_output=True,
+                         text=True, timeout=30)
+    assert tok.stdout == "401", tok
+    rc.kubectl("delete", "secret", "w2-secret")
+    rc.kubectl("delete", "pod", "uses-secret", "--force", "--grace-period=0", check=False)
+    rc.ssh("w2", "systemctl stop kubelet")       # the revoked host: nothing of it runs on
+
+
+# --- the cluster keeps working through renewals, membership changes and restores -----------------
+
+class Probe:
+    """Calls ``fn`` every ``interval`` seconds in a thread while the block runs; counts failures."""
+
+    def __init__(self, what: str, fn, interval: float = 0.5):
+        import threading
+        self.what, self.fn, self.interval = what, fn, interval
+        self.ok = self.failed = 0
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                if self.fn():
+                    self.ok += 1
+                else:
+                    self.failed += 1
+            except Exception as e:          # noqa: BLE001 - a failed probe is data, not an error
+                self.failed += 1
+                self.errors.append(str(e)[:200])
+            self._stop.wait(self.interval)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(timeout=60)
+        print(f"\n{self.what}: {self.ok} answered, {self.failed} failed" + (f" ({self.errors[:3]})" if self.errors else ""))
+
+
+def no_w2(rc) -> Path:
+    """The inventory after w2's revocation: apply refuses one that still lists it."""
+    return rc.write_inventory("no-w2.inventory.yaml", drop=("w2",))
+
+
+def api_answers(rc) -> bool:
+    return rc.kubectl("get", "--raw", "/readyz", check=False, timeout=20).returncode == 0
+
+
+def pod_answers(rc, ip: str) -> bool:
+    r = rc.ssh("cp1", f"exec 3<>/dev/tcp/{ip}/8080 && printf 'GET / HTTP/1.0\\r\\n\\r\\n' >&3 && cat <&3", timeout=20)
+    return "hello-from" in r.stdout
+
+
+@pytest.fixture(scope="module")
+def web_w1(rc):
+    """An HTTP server pod on w1 for the probes (the real-cluster module's, or a new one)."""
+    if rc.kubectl("get", "pod", "web-w1", check=False).returncode != 0:
+        rc.run_pod("web-w1", "w1", "echo hello-from-w1 > /tmp/index.html; exec httpd -f -v -p 8080 -h /tmp")
+    return rc.get("pod", "web-w1")["status"]["podIP"]
+
+
+def test_certs_renew_keeps_the_cluster_working(rc, web_w1):
+    inv = no_w2(rc)
+    serial = x509.load_pem_x509_certificate(rc.lab.host("w1").file(KUBELET_CLIENT).content_string.encode()).serial_number
+    with Probe("pod on w1 during certs renew", lambda: pod_answers(rc, web_w1)) as pod_probe:
+        proc = run_installer("certs", "renew", str(inv), "--state", str(rc.state), "--wait-timeout", "600",
+                             timeout=2400)
+    print(proc.stdout[-1500:])
+    assert pod_probe.failed == 0 and pod_probe.ok > 0
+    rc.write_kubeconfig()                      # the admin certificate was renewed too
+    assert api_answers(rc)
+    assert ready_nodes(rc) == {"w1": True}
+    # the kubelet keeps its own client certificate (the cluster signs and renews those)
+    after = x509.load_pem_x509_certificate(rc.lab.host("w1").file(KUBELET_CLIENT).content_string.encode()).serial_number
+    assert after == serial
+
+
+def test_etcd_member_remove_and_add_with_the_api_serving(rc):
+    inv, without_cp3 = no_w2(rc), rc.write_inventory("no-w2-cp3.inventory.yaml", drop=("w2", "cp3"))
+    doc = yaml.safe_load(without_cp3.read_text())
+    doc["spec"]["allowEvenControlHosts"] = True
+    without_cp3.write_text(yaml.safe_dump(doc, sort_keys=False))
+    with Probe("API during etcd member remove/add", lambda: api_answers(rc)) as api_probe:
+        out = run_installer("etcd", "member", "remove", str(inv), "cp3", "--state", str(rc.state), "--allow-even",
+                            "--yes", timeout=900).stdout
+        assert "removed; 2 members healthy: cp1, cp2" in out, out
+        run_installer("apply", str(without_cp3), "--state", str(rc.state), "--wait-timeout", "600", timeout=1800)
+        out = run_installer("etcd", "member", "add", str(inv), "cp3", "--state", str(rc.state), "--wait-timeout",
+                            "600", timeout=1800).stdout
+        assert "added and promoted; 3 voting members, all healthy" in out, out
+    assert api_probe.failed == 0 and api_probe.ok > 0
+    assert ready_nodes(rc) == {"w1": True}
+
+
+def test_etcd_snapshot_restore_brings_back_the_cluster_objects(rc, tmp_path):
+    inv = no_w2(rc)
+    rc.kubectl("create", "configmap", "before-snapshot", "--from-literal=k=1")
+    snap = tmp_path / "etcd.snapshot"
+    print("\n" + run_installer("etcd", "snapshot", "save", str(inv), str(snap)).stdout)
+    assert snap.stat().st_mode & 0o777 == 0o600
+    rc.kubectl("create", "configmap", "after-snapshot", "--from-literal=k=2")
+    out = run_installer("etcd", "snapshot", "restore", str(inv), str(snap), "--yes", "--wait-timeout", "600",
+                        timeout=1800).stdout
+    print(out[-1200:])
+    wait_for("the API back", lambda: api_answers(rc), timeout=300)
+    assert rc.kubectl("get", "configmap", "before-snapshot", check=False).returncode == 0
+    assert rc.kubectl("get", "configmap", "after-snapshot", check=False).returncode != 0
+    wait_for("w1 Ready again", lambda: ready_nodes(rc).get("w1"), timeout=600)
+    rc.kubectl("delete", "configmap", "before-snapshot")
+
+
+# --- the cure after a revocation, and starting over ------------------------------------------------
+
+def test_ca_rotate_leaves_no_old_ca_trusted_and_the_cluster_working(rc, web_w1, tmp_path):
+    inv = no_w2(rc)
+    old_ca = tmp_path / "old-ca.crt"
+    old_ca.write_bytes((rc.state / "pki" / "ca.crt").read_bytes())
+    old_admin = tmp_path / "old-admin.pem"
+    old_admin.write_bytes((rc.state / "pki" / "admin.crt").read_bytes() + (rc.state / "pki" / "admin.key").read_bytes())
+    old_admin.chmod(0o600)
+    # the old CA and the apiserver's old kubelet-client pair, where a control host can use them
+    pki = rc.state / "pki"
+    stash = (pki / "ca.crt").read_text() + "\n"
+    upload = ("mkdir -p -m 0700 /root/old && cat > /root/old/bundle && "
+              "awk '/BEGIN/{n++} {print > \"/root/old/part\" n}' /root/old/bundle && chmod 600 /root/old/*")
+    bundle = stash + (pki / "apiserver-kubelet-client.crt").read_text() + "\n" + \
+        (pki / "apiserver-kubelet-client.key").read_text()
+    assert subprocess.run(["ssh", "-F", str(rc.lab.ssh_config), "cp1", upload], input=bundle, text=True,
+                          capture_output=True, timeout=60).returncode == 0
+    rc.kubectl("create", "configmap", "before-rotate", "--from-literal=k=1")
+    sa_token = rc.kubectl("exec", "web-w1", "--", "cat", "/var/run/secrets/kubernetes.io/serviceaccount/token").stdout
+    proc = run_installer("ca", "rotate", str(inv), "--state", str(rc.state), "--yes", "--wait-timeout", "900",
+                         "--output", "json", timeout=3600)
+    report = json.loads(proc.stdout)
+    print("\n" + "\n".join(report.get("steps", [])[-12:]))
+    rc.write_kubeconfig()
+    wait_for("w1 Ready with a certificate from the new CA", lambda: ready_nodes(rc).get("w1"), timeout=900)
+    new_ca = x509.load_pem_x509_certificate((rc.state / "pki" / "ca.crt").read_bytes())
+    kubelet_cert = x509.load_pem_x509_certificate(rc.lab.host("w1").file(KUBELET_CLIENT).content_string.encode())
+    assert kubelet_cert.issuer == new_ca.subject
+    assert rc.kubectl("get", "configmap", "before-rotate", check=False).returncode == 0, "etcd kept its data"
+    # the old CA: trusted nowhere. Its admin certificate is refused by every apiserver...
+    ctx = ssl.create_default_context(cafile=str(rc.state / "pki" / "ca.crt"))
+    ctx.load_cert_chain(str(old_admin))
+    for c in rc.controls:
+        req = urllib.request.Request(f"https://{rc.address(c)}:6443/api")
+        try:
+            urllib.request.urlopen(req, context=ctx, timeout=20)
+            code = 200
+        except urllib.error.HTTPError as e:
+            code = e.code
+        assert code == 401, (c, code)
+    # ... and by the kubelet; and no server presents a certificate of the old CA any more
+    w1 = rc.address("w1")
+    code = rc.ssh("cp1", f"curl -sk -o /dev/null -w '%{{http_code}}' --cert /root/old/part2 --key /root/old/part3 "
+                         f"https://{w1}:10250/pods", timeout=60).stdout
+    assert code in ("401", "000"), code           # refused: unauthorized, or the handshake itself
+    r = rc.ssh("cp1", f"echo | openssl s_client -connect {w1}:10250 -CAfile /root/old/part1 -verify_return_error "
+                      "2>&1 | grep 'Verify return code'", timeout=60)
+    assert r.stdout.strip() and "Verify return code: 0" not in r.stdout, r.stdout
+    r = rc.ssh("cp1", f"echo | openssl s_client -connect {w1}:10250 -CAfile /etc/kubernetes/pki/ca.crt "
+                      "-verify_return_error 2>&1 | grep 'Verify return code'", timeout=60)
+    assert "Verify return code: 0 (ok)" in r.stdout, r.stdout
+    for c in rc.controls:
+        for ca, verdict in (("/root/old/part1", False), ("/etc/kubernetes/pki/ca.crt", True)):
+            r = rc.ssh("cp1", f"echo | openssl s_client -connect {rc.address(c)}:6443 -CAfile {ca} "
+                              "-verify_return_error 2>&1 | grep 'Verify return code'", timeout=60)
+            assert r.stdout.strip() and ("Verify return code: 0 (ok)" in r.stdout) == verdict, (c, ca, r.stdout)
+    # service-account tokens of running pods keep working (the SA key is kept)
+    who = subprocess.run(["curl", "-s", "--cacert", str(rc.state / "pki" / "ca.crt"), "-H", "@-",
+                          f"https://{rc.address('cp1')}:6443/apis/authentication.k8s.io/v1/selfsubjectreviews",
+                          "-X", "POST", "-H", "Content-Type: application/json", "-d",
+                          '{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectReview"}'],
+                         input=f"Authorization: Bearer {sa_token.strip()}\n", capture_output=True, text=True, timeout=30)
+    assert "system:serviceaccount:default:default" in who.stdout, who.stdout[-500:]
+    rc.kubectl("delete", "configmap", "before-rotate")
+
+
+def test_reset_leaves_clean_hosts_and_apply_builds_the_cluster_again(rc):
+    inv = no_w2(rc)
+    run_installer("reset", str(inv), "--state", str(rc.state), "--yes", timeout=1800)
+    for h in (*rc.controls, "w1"):
+        assert processes(rc, h) == [], h
+        for x in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"):
+            assert not rc.lab.host(h).process.filter(comm=x), (h, x)
+    w1 = rc.lab.host("w1")
+    chains = w1.check_output("iptables-save | grep -E '^:(KUBE|CNI|HIDDENPLANE)' || true")
+    assert chains == "", chains
+    mounts = w1.check_output("grep -E '/run/containerd|/var/lib/kubelet|/var/lib/containerd|netns' /proc/mounts || true")
+    assert mounts == "", mounts
+    assert not w1.file("/var/lib/cni").exists and not w1.file("/etc/cni/net.d/10-hiddenplane.conflist").exists
+    assert "proto 199" not in w1.check_output("ip route show proto 199 || true")
+    run_installer("apply", str(inv), "--state", str(rc.state), "--wait-timeout", "900", timeout=2400)
+    rc.write_kubeconfig()
+    assert ready_nodes(rc) == {"w1": True}
+    wait_for("CoreDNS ready again", lambda: (d := rc.get("deployment", "coredns", "-n", "kube-system"))["status"].get(
+        "readyReplicas") == d["spec"]["replicas"], timeout=900)
