@@ -152,7 +152,7 @@ class Thief:
             return e.code, e.read().decode()
 
 
-def _csr_body(cn: str, signer: str, usages: list[str], san_ip: str | None = None) -> dict:
+def _csr_body(cn: str, signer: str, usages: list[str], san_ip: str | None = None, prefix: str = "stolen-") -> dict:
     key = ec.generate_private_key(ec.SECP256R1())
     b = x509.CertificateSigningRequestBuilder().subject_name(x509.Name([
         x509.NameAttribute(x509.NameOID.ORGANIZATION_NAME, "system:nodes"),
@@ -163,7 +163,7 @@ def _csr_body(cn: str, signer: str, usages: list[str], san_ip: str | None = None
                             critical=False)
     pem = b.sign(key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM)
     return {"apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest",
-            "metadata": {"generateName": "stolen-"},
+            "metadata": {"generateName": prefix},
             "spec": {"request": base64.b64encode(pem).decode(), "signerName": signer, "usages": usages}}
 
 
@@ -312,7 +312,7 @@ def web_w1(rc):
     return rc.get("pod", "web-w1")["status"]["podIP"]
 
 
-def test_certs_renew_keeps_the_cluster_working(rc, web_w1):
+def test_certs_renew_keeps_the_cluster_working(rc, web_w1, tmp_path):
     inv = no_w2(rc)
     serial = x509.load_pem_x509_certificate(rc.lab.host("w1").file(KUBELET_CLIENT).content_string.encode()).serial_number
     with Probe("pod on w1 during certs renew", lambda: pod_answers(rc, web_w1)) as pod_probe:
@@ -326,6 +326,23 @@ def test_certs_renew_keeps_the_cluster_working(rc, web_w1):
     # the kubelet keeps its own client certificate (the cluster signs and renews those)
     after = x509.load_pem_x509_certificate(rc.lab.host("w1").file(KUBELET_CLIENT).content_string.encode()).serial_number
     assert after == serial
+    # ... and renews it through the API as the kubelet does: a CSR for itself, made with its current
+    # certificate, is approved by the controller-manager (selfnodeclient) and signed
+    own = tmp_path / "w1.pem"
+    own.write_text(rc.lab.host("w1").file(KUBELET_CLIENT).content_string)
+    own.chmod(0o600)
+    code, answer = Thief(own, rc.state / "pki" / "ca.crt").request(
+        f"https://{rc.address('cp1')}:6443/apis/certificates.k8s.io/v1/certificatesigningrequests", "POST",
+        _csr_body("system:node:w1", "kubernetes.io/kube-apiserver-client-kubelet", ["digital signature", "client auth"],
+                  prefix="renewal-"))
+    assert code == 201, answer
+    name = json.loads(answer)["metadata"]["name"]
+    status = wait_for("the renewal CSR signed", lambda: (s := rc.get("csr", name).get("status") or {}).get(
+        "certificate") and s, timeout=120)
+    assert [c["type"] for c in status["conditions"]] == ["Approved"], status["conditions"]
+    print(f"renewal CSR {name} as system:node:w1: {status['conditions'][0].get('reason')} "
+          f"({status['conditions'][0].get('message')})")
+    rc.kubectl("delete", "csr", name)
 
 
 def test_etcd_member_remove_and_add_with_the_api_serving(rc):

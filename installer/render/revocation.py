@@ -47,8 +47,9 @@ def policy_objects(nodes: list[str]) -> list[dict]:
                 "resourceRules": [{
                     "apiGroups": ["*"], "apiVersions": ["*"],
                     "operations": ["CREATE", "UPDATE", "DELETE", "CONNECT"],
-                    # "*/*" adds subresources: nodes/status, pods/status, pods/eviction, ...
-                    "resources": ["*", "*/*"],
+                    # every resource and every subresource (nodes/status, pods/eviction, ...);
+                    # the apiserver refuses "*/*" beside anything else
+                    "resources": ["*/*"],
                 }],
             },
             "validations": [{
