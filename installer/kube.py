@@ -512,20 +512,24 @@ def apply_objects(api: k8s.ApiClient, objects: list[dict], k8s_version: str) -> 
 
 # --- the workers phase ----------------------------------------------------------------------
 
-def _ready(node: k8s.V1Node) -> tuple[bool, str]:
+def _ready(node: k8s.V1Node, since: float | None = None) -> tuple[bool, str]:
     for c in (node.status.conditions if node.status else None) or []:
         if c.type == "Ready":
+            if since is not None and (c.last_heartbeat_time is None or c.last_heartbeat_time.timestamp() < since):
+                return False, f"Ready={c.status} from before the kubelet's restart"
             return c.status == "True", f"Ready={c.status}" + (f" ({c.reason}: {c.message})" if c.reason else "")
     return False, "no Ready condition yet"
 
 
 def wait_nodes_ready(api: k8s.ApiClient, names: Sequence[str], timeout: float, *,
                      interval: float = 2.0, registered_only: bool = False,
-                     each_round: Callable[[], None] | None = None) -> None:
+                     each_round: Callable[[], None] | None = None, since: float | None = None) -> None:
     """Poll (one list of Nodes per round) until every named Node has Ready=True (or, with
     ``registered_only``, exists); KubeError naming each node that is missing or not ready when
     ``timeout`` seconds have passed. ``each_round`` runs before each look (e.g. approving the
-    CSRs the nodes wait for)."""
+    CSRs the nodes wait for). ``since`` (epoch seconds on the node's clock): only a Ready
+    condition the kubelet posted since then counts (a restarted kubelet reports NotReady first,
+    while the API still shows its predecessor's Ready)."""
     core = k8s.CoreV1Api(api)
     deadline = time.monotonic() + timeout
     while True:
@@ -540,7 +544,7 @@ def wait_nodes_ready(api: k8s.ApiClient, names: Sequence[str], timeout: float, *
             if name not in nodes:
                 waiting[name] = "not registered"
             elif not registered_only:
-                ok, why = _ready(nodes[name])
+                ok, why = _ready(nodes[name], since)
                 if not ok:
                     waiting[name] = why
         if not waiting:
@@ -603,34 +607,29 @@ def token_consumed(api: k8s.ApiClient, node: str) -> bool:
     an existing Node means the kubelet holds its own credential and the token is no longer
     needed. (A Node left over from an earlier install would count too: remove stale Nodes
     before re-joining a host.)"""
+    return found(f"Node/{node}", "read", k8s.CoreV1Api(api).read_node, node)
+
+
+def found(what: str, verb: str, fn: Callable, *args) -> bool:
+    """Call ``fn`` on the object ``what``; False when it is not there (404: for a delete, what
+    we wanted), KubeError naming it and ``verb`` on any other refusal."""
     try:
-        _call(f"Node/{node}", k8s.CoreV1Api(api).read_node, node)
+        _call(what, fn, *args)
         return True
     except ApiException as e:
         if e.status == 404:
             return False
-        raise KubeError(f"Node/{node}: {_status_message(e)}") from None
+        raise KubeError(f"{what}: {verb} refused: {_status_message(e)}") from None
 
 
 def binding_exists(api: k8s.ApiClient, name: str) -> bool:
-    try:
-        _call(f"ClusterRoleBinding/{name}", k8s.RbacAuthorizationV1Api(api).read_cluster_role_binding, name)
-        return True
-    except ApiException as e:
-        if e.status == 404:
-            return False
-        raise KubeError(f"ClusterRoleBinding/{name}: {_status_message(e)}") from None
+    return found(f"ClusterRoleBinding/{name}", "read", k8s.RbacAuthorizationV1Api(api).read_cluster_role_binding, name)
 
 
 def delete_binding(api: k8s.ApiClient, name: str) -> bool:
     """Delete the ClusterRoleBinding ``name``; False when it was not there."""
-    try:
-        _call(f"ClusterRoleBinding/{name}", k8s.RbacAuthorizationV1Api(api).delete_cluster_role_binding, name)
-        return True
-    except ApiException as e:
-        if e.status == 404:
-            return False
-        raise KubeError(f"ClusterRoleBinding/{name}: delete refused: {_status_message(e)}") from None
+    return found(f"ClusterRoleBinding/{name}", "delete",
+                 k8s.RbacAuthorizationV1Api(api).delete_cluster_role_binding, name)
 
 
 def delete_bootstrap_token(api: k8s.ApiClient, token_id: str) -> bool:

@@ -19,7 +19,7 @@ from cryptography.x509.oid import NameOID
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from .kube import TOKEN_NAMESPACE, KubeError, _call, _status_message, apply_objects
+from .kube import TOKEN_NAMESPACE, KubeError, _call, _status_message, apply_objects, found
 from .render.manifests import node_renewal_binding
 from .render.revocation import identity, policy_objects
 
@@ -35,22 +35,11 @@ def _gone(e: ApiException) -> bool:
     return e.status == 404
 
 
-def _unless_gone(what: str, verb: str, fn: Callable, *args) -> bool:
-    """Call ``fn``; False when the object does not exist (already gone is what we wanted)."""
-    try:
-        _call(what, fn, *args)
-        return True
-    except ApiException as e:
-        if _gone(e):
-            return False
-        raise KubeError(f"{what}: {verb} refused: {_status_message(e)}") from None
-
-
 # --- cordon and drain -------------------------------------------------------------------------
 
 def cordon(api: k8s.ApiClient, name: str) -> bool:
     """Mark the Node unschedulable; False when there is no such Node."""
-    return _unless_gone(f"Node/{name}", "cordon", k8s.CoreV1Api(api).patch_node, name,
+    return found(f"Node/{name}", "cordon", k8s.CoreV1Api(api).patch_node, name,
                         {"spec": {"unschedulable": True}})
 
 
@@ -130,7 +119,7 @@ def drain(api: k8s.ApiClient, name: str, timeout: float, *, log: Callable[[str],
 # --- deleting what let the node in ------------------------------------------------------------
 
 def delete_node(api: k8s.ApiClient, name: str) -> bool:
-    return _unless_gone(f"Node/{name}", "delete", k8s.CoreV1Api(api).delete_node, name)
+    return found(f"Node/{name}", "delete", k8s.CoreV1Api(api).delete_node, name)
 
 
 def delete_tokens(api: k8s.ApiClient, name: str, token_ids: list[str]) -> list[str]:
@@ -144,12 +133,12 @@ def delete_tokens(api: k8s.ApiClient, name: str, token_ids: list[str]) -> list[s
         raise KubeError(f"list the bootstrap token Secrets of {name}: {_status_message(e)}") from None
     names = sorted({s.metadata.name for s in labelled} | {f"bootstrap-token-{t}" for t in token_ids})
     return [s for s in names
-            if _unless_gone(f"Secret/{s}", "delete", core.delete_namespaced_secret, s, TOKEN_NAMESPACE)]
+            if found(f"Secret/{s}", "delete", core.delete_namespaced_secret, s, TOKEN_NAMESPACE)]
 
 
 def delete_renewal_binding(api: k8s.ApiClient, name: str) -> bool:
     binding = node_renewal_binding(name)["metadata"]["name"]
-    return _unless_gone(f"ClusterRoleBinding/{binding}", "delete",
+    return found(f"ClusterRoleBinding/{binding}", "delete",
                         k8s.RbacAuthorizationV1Api(api).delete_cluster_role_binding, binding)
 
 
@@ -198,7 +187,7 @@ def node_csrs(api: k8s.ApiClient, name: str, token_ids: list[str]) -> NodeCSRs:
 
 def delete_csrs(api: k8s.ApiClient, names: list[str]) -> list[str]:
     certs = k8s.CertificatesV1Api(api)
-    return [n for n in names if _unless_gone(f"CertificateSigningRequest/{n}", "delete",
+    return [n for n in names if found(f"CertificateSigningRequest/{n}", "delete",
                                              certs.delete_certificate_signing_request, n)]
 
 
