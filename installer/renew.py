@@ -179,7 +179,7 @@ def save_state(state: StateDir, inv: Inventory, material: Material) -> None:
 # --- certs renew -------------------------------------------------------------------------------
 
 def renew(inventory, *, state_dir=None, only=(), dry_run: bool = False, wait_timeout: float = 180.0,
-          log: Callable[[str], None] = print) -> Report:
+          use_api: bool = True, log: Callable[[str], None] = print) -> Report:
     inv = api.as_inventory(inventory)
     state, old = load_state(inv, state_dir)
     names = leaf_names(inv, old, only)
@@ -204,6 +204,6 @@ def renew(inventory, *, state_dir=None, only=(), dry_run: bool = False, wait_tim
                     report.rollout[h.name] = r
                     log(f"{h.name}: pushed {len(r.files)} file(s); to restart: {', '.join(r.units) or 'none'}")
                 pending[h.name] = r.units
-            roll(ctx, pending, report)
+            roll(ctx, pending, report, nodes_ready=use_api)
             verify(ctx, before, report)
     return report

@@ -194,7 +194,21 @@ def _run(ctx: Context, host: str, script: str, what: str, timeout: float) -> Non
         raise RenewError(f"{host}: {what}: {r.stderr.strip()[-600:]}")
 
 
-def _wait(ctx: Context, host: str, unit: str) -> None:
+def _wait_node_ready(ctx: Context, host: str, since: float | None, timeout: float) -> None:
+    """The Node of ``host`` Ready again through the API, as posted by the kubelet started at
+    ``since`` (the host's clock): a restarted kubelet reports NotReady until its first
+    pod-lifecycle relist, seconds later. The next worker waits for it."""
+    from . import kube
+    ctx.log(f"{host}: wait for Node {host} Ready")
+    with kube.api_access(ctx.inv, ctx.remotes, ctx.material) as url, \
+            kube.api_client(url, ctx.material) as client:
+        try:
+            kube.wait_nodes_ready(client, [host], timeout, since=since)
+        except kube.KubeError as e:
+            raise RenewError(f"{host}: {e}") from None
+
+
+def _wait(ctx: Context, host: str, unit: str, nodes_ready: bool = False) -> None:
     t = ctx.options.wait_timeout
     h = ctx.inv.host(host)
     if unit == ETCD:
@@ -208,8 +222,14 @@ def _wait(ctx: Context, host: str, unit: str) -> None:
     elif unit in SECURE_PORTS:
         _run(ctx, host, listening_script((SECURE_PORTS[unit],), t), f"wait for {unit}", t)
     elif unit == KUBELET:
+        # the kubelet's start, on its own clock (whole seconds, as its heartbeats)
+        started = ctx.remotes[host].run(f"date -d \"$(systemctl show -p ActiveEnterTimestamp --value {unit})\" +%s",
+                                        check=False, what="read the kubelet's start time")
         _run(ctx, host, active_script((unit,), t) + " && " + listening_script(KUBELET_PORTS, t, ("kubelet",)),
              "wait for the kubelet", 2 * t)
+        if nodes_ready:
+            since = float(started.stdout.strip()) if started.rc == 0 and started.stdout.strip().isdigit() else None
+            _wait_node_ready(ctx, host, since, t)
     else:
         _run(ctx, host, active_script((unit,), t), f"wait for {unit}", t)
 
@@ -221,10 +241,12 @@ def _restart(ctx: Context, host: str, unit: str, report: Report, no_block: bool 
     report.restarts.append(f"{host}:{unit}")
 
 
-def roll(ctx: Context, pending: dict[str, list[str]], report: Report, etcd_together: bool = False) -> None:
+def roll(ctx: Context, pending: dict[str, list[str]], report: Report, etcd_together: bool = False,
+         nodes_ready: bool = False) -> None:
     """Restart ``pending`` (host -> units) in the safe order, waiting after each host. With
     ``etcd_together`` every etcd member starts at once (members of a new etcd CA cannot reach
-    the old ones) and the cluster's health is waited for once."""
+    the old ones) and the cluster's health is waited for once. With ``nodes_ready`` a restarted
+    kubelet's Node must be Ready through the API before the next host."""
     order = [h.name for h in ctx.inv.spec.hosts]
     for rank in sorted({RANK.get(u, 9) for units in pending.values() for u in units}):
         if rank == 0 and etcd_together:
@@ -240,7 +262,7 @@ def roll(ctx: Context, pending: dict[str, list[str]], report: Report, etcd_toget
                 _restart(ctx, h, u, report)
             for u in units:
                 ctx.log(f"{h}: wait for {u}")
-                _wait(ctx, h, u)
+                _wait(ctx, h, u, nodes_ready)
 
 
 def stop_units(ctx: Context, host: str, units: list[str]) -> None:

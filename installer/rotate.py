@@ -137,7 +137,7 @@ def _approve_rebootstrap(ctx: Context, host: str, report: Report, timeout: float
             report.steps.append(f"{host}: deleted its bootstrap token Secret (it has its certificate)")
 
 
-def _rebootstrap_worker(ctx: Context, host: str, report: Report) -> None:
+def _rebootstrap_worker(ctx: Context, host: str, report: Report, use_api: bool) -> None:
     stop_units(ctx, host, [KUBELET, KUBE_PROXY])
     ctx.log(f"{host}: remove the kubelet's client certificate and kubeconfig (old CA)")
     ctx.remotes[host].run("rm -f " + " ".join(KUBELET_CLIENT_FILES), what="remove the kubelet client credentials")
@@ -147,7 +147,7 @@ def _rebootstrap_worker(ctx: Context, host: str, report: Report) -> None:
     ConnectHosts().finish(ctx, [])
     r = push(ctx, host)
     report.rollout[host] = r
-    roll(ctx, {host: restart_order({*r.units, KUBELET, KUBE_PROXY})}, report)
+    roll(ctx, {host: restart_order({*r.units, KUBELET, KUBE_PROXY})}, report, nodes_ready=use_api)
 
 
 def rotate_ca(inventory, *, state_dir=None, which=("all",), yes: bool = False, use_api: bool = True,
@@ -209,9 +209,9 @@ def rotate_ca(inventory, *, state_dir=None, which=("all",), yes: bool = False, u
                     # restart waits for: approve beside the restart
                     with ThreadPoolExecutor(max_workers=1) as pool:
                         approval = pool.submit(_approve_rebootstrap, ctx, w.name, report, wait_timeout)
-                        _rebootstrap_worker(ctx, w.name, report)
+                        _rebootstrap_worker(ctx, w.name, report, use_api)
                         approval.result()
                 else:
-                    _rebootstrap_worker(ctx, w.name, report)
+                    _rebootstrap_worker(ctx, w.name, report, use_api)
             verify(ctx, before, report, old_cas=old.cas)
     return report

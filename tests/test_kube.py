@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import datetime as dt
 import json
 import os
 import re
@@ -253,6 +254,20 @@ def test_wait_nodes_ready(api, fake):
     fake.put(node("node3", "True"))
     kube.wait_nodes_ready(api, ["node2", "node3"], timeout=0, interval=0)
     assert fake.requests == [("GET", NODES, None)]
+
+
+def test_only_a_ready_posted_since_the_kubelets_restart_counts(api, fake):
+    """After a kubelet restart the API still shows its predecessor's Ready for a few seconds."""
+    stale = node("node2", "True")
+    stale["status"]["conditions"][0]["lastHeartbeatTime"] = "2026-12-02T01:48:40Z"
+    fake.put(stale)
+    restarted = dt.datetime(2026, 12, 2, 1, 48, 48, tzinfo=dt.timezone.utc).timestamp()
+    with pytest.raises(kube.KubeError, match="node2: Ready=True from before the kubelet's restart"):
+        kube.wait_nodes_ready(api, ["node2"], timeout=0.05, interval=0.01, since=restarted)
+    fresh = node("node2", "True")
+    fresh["status"]["conditions"][0]["lastHeartbeatTime"] = "2026-12-02T01:48:55Z"
+    fake.put(fresh)
+    kube.wait_nodes_ready(api, ["node2"], timeout=0, interval=0, since=restarted)
 
 
 def test_wait_nodes_ready_times_out_naming_each_node(api, fake):

@@ -88,11 +88,15 @@ def print_report(report, fmt: str) -> None:
 @click.option("--dry-run", is_flag=True, help="List what would be re-issued, pushed and restarted; change nothing.")
 @click.option("--wait-timeout", default=180.0, show_default=True, type=click.FloatRange(min=1),
               help="Seconds to wait for each component after its restart.")
+@click.option("--no-api", "no_api", is_flag=True,
+              help="Make no API calls (no real kube-apiserver, e.g. the contract stand-ins): a restarted "
+                   "kubelet is not waited for until its Node is Ready.")
 @click.option("--output", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @domain_errors
-def renew(inventory, state_dir, only, dry_run, wait_timeout, fmt):
+def renew(inventory, state_dir, only, dry_run, wait_timeout, no_api, fmt):
     """Re-issue leaf certificates (new keys; never a CA), push them, restart in a safe order
-    (etcd member by member, apiserver host by host, then the rest, then the workers) and check
+    (etcd member by member, apiserver host by host, then the rest, then the workers, each Node
+    Ready again before the next) and check
     by TLS handshake that every endpoint presents its new certificate.
 
     The hosts must match the state (run `installer apply` first). The old files are kept in
@@ -100,7 +104,7 @@ def renew(inventory, state_dir, only, dry_run, wait_timeout, fmt):
     bootstrapping): not renewed here. Exit 0 when every endpoint presents the new certificate."""
     from .. import renew as renew_mod
     report = renew_mod.renew(inventory, state_dir=state_dir, only=only, dry_run=dry_run,
-                             wait_timeout=wait_timeout, log=lambda m: click.echo(m, err=True))
+                             wait_timeout=wait_timeout, use_api=not no_api, log=lambda m: click.echo(m, err=True))
     print_report(report, fmt)
     if fmt == "text":
         click.echo(f"{'would renew' if dry_run else 'renewed'} {len(report.reissued)} certificate(s)"
