@@ -2,10 +2,14 @@
 
 Waits until every apiserver answers /livez and /readyz over TLS (verified with the cluster CA,
 authenticated with the admin certificate) and the controller-manager and scheduler listen on
-their secure ports.
+their secure ports. A running apiserver whose inputs changed (a flag, a certificate, the etcd
+member list) restarts one host at a time, each answering /readyz again before the next: with
+several control hosts the API stays up through the change.
 """
 
 from __future__ import annotations
+
+import threading
 
 from ..health import client_context, wait_ok
 from ..ssh import HostError
@@ -13,6 +17,9 @@ from .base import Context, Event, Phase
 from .select import CONTROL_UNITS, control_plane_part
 
 LOCAL_PORTS = (10257, 10259)
+APISERVER_UNIT = "kube-apiserver.service"
+# the apiserver restarts of one process's runs, one host at a time
+_restart_lock = threading.Lock()
 
 
 def listening_script(ports: tuple[int, ...], timeout: float,
@@ -36,7 +43,19 @@ class StartControlPlane(Phase):
         return [h.name for h in ctx.hosts("control")]
 
     def run_host(self, ctx: Context, host: str) -> Event:
-        return ctx.execute(self.name, host, ctx.changes_for(host, control_plane_part(ctx.plans[host])))
+        changes = ctx.changes_for(host, control_plane_part(ctx.plans[host]))
+        if APISERVER_UNIT not in changes.restart or ctx.options.dry_run:
+            return ctx.execute(self.name, host, changes)
+        with _restart_lock:
+            ev = ctx.execute(self.name, host, changes)
+            h = ctx.inv.host(host)
+            with client_context(ctx.material) as tls:
+                failure = wait_ok(tls, h.address, ctx.inv.spec.apiServer.port, ("/livez", "/readyz"),
+                                  ctx.options.wait_timeout)
+            if failure:
+                raise HostError(host, f"kube-apiserver is not healthy after its restart: {failure}")
+            ev.detail.append("kube-apiserver restarted alone; /readyz ok again")
+            return ev
 
     def finish(self, ctx: Context, events: list[Event]) -> None:
         if ctx.options.dry_run or ctx.settled(events, CONTROL_UNITS):
