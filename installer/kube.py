@@ -635,13 +635,19 @@ def delete_binding(api: k8s.ApiClient, name: str) -> bool:
 def delete_bootstrap_token(api: k8s.ApiClient, token_id: str) -> bool:
     """Delete ``kube-system/bootstrap-token-<id>``; False when it was already gone."""
     name = f"bootstrap-token-{token_id}"
-    try:
-        _call(f"Secret/{name}", k8s.CoreV1Api(api).delete_namespaced_secret, name, TOKEN_NAMESPACE)
-        return True
-    except ApiException as e:
-        if e.status == 404:
-            return False
-        raise KubeError(f"Secret/{name}: delete refused: {_status_message(e)}") from None
+    return found(f"Secret/{name}", "delete", k8s.CoreV1Api(api).delete_namespaced_secret, name, TOKEN_NAMESPACE)
+
+
+RESTARTED_AT = "hiddenplane.io/restartedAt"
+
+
+def restart_workload(api: k8s.ApiClient, kind: str, namespace: str, name: str, stamp: str) -> bool:
+    """A rolling restart of a Deployment or DaemonSet (what ``kubectl rollout restart`` does: a
+    new pod-template annotation); False when there is no such object."""
+    apps = k8s.AppsV1Api(api)
+    patch = {"spec": {"template": {"metadata": {"annotations": {RESTARTED_AT: stamp}}}}}
+    fn = {"Deployment": apps.patch_namespaced_deployment, "DaemonSet": apps.patch_namespaced_daemon_set}[kind]
+    return found(f"{kind}/{namespace}/{name}", "restart", fn, name, namespace, patch)
 
 
 # --- the admin kubeconfig -------------------------------------------------------------------

@@ -103,6 +103,9 @@ def rotate_plan(inv: Inventory, cas: list[str], use_api: bool) -> list[str]:
         steps.append(f"each worker in turn ({', '.join(h.name for h in inv.workers)}): stop kubelet and kube-proxy, "
                      f"remove {' and '.join(KUBELET_CLIENT_FILES)}, push the new CA, serving pair, kube-proxy "
                      "and bootstrap kubeconfigs, start them: the kubelet bootstraps again against the new CA")
+    if use_api and "ca" in cas:
+        names = ", ".join(f"{ns}/{n}" for _, ns, n in api_client_workloads(inv))
+        steps.append(f"restart the add-ons whose pods call the API ({names}): they read the CA once, at start")
     steps.append("check by TLS handshake that every endpoint presents its new certificate, signed by the new CA")
     steps.append("kubeconfigs handed out before (installer kubeconfig) trust the old CA: write them again")
     return steps
@@ -121,6 +124,31 @@ def _api_tokens(ctx: Context, old: Material, report: Report) -> None:
         for token_id in sorted(gone):
             if kube.delete_bootstrap_token(client, token_id):
                 report.steps.append(f"deleted bootstrap token {token_id}")
+
+
+# Helm installs Cilium (not in addon_objects); its agents and operator talk to the API too
+CILIUM_WORKLOADS = (("DaemonSet", "kube-system", "cilium"), ("Deployment", "kube-system", "cilium-operator"))
+
+
+def api_client_workloads(inv) -> list[tuple[str, str, str]]:
+    """The installer's add-ons whose pods call the API: (kind, namespace, name)."""
+    from .render.addons import addon_objects
+    out = [(o["kind"], o["metadata"]["namespace"], o["metadata"]["name"]) for o in addon_objects(inv)
+           if o["kind"] in ("Deployment", "DaemonSet")]
+    return out + (list(CILIUM_WORKLOADS) if inv.spec.network.cni == "cilium" else [])
+
+
+def _restart_api_clients(ctx: Context, report: Report) -> None:
+    """Pods read the cluster CA once, at start: the add-ons' pods would keep refusing the
+    apiserver's new certificate (CoreDNS: "x509: certificate signed by unknown authority"), so
+    they are restarted; their new pods get the new CA from the kube-root-ca.crt ConfigMap."""
+    from . import kube
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    with kube.api_access(ctx.inv, ctx.remotes, ctx.material) as url, \
+            kube.api_client(url, ctx.material) as client:
+        for kind, ns, name in api_client_workloads(ctx.inv):
+            if kube.restart_workload(client, kind, ns, name, stamp):
+                report.steps.append(f"restarted {kind} {ns}/{name} (its pods trusted the old CA)")
 
 
 def _approve_rebootstrap(ctx: Context, host: str, report: Report, timeout: float) -> None:
@@ -213,5 +241,7 @@ def rotate_ca(inventory, *, state_dir=None, which=("all",), yes: bool = False, u
                         approval.result()
                 else:
                     _rebootstrap_worker(ctx, w.name, report, use_api)
+            if use_api and "ca" in cas:
+                _restart_api_clients(ctx, report)
             verify(ctx, before, report, old_cas=old.cas)
     return report

@@ -433,3 +433,27 @@ def test_source_download_with_konnectivity_says_to_use_source_dir(example_doc, t
     with pytest.raises(ArtifactError, match=r"konnectivity-server: .*no release binary.*source: dir"):
         resolve(inv, log=lambda _: None)
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+
+
+# --- after a CA rotation: the add-ons that call the API restart -----------------------------------
+
+def test_ca_rotate_restarts_the_addons_whose_pods_call_the_api(prepared, cilium, client, fake):
+    """Pods read the cluster CA once: after `ca rotate` CoreDNS refused the new apiserver
+    certificate (x509: unknown authority) until restarted. kubectl rollout restart's way: a
+    new pod-template annotation."""
+    from installer import rotate
+    assert rotate.api_client_workloads(prepared.inventory) == [("Deployment", "kube-system", "coredns")]
+    assert rotate.api_client_workloads(cilium.inventory) == [
+        ("Deployment", "kube-system", "coredns"), ("DaemonSet", "kube-system", "konnectivity-agent"),
+        ("DaemonSet", "kube-system", "cilium"), ("Deployment", "kube-system", "cilium-operator")]
+    dep = next(o for o in coredns_objects(prepared.inventory) if o["kind"] == "Deployment")
+    fake.put(copy.deepcopy(dep))
+    assert kube.restart_workload(client, "Deployment", "kube-system", "coredns", "2026-12-02T02:30:00Z")
+    method, path, body = fake.requests[-1]
+    assert (method, path) == ("PATCH", item_path(dep))
+    assert body == {"spec": {"template": {"metadata": {"annotations": {kube.RESTARTED_AT: "2026-12-02T02:30:00Z"}}}}}
+    # absent (e.g. no konnectivity agents): nothing to restart, no error
+    assert not kube.restart_workload(client, "DaemonSet", "kube-system", "konnectivity-agent", "x")
+    steps = rotate.rotate_plan(prepared.inventory, ["ca"], use_api=True)
+    assert any("restart the add-ons whose pods call the API (kube-system/coredns)" in s for s in steps)
+    assert not any("restart the add-ons" in s for s in rotate.rotate_plan(prepared.inventory, ["etcd/ca"], True))
