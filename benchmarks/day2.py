@@ -1,5 +1,5 @@
 """Day-2 node figures on the local lab (1 control + 2 nspawn workers, contract stand-ins, API
-parts skipped as in tests/test_node_lab.py): how long `node add` takes for one worker, how many
+parts skipped: `--skip cluster-bootstrap`, `--skip-cluster`): how long `node add` takes for one worker, how many
 SSH round trips it makes per host and what it uploads to the hosts that are not joining;
 `node add` again (nothing to do); `node remove --skip-cluster` (wipe + routes on the others).
 
