@@ -610,11 +610,11 @@ def token_consumed(api: k8s.ApiClient, node: str) -> bool:
     return found(f"Node/{node}", "read", k8s.CoreV1Api(api).read_node, node)
 
 
-def found(what: str, verb: str, fn: Callable, *args) -> bool:
+def found(what: str, verb: str, fn: Callable, *args, **kwargs) -> bool:
     """Call ``fn`` on the object ``what``; False when it is not there (404: for a delete, what
     we wanted), KubeError naming it and ``verb`` on any other refusal."""
     try:
-        _call(what, fn, *args)
+        _call(what, fn, *args, **kwargs)
         return True
     except ApiException as e:
         if e.status == 404:

@@ -64,6 +64,78 @@ def pods_on(api: k8s.ApiClient, name: str) -> list[k8s.V1Pod]:
         raise KubeError(f"list the pods on {name}: {_status_message(e)}") from None
 
 
+def _referenced(pod: k8s.V1Pod) -> set[tuple[str, str, str]]:
+    """(resource, namespace, name) of the Secrets and ConfigMaps a pod mounts or reads: what the
+    Node authorizer lets its node read while the pod is bound to it."""
+    ns, spec, out = pod.metadata.namespace, pod.spec, set()
+    for v in spec.volumes or []:
+        if v.secret and v.secret.secret_name:
+            out.add(("secrets", ns, v.secret.secret_name))
+        if v.config_map and v.config_map.name:
+            out.add(("configmaps", ns, v.config_map.name))
+        for src in (v.projected.sources or []) if v.projected else []:
+            if src.secret and src.secret.name:
+                out.add(("secrets", ns, src.secret.name))
+            if src.config_map and src.config_map.name:
+                out.add(("configmaps", ns, src.config_map.name))
+    for c in (spec.containers or []) + (spec.init_containers or []):
+        for e in c.env_from or []:
+            if e.secret_ref:
+                out.add(("secrets", ns, e.secret_ref.name))
+            if e.config_map_ref:
+                out.add(("configmaps", ns, e.config_map_ref.name))
+        for e in c.env or []:
+            ref = e.value_from
+            if ref and ref.secret_key_ref:
+                out.add(("secrets", ns, ref.secret_key_ref.name))
+            if ref and ref.config_map_key_ref:
+                out.add(("configmaps", ns, ref.config_map_key_ref.name))
+    for s in spec.image_pull_secrets or []:
+        out.add(("secrets", ns, s.name))
+    return out
+
+
+def may_read(api: k8s.ApiClient, node: str, resource: str, namespace: str, name: str) -> bool:
+    """Whether the apiserver's authorizers (the Node authorizer among them) let ``system:node:
+    <node>`` get that object: a SubjectAccessReview."""
+    body = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+            "spec": {"user": identity(node), "groups": ["system:nodes", "system:authenticated"],
+                     "resourceAttributes": {"verb": "get", "resource": resource, "namespace": namespace,
+                                            "name": name}}}
+    try:
+        r = _call(f"SubjectAccessReview for {identity(node)}", k8s.AuthorizationV1Api(api).create_subject_access_review,
+                  body)
+    except ApiException as e:
+        raise KubeError(f"SubjectAccessReview for {identity(node)}: {_status_message(e)}") from None
+    return bool(r.status and r.status.allowed)
+
+
+def delete_pods_and_their_reads(api: k8s.ApiClient, node: str, timeout: float, interval: float = 0.5
+                                ) -> tuple[list[str], float]:
+    """Force-delete every pod bound to ``node`` (its kubelet is not trusted to stop them) and
+    wait until the identity may read none of the Secrets and ConfigMaps they used: while a pod
+    is bound to a node, the Node authorizer lets that node read them, and the pod garbage
+    collector deletes a deleted Node's pods only after 40 s or more. Returns the deleted pods
+    and the seconds until nothing was readable; KubeError naming what still is after ``timeout``."""
+    core = k8s.CoreV1Api(api)
+    pods = pods_on(api, node)
+    reads = set().union(*(_referenced(p) for p in pods)) if pods else set()
+    deleted = []
+    for p in pods:
+        key = f"{p.metadata.namespace}/{p.metadata.name}"
+        if found(f"Pod/{key}", "delete", core.delete_namespaced_pod, p.metadata.name, p.metadata.namespace,
+                 grace_period_seconds=0):
+            deleted.append(key)
+    start = time.monotonic()
+    while True:
+        left = sorted(f"{r[:-1]}/{ns}/{n}" for r, ns, n in reads if may_read(api, node, r, ns, n))
+        if not left:
+            return deleted, time.monotonic() - start
+        if time.monotonic() - start > timeout:
+            raise KubeError(f"{identity(node)} may still read {', '.join(left)} after {timeout:g}s")
+        time.sleep(interval)
+
+
 @dataclass
 class DrainResult:
     evicted: list[str] = field(default_factory=list)

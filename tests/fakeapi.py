@@ -110,6 +110,12 @@ class FakeCluster:
         return items
 
     def _handle(self, method: str, path: str, query: dict, doc):
+        if path.endswith("/subjectaccessreviews") and method == "POST":
+            # the authorizers' answer: a read is allowed only while a pod bound to the node
+            # (spec.user system:node:<node>) still exists
+            node = doc["spec"]["user"].removeprefix("system:node:")
+            bound = any(o.get("kind") == "Pod" and o["spec"].get("nodeName") == node for o in self.store.values())
+            return 201, {**doc, "status": {"allowed": bound}}
         if path.endswith("/eviction") and method == "POST":
             pod_path = path.removesuffix("/eviction")
             ns, name = pod_path.split("/")[4], pod_path.rpartition("/")[2]
@@ -167,6 +173,7 @@ class FakeCluster:
             self.store[path]["metadata"]["resourceVersion"] = str(self.rv)
             return 200, self.store[path]
         if method == "DELETE":
-            del self.store[path]
-            return 200, _status(200, "", "", name=last)
+            gone = self.store.pop(path)
+            # the apiserver answers a pod's deletion with the pod (the client parses a V1Pod)
+            return 200, (gone if gone.get("kind") == "Pod" else _status(200, "", "", name=last))
         raise AssertionError(f"unexpected {method} {path}")

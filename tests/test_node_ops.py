@@ -198,6 +198,26 @@ def test_drain_evicts_respecting_budgets_and_skips_daemonsets(cluster, fake_api)
     assert evictions.count("/api/v1/namespaces/default/pods/web-2/eviction") == 3
 
 
+def test_revoke_force_deletes_the_pods_and_waits_until_their_secrets_are_unreadable(cluster, fake_api):
+    """While a pod is bound to a node the Node authorizer lets that node read its Secrets (on
+    the real lab a stolen certificate read one after revoke, before the pod GC came)."""
+    p = pod("uses", "node2")
+    p["spec"]["volumes"] = [{"name": "s", "secret": {"secretName": "app-secret"}},
+                            {"name": "p", "projected": {"sources": [{"configMap": {"name": "app-config"}}]}}]
+    p["spec"]["containers"][0]["envFrom"] = [{"secretRef": {"name": "env-secret"}}]
+    cluster.add("/api/v1/namespaces/default/pods", p)
+    cluster.add("/api/v1/namespaces/default/pods", pod("elsewhere", "node3"))
+    with fake_api() as a:
+        deleted, _ = node_api.delete_pods_and_their_reads(a, "node2", timeout=1, interval=0.01)
+    assert deleted == ["default/uses"]
+    assert "/api/v1/namespaces/default/pods/uses" not in cluster.store
+    assert "/api/v1/namespaces/default/pods/elsewhere" in cluster.store
+    reviews = [b["spec"] for m, path, b in cluster.requests if path.endswith("/subjectaccessreviews")]
+    assert {(r["resourceAttributes"]["resource"], r["resourceAttributes"]["name"]) for r in reviews} == {
+        ("secrets", "app-secret"), ("configmaps", "app-config"), ("secrets", "env-secret")}
+    assert {r["user"] for r in reviews} == {"system:node:node2"}
+
+
 def test_drain_times_out_naming_the_blocked_pod(cluster, fake_api):
     seed_node(cluster, "node2")
     cluster.add("/api/v1/namespaces/db/pods", pod("primary", "node2", "db"))
