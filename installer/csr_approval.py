@@ -97,10 +97,7 @@ def approve_pending(api: k8s.ApiClient, token_nodes: Mapping[str, str]) -> list[
     """Decide every pending kubelet client CSR made with a bootstrap token; returns the
     verdicts written (approved or denied), oldest first."""
     certs = k8s.CertificatesV1Api(api)
-    try:
-        items = certs.list_certificate_signing_request().items
-    except ApiException as e:
-        raise CSRError(f"list CSRs: {e.status} {e.reason}") from None
+    items = _list(api)
     out = []
     for csr in sorted(items, key=lambda c: c.metadata.creation_timestamp or 0):
         if csr.spec.signer_name != KUBELET_CLIENT_SIGNER or _decided(csr):
@@ -125,14 +122,17 @@ def approve_pending(api: k8s.ApiClient, token_nodes: Mapping[str, str]) -> list[
     return out
 
 
-def issued_to(api: k8s.ApiClient, token_id: str) -> bool:
-    """Whether a CSR made with bootstrap token ``token_id`` has been approved and signed."""
+def _list(api: k8s.ApiClient) -> list[k8s.V1CertificateSigningRequest]:
     try:
-        items = k8s.CertificatesV1Api(api).list_certificate_signing_request().items
+        return k8s.CertificatesV1Api(api).list_certificate_signing_request().items
     except ApiException as e:
         raise CSRError(f"list CSRs: {e.status} {e.reason}") from None
-    return any(c.spec.username == f"{BOOTSTRAP_USER}{token_id}" and c.status and c.status.certificate
-               for c in items)
+
+
+def _signed_tokens(items: list[k8s.V1CertificateSigningRequest]) -> set[str]:
+    """The bootstrap token ids with an approved and signed CSR among ``items``."""
+    return {c.spec.username[len(BOOTSTRAP_USER):] for c in items
+            if (c.spec.username or "").startswith(BOOTSTRAP_USER) and c.status and c.status.certificate}
 
 
 def approve_until_issued(api: k8s.ApiClient, token_nodes: Mapping[str, str], token_ids: list[str],
@@ -143,7 +143,8 @@ def approve_until_issued(api: k8s.ApiClient, token_nodes: Mapping[str, str], tok
     deadline = time.monotonic() + timeout
     while True:
         verdicts += approve_pending(api, token_nodes)
-        waiting = [token_nodes.get(t, t) for t in token_ids if not issued_to(api, t)]
+        signed = _signed_tokens(_list(api))           # one list a round, for every token
+        waiting = [token_nodes.get(t, t) for t in token_ids if t not in signed]
         if not waiting:
             return verdicts
         if time.monotonic() >= deadline:
