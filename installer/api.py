@@ -13,7 +13,7 @@ from .pki.material import Changes, Material, ensure
 from .render.files import HostPlan
 from .render.kubeconfig import kubeconfig
 from .render.plan import render_cluster, write_tree
-from .state import StateDir, default_state_dir, write_atomic
+from .state import StateDir, check_not_moved, default_state_dir, write_atomic
 
 
 @dataclass
@@ -35,7 +35,12 @@ def as_inventory(inventory: str | Path | Inventory) -> Inventory:
 
 
 def state_for(inv: Inventory, state_dir: str | Path | None) -> StateDir:
-    return StateDir(Path(state_dir) if state_dir else default_state_dir(inv.metadata.name))
+    """``--state DIR``, else the default next to the inventory (see state.default_state_dir)."""
+    if state_dir:
+        return StateDir(Path(state_dir))
+    root = default_state_dir(inv)
+    check_not_moved(inv, root)
+    return StateDir(root)
 
 
 def prepare(path: str | Path, state_dir: str | Path | None = None,
@@ -43,10 +48,10 @@ def prepare(path: str | Path, state_dir: str | Path | None = None,
     """Validate, bring the PKI in the state directory up to date, and render every host."""
     inv = validate(path)
     state = state_for(inv, state_dir)
-    state.ensure_root()
-    material, changes = ensure(inv, state.load(inv), now)
-    state.save(material)
-    write_admin_kubeconfig(inv, state, material)
+    with state.locked():
+        material, changes = ensure(inv, state.load(inv), now)
+        state.save(material)
+        write_admin_kubeconfig(inv, state, material)
     return Prepared(inv, state, material, changes, render_cluster(inv, material))
 
 

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-from . import api
+from . import api, trust
 from .errors import InstallerError
 from .ledger import Ledger, check_inventory
 from .phases import ALWAYS, PHASE_NAMES, PHASES, SKIPPED_WITH
@@ -89,7 +89,15 @@ def run(inventory_path, state_dir=None, options: Options | None = None,
         log: Callable[[str], None] = print, on_event: Callable[[Event], None] | None = None,
         check: Callable[[Context], None] | None = None) -> Report:
     """``check``: called once the hosts' facts are known, before the lock and any change; it
-    may refuse the run by raising (e.g. `node add` refusing other pending edits)."""
+    may refuse the run by raising (e.g. `node add` refusing other pending edits). The state
+    directory is held for the whole run: a second run on it would make other keys."""
+    inv = api.as_inventory(inventory_path)
+    with api.state_for(inv, state_dir).locked():
+        return _run(inv, state_dir, options, log, on_event, check)
+
+
+def _run(inventory_path, state_dir, options: Options | None, log: Callable[[str], None],
+         on_event: Callable[[Event], None] | None, check: Callable[[Context], None] | None) -> Report:
     options = options or Options()
     check_phase_names(options.only, "--only")
     check_phase_names(options.skip, "--skip")
@@ -130,8 +138,11 @@ def run(inventory_path, state_dir=None, options: Options | None = None,
                     for ev in ctx.events[before:]:
                         on_event(ev)
                 report.events += [e for e in events if e not in report.events]
-                if phase.name == "connect" and check is not None:
-                    check(ctx)
+                if phase.name == "connect":
+                    # before the lock and any change, in a dry run too
+                    trust.check(ctx.plans, ctx.facts, str(ctx.state.root), "ca" in ctx.pki_changes.reasons)
+                    if check is not None:
+                        check(ctx)
     finally:
         release(ctx)
         for name, remote in ctx.remotes.items():

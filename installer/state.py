@@ -8,6 +8,7 @@ Layout (all under one directory, 0700; every key, token and kubeconfig 0600)::
     secrets/tokens.yaml          per-node bootstrap tokens with expiry
     admin.conf                   admin kubeconfig pointing at the API endpoint
     network.yaml                 each worker's pod CIDR (cni: routes), node: CIDR; not secret (0644)
+    .lock                        empty; flocked by the installer process using the state (0600)
 
 Writes are atomic (temp file + rename) and only touch what changed.
 """
@@ -16,9 +17,13 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import fcntl
 import os
 import stat
+import threading
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import yaml
 
@@ -36,9 +41,31 @@ NETWORK_HEADER = b"""\
 """
 
 
-def default_state_dir(cluster: str) -> Path:
+STATE_SUBDIR = ".hiddenplane"
+LOCK_NAME = ".lock"
+
+
+def default_state_dir(inv: Inventory) -> Path:
+    """The one rule: next to the inventory file, ``<its directory>/.hiddenplane/<cluster>``, so
+    every command (and whoever runs it, sudo or not) finds the same state from the inventory
+    alone."""
+    return (inv.base_dir / STATE_SUBDIR / inv.metadata.name).resolve()
+
+
+def legacy_state_dir(cluster: str) -> Path:
+    """Where earlier versions kept the state by default (per user: sudo found another)."""
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(base) / "hiddenplane" / cluster
+
+
+def check_not_moved(inv: Inventory, root: Path) -> None:
+    """Refuse to start a new, empty state when this cluster's PKI sits at the old default:
+    a new CA pushed to hosts that trust the old one breaks the whole cluster."""
+    old = legacy_state_dir(inv.metadata.name)
+    if not (root / "pki" / "ca.crt").exists() and (old / "pki" / "ca.crt").exists() and old.resolve() != root:
+        raise StateError(f"the state of cluster {inv.metadata.name} is at {old} (the default of earlier versions); "
+                         f"the default is now next to the inventory: move it there (mv {old} {root}) "
+                         f"or pass --state {old}")
 
 
 def write_atomic(path: Path, data: bytes, mode: int) -> bool:
@@ -64,9 +91,78 @@ def write_atomic(path: Path, data: bytes, mode: int) -> bool:
     return True
 
 
+class StateBusy(StateError):
+    """Another installer process holds the state directory."""
+
+
+# this process's held state locks: root -> [fd, depth]; nested users (a day-2 command calling
+# apply) share the one flock, which a second open file description would fight over
+_held: dict[Path, list[int]] = {}
+_held_guard = threading.Lock()
+
+
+def _flock_holder(st: os.stat_result) -> str:
+    """Who holds the flock on the file ``st`` describes, from /proc/locks (nothing written to
+    the lock file, so a held state stays byte-for-byte unchanged)."""
+    ident = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        for line in Path("/proc/locks").read_text().splitlines():
+            cols = line.split()
+            if len(cols) > 5 and cols[1] == "FLOCK" and cols[5] == ident:
+                pid = cols[4]
+                try:
+                    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                    cmd = " ".join(a.decode(errors="replace") for a in argv[1:4] if a)
+                except OSError:
+                    cmd = ""
+                return f"process {pid}" + (f" ({cmd})" if cmd else "")
+    except OSError:
+        pass
+    return "another process"
+
+
 class StateDir:
     def __init__(self, root: Path):
         self.root = Path(root).expanduser()
+
+    @contextmanager
+    def locked(self, create: bool = True) -> Iterator["StateDir"]:
+        """Hold the state directory for this process (an flock on ``.lock``, re-entrant within
+        the process); another process holding it is an error naming it, never a wait: two
+        operators racing on one PKI must not both write it. ``create=False``: a directory that
+        does not exist is left so (nothing to hold; whoever creates it takes the lock)."""
+        if not create and not self.root.is_dir():
+            yield self
+            return
+        self.ensure_root()
+        key = self.root.resolve()
+        with _held_guard:
+            if key in _held:
+                _held[key][1] += 1
+                fd = None
+            else:
+                fd = self._flock(key / LOCK_NAME)
+                _held[key] = [fd, 1]
+        try:
+            yield self
+        finally:
+            with _held_guard:
+                _held[key][1] -= 1
+                if _held[key][1] == 0:
+                    os.close(_held.pop(key)[0])     # closing the descriptor drops the flock
+
+    def _flock(self, path: Path) -> int:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as e:
+            raise StateError(f"state directory {self.root}: cannot open {path.name}: {e.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _flock_holder(os.fstat(fd))
+            os.close(fd)
+            raise StateBusy(f"state directory {self.root} is in use by {holder}; wait for it to finish") from None
+        return fd
 
     # -- layout --
     def pki(self, name: str, ext: str) -> Path:

@@ -383,7 +383,7 @@ def test_skipping_cluster_bootstrap_skips_addons(prepared, monkeypatch):
         raise RuntimeError("stop here")
     monkeypatch.setattr(runner, "context", stop)
     with pytest.raises(RuntimeError, match="stop here"):
-        runner.run("unused.yaml", options=Options(skip=frozenset({"cluster-bootstrap"})))
+        runner.run(prepared.inventory, prepared.state.root, options=Options(skip=frozenset({"cluster-bootstrap"})))
     assert seen[0].skip == {"cluster-bootstrap", "addons"}
 
 

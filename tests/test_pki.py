@@ -482,7 +482,8 @@ def test_permissions(fresh):
     _, inv, state = fresh
     assert stat.S_IMODE(state.stat().st_mode) == 0o700
     snap = snapshot(state)
-    secret = [k for k in snap if k.endswith(".key") or k.startswith("secrets/") or k == "admin.conf"]
+    # .lock: empty, the flock of whoever uses the state (0600 like everything not public)
+    secret = [k for k in snap if k.endswith(".key") or k.startswith("secrets/") or k in ("admin.conf", ".lock")]
     assert len([k for k in secret if k.startswith("pki/")]) == len(ALL_NAMES) + 1    # + sa.key
     assert {"secrets/tokens.yaml", "secrets/encryption.key", "admin.conf"} <= set(secret)
     for k in secret:

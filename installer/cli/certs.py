@@ -7,11 +7,12 @@ import json
 
 import click
 
+from .options import STATE_DEFAULT
 from .errors import domain_errors
 from .output import table
 
 STATE_HELP = ("Local state directory holding the PKI. "
-              "Default: $XDG_STATE_HOME/hiddenplane/<cluster> (~/.local/state/hiddenplane/<cluster>).")
+              + STATE_DEFAULT)
 
 
 @click.group()

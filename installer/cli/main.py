@@ -6,6 +6,7 @@ import json
 
 import click
 
+from .options import STATE_DEFAULT
 from .. import __version__, api
 from ..inventory import json_schema
 from .. import runner
@@ -21,7 +22,7 @@ from .reset import reset
 from .output import Progress
 
 STATE_HELP = ("Local state directory holding the PKI (0700). "
-              "Default: $XDG_STATE_HOME/hiddenplane/<cluster> (~/.local/state/hiddenplane/<cluster>).")
+              + STATE_DEFAULT)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

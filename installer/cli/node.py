@@ -6,12 +6,13 @@ import json
 
 import click
 
+from .options import STATE_DEFAULT
 from .. import api, node_ops
 from .errors import domain_errors
 from .output import Progress, nothing_without_yes, table
 
 STATE_HELP = ("Local state directory holding the PKI and the node ledger. "
-              "Default: $XDG_STATE_HOME/hiddenplane/<cluster> (~/.local/state/hiddenplane/<cluster>).")
+              + STATE_DEFAULT)
 
 
 def _common(f):

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import click
 
+from .options import STATE_DEFAULT
 from .. import reset as reset_mod
 from .errors import domain_errors
 
 STATE_HELP = ("Local state directory (kept unless --purge). "
-              "Default: $XDG_STATE_HOME/hiddenplane/<cluster> (~/.local/state/hiddenplane/<cluster>).")
+              + STATE_DEFAULT)
 
 
 @click.command()

@@ -1,0 +1,80 @@
+"""Where the state directory is found, and that one process at a time uses it (no hosts)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from click.testing import CliRunner
+
+from installer import api
+from installer.cli.main import cli
+from installer.state import StateDir
+
+from .conftest import write_inventory
+
+HOLD = """
+import sys, time
+from installer.state import StateDir
+with StateDir(sys.argv[1]).locked():
+    print("held", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_the_state_is_found_next_to_the_inventory(doc, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    (tmp_path / "site").mkdir()
+    inv = write_inventory(tmp_path / "site", doc)
+    out = CliRunner().invoke(cli, ["plan", str(inv), "--render", str(tmp_path / "out")])
+    assert out.exit_code == 0, out.output
+    root = tmp_path / "site" / ".hiddenplane" / doc["metadata"]["name"]
+    assert f"state: {root}" in out.output
+    assert (root / "pki" / "ca.crt").is_file() and not (tmp_path / "xdg").exists()
+    # any other command, from anywhere, finds the same state from the inventory alone
+    monkeypatch.chdir(tmp_path)
+    kc = tmp_path / "admin.kubeconfig"
+    out = CliRunner().invoke(cli, ["kubeconfig", str(inv), "-o", str(kc)])
+    assert out.exit_code == 0, out.output
+    assert kc.read_text() == (root / "admin.conf").read_text()
+
+
+def test_a_state_left_at_the_old_default_is_not_replaced_by_a_new_one(doc, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    old = tmp_path / "xdg" / "hiddenplane" / doc["metadata"]["name"]
+    inv = write_inventory(tmp_path, doc)
+    api.prepare(inv, old)
+    out = CliRunner().invoke(cli, ["plan", str(inv), "--render", str(tmp_path / "out")])
+    assert out.exit_code == 2
+    new = tmp_path / ".hiddenplane" / doc["metadata"]["name"]
+    assert f"is at {old}" in out.output and f"mv {old} {new}" in out.output and f"--state {old}" in out.output
+    assert not (new / "pki").exists()
+
+
+def test_a_state_in_use_by_another_process_is_refused(doc, tmp_path):
+    inv, state = write_inventory(tmp_path, doc), tmp_path / "state"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(state)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        out = CliRunner().invoke(cli, ["plan", str(inv), "--render", str(tmp_path / "out"), "--state", str(state)])
+        assert out.exit_code == 2
+        assert f"state directory {state} is in use by process {holder.pid}" in out.output
+        assert not (state / "pki").exists()         # nothing written
+    finally:
+        holder.kill()
+        holder.wait()
+    # the holder's death releases it
+    out = CliRunner().invoke(cli, ["plan", str(inv), "--render", str(tmp_path / "out"), "--state", str(state)])
+    assert out.exit_code == 0, out.output
+
+
+def test_the_state_lock_is_reentrant_within_a_process(tmp_path):
+    s = StateDir(tmp_path / "s")
+    with s.locked(), StateDir(tmp_path / "s").locked():
+        pass
+    with s.locked():                # released after the outer block: taken again
+        pass
+    assert not (tmp_path / "absent").exists()
+    with StateDir(tmp_path / "absent").locked(create=False):
+        pass
+    assert not (tmp_path / "absent").exists()
