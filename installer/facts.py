@@ -9,6 +9,7 @@ every file is examined by one `stat` and one `awk` for all, not a few processes 
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass, field
 
 STATE_DIR = "/var/lib/hiddenplane"
@@ -56,6 +57,7 @@ while IFS="$T" read -r kind p; do
     D) if [ -d "$p" ]; then printf 'D\t%s\t%s\n' "$p" "$(stat --printf '%a\t%U\t%G' "$p")"; fi;;
     U) printf 'U\t%s\t%s\t%s\n' "$p" "$(systemctl is-active "$p" 2>/dev/null || true)" \
          "$(systemctl is-enabled "$p" 2>/dev/null || true)";;
+    C) if [ -f "$p" ]; then printf 'C\t%s\t%s\n' "$p" "$(head -c 65536 "$p" | base64 | tr -d '\n')"; fi;;
   esac
 done
 # files: one stat for all; a file whose size and mtime match the manifest reports the digest
@@ -114,10 +116,13 @@ class HostFacts:
     files: dict[str, FileFact] = field(default_factory=dict)
     dirs: dict[str, DirFact] = field(default_factory=dict)
     units: dict[str, tuple[str, str]] = field(default_factory=dict)  # unit -> (active, enabled)
+    trusted: dict[str, bytes] = field(default_factory=dict)   # CA certificate file -> its content
 
 
-def probe_input(files: list[str], dirs: list[str], units: list[str]) -> bytes:
-    lines = [f"F\t{p}" for p in files] + [f"D\t{d}" for d in dirs] + [f"U\t{u}" for u in units]
+def probe_input(files: list[str], dirs: list[str], units: list[str], trust: list[str] = ()) -> bytes:
+    """``trust``: CA certificate files whose content the probe returns (public; a few KiB)."""
+    lines = ([f"F\t{p}" for p in files] + [f"D\t{d}" for d in dirs] + [f"U\t{u}" for u in units]
+             + [f"C\t{p}" for p in trust])
     return ("\n".join(lines) + "\n").encode()
 
 
@@ -174,6 +179,11 @@ def parse(output: str) -> HostFacts:
             facts.dirs[path] = DirFact(int(mode, 8), owner, group)
         elif kind == "U" and len(cols) == 3:
             facts.units[cols[0]] = (cols[1], cols[2])
+        elif kind == "C" and len(cols) == 2:
+            try:
+                facts.trusted[cols[0]] = base64.b64decode(cols[1], validate=True)
+            except ValueError:
+                raise ValueError(f"the facts probe sent unreadable content for {cols[0]}") from None
     if not complete:
         raise ValueError("the facts probe did not finish")
     for path, (mode, owner, group) in unhashed.items():

@@ -23,8 +23,7 @@ class ConnectHosts(Phase):
         return [h.name for h in hosts]
 
     def run_host(self, ctx: Context, host: str) -> Event:
-        files, dirs, units = managed_paths(ctx, host)
-        out = ctx.remotes[host].run(PROBE, stdin=probe_input(files, dirs, units), what="read facts")
+        out = ctx.remotes[host].run(PROBE, stdin=probe_input(*managed_paths(ctx, host)), what="read facts")
         try:
             ctx.facts[host] = parse(out.stdout)
         except ValueError as e:

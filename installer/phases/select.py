@@ -46,11 +46,12 @@ def binaries_part(ctx: Context, host: str) -> Selection:
     return Selection(files=tuple(binary_files(ctx.artifacts, ctx.inv.host(host).role)))
 
 
-def managed_paths(ctx: Context, host: str) -> tuple[list[str], list[str], list[str]]:
-    """Everything the probe must look at on ``host``: planned files and binaries, dirs, units."""
+def managed_paths(ctx: Context, host: str) -> tuple[list[str], list[str], list[str], list[str]]:
+    """Everything the probe must look at on ``host``: planned files and binaries, dirs, units,
+    and the CA certificate files whose content it returns."""
     plan = ctx.plans[host]
     files = list(plan.files) + list(plan.absent) + [f.path for f in binaries_part(ctx, host).files]
-    return files, list(plan.dirs), list(plan.units)
+    return files, list(plan.dirs), list(plan.units), [f.path for f in plan.files.values() if f.trust]
 
 
 def phase_parts(ctx: Context, host: str) -> dict[str, Selection]:

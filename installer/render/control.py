@@ -304,14 +304,14 @@ def render_control(inv: Inventory, host: HostSpec, material: Material) -> HostPl
     api, cm, sched, etcd = ("kube-apiserver.service", "kube-controller-manager.service",
                             "kube-scheduler.service", ETCD_UNIT)
     ca = material.pair(CLUSTER_CA)
-    plan.add(HostFile(P["ca.crt"], issue.cert_pem(ca.cert), 0o644, restarts=(api, cm, sched)))
+    plan.add(HostFile(P["ca.crt"], issue.cert_pem(ca.cert), 0o644, restarts=(api, cm, sched), trust=True))
     # the controller-manager signs kubelet client certificates with the cluster CA
     plan.add(HostFile(P["ca.key"], issue.key_pem(ca.key), 0o600, secret=True, restarts=(cm,)))
     plan.add(HostFile(P["front-proxy-ca.crt"], issue.cert_pem(material.pair(FRONT_PROXY_CA).cert), 0o644,
-                      restarts=(api, cm)))
+                      restarts=(api, cm), trust=True))
     etcd_ca = issue.cert_pem(material.pair(ETCD_CA).cert)
-    plan.add(HostFile(P["etcd-ca.crt"], etcd_ca, 0o644, restarts=(api,)))
-    plan.add(HostFile(f"{ETCD_PKI_DIR}/ca.crt", etcd_ca, 0o644, "etcd", "etcd", restarts=(etcd,)))
+    plan.add(HostFile(P["etcd-ca.crt"], etcd_ca, 0o644, restarts=(api,), trust=True))
+    plan.add(HostFile(f"{ETCD_PKI_DIR}/ca.crt", etcd_ca, 0o644, "etcd", "etcd", restarts=(etcd,), trust=True))
     plan.add(HostFile(P["sa.key"], issue.key_pem(material.sa_key), 0o600, secret=True, restarts=(api, cm)))
     plan.add(HostFile(P["sa.pub"], issue.public_pem(material.sa_key), 0o644, restarts=(api,)))
     for name in ("apiserver", "apiserver-kubelet-client", "apiserver-etcd-client", "front-proxy-client"):

@@ -27,6 +27,7 @@ class HostFile:
     owner: str = "root"
     group: str = "root"
     secret: bool = False                 # never shown in diffs or logs
+    trust: bool = False                  # a CA certificate (bundle) the host trusts: see installer/trust.py
     restarts: tuple[str, ...] = ()       # units to restart when this file changes
     # large files (binaries) are not held in memory: read from ``source`` when uploaded,
     # with the digest taken from the artifacts' checksum file

@@ -126,7 +126,7 @@ def render_worker(inv: Inventory, host: HostSpec, material: Material, facts: Hos
 
     ca = material.pair(CLUSTER_CA)
     ca_pem = issue.cert_pem(ca.cert)
-    plan.add(HostFile(f"{PKI_DIR}/ca.crt", ca_pem, 0o644, restarts=(kubelet,)))
+    plan.add(HostFile(f"{PKI_DIR}/ca.crt", ca_pem, 0o644, restarts=(kubelet,), trust=True))
     serving = material.pair(f"kubelet/{host.name}-serving")
     plan.add(HostFile(f"{KUBELET_DIR}/pki/kubelet.crt", issue.cert_pem(serving.cert), 0o644, restarts=(kubelet,)))
     plan.add(HostFile(f"{KUBELET_DIR}/pki/kubelet.key", issue.key_pem(serving.key), 0o600, secret=True,

@@ -1,0 +1,93 @@
+"""The CA guard (installer/trust.py): pure, with plans rendered from two PKIs and facts made
+of the files a host would hold."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from installer import trust
+from installer.facts import HostFacts
+from installer.pki import issue
+from installer.pki.material import Material, ensure
+from installer.render.plan import render_cluster
+
+NOW = dt.datetime(2026, 12, 1, tzinfo=dt.timezone.utc)
+
+
+@pytest.fixture(scope="module")
+def two_pkis(prepared):
+    other, _ = ensure(prepared.inventory, Material(), NOW)
+    return prepared.plans, render_cluster(prepared.inventory, other)
+
+
+def holding(plans, pick=lambda host, path: True) -> dict[str, HostFacts]:
+    """Facts of hosts holding ``plans``' CA files (those ``pick`` keeps)."""
+    out = {}
+    for host, plan in plans.items():
+        f = HostFacts()
+        f.trusted = {p: hf.content for p, hf in plan.files.items() if hf.trust and pick(host, p)}
+        out[host] = f
+    return out
+
+
+def test_every_ca_file_is_marked_and_probed(prepared):
+    cp1 = {p for p, f in prepared.plans["cp1"].files.items() if f.trust}
+    assert cp1 == {"/etc/kubernetes/pki/ca.crt", "/etc/kubernetes/pki/front-proxy-ca.crt",
+                   "/etc/kubernetes/pki/etcd/ca.crt", "/etc/etcd/pki/ca.crt"}
+    node2 = {p for p, f in prepared.plans["node2"].files.items() if f.trust}
+    assert node2 == {"/etc/kubernetes/pki/ca.crt"}
+
+
+def test_the_same_ca_passes_and_another_is_refused(two_pkis, prepared):
+    ours, theirs = two_pkis
+    assert trust.mismatches(ours, holding(ours)) == []
+    found = trust.mismatches(theirs, holding(ours))
+    assert {(m.host, m.path) for m in found} == {(h, p) for h, plan in ours.items()
+                                                  for p, f in plan.files.items() if f.trust}
+    with pytest.raises(trust.TrustMismatch) as e:
+        trust.check(theirs, holding(ours), "/s", new_ca=True)
+    text = str(e.value)
+    ca_on_host = trust.certificates(ours["cp1"].files["/etc/kubernetes/pki/ca.crt"].content)[0]
+    ca_in_state = trust.certificates(theirs["cp1"].files["/etc/kubernetes/pki/ca.crt"].content)[0]
+    assert ca_on_host.short in text and ca_in_state.short in text and ca_on_host.short != ca_in_state.short
+    assert "/s: nothing was changed" in text and "would have made a new one" in text
+    for advice in ("--state DIR", "installer reset INVENTORY --yes", "installer ca rotate INVENTORY"):
+        assert advice in text
+    assert e.value.exit_code == 2
+    assert text.count("\n  cp1 ") + text.count("\n  node") <= trust.SHOWN + 1
+
+
+def test_a_bundle_sharing_one_ca_passes_and_a_host_without_the_file_is_not_compared(two_pkis):
+    ours, theirs = two_pkis
+    facts = holding(ours)
+    for f in facts.values():        # mid-rotation: old + new
+        f.trusted = {p: pem + theirs_pem for p, pem in f.trusted.items()
+                     for theirs_pem in [next(hf.content for hp in theirs.values() for q, hf in hp.files.items()
+                                             if q == p)]}
+    assert trust.mismatches(theirs, facts) == [] and trust.mismatches(ours, facts) == []
+    assert trust.mismatches(theirs, holding(ours, pick=lambda host, path: False)) == []
+
+
+def test_unreadable_content_on_the_host_is_a_mismatch(prepared):
+    facts = holding(prepared.plans)
+    facts["node2"].trusted["/etc/kubernetes/pki/ca.crt"] = b"garbage"
+    (m,) = trust.mismatches(prepared.plans, facts)
+    assert (m.host, m.on_host) == ("node2", ())
+    assert "no readable certificate" in trust.message([m], "/s", new_ca=False)
+
+
+def test_the_probe_returns_the_ca_files(tmp_path):
+    """The probe script itself, run locally on a file tree: C lines carry the content."""
+    import base64
+    import subprocess
+    from installer.facts import PROBE, parse, probe_input
+    pem = issue.cert_pem(issue.make_ca("probe-ca", issue.new_key("ecdsa-p256"), 1, NOW))
+    (tmp_path / "ca.crt").write_bytes(pem)
+    out = subprocess.run(["/bin/sh", "-c", PROBE],
+                         input=probe_input([], [], [], [str(tmp_path / "ca.crt"), str(tmp_path / "absent.crt")]),
+                         capture_output=True, check=True)
+    facts = parse(out.stdout.decode())
+    assert facts.trusted == {str(tmp_path / "ca.crt"): pem}
+    assert base64.b64encode(pem).decode() in out.stdout.decode()
