@@ -33,6 +33,7 @@ from . import api, runner
 from .errors import InstallerError
 from .etcd_ops import EtcdOpError, Member, _tls, control_remotes, parse_members
 from .inventory import HostSpec, Inventory
+from .phases.acquire_lock import cluster_lock
 from .phases.base import Event, Options
 from .phases.select import CONTROL_UNITS, ETCD_UNIT
 from .phases.start_etcd import LOCAL, endpoint_health_script, error_line, member_list
@@ -300,8 +301,14 @@ def add(inventory, name: str, *, state_dir=None, allow_even: bool = False, wait_
         log: Callable[[str], None] = print) -> Change:
     """Add control host ``name`` (in the inventory, not yet a member) to etcd: as a learner,
     then promoted; then converge the control hosts. Resumes an add that stopped after
-    registering the learner."""
+    registering the learner. Holds the apply lock throughout."""
     inv = api.as_inventory(inventory)
+    with cluster_lock(inv, log=log):
+        return _add(inv, name, state_dir=state_dir, allow_even=allow_even, wait_timeout=wait_timeout, log=log)
+
+
+def _add(inv: Inventory, name: str, *, state_dir, allow_even: bool, wait_timeout: float,
+         log: Callable[[str], None]) -> Change:
     try:
         host = inv.host(name)
     except KeyError:
@@ -369,6 +376,17 @@ def remove(inventory, name: str, *, state_dir=None, allow_even: bool = False, ho
     inventory and run `installer apply` afterwards)."""
     del state_dir
     inv = api.as_inventory(inventory)
+    if dry_run:
+        return _remove(inv, name, allow_even=allow_even, host_unreachable=host_unreachable,
+                       wait_timeout=wait_timeout, log=log, dry_run=True)
+    # a host already gone holds no lock to take
+    with cluster_lock(inv, skip=frozenset({name}) if host_unreachable else frozenset(), log=log):
+        return _remove(inv, name, allow_even=allow_even, host_unreachable=host_unreachable,
+                       wait_timeout=wait_timeout, log=log, dry_run=False)
+
+
+def _remove(inv: Inventory, name: str, *, allow_even: bool, host_unreachable: bool, wait_timeout: float,
+            log: Callable[[str], None], dry_run: bool) -> Change:
     in_inventory = {h.name: h for h in inv.spec.hosts}
     if name in in_inventory and in_inventory[name].role != "control":
         raise InstallerError(f"{name}: is a {in_inventory[name].role}, not a control host: it is no etcd member")

@@ -27,6 +27,7 @@ from . import api
 from .errors import InstallerError
 from .fetch import binary_path
 from .inventory import HostSpec, Inventory
+from .phases.acquire_lock import cluster_lock
 from .phases.select import CONTROL_UNITS, ETCD_UNIT
 from .phases.start_control_plane import LOCAL_PORTS, listening_script
 from .phases.start_etcd import LOCAL, endpoint_health_script, etcdctl
@@ -195,8 +196,13 @@ def _restore_script(inv: Inventory, host: HostSpec, snap: str, stamp: str) -> st
 
 def snapshot_restore(inventory_path, snapshot, wait_timeout: float = 120,
                      log: Callable[[str], None] = print) -> list[str]:
-    """Restore ``snapshot`` on every member. Returns the hosts restored."""
+    """Restore ``snapshot`` on every member, holding the apply lock. Returns the hosts restored."""
     inv = api.validate(inventory_path)
+    with cluster_lock(inv, log=log):
+        return _snapshot_restore(inv, snapshot, wait_timeout, log)
+
+
+def _snapshot_restore(inv: Inventory, snapshot, wait_timeout: float, log: Callable[[str], None]) -> list[str]:
     snapshot = Path(snapshot)
     try:
         data = snapshot.read_bytes()

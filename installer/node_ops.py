@@ -26,6 +26,7 @@ from .errors import InstallerError
 from .inventory import HostSpec, Inventory
 from .ledger import Entry, Ledger, NodeRetiredError, check_inventory, revoked_message
 from .network import ROUTES_UNIT
+from .phases.acquire_lock import cluster_lock
 from .phases.base import Options
 from .phases.select import planned_changes
 from .pki.material import Material, ensure
@@ -284,8 +285,29 @@ def _refresh_others(t: Target, skip: frozenset[str], log, out: Outcome, accept_n
 
 def remove(inventory, name: str, state_dir=None, *, timeout: float = 300.0, skip_cluster: bool = False,
            host_unreachable: bool = False, allow_even: bool = False, accept_new_host_keys: bool = False,
-           api_factory: ApiFactory | None = None, refresh_others: bool = True, log=print) -> Outcome:
+           api_factory: ApiFactory | None = None, refresh_others: bool = True, hold_lock: bool = True,
+           log=print) -> Outcome:
+    """``hold_lock=False``: for tests with no hosts at all (the apply lock lives on them)."""
     t, ledger = _target(inventory, state_dir, name)
+    with _lock(t, hold_lock, _gone(t, host_unreachable), log):
+        return _remove(t, ledger, timeout=timeout, skip_cluster=skip_cluster, host_unreachable=host_unreachable,
+                       allow_even=allow_even, accept_new_host_keys=accept_new_host_keys, api_factory=api_factory,
+                       refresh_others=refresh_others, log=log)
+
+
+def _lock(t: Target, hold: bool, skip: frozenset[str], log) -> ContextManager:
+    return cluster_lock(t.inv, skip=skip, log=log) if hold else contextlib.nullcontext()
+
+
+def _gone(t: Target, host_unreachable: bool) -> frozenset[str]:
+    """The hosts whose lock cannot be taken: the target itself when it is gone."""
+    return frozenset({t.host.name}) if host_unreachable else frozenset()
+
+
+def _remove(t: Target, ledger: Ledger, *, timeout: float, skip_cluster: bool, host_unreachable: bool,
+            allow_even: bool, accept_new_host_keys: bool, api_factory: ApiFactory | None, refresh_others: bool,
+            log) -> Outcome:
+    name = t.host.name
     out = Outcome(name)
     if t.host.role == "control":
         from . import etcd_members
@@ -341,13 +363,23 @@ def _wait_enforced(inv: Inventory, material: Material, name: str, timeout: float
 def revoke(inventory, name: str, state_dir=None, *, host_unreachable: bool = False,
            accept_new_host_keys: bool = False, api_factory: ApiFactory | None = None,
            refresh_others: bool = True, refresh_skip: frozenset[str] = frozenset(),
-           policy_timeout: float = 60.0, log=print) -> Outcome:
+           policy_timeout: float = 60.0, hold_lock: bool = True, log=print) -> Outcome:
     """Shut ``system:node:<name>`` out for good: deny its writes, delete its way to renew or
     re-bootstrap, delete its Node, record it, wipe the host (when reachable)."""
     t, ledger = _target(inventory, state_dir, name)
     if t.host.role == "control":
         raise NodeOpError(f"{name} is a control host: it has no node identity to revoke; use `installer node "
                           "remove` and, if its keys may be stolen, `installer ca rotate`")
+    with _lock(t, hold_lock, frozenset(), log):
+        return _revoke(t, ledger, host_unreachable=host_unreachable, accept_new_host_keys=accept_new_host_keys,
+                       api_factory=api_factory, refresh_others=refresh_others, refresh_skip=refresh_skip,
+                       policy_timeout=policy_timeout, log=log)
+
+
+def _revoke(t: Target, ledger: Ledger, *, host_unreachable: bool, accept_new_host_keys: bool,
+            api_factory: ApiFactory | None, refresh_others: bool, refresh_skip: frozenset[str],
+            policy_timeout: float, log) -> Outcome:
+    name = t.host.name
     out = Outcome(name)
     material = _material(with_host(t.inv, t.host), t.state)
     revoked = sorted(set(ledger.revoked_names()) | {name})

@@ -114,7 +114,7 @@ def reset(inventory, *, state_dir=None, yes: bool = False, keep_data: bool = Fal
             for h in controls:
                 drop(remotes[h.name], run_id)
             raise TeardownError("; ".join(
-                f"{n}: another apply holds the lock: {v}" if isinstance(v, str) else str(v) for n, v in held.items())
+                f"{n}: another command holds the apply lock: {v}" if isinstance(v, str) else str(v) for n, v in held.items())
                 + ": nothing was done")
         try:
             for role in ("worker", "control"):

@@ -160,11 +160,43 @@ def test_a_live_lock_is_respected(applab, tmp_path):
         changed.write_text(yaml.safe_dump(doc))
         proc = run_installer("apply", str(changed), "--state", str(applab.state), "--skip", "cluster-bootstrap",
                              check_rc=3)
-        assert "another apply holds the lock" in proc.stderr and "elsewhere" in proc.stderr
+        assert "another command holds the apply lock" in proc.stderr and "elsewhere" in proc.stderr
     finally:
         cp1.run("rm -f /var/lib/hiddenplane/apply.lock")
     run_installer("plan", str(applab.inventory), "--state", str(applab.state), "--skip", "cluster-bootstrap",
                   "--check")
+
+
+def test_a_state_of_another_cluster_is_refused_before_anything_changes(applab, tmp_path):
+    """The README's commands typed without the lab's --state once found an empty state: plan said
+    "ca: new CA" and apply would have pushed it to every host."""
+    other = tmp_path / "other-state"
+    for command in ("plan", "apply"):
+        proc = run_installer(command, str(applab.inventory), "--state", str(other), "--skip", "cluster-bootstrap",
+                             check_rc=2)
+        err = proc.stderr
+        assert f"the hosts trust other CAs than the state directory {other}: nothing was changed" in err, err
+        assert "cp1 /etc/kubernetes/pki/ca.crt: the host trusts" in err and "w1 /etc/kubernetes/pki/ca.crt" in err
+        assert "would have made a new one" in err and "installer ca rotate" in err and "installer reset" in err
+    assert not (other / "pki").exists()
+    for host in applab.hosts().values():
+        assert not host.file("/var/lib/hiddenplane/apply.lock").exists
+    run_installer("plan", str(applab.inventory), "--state", str(applab.state), "--skip", "cluster-bootstrap",
+                  "--check")
+
+
+def test_a_noop_run_clears_the_stale_lock_its_own_machine_left(applab):
+    import socket
+    gone = subprocess.Popen(["true"])
+    gone.wait()                                  # a pid that no longer runs
+    cp1 = applab.host("cp1")
+    stale = json.dumps({"machine": socket.gethostname(), "pid": gone.pid, "since": int(time.time()), "run": "x" * 32})
+    cp1.run_expect([0], f"mkdir -p /var/lib/hiddenplane && echo '{stale}' > /var/lib/hiddenplane/apply.lock")
+    proc = run_installer("apply", str(applab.inventory), "--state", str(applab.state), "--skip", "cluster-bootstrap",
+                         "--wait-timeout", "60")
+    assert f"cp1: clearing a stale apply lock (process {gone.pid} on this machine is gone)" in proc.stdout + proc.stderr
+    assert not cp1.file("/var/lib/hiddenplane/apply.lock").exists
+    assert "apply: 0 change(s)" in proc.stdout, proc.stdout
 
 
 KILL_AT = """
@@ -182,11 +214,15 @@ runner.run(sys.argv[1], sys.argv[2], Options(skip=frozenset({"cluster-bootstrap"
 
 @pytest.mark.parametrize("phase", ["pki", "artifacts", "etcd", "control-plane", "workers"])
 def test_sigkill_in_a_phase_then_rerun_converges(applab, tmp_path, phase):
-    # a new state directory means a new PKI: every phase has work to do; a removed binary gives
-    # the artifacts phase some too
+    # new leaf certificates: every phase has work to do; a removed binary gives the artifacts
+    # phase some too
     state = tmp_path / "state"
     shutil.copytree(applab.state, state)
-    shutil.rmtree(state / "pki")
+    # every leaf certificate re-issued (the CAs kept: no run replaces a CA the hosts trust)
+    for p in (state / "pki").rglob("*"):
+        if p.is_file() and p.name not in ("ca.crt", "ca.key", "front-proxy-ca.crt", "front-proxy-ca.key",
+                                          "sa.key", "sa.pub"):
+            p.unlink()
     applab.host("w1").run("rm -f /usr/local/bin/kube-proxy")
     proc = subprocess.run([sys.executable, "-c", KILL_AT, str(applab.inventory), str(state), phase],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)

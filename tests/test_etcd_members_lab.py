@@ -8,6 +8,7 @@ The tests run in file order on one lab: each starts from where the previous one 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,31 @@ def healthy_endpoints(lab, hosts: list[str], via: str = "cp1") -> int:
 
 def etcd_pid(lab, host: str) -> str:
     return lab.host(host).check_output("systemctl show -p MainPID --value etcd.service")
+
+
+def test_day2_commands_respect_a_live_lock(lab, tmp_path):
+    """A live apply elsewhere holds the lock on cp2: restore and membership changes stop before
+    touching anything (restore used to stop the control plane on every member regardless)."""
+    cp2 = lab.host("cp2")
+    cp2.run_expect([0], "echo '{\"machine\": \"elsewhere\", \"pid\": 1, \"since\": %d, \"run\": \"r\"}' "
+                   "> /var/lib/hiddenplane/apply.lock" % int(time.time()))
+    pids = {h: etcd_pid(lab, h) for h in ("cp1", "cp2", "cp3")}
+    snap = tmp_path / "any.db"
+    snap.write_bytes(b"not even read")
+    try:
+        for args in (["etcd", "snapshot", "restore", str(lab.inventory), str(snap), "--yes"],
+                     ["etcd", "member", "remove", str(lab.inventory), "cp3", "--allow-even", "--yes"],
+                     ["node", "remove", str(lab.inventory), "w1", "--yes", "--state", str(lab.state)]):
+            proc = run_installer(*args, check_rc=3)
+            assert "cp2: another command holds the apply lock" in proc.stderr and "elsewhere" in proc.stderr, proc.stderr
+        assert {h: etcd_pid(lab, h) for h in pids} == pids
+        for h in ("cp1", "cp2", "cp3"):
+            assert lab.host(h).service("kube-apiserver").is_running
+        # the locks this command took on cp1 (before cp2 refused) are gone again
+        for h in ("cp1", "cp3"):
+            assert not lab.host(h).file("/var/lib/hiddenplane/apply.lock").exists
+    finally:
+        cp2.run("rm -f /var/lib/hiddenplane/apply.lock")
 
 
 def unit_flag(lab, host: str, unit: str, flag: str) -> str:

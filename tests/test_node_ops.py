@@ -279,7 +279,7 @@ def state_copy(prepared, tmp_path):
 
 def test_revoke_sends_policy_first_then_deletes_the_way_back(prepared, cluster, fake_api, state_copy):
     tid = seed_node_objects(cluster, prepared, "node3")
-    out = node_ops.revoke(EXAMPLE, "node3", state_copy, host_unreachable=True, api_factory=fake_api,
+    out = node_ops.revoke(EXAMPLE, "node3", state_copy, hold_lock=False, host_unreachable=True, api_factory=fake_api,
                           refresh_others=False, log=lambda m: None)
     writes = [(m, p) for m, p, _ in cluster.requests if m in ("POST", "PUT", "DELETE", "PATCH")]
     assert writes[0] == ("POST", VAP) and writes[1] == ("POST", VAPB)      # the policy before anything else
@@ -300,7 +300,7 @@ def test_revoke_sends_policy_first_then_deletes_the_way_back(prepared, cluster, 
 
     # a second revocation keeps the first name in the policy (replaced, not recreated)
     seed_node_objects(cluster, prepared, "node2")
-    node_ops.revoke(EXAMPLE, "node2", state_copy, host_unreachable=True, api_factory=fake_api,
+    node_ops.revoke(EXAMPLE, "node2", state_copy, hold_lock=False, host_unreachable=True, api_factory=fake_api,
                     refresh_others=False, log=lambda m: None)
     expr = cluster.store[f"{VAP}/{revocation.POLICY}"]["spec"]["validations"][0]["expression"]
     assert expr == revocation.expression(["node2", "node3"])
@@ -313,7 +313,7 @@ def test_revoke_sends_policy_first_then_deletes_the_way_back(prepared, cluster, 
 
 def test_revoke_refuses_a_control_host(prepared, state_copy, fake_api, cluster):
     with pytest.raises(node_ops.NodeOpError, match="control host"):
-        node_ops.revoke(EXAMPLE, "cp1", state_copy, host_unreachable=True, api_factory=fake_api,
+        node_ops.revoke(EXAMPLE, "cp1", state_copy, hold_lock=False, host_unreachable=True, api_factory=fake_api,
                         refresh_others=False)
     assert cluster.requests == []
 
@@ -321,7 +321,7 @@ def test_revoke_refuses_a_control_host(prepared, state_copy, fake_api, cluster):
 def test_remove_with_host_unreachable_does_the_cluster_side(prepared, cluster, fake_api, state_copy):
     tid = seed_node_objects(cluster, prepared, "node2")
     cluster.add("/api/v1/namespaces/default/pods", pod("web", "node2"))
-    out = node_ops.remove(EXAMPLE, "node2", state_copy, host_unreachable=True, api_factory=fake_api,
+    out = node_ops.remove(EXAMPLE, "node2", state_copy, hold_lock=False, host_unreachable=True, api_factory=fake_api,
                           refresh_others=False, timeout=10, log=lambda m: None)
     paths = [(m, p) for m, p, _ in cluster.requests]
     assert ("PATCH", f"{NODES}/node2") in paths
@@ -339,7 +339,7 @@ def test_remove_stops_when_the_drain_is_blocked(prepared, cluster, fake_api, sta
     cluster.add("/api/v1/namespaces/db/pods", pod("primary", "node2", "db"))
     cluster.block_evictions["db/primary"] = 10**6
     with pytest.raises(node_ops.NodeOpError, match="stays cordoned and nothing else was done"):
-        node_ops.remove(EXAMPLE, "node2", state_copy, api_factory=fake_api, refresh_others=False, timeout=0.05,
+        node_ops.remove(EXAMPLE, "node2", state_copy, hold_lock=False, api_factory=fake_api, refresh_others=False, timeout=0.05,
                         log=lambda m: None)
     assert f"{NODES}/node2" in cluster.store and cluster.store[f"{NODES}/node2"]["spec"]["unschedulable"]
     assert not Ledger.path(api.state_for(prepared.inventory, state_copy)).exists()

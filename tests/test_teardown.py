@@ -556,7 +556,7 @@ def test_reset_respects_a_live_apply_lock(inv, prepared, monkeypatch):
     live = json.dumps({"machine": "elsewhere", "pid": 1, "since": int(time.time()), "run": "abc"})
     ran = fake_hosts(monkeypatch, lambda name, script: Result(live + "\n", "", 3) if "set -C" in script
                      else Result("", "", 0))
-    with pytest.raises(teardown.TeardownError, match=f"{CONTROL}: another apply holds the lock: .*elsewhere.*nothing was done"):
+    with pytest.raises(teardown.TeardownError, match=f"{CONTROL}: another command holds the apply lock: .*elsewhere.*nothing was done"):
         reset.reset(inv, state_dir=prepared.state.root, yes=True, log=lambda m: None)
     assert not [name for name, script in ran if "off " in script]      # no host was wiped
     # a worker alone: no control host to lock, it is reset

@@ -1,9 +1,12 @@
-"""lock: one apply at a time, held on the control hosts while anything changes.
+"""lock: one command that changes hosts at a time, held on the control hosts.
 
-A run with nothing to change takes no lock (and spends no round trip on it). The lock file
-names its holder; a lock whose holder is a dead process on this machine, or older than the
-lock TTL, is stale. A holder that was a process on this machine and is gone (a killed run) is
-taken over with a note; any other stale lock is reported and broken only with --force-unlock.
+`apply` takes it only when something will change (a no-op run spends no round trip on it,
+but clears a stale lock its own machine left behind, or any stale one with --force-unlock);
+every day-2 command that changes hosts holds it for its whole length (``cluster_lock``), and
+an apply such a command runs inside joins it instead of fighting it. The lock file names its
+holder; a lock whose holder is a dead process on this machine, or older than the lock TTL, is
+stale. A holder that was a process on this machine and is gone (a killed run) is taken over
+with a note; any other stale lock is reported and broken only with --force-unlock.
 """
 
 from __future__ import annotations
@@ -13,13 +16,27 @@ import math
 import os
 import shlex
 import socket
+import threading
 import time
+import uuid
+from contextlib import ExitStack, contextmanager
+from typing import Callable, Iterator
 
 from ..facts import LOCK, STATE_DIR
+from ..inventory import Inventory
 from ..ssh import HostError, Remote
 from .base import Context, Event, Phase
 
 LOCK_TTL = 3600.0
+
+
+class LockHeld(HostError):
+    """Another command holds the apply lock (exit 3, like a failed apply)."""
+    exit_code = 3
+
+# cluster name -> run id of the lock this process holds through cluster_lock
+_held: dict[str, str] = {}
+_held_guard = threading.Lock()
 
 
 def holder() -> dict:
@@ -62,6 +79,39 @@ def take(remote: Remote, run_id: str, *, installed_only: bool = False) -> str | 
     return None
 
 
+def ours(content: str) -> bool:
+    """The lock is held by this very process (a day-2 command around the apply asking)."""
+    try:
+        h = json.loads(content)
+        return (h.get("machine") == socket.gethostname() and h.get("pid") == os.getpid()
+                and h.get("run") in _held.values())
+    except (ValueError, TypeError, AttributeError):
+        return False
+
+
+def acquire(remote: Remote, run_id: str, *, force_unlock: bool, log: Callable[[str], None],
+            flag: str = "--force-unlock") -> bool:
+    """Take the lock on ``remote``: True when taken, False when this process holds it already
+    (nothing to release). A stale lock is taken over when its holder died on this machine, or
+    with ``force_unlock``; anything else held is a HostError naming the holder."""
+    content = take(remote, run_id)
+    if content is None:
+        return True
+    if ours(content):
+        return False
+    why = stale_reason(content, time.time())
+    # our own machine's holder is certainly dead (a killed run): safe to take over
+    dead_here = bool(why) and why.startswith("process ")
+    if why and (force_unlock or dead_here):
+        log(f"{remote.name}: breaking a stale apply lock ({why})")
+        break_stale(remote)
+        return acquire(remote, run_id, force_unlock=force_unlock, log=log, flag=flag)
+    if why:
+        raise LockHeld(remote.name, f"a stale apply lock is held ({why}): {content}; "
+                       f"re-run with {flag} to break it")
+    raise LockHeld(remote.name, f"another command holds the apply lock: {content}")
+
+
 def break_stale(remote: Remote) -> None:
     remote.run(f"rm -f {LOCK}", what="break a stale lock")
 
@@ -81,25 +131,28 @@ class AcquireLock(Phase):
     description = "take the apply lock on the control hosts (only when something will change)"
 
     def prepare(self, ctx: Context) -> list[str]:
-        if ctx.options.dry_run or not ctx.pending_work():
+        if ctx.options.dry_run:
             return []
+        if not ctx.pending_work():
+            # nothing to change: only clear stale locks this run may break (the facts saw them)
+            return [h.name for h in ctx.inv.controls if h.name in ctx.facts and self._breakable(ctx, h.name)]
         return [h.name for h in ctx.inv.controls]      # also in a run limited to some hosts
 
+    @staticmethod
+    def _breakable(ctx: Context, host: str) -> bool:
+        content = ctx.facts[host].lock
+        why = stale_reason(content, time.time()) if content is not None else None
+        return bool(why) and (ctx.options.force_unlock or why.startswith("process "))
+
     def run_host(self, ctx: Context, host: str) -> Event:
-        content = take(ctx.remotes[host], ctx.run_id)
-        if content is not None:
-            why = stale_reason(content, time.time())
-            # our own machine's holder is certainly dead (a killed run): safe to take over
-            dead_here = bool(why) and why.startswith("process ")
-            if why and (ctx.options.force_unlock or dead_here):
-                ctx.log(f"{host}: breaking a stale apply lock ({why})")
-                break_stale(ctx.remotes[host])
-                return self.run_host(ctx, host)
-            if why:
-                raise HostError(host, f"a stale apply lock is held ({why}): {content}; "
-                                "re-run with --force-unlock to break it")
-            raise HostError(host, f"another apply holds the lock: {content}")
-        ctx.locked.append(host)
+        if not ctx.pending_work():
+            # a stale lock left by a killed run would block every other machine for an hour
+            why = stale_reason(ctx.facts[host].lock or "", time.time())
+            ctx.log(f"{host}: clearing a stale apply lock ({why}); nothing else to do")
+            break_stale(ctx.remotes[host])
+            return Event(self.name, host, "checked")
+        if acquire(ctx.remotes[host], ctx.run_id, force_unlock=ctx.options.force_unlock, log=ctx.log):
+            ctx.locked.append(host)
         return Event(self.name, host, "checked")
 
 
@@ -107,3 +160,35 @@ def release(ctx: Context) -> None:
     for host in list(ctx.locked):
         drop(ctx.remotes[host], ctx.run_id)
         ctx.locked.remove(host)
+
+
+@contextmanager
+def cluster_lock(inv: Inventory, *, skip: frozenset[str] = frozenset(), log: Callable[[str], None] = print,
+                 remote: Callable[..., Remote] = Remote) -> Iterator[str]:
+    """Hold the apply lock on every control host but ``skip`` (hosts known to be gone) for a
+    day-2 command's whole length; yields the run id. Re-entrant in one process: a nested
+    holder (etcd member remove inside node remove) joins, and so does an apply run inside."""
+    with _held_guard:
+        joined = _held.get(inv.metadata.name)
+    if joined is not None:
+        yield joined
+        return
+    run_id = uuid.uuid4().hex
+    hosts = [h for h in inv.controls if h.name not in skip]
+    with ExitStack() as stack:
+        remotes = {h.name: stack.enter_context(remote(h, inv)) for h in hosts}
+        taken: list[str] = []
+
+        def release_all() -> None:
+            for name in taken:
+                drop(remotes[name], run_id)
+            with _held_guard:
+                _held.pop(inv.metadata.name, None)
+        stack.callback(release_all)
+        with _held_guard:
+            _held[inv.metadata.name] = run_id
+        for name, r in remotes.items():
+            if acquire(r, run_id, force_unlock=False, log=log,
+                       flag="`installer apply --force-unlock` (it breaks it and changes nothing else)"):
+                taken.append(name)
+        yield run_id
