@@ -114,31 +114,47 @@ class SnapshotInfo:
     size: int
 
 
-def snapshot_save(inventory_path, dest) -> SnapshotInfo:
+def snapshot_save(inventory_path, dest, force: bool = False) -> SnapshotInfo:
     inv = api.validate(inventory_path)
     dest = Path(dest)
+    if not force and (dest.exists() or dest.is_symlink()):
+        # checked before any host is asked: a refused save changes nothing anywhere
+        raise EtcdOpError(f"{dest} already exists: not overwriting it (pass --force to replace it)")
+    if dest.is_dir():
+        raise EtcdOpError(f"{dest} is a directory")
     with control_remotes(inv) as remotes:
         r = _first_reachable(inv, remotes)
         tmp = f"{WORK_DIR}/etcd-snapshot-{int(time.time())}-{os.getpid()}.db"
         q = shlex.quote(tmp)
         try:
-            # etcdctl writes FILE.part, then renames; umask 077 keeps both 0600. Its status
-            # (JSON) is the script's only output.
-            status = r.run(f"set -e; mkdir -p {WORK_DIR}; chmod 0700 {WORK_DIR}; umask 077; "
-                           f"{_tls(LOCAL)} snapshot save {q} >/dev/null; chmod 0600 {q}; "
-                           f"{shlex.join(snapshot_status_argv(tmp))}",
-                           what="etcdctl snapshot save, etcdutl snapshot status", timeout=300).stdout
+            # etcdctl writes FILE.part, then renames; umask 077 keeps both 0600. The output is
+            # two JSON lines: the member's status just before the save, then the file's status.
+            out = r.run(f"set -e; mkdir -p {WORK_DIR}; chmod 0700 {WORK_DIR}; umask 077; "
+                        f"{_tls(LOCAL)} endpoint status -w json; echo; "
+                        f"{_tls(LOCAL)} snapshot save {q} >/dev/null; chmod 0600 {q}; "
+                        f"{shlex.join(snapshot_status_argv(tmp))}",
+                        what="etcdctl snapshot save, etcdutl snapshot status", timeout=300).stdout
             data = r.get(tmp, what="copy the snapshot")
         finally:
             r.run(f"rm -f -- {q} {q}.part", check=False, what="remove the host's snapshot file")
+    lines = [x for x in out.splitlines() if x.strip()]
     try:
-        st = json.loads(status)
-    except ValueError:
-        raise EtcdOpError(f"{r.name}: etcdutl snapshot status printed no JSON: {status[:200]}") from None
+        member, st = json.loads(lines[0]), json.loads(lines[-1])
+    except (ValueError, IndexError):
+        raise EtcdOpError(f"{r.name}: etcdctl endpoint status / etcdutl snapshot status printed no JSON: "
+                          f"{out[:200]}") from None
     if not data:
         raise EtcdOpError(f"{r.name}: the snapshot is empty")
     write_atomic(dest, data, 0o600)
-    return snapshot_info(st, str(dest), r.name, len(data))
+    return snapshot_info(st, str(dest), r.name, len(data), member_revision(member))
+
+
+def member_revision(endpoint_status) -> int:
+    """The store revision in ``etcdctl endpoint status -w json`` (0 when it names none)."""
+    try:
+        return int(endpoint_status[0]["Status"]["header"]["revision"])
+    except (LookupError, TypeError, ValueError):
+        return 0
 
 
 def snapshot_status_argv(snapshot: str) -> list[str]:
@@ -147,9 +163,14 @@ def snapshot_status_argv(snapshot: str) -> list[str]:
     return [ETCDUTL, "snapshot", "status", snapshot, "-w", "json"]
 
 
-def snapshot_info(status: dict, path: str, host: str, size: int) -> SnapshotInfo:
-    """``status``: the JSON of snapshot_status_argv."""
-    return SnapshotInfo(path, host, int(status.get("hash", 0)), int(status.get("revision", 0)),
+def snapshot_info(status: dict, path: str, host: str, size: int, revision_before: int = 0) -> SnapshotInfo:
+    """``status``: the JSON of snapshot_status_argv; ``revision_before``: the member's store
+    revision read just before the save. etcdutl takes the revision from the newest entry of the
+    file's key bucket, so a store no key was ever written to says 0, while etcd's revision
+    starts at 1 (every etcdctl answer's header says so). Revisions only grow: the snapshot's
+    is at least the one read before it."""
+    return SnapshotInfo(path, host, int(status.get("hash", 0)),
+                        max(int(status.get("revision", 0)), revision_before),
                         int(status.get("totalKey", 0)), size)
 
 

@@ -2,7 +2,9 @@
 
 The script carries no secret (file contents travel in the tar on stdin). Each file is
 installed next to its target and renamed over it, so a host never holds a half-written file
-even if the installer is killed. Units to restart are recorded on the host before any file is
+even if the installer is killed; a step that fails (a full disk) removes its temporary file.
+A file the installer did not write is backed up once per distinct content, however many
+attempts fail. Units to restart are recorded on the host before any file is
 replaced and cleared only after the restart, so a run interrupted in between still restarts
 them next time.
 """
@@ -24,14 +26,29 @@ umask 077
 mkdir -p {STATE_DIR}/stage
 chmod 700 {STATE_DIR}
 stage=$(mktemp -d {STATE_DIR}/stage/apply.XXXXXX)
-trap 'rm -rf "$stage"' EXIT
+# the target whose temporary files exist while put() runs: a failed step (a full disk) takes
+# them with it, so no empty PATH.hp-new or half-copied backup stays behind
+cur=
+trap 'rm -rf "$stage"; if [ -n "$cur" ]; then rm -f -- "$cur.hp-new" "$cur.hp-bak"; fi' EXIT
 tar -x -C "$stage" -f -
+backed_up() {{  # path: a backup with the same content exists (an earlier attempt made it)
+  for b in "$1{BACKUP_INFIX}"*; do
+    if [ -f "$b" ] && cmp -s -- "$1" "$b"; then return 0; fi
+  done
+  return 1
+}}
 put() {{  # index path mode owner group backup digest
   (umask 022; mkdir -p "$(dirname "$2")")
-  if [ "$6" = 1 ] && [ -e "$2" ]; then cp -p "$2" "$2{BACKUP_INFIX}$STAMP"; fi
+  cur=$2
   install -m "$3" -o "$4" -g "$5" "$stage/$1" "$2.hp-new"
   sync "$2.hp-new"
+  # the backup only once the new file is complete, and never twice for the same content
+  if [ "$6" = 1 ] && [ -e "$2" ] && ! backed_up "$2"; then
+    cp -p "$2" "$2.hp-bak"
+    mv -f "$2.hp-bak" "$2{BACKUP_INFIX}$STAMP"
+  fi
   mv -f "$2.hp-new" "$2"
+  cur=
   printf '%s\\t%s\\t%s\\n' "$2" "$7" "$(stat --printf '%s\\t%Y' "$2")" >> "$stage/manifest.add"
 }}
 """

@@ -315,11 +315,34 @@ def _plans(inv: Inventory, state_dir) -> dict[str, HostPlan]:
 
 
 def _api_checks(inv: Inventory, state_dir) -> list[CheckResult]:
+    """The API's Node list: an API that cannot be reached is a host that cannot be checked
+    (VerifyError, exit 3); one that answers the list with an error status (a 404 from
+    something that is not a kube-apiserver, a 403) fails the check (exit 1), naming the URL."""
+    import urllib3
+    from kubernetes import client as k8s
+    from kubernetes.client.exceptions import ApiException
+
     from . import api, kube
     from .ssh import Remote
     material = api.state_for(inv, state_dir).load(inv)
-    with kube.api_access(inv, lambda h: Remote(h, inv)) as url, kube.api_client(url, material) as client:
-        nodes = kube.node_names(client)
+    via = inv.api_url
+    try:
+        with kube.api_access(inv, lambda h: Remote(h, inv)) as url, kube.api_client(url, material) as client:
+            if url != inv.api_url:
+                via = f"{inv.api_url} (through an SSH tunnel via {inv.controls[0].name})"
+            try:
+                listed = k8s.CoreV1Api(client).list_node(_request_timeout=kube.REQUEST_TIMEOUT)
+            except urllib3.exceptions.HTTPError as e:
+                raise VerifyError(f"cannot reach the API at {via}: {e}") from None
+            except ApiException as e:
+                if e.status == 0:       # the client's way of reporting a TLS failure
+                    raise VerifyError(f"TLS with the API at {via} failed: {e.reason}") from None
+                return [CheckResult("cluster", "no Node for a control host", False,
+                                    f"GET /api/v1/nodes on {via} answered {kube._status_message(e)}: "
+                                    "is the endpoint a kube-apiserver?")]
+    except kube.KubeError as e:          # the SSH tunnel did not come up
+        raise VerifyError(f"cannot reach the API at {inv.api_url}: {e}") from None
+    nodes = sorted(n.metadata.name for n in listed.items)
     controls = {h.name for h in inv.controls}
     visible = sorted(controls & set(nodes))
     return [CheckResult("cluster", "no Node for a control host", not visible,

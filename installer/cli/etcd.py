@@ -6,7 +6,7 @@ import click
 
 from .. import api, etcd_members, etcd_ops
 from .errors import domain_errors
-from .output import nothing_without_yes, table
+from .output import human_size, nothing_without_yes, table
 
 
 @click.group()
@@ -37,11 +37,13 @@ def snapshot():
 @snapshot.command("save")
 @click.argument("inventory", type=click.Path(dir_okay=False))
 @click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--force", is_flag=True, help="Replace FILE if it exists (without: refused, exit 2).")
 @domain_errors
-def save(inventory, file):
-    """Take a snapshot (etcdctl snapshot save) and write it to FILE (mode 0600)."""
-    info = etcd_ops.snapshot_save(inventory, file)
-    click.echo(f"{info.path}: snapshot from {info.host}, {info.size} bytes, hash {info.hash}, "
+def save(inventory, file, force):
+    """Take a snapshot (etcdctl snapshot save) and write it to FILE (mode 0600). An existing
+    FILE is refused unless --force."""
+    info = etcd_ops.snapshot_save(inventory, file, force=force)
+    click.echo(f"{info.path}: snapshot from {info.host}, {human_size(info.size)}, hash {info.hash}, "
                f"revision {info.revision}, {info.total_keys} keys (mode 0600)")
 
 

@@ -101,7 +101,10 @@ class StartEtcd(Phase):
             return Guard()                    # a new cluster (every member bootstraps it), or nothing to do
         active = [h for h in with_data if ctx.facts[h].units.get(ETCD_UNIT, ("", ""))[0] == "active"]
         via, out, why = member_list([ctx.remotes[h] for h in active])
-        why = why or "no control host has etcd data"
+        if not active:
+            # nobody was asked: every member with data is stopped (a reboot, a restore, a crash)
+            why = "etcd is not running on " + ", ".join(
+                f"{h} ({ctx.facts[h].units.get(ETCD_UNIT, ('inactive', ''))[0] or 'inactive'})" for h in with_data)
         if via is None:
             if fresh:
                 raise MembershipRefused(
