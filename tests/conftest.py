@@ -19,15 +19,6 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "inventory.example.yaml"
 
 
-def reference_dir() -> Path:
-    """../shared/reference next to the checkout (CI lays a copy beside the clone)."""
-    from tests.standins import find_reference
-    try:
-        return find_reference()
-    except SystemExit as e:
-        pytest.fail(str(e))
-
-
 @pytest.fixture(scope="session")
 def example_doc() -> dict:
     return yaml.safe_load(EXAMPLE.read_text())
@@ -75,4 +66,4 @@ def three_controls(tmp_path_factory, example_doc):
 
 
 NOW = dt.datetime.now(dt.timezone.utc)
-__all__ = ["EXAMPLE", "ROOT", "reference_dir", "write_inventory", "inventory", "NOW"]
+__all__ = ["EXAMPLE", "ROOT", "write_inventory", "inventory", "NOW"]

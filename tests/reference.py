@@ -1,10 +1,12 @@
-"""Loaders for the upstream reference data in ../shared/reference (see its README.md), and
-helpers that read what the installer renders: systemd unit files and config documents.
+"""Helpers that read what the installer renders (systemd unit files, flags, config documents)
+and what a real binary's ``--help`` says, plus the reference lists the contract stand-ins embed.
 
-The real binaries (tests/test_real_flags.py) are the check for the version they are built at;
-the lists stay for the other supported minors they describe (tests/test_contract.py says which),
-for what no real binary checks yet (tests/test_addons.py: the egress flags and
-EgressSelectorConfiguration of the konnectivity variants) and for the stand-ins.
+The lists live in the repository, in tests/refdata/: tools/refdata/generate.py writes them from
+the built binaries (flags: their ``--help``) and from the Go types those binaries decode their
+config files into (config fields), so they describe exactly the version tools/kubebuild builds.
+The real binaries themselves are the check of what the installer renders (tests/test_real_flags.py,
+and tests/test_addons.py for the konnectivity variants); the lists are only for the stand-ins,
+which run where the real binaries do not.
 
 Nothing here is a test; test modules import these helpers.
 """
@@ -13,79 +15,49 @@ from __future__ import annotations
 
 import re
 import shlex
-from functools import lru_cache
 from pathlib import Path
 
-from .conftest import reference_dir
-from .standins.runtime import flatten
+REFDATA = Path(__file__).resolve().with_name("refdata")
 
-# components whose flags are listed in flags/<component>.txt (test_contract checks only some)
-FLAG_COMPONENTS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy")
-
-_API_VERSION_RE = re.compile(r"^#\s*apiVersion:\s*(\S+)")
-_K8S_VERSION_RE = re.compile(r"^#\s*kubernetes-version:\s*(.*)$")
-
-
-def _data_lines(path: Path) -> list[str]:
-    return [s for s in (line.strip() for line in path.read_text().splitlines()) if s and not s.startswith("#")]
+# CIS Kubernetes Benchmark 1.2.29 (apiserver) and 4.2.12 (kubelet): the six suites both rules
+# accept; the installer offers exactly these everywhere (etcd and konnectivity included). Written
+# out here rather than taken from installer/ so a change there cannot move the expectation.
+CIS_CIPHER_SUITES = frozenset({
+    "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256", "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384", "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384",
+    "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256", "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256",
+})
 
 
-def flags_file(component: str) -> Path:
-    return reference_dir() / "flags" / f"{component}.txt"
+# ---------------------------------------------------------------------------------------------
+# a real binary's --help
+
+# Kubernetes components mark a flag deprecated in its text (pflag hides the ones deprecated with
+# MarkDeprecated); etcd's hand-written usage says "Deprecated in v3.6" or "Will be deprecated".
+K8S_DEPRECATED_MARK = re.compile(r"DEPRECATED:")
+DEPRECATED_MARK = {"etcd": re.compile(r"deprecated", re.I)}
+FLAG_LINE = re.compile(r"^ {1,8}(?:-[A-Za-z], )?(--[A-Za-z0-9][A-Za-z0-9_.-]*)(.*)$")
 
 
-def config_file(kind: str) -> Path:
-    return reference_dir() / "config" / f"{kind}.txt"
-
-
-@lru_cache(maxsize=None)
-def load_flags(component: str) -> dict[str, bool]:
-    """``{"--flag": deprecated}`` for one component, from flags/<component>.txt."""
-    out: dict[str, bool] = {}
-    for line in _data_lines(flags_file(component)):
-        name, *rest = line.split()
-        if rest not in ([], ["deprecated"]):
-            raise ValueError(f"{flags_file(component)}: unexpected line {line!r}")
-        out[name] = rest == ["deprecated"]
-    if not out:
-        raise ValueError(f"{flags_file(component)}: no flags")
+def listed_flags(help_text: str) -> dict[str, str]:
+    """``{--flag: its description}`` from pflag's usage (and etcd's hand-written one). An entry
+    is its flag line and the more-indented lines after it; a blank or section line ends it."""
+    out: dict[str, str] = {}
+    current = None
+    for line in help_text.splitlines():
+        m = FLAG_LINE.match(line)
+        if m:
+            current = m[1]
+            out[current] = m[2].strip()
+        elif current and line.startswith(" ") and line.strip():
+            out[current] += " " + line.strip()
+        else:
+            current = None
     return out
 
 
-@lru_cache(maxsize=None)
-def load_paths(kind: str) -> frozenset[str]:
-    """Every documented dotted field path of a config Kind, from config/<Kind>.txt."""
-    paths = frozenset(_data_lines(config_file(kind)))
-    if not paths:
-        raise ValueError(f"{config_file(kind)}: no paths")
-    return paths
-
-
-@lru_cache(maxsize=None)
-def opaque_prefixes(kind: str) -> frozenset[str]:
-    """Paths of ``kind`` below which content is free-form (config/opaque-fields.txt)."""
-    out = set()
-    for line in _data_lines(reference_dir() / "config" / "opaque-fields.txt"):
-        k, path, *_why = line.split()
-        if k == kind:
-            out.add(path)
-    return frozenset(out)
-
-
-def api_version(kind: str) -> str:
-    """The apiVersion named on line 1 of config/<Kind>.txt."""
-    first = config_file(kind).read_text().splitlines()[0]
-    m = _API_VERSION_RE.match(first)
-    if not m:
-        raise ValueError(f"{config_file(kind)}: line 1 names no apiVersion: {first!r}")
-    return m[1]
-
-
-def kubernetes_version(path: Path) -> str:
-    """Line 2 of a reference file: which Kubernetes version it describes (for messages)."""
-    second = path.read_text().splitlines()[1]
-    m = _K8S_VERSION_RE.match(second)
-    return m[1] if m else second
+def deprecated_mark(component: str) -> re.Pattern:
+    return DEPRECATED_MARK.get(component, K8S_DEPRECATED_MARK)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -167,21 +139,3 @@ def parse_flags(args: list[str]) -> dict[str, str | None]:
 def unit_flags(content: str | bytes) -> dict[str, str | None]:
     """The flags of a unit's ExecStart, by name (``--name``)."""
     return parse_flags(exec_start(content)[1:])
-
-
-# ---------------------------------------------------------------------------------------------
-# config documents
-
-
-def undocumented_paths(doc: dict, kind: str) -> set[str]:
-    """Rendered paths of ``doc`` that config/<kind>.txt does not list."""
-    return flatten(doc, opaque_prefixes(kind)) - load_paths(kind)
-
-
-@lru_cache(maxsize=1)
-def cis_cipher_suites() -> frozenset[str]:
-    """The six cipher suites cis.md accepts (the TLS_* names it lists)."""
-    suites = frozenset(re.findall(r"\bTLS_[A-Z0-9_]+\b", (reference_dir() / "cis.md").read_text()))
-    if len(suites) != 6:
-        raise ValueError(f"cis.md: expected six cipher suites, found {sorted(suites)}")
-    return suites

@@ -2,10 +2,11 @@
 agents) and Cilium's Helm values and command line.
 
 Every API object passes kubernetes-validate (strict) for the inventory's target version; the
-EgressSelectorConfiguration and the apiserver flags are checked against ../shared/reference;
-the konnectivity-server unit passes systemd-analyze verify. konnectivity's own flags have no
-reference file there: they are checked against the flag names of the upstream sources, written
-out below.
+apiserver's egress flags are checked by the real kube-apiserver's ``--help``, and the real
+kube-apiserver decodes (strictly) and validates the EgressSelectorConfiguration in the sandbox of
+tests/test_real_flags.py; the konnectivity-server unit passes systemd-analyze verify.
+konnectivity's own flags have no built binary here: they are checked against the flag names of
+the upstream sources, written out below.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ from installer.render.control import render_control
 
 from . import reference as ref
 from .conftest import write_inventory
+from .rendered import write
+from .test_real_flags import (_append, _edit, _replace, apiserver_problems, apiserver_results,  # noqa: F401
+                              flag_problems, real)                              # (real: a fixture)
 from .test_units import make_root, problems_of, system_units  # noqa: F401 (a fixture)
 
 UNIT_PATH = f"/etc/systemd/system/{konn.UNIT}"
@@ -294,38 +298,60 @@ def test_routes_egress_adds_nothing(prepared):
 
 # --- konnectivity: the apiserver side ------------------------------------------------------
 
-def test_egress_selector_config_is_in_the_reference():
+def test_egress_selector_config_sends_cluster_traffic_to_the_socket():
     doc = egress_selector_config()
-    assert ref.config_file("EgressSelectorConfiguration").read_text().splitlines()[0].split()[2] == doc["apiVersion"]
-    assert doc["apiVersion"] == ref.api_version("EgressSelectorConfiguration")
-    assert doc["kind"] == "EgressSelectorConfiguration"
-    assert ref.undocumented_paths(doc, "EgressSelectorConfiguration") == set()
+    assert (doc["apiVersion"], doc["kind"]) == ("apiserver.k8s.io/v1beta1", "EgressSelectorConfiguration")
     (sel,) = doc["egressSelections"]
     assert sel["name"] == "cluster"
     assert sel["connection"] == {"proxyProtocol": "GRPC", "transport": {"uds": {"udsName": konn.SOCKET}}}
 
 
-def test_reference_check_would_catch_an_unknown_egress_field():
-    doc = egress_selector_config()
-    doc["egressSelections"][0]["connection"]["transport"]["uds"]["socketName"] = "x"
-    assert ref.undocumented_paths(doc, "EgressSelectorConfiguration") == {
-        "egressSelections.connection.transport.uds.socketName"}
+@pytest.fixture(scope="module")
+def konnectivity_tree(routes_konnectivity, tmp_path_factory):
+    """The rendered tree of the 1-control konnectivity cluster, for the real kube-apiserver."""
+    return write("routes-konnectivity", routes_konnectivity, tmp_path_factory)
 
 
-def test_apiserver_egress_flags_are_documented_and_merge_cleanly(konnectivity_cluster):
+EGRESS_WRONG = {
+    # name: (how the first control host's egress config is spoiled, what kube-apiserver says)
+    "egress-unknown-field": (_append("hiddenplaneBogus: 1"), 'strict decoding error: unknown field "hiddenplaneBogus"'),
+    "egress-protocol": (_replace("proxyProtocol: GRPC", "proxyProtocol: Bogus"), 'Unsupported value: "Bogus"'),
+    "egress-name": (_replace("name: cluster", "name: clusters"), 'Unsupported value: "clusters"'),
+}
+
+
+def test_the_real_apiserver_decodes_and_validates_the_egress_selector_config(konnectivity_tree, built_artifacts,
+                                                                              tmp_path):
+    """The rendered kube-apiserver, --egress-selector-config-file included, runs to the point
+    where the aggregator loads its proxy client certificate (tests/test_real_flags.py): past
+    the strict decoding and the validation of the EgressSelectorConfiguration. Each spoiled copy
+    of that file stops it there instead, so the file is really read."""
+    variants = {n: _edit(konn.EGRESS_CONFIG, spoil) for n, (spoil, _) in EGRESS_WRONG.items()}
+    results = apiserver_results(konnectivity_tree, built_artifacts, tmp_path, variants)
+    problems = []
+    for plan in konnectivity_tree.hosts("control"):
+        unit = plan.files["/etc/systemd/system/kube-apiserver.service"]
+        assert ref.unit_flags(unit.content)["--egress-selector-config-file"] == konn.EGRESS_CONFIG
+        problems += apiserver_problems(plan.name, plan, results[plan.name])
+    assert not problems, "\n".join(problems)
+    first = konnectivity_tree.hosts("control")[0]
+    for name, (_, says) in EGRESS_WRONG.items():
+        spoiled = apiserver_problems(name, first, results[name])
+        assert any(says in p or says.replace('"', '\\"') in p for p in spoiled), (name, results[name].output[-2000:])
+
+
+def test_apiserver_egress_flags_are_real_and_merge_cleanly(konnectivity_cluster, real):
     inv = konnectivity_cluster.inventory
     extra = apiserver_egress_flags(inv)
     assert set(extra) == {"--egress-selector-config-file", "--api-audiences"}
-    known = ref.load_flags("kube-apiserver")
-    for name in extra:
-        assert name in known, f"{name} is not a kube-apiserver flag upstream"
-        assert not known[name], f"{name} is deprecated upstream"
     for h in inv.controls:
         merged = ref.parse_flags(control.apiserver_flags(inv, h))   # a flag given twice would raise
         issuer = merged["--service-account-issuer"]
         audiences = merged["--api-audiences"].split(",")
         assert audiences == [issuer, "system:konnectivity-server"]
         assert merged["--egress-selector-config-file"] == konn.EGRESS_CONFIG
+        # listed by the real binary's --help, not deprecated, and the values parse as its types
+        assert flag_problems(real["kube-apiserver"], {n: merged[n] for n in extra}) == []
 
 
 # --- konnectivity: the server unit on each control host -------------------------------------
@@ -354,7 +380,7 @@ def test_control_hosts_get_the_server_and_its_files(konnectivity_cluster):
         assert {k: fl.get(k) for k in want} == want
         unknown = set(fl) - UPSTREAM_SERVER_FLAGS
         assert not unknown, f"not proxy-server flags upstream: {sorted(unknown)}"
-        assert set(fl["--cipher-suites"].split(",")) == ref.cis_cipher_suites()
+        assert set(fl["--cipher-suites"].split(",")) == ref.CIS_CIPHER_SUITES
 
         # the socket is where the apiserver's egress config looks for it
         egress = yaml.safe_load(plan.files[konn.EGRESS_CONFIG].content)

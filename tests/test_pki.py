@@ -1,6 +1,7 @@
-"""The PKI against the certificate table in ../shared/reference/pki.md, checked with
-``cryptography`` and with the real ``openssl`` binary; plus idempotent, incremental issuance
-in the state directory, bootstrap tokens and the secrets-encryption key."""
+"""The PKI against the kubeadm-grade certificate table (written out below for the example
+inventory), checked with ``cryptography`` and with the real ``openssl`` binary; plus
+idempotent, incremental issuance in the state directory, bootstrap tokens and the
+secrets-encryption key."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ from .conftest import NOW, write_inventory
 OPENSSL = shutil.which("openssl")
 UTC = dt.timezone.utc
 
-# --- the expected table, written out from pki.md for the example inventory ----------------
+# --- the expected table (kubeadm's certificates), written out for the example inventory -----
 # (cp1 control 192.168.56.230; node2 192.168.56.231 and node3 192.168.56.232 workers;
 #  service CIDR 10.96.0.0/12, cluster domain cluster.local, endpoint 192.168.56.230)
 
@@ -71,7 +72,7 @@ LEAVES = {
     "scheduler": ("ca", "system:kube-scheduler", (), C, set(), set()),
     "kube-proxy": ("ca", "system:kube-proxy", (), C, set(), set()),
     "admin": ("ca", "kubernetes-admin", ("kubeadm:cluster-admins",), C, set(), set()),
-    # break-glass credential (pki.md: "or system:masters for a break-glass credential")
+    # break-glass credential: kubeadm's super-admin.conf is the one system:masters identity
     "super-admin": ("ca", "kubernetes-super-admin", ("system:masters",), C, set(), set()),
     "kubelet/node2-serving": ("ca", "system:node:node2", ("system:nodes",), S, {"node2"}, {"192.168.56.231"}),
     "kubelet/node3-serving": ("ca", "system:node:node3", ("system:nodes",), S, {"node3"}, {"192.168.56.232"}),

@@ -101,9 +101,6 @@ NOT_CHECKED = {
 PROBE_TIMEOUT = 60          # a hang guard, not a measurement: --help answers at once
 SANDBOX_TIMEOUT = 300
 
-DEPRECATED_MARK = {"etcd": re.compile(r"deprecated", re.I)}
-K8S_DEPRECATED_MARK = re.compile(r"DEPRECATED:")
-FLAG_LINE = re.compile(r"^ {1,8}(?:-[A-Za-z], )?(--[A-Za-z0-9][A-Za-z0-9_.-]*)(.*)$")
 PFLAG_DEPRECATION = re.compile(r"Flag --\S+ has been deprecated.*")
 
 
@@ -151,27 +148,10 @@ class Real:
         return f"{self.component} ({self.version})"
 
     def deprecated_text(self, name: str) -> str | None:
-        mark = DEPRECATED_MARK.get(self.component, K8S_DEPRECATED_MARK)
+        mark = ref.deprecated_mark(self.component)
         text = self.listed[name]
         m = mark.search(text)
         return text[max(0, m.start() - 20):m.end() + 80].strip() if m else None
-
-
-def listed_flags(help_text: str) -> dict[str, str]:
-    """``{--flag: its description}`` from pflag's usage (and etcd's hand-written one). An entry
-    is its flag line and the more-indented lines after it; a blank or section line ends it."""
-    out: dict[str, str] = {}
-    current = None
-    for line in help_text.splitlines():
-        m = FLAG_LINE.match(line)
-        if m:
-            current = m[1]
-            out[current] = m[2].strip()
-        elif current and line.startswith(" ") and line.strip():
-            out[current] += " " + line.strip()
-        else:
-            current = None
-    return out
 
 
 def _run(argv: list[str], timeout: int = PROBE_TIMEOUT) -> subprocess.CompletedProcess:
@@ -187,7 +167,7 @@ def real(built_artifacts) -> dict[str, Real]:
         version = _run([str(path), "--version"]).stdout.strip().splitlines()[0]
         helped = _run([str(path), "--help"])
         assert helped.returncode == 0, f"{component} --help: {helped.stderr[-500:]}"
-        listed = listed_flags(helped.stdout + helped.stderr)
+        listed = ref.listed_flags(helped.stdout + helped.stderr)
         # a parser that found nothing would fail every flag for the wrong reason
         assert len(listed) > 20, f"{component}: --help parsed into {listed}"
         out[component] = Real(component, path, version, listed)

@@ -38,7 +38,8 @@ from cryptography import x509
 from installer import artifacts
 from installer.render.plan import write_tree
 
-from .conftest import ROOT, reference_dir
+from .conftest import ROOT
+from .reference import REFDATA
 from .standins import COMPONENTS, reference_data
 from .standins.harness import HostTree, free_ports, run, set_flag, start, start_etcd
 
@@ -218,8 +219,8 @@ def test_install_writes_five_self_contained_scripts_and_their_sums(tmp_path):
         assert imported - set(sys.stdlib_module_names) == {"yaml"}, name
         embedded = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
                         and getattr(n.targets[0], "id", None) == "REFERENCE")
-        assert embedded == reference_data(name, reference_dir())      # the lists, verbatim
-        assert embedded["flags"] == (reference_dir() / "flags" / f"{name}.txt").read_text()
+        assert embedded == reference_data(name, REFDATA)      # the lists of the checkout, verbatim
+        assert embedded["flags"] == (REFDATA / "flags" / f"{name}.txt").read_text()
     # no etcdutl in the directory: one that says why it is missing (Debian's etcd has none)
     assert set(artifacts.read_sums(d)) == {*COMPONENTS, "etcd", "etcdutl"}
     assert set(artifacts.verify(d, [*COMPONENTS, "etcd"])) == {*COMPONENTS, "etcd"}

@@ -2,7 +2,7 @@
 
 NOT Kubernetes. `python -m tests.standins install DIR` copies this module's source, verbatim,
 into five scripts (kube-apiserver, kube-controller-manager, kube-scheduler, kubelet,
-kube-proxy) and appends the upstream reference lists each one needs plus a call to ``main``.
+kube-proxy) and appends the reference lists each one needs (tests/refdata) plus a call to ``main``.
 The scripts run on Debian 12 lab hosts whose root holds only python3, python3-yaml and
 openssl, so this module may import the standard library, ``yaml`` and nothing else, and does
 all its certificate work through the ``openssl`` command line.
@@ -238,8 +238,7 @@ _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _n
 
 def flatten(doc, opaque: frozenset[str] | set[str] = frozenset(), prefix: str = "") -> set[str]:
     """Dotted paths of every key in ``doc``; list indices are dropped (a list's items hang off
-    the list's own path) and descent stops at any path in ``opaque``. (tests/reference.py
-    checks the rendered documents with this same function.)"""
+    the list's own path) and descent stops at any path in ``opaque``."""
     out: set[str] = set()
     if isinstance(doc, dict):
         for key, value in doc.items():
