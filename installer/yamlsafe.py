@@ -192,7 +192,10 @@ def load(data: bytes) -> tuple[Any, list[str]]:
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(file)"
-        raise InputError([f"{where}: not valid YAML: {short(e.problem or e.context or str(e), 200)}"]) from None
+        # the context says what the parser was doing ("expected a single document"), the
+        # problem what it met ("but found another document"): either alone can mislead
+        why = ", ".join(x for x in (e.context, e.problem) if x) or str(e)
+        raise InputError([f"{where}: not valid YAML: {short(why, 200)}"]) from None
     except yaml.YAMLError as e:
         raise InputError([f"(file): not valid YAML: {short(str(e), 200)}"]) from None
     finally:

@@ -385,3 +385,9 @@ def test_apply_stops_at_a_directory_key_path_before_connecting(tmp_path, doc):
     assert result.exit_code == 2, result.output
     assert "spec.ssh.keyPath: 'keys' is a directory" in result.output
     assert not (tmp_path / "state").exists()
+
+
+def test_a_second_document_says_what_was_expected(tmp_path):
+    lines = refused(write_text(tmp_path, EXAMPLE.read_text() + "---\nkind: Cluster\n"))
+    assert lines == ["line 35, column 1: not valid YAML: expected a single document in the stream, "
+                     "but found another document"], lines
