@@ -8,24 +8,30 @@ bad field elsewhere never hides them.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationError
 from pydantic_core import PydanticCustomError
 
-from . import versions
+from . import versions, yamlsafe
 from .errors import InventoryError
 from .network import capacity, slice_prefix
 
 API_VERSION = "hiddenplane/v1alpha1"
-DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-DNS1123_SUBDOMAIN = re.compile(
-    r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-)
+# always used with fullmatch: re.match(...$) also accepts a trailing newline
+DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+DNS1123_SUBDOMAIN = re.compile(r"(?=.{1,253}\Z)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+# POSIX portable user names (what useradd accepts by default, a little wider)
+LOGIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
+MAX_PATH = 4096
+MAX_PROBLEMS = 50
+MAX_LINE = 300
 BOTH_ROLES = {"control+worker", "controller+worker", "worker+control", "both", "single"}
 HIDDEN_MSG = (
     "a host cannot be both control and worker: it would run a kubelet beside the control "
@@ -35,25 +41,67 @@ HIDDEN_MSG = (
 
 # --- field types ---------------------------------------------------------------------------
 
+def _q(v: Any) -> str:
+    """A value as quoted in a message: repr (so a newline shows as \\n), at most a short prefix."""
+    if isinstance(v, str) and len(v) > yamlsafe.QUOTE_CHARS:
+        return repr(v[:yamlsafe.QUOTE_CHARS]) + "…"
+    return yamlsafe.short(repr(v))
+
+
 def _label(v: str) -> str:
-    if not DNS1123_LABEL.match(v):
+    if not DNS1123_LABEL.fullmatch(v):
         raise PydanticCustomError(
-            "dns1123", "'{value}' is not a DNS-1123 label (lower-case a-z, 0-9, '-', at most "
-            "63 characters, starting and ending alphanumeric)", {"value": v})
+            "dns1123", "{value} is not a DNS-1123 label (lower-case a-z, 0-9, '-', at most "
+            "63 characters, starting and ending alphanumeric)", {"value": _q(v)})
     return v
 
 
 def _subdomain(v: str) -> str:
-    if not DNS1123_SUBDOMAIN.match(v):
-        raise PydanticCustomError("dns1123", "'{value}' is not a DNS-1123 subdomain", {"value": v})
+    if not DNS1123_SUBDOMAIN.fullmatch(v):
+        raise PydanticCustomError("dns1123", "{value} is not a DNS-1123 subdomain", {"value": _q(v)})
     return v
 
 
-def _ip(v: str) -> str:
+def _parse_ip(v: str):
     try:
-        return str(ipaddress.ip_address(v))
+        ip = ipaddress.ip_address(v)
     except ValueError:
-        raise PydanticCustomError("ip", "'{value}' is not an IP address", {"value": v}) from None
+        raise PydanticCustomError("ip", "{value} is not an IP address", {"value": _q(v)}) from None
+    if getattr(ip, "scope_id", None):
+        # no certificate SAN, etcd URL or kubelet --node-ip can carry an interface zone
+        raise PydanticCustomError("ip", "{value} has an interface zone (%...); use an address without one",
+                                  {"value": _q(v)})
+    return ip
+
+
+def _ip(v: str) -> str:
+    return str(_parse_ip(v))
+
+
+def _unusable(ip) -> str | None:
+    """Why ``ip`` can never be where a host (or the API, or a bastion) is reached, or None.
+    Loopback is not here: a single-machine test may put every host on it (see _host_problems)."""
+    ip = getattr(ip, "ipv4_mapped", None) or ip
+    if ip.is_unspecified:
+        return "is the unspecified address (it means 'any' to a listener and reaches no host)"
+    if ip.is_multicast:
+        return "is a multicast address, not one host's"
+    if ip.version == 4 and ip == ipaddress.IPv4Address("255.255.255.255"):
+        return "is the broadcast address, not one host's"
+    if ip.is_link_local:
+        return ("is link-local: it is not routed beyond one link, and etcd URLs, certificates and "
+                "the kubelet's --node-ip cannot name the interface it needs")
+    if ip.version == 4 and ip.is_reserved:
+        return "is in the reserved range 240.0.0.0/4, which hosts cannot use"
+    return None
+
+
+def _host_ip(v: str) -> str:
+    ip = _parse_ip(v)
+    why = _unusable(ip)
+    if why:
+        raise PydanticCustomError("ip", "{value} {why}", {"value": _q(v), "why": why})
+    return str(ip)
 
 
 def _cidr(v: str) -> str:
@@ -61,36 +109,59 @@ def _cidr(v: str) -> str:
         return str(ipaddress.ip_network(v, strict=True))
     except ValueError:
         raise PydanticCustomError(
-            "cidr", "'{value}' is not a network in CIDR notation with host bits zero "
-            "(for example 10.244.0.0/16)", {"value": v}) from None
+            "cidr", "{value} is not a network in CIDR notation with host bits zero "
+            "(for example 10.244.0.0/16)", {"value": _q(v)}) from None
 
 
 def _ip_or_name(v: str) -> str:
     try:
-        return str(ipaddress.ip_address(v))
+        ipaddress.ip_address(v)
     except ValueError:
-        pass
-    if DNS1123_SUBDOMAIN.match(v):
-        return v
-    raise PydanticCustomError("host", "'{value}' is neither an IP address nor a DNS name", {"value": v})
+        if DNS1123_SUBDOMAIN.fullmatch(v):
+            return v
+        raise PydanticCustomError("host", "{value} is neither an IP address nor a DNS name",
+                                  {"value": _q(v)}) from None
+    return _ip(v)
+
+
+def _reachable_ip_or_name(v: str) -> str:
+    v = _ip_or_name(v)
+    return _host_ip(v) if _as_ip(v) is not None else v
+
+
+def _login(v: str) -> str:
+    if not LOGIN_NAME.fullmatch(v):
+        raise PydanticCustomError(
+            "login", "{value} is not a user name (a letter or '_', then letters, digits, '_', '.', '-'; "
+            "at most 32 characters)", {"value": _q(v)})
+    return v
+
+
+def _path_text(v: str) -> str:
+    if not v or len(v) > MAX_PATH or re.search(r"[\x00-\x1f\x7f]", v):
+        raise PydanticCustomError(
+            "path", "{value} is not a usable path (empty, longer than {n} characters, or with a "
+            "control character such as a newline)", {"value": _q(v), "n": MAX_PATH})
+    return v
 
 
 def _version(v: str) -> str:
-    parsed = versions.parse(v)
+    # versions.parse matches with `$`, which also takes "v1.36.5\n"
+    parsed = versions.parse(v) if versions.VERSION_RE.fullmatch(v) else None
     if parsed is None:
         raise PydanticCustomError(
-            "version", "'{value}' is not a version of the form vMAJOR.MINOR.PATCH (for example {d})",
-            {"value": v, "d": versions.DEFAULT_KUBERNETES_VERSION})
+            "version", "{value} is not a version of the form vMAJOR.MINOR.PATCH (for example {d})",
+            {"value": _q(v), "d": versions.DEFAULT_KUBERNETES_VERSION})
     if not versions.is_supported(parsed):
         raise PydanticCustomError(
-            "version", "'{value}' is outside the supported range {r}",
-            {"value": v, "r": versions.supported_range_text()})
+            "version", "{value} is outside the supported range {r}",
+            {"value": _q(v), "r": versions.supported_range_text()})
     return v
 
 
 def _semver(v: str) -> str:
     if not re.fullmatch(r"v?\d+\.\d+\.\d+", v):
-        raise PydanticCustomError("version", "'{value}' is not a version MAJOR.MINOR.PATCH", {"value": v})
+        raise PydanticCustomError("version", "{value} is not a version MAJOR.MINOR.PATCH", {"value": _q(v)})
     return v
 
 
@@ -106,12 +177,19 @@ def _port(v: int) -> int:
     return v
 
 
+# Strict: pydantic's lax mode takes `true` as 1 (and "22" as 22); YAML already types numbers
+Int = Annotated[int, Strict()]
+Bool = Annotated[bool, Strict()]
 Label = Annotated[str, AfterValidator(_label)]
 Subdomain = Annotated[str, AfterValidator(_subdomain)]
 IP = Annotated[str, AfterValidator(_ip)]
+HostIP = Annotated[str, AfterValidator(_host_ip)]
 CIDR = Annotated[str, AfterValidator(_cidr)]
 IPOrName = Annotated[str, AfterValidator(_ip_or_name)]
-Port = Annotated[int, AfterValidator(_port)]
+ReachableIPOrName = Annotated[str, AfterValidator(_reachable_ip_or_name)]
+Login = Annotated[str, AfterValidator(_login)]
+PathText = Annotated[str, AfterValidator(_path_text)]
+Port = Annotated[int, Strict(), AfterValidator(_port)]
 Role = Annotated[Literal["control", "worker"], BeforeValidator(_role)]
 
 
@@ -136,7 +214,7 @@ class NetworkSpec(_Strict):
     serviceCIDR: CIDR = Field("10.96.0.0/12", description="ClusterIP range; its first address is the kubernetes Service.")
     clusterDNS: IP = Field("10.96.0.10", description="ClusterIP of the cluster DNS Service.")
     clusterDomain: Subdomain = "cluster.local"
-    resolvConf: str | None = Field(
+    resolvConf: PathText | None = Field(
         None, description="resolv.conf the kubelet hands to pods with dnsPolicy Default (and CoreDNS "
         "uses upstream). Default: /run/systemd/resolve/resolv.conf on hosts running systemd-resolved "
         "(its stub 127.0.0.53 would make CoreDNS loop), else /etc/resolv.conf.")
@@ -146,36 +224,36 @@ class NetworkSpec(_Strict):
     egress: Literal["routes", "konnectivity"] | None = Field(
         None, description="How control hosts reach pods and services (webhooks, aggregated APIs, logs/exec): "
         "routes (default with cni: routes) or konnectivity (default with cni: cilium).")
-    nodeCIDRMaskSize: Annotated[int, Field(ge=16, le=28)] = Field(
+    nodeCIDRMaskSize: Annotated[Int, Field(ge=16, le=28)] = Field(
         24, description="Prefix length of each worker's slice of podCIDR (IPv4).")
-    upstreamDNS: list[IP] = Field(
+    upstreamDNS: list[HostIP] = Field(
         default_factory=list, description="Resolvers CoreDNS forwards to; empty: the kubelet's resolvConf.")
 
 
 class ApiServerSpec(_Strict):
-    endpoint: IPOrName | None = Field(
+    endpoint: ReachableIPOrName | None = Field(
         None, description="Address clients and workers use for the API (VIP, LB name or a control "
         "host's IP). Default: the first control host's address.")
     port: Port = 6443
     extraSANs: list[IPOrName] = Field(default_factory=list, description="More names/IPs for the serving certificate.")
-    alwaysPullImages: bool = Field(
+    alwaysPullImages: Bool = Field(
         True, description="Enable the AlwaysPullImages admission plugin (CIS 1.2.11). Turn off for "
         "clusters whose images are imported into containerd with no registry to pull from.")
 
 
 class BastionSpec(_Strict):
-    address: IPOrName = Field(description="The jump host every SSH connection goes through (IP or DNS name).")
-    user: str | None = Field(None, description="Login user on the bastion. Default: spec.ssh.user.")
+    address: ReachableIPOrName = Field(description="The jump host every SSH connection goes through (IP or DNS name).")
+    user: Login | None = Field(None, description="Login user on the bastion. Default: spec.ssh.user.")
     port: Port = 22
-    keyPath: str | None = Field(None, description="Private key for the bastion. Default: spec.ssh.keyPath.")
+    keyPath: PathText | None = Field(None, description="Private key for the bastion. Default: spec.ssh.keyPath.")
 
 
 class SSHSpec(_Strict):
-    user: str = Field("root", description="Login user; a user other than root runs every command "
+    user: Login = Field("root", description="Login user; a user other than root runs every command "
                       "through `sudo -n` and so needs passwordless sudo.")
     port: Port = 22
-    keyPath: str = Field("~/.ssh/id_ed25519", description="Private key used to log in.")
-    knownHosts: str = Field("~/.ssh/known_hosts", description="Host keys are verified against this file "
+    keyPath: PathText = Field("~/.ssh/id_ed25519", description="Private key used to log in.")
+    knownHosts: PathText = Field("~/.ssh/known_hosts", description="Host keys are verified against this file "
                             "(the bastion's too).")
     bastion: BastionSpec | None = Field(
         None, description="Reach the hosts through this jump host (an SSH direct-tcpip channel, "
@@ -183,24 +261,24 @@ class SSHSpec(_Strict):
 
 
 class HostSSHSpec(_Strict):
-    user: str | None = None
+    user: Login | None = None
     port: Port | None = None
-    keyPath: str | None = None
-    knownHosts: str | None = None
+    keyPath: PathText | None = None
+    knownHosts: PathText | None = None
     bastion: BastionSpec | None = Field(
         None, description="This host's bastion instead of spec.ssh.bastion; null connects directly.")
 
 
 class HostSpec(_Strict):
     name: Label = Field(description="Host and node name (a DNS-1123 label); must equal the host's hostname.")
-    address: IP
+    address: HostIP
     role: Role
     ssh: HostSSHSpec = Field(default_factory=HostSSHSpec, description="Per-host overrides of spec.ssh.")
 
 
 def _sha256(v: str) -> str:
     if not re.fullmatch(r"[0-9a-f]{64}", v):
-        raise PydanticCustomError("sha256", "'{value}' is not a lower-case hex sha256 digest", {"value": v})
+        raise PydanticCustomError("sha256", "{value} is not a lower-case hex sha256 digest", {"value": _q(v)})
     return v
 
 
@@ -213,7 +291,7 @@ class ComponentVersions(_Strict):
 
 class ArtifactsSpec(_Strict):
     source: Literal["download", "dir"] = "download"
-    path: str | None = Field(None, description="With source: dir, the directory holding binaries and SHA256SUMS (relative to the inventory).")
+    path: PathText | None = Field(None, description="With source: dir, the directory holding binaries and SHA256SUMS (relative to the inventory).")
     versions: ComponentVersions = Field(default_factory=ComponentVersions,
                                         description="Versions of the non-Kubernetes components: downloaded with source: "
                                         "download; with either source, containerd's decides its config format "
@@ -221,7 +299,7 @@ class ArtifactsSpec(_Strict):
     checksums: dict[str, Annotated[str, AfterValidator(_sha256)]] = Field(
         default_factory=dict, description="Pinned sha256 per binary name (e.g. kube-apiserver); checked in "
         "addition to the published checksums, for both sources.")
-    cacheDir: str | None = Field(None, description="Where downloads are kept. Default: $XDG_CACHE_HOME/hiddenplane/artifacts.")
+    cacheDir: PathText | None = Field(None, description="Where downloads are kept. Default: $XDG_CACHE_HOME/hiddenplane/artifacts.")
     sandboxImage: str = Field("registry.k8s.io/pause:3.10.2", pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$",
                               description="containerd's "
                               "sandbox (pause) image; name the one an image-*.tar in the artifacts holds to "
@@ -230,10 +308,11 @@ class ArtifactsSpec(_Strict):
 
 class PKISpec(_Strict):
     keyAlgorithm: Literal["ecdsa-p256", "rsa-2048"] = "ecdsa-p256"
-    caValidityDays: Annotated[int, Field(gt=0)] = 3650
-    certValidityDays: Annotated[int, Field(gt=0)] = 365
-    bootstrapTokenTTLHours: Annotated[int, Field(gt=0, le=24 * 7)] = 24
-    kubeletClientCertHours: Annotated[int, Field(gt=0, le=24 * 30)] = Field(
+    # bounded: a date past year 9999 cannot be written into a certificate
+    caValidityDays: Annotated[Int, Field(gt=0, le=36500)] = 3650
+    certValidityDays: Annotated[Int, Field(gt=0, le=36500)] = 365
+    bootstrapTokenTTLHours: Annotated[Int, Field(gt=0, le=24 * 7)] = 24
+    kubeletClientCertHours: Annotated[Int, Field(gt=0, le=24 * 30)] = Field(
         24, description="Lifetime of kubelet client certificates the controller-manager signs "
         "(--cluster-signing-duration); short, so a stolen one dies soon.")
 
@@ -244,7 +323,7 @@ class ClusterSpec(_Strict):
     apiServer: ApiServerSpec = Field(default_factory=ApiServerSpec)
     ssh: SSHSpec = Field(default_factory=SSHSpec)
     hosts: list[HostSpec]
-    allowEvenControlHosts: bool = Field(
+    allowEvenControlHosts: Bool = Field(
         False, description="Accept 2 or 4 control hosts (etcd members). Only as a step of replacing one: "
         "`installer etcd member remove --allow-even` (3 -> 2), then `installer etcd member add` (2 -> 3).")
     artifacts: ArtifactsSpec = Field(default_factory=ArtifactsSpec)
@@ -330,8 +409,10 @@ def _path(loc: tuple) -> str:
             out += f"[{part}]"
         elif str(part).startswith("function-") or part in ("literal['control','worker']",):
             continue
-        else:
-            out += ("." if out else "") + str(part)
+        elif isinstance(part, str) and re.fullmatch(r"[A-Za-z0-9_-]{1,60}", part):
+            out += ("." if out else "") + part
+        else:   # a key a user typed: quoted, so a newline or 5 MB of it cannot break the line
+            out += ("." if out else "") + _q(part)
     return out or "(document)"
 
 
@@ -342,10 +423,13 @@ def _describe(err: dict) -> str:
     if kind == "missing":
         return f"{path}: required field is missing"
     if kind == "literal_error":
-        return f"{path}: {value!r} is not allowed; expected {err['ctx']['expected']}"
-    if kind in ("dns1123", "ip", "cidr", "host", "version", "role", "port", "sha256"):
+        return f"{path}: {_q(value)} is not allowed; expected {err['ctx']['expected']}"
+    if kind in ("dns1123", "ip", "cidr", "host", "version", "role", "port", "sha256", "login", "path"):
         return f"{path}: {err['msg']}"
-    return f"{path}: {value!r}: {err['msg']}"
+    if kind in ("int_type", "bool_type") and isinstance(value, bool | int):
+        want = "a whole number" if kind == "int_type" else "true or false"
+        return f"{path}: {_q(value)} is not {want}"
+    return f"{path}: {_q(value)}: {err['msg']}"
 
 
 def _get(data: Any, *keys: Any) -> Any:
@@ -369,8 +453,14 @@ def _as_net(v: Any):
 
 
 def _as_ip(v: Any):
+    return _cached_ip(v) if isinstance(v, str) else None
+
+
+@functools.lru_cache(maxsize=65536)
+def _cached_ip(v: str):
+    # the cluster checks look at each address several times; ipaddress parsing dominates them
     try:
-        return ipaddress.ip_address(v) if isinstance(v, str) else None
+        return ipaddress.ip_address(v)
     except ValueError:
         return None
 
@@ -409,7 +499,7 @@ def _network_problems(data: dict, hosts: list) -> list[str]:
         if not n:
             continue
         for i, h in enumerate(hosts):
-            ip = _as_ip(_get(h, "address"))
+            ip = _comparable(_as_ip(_get(h, "address")))     # ::ffff:10.244.0.5 is in 10.244.0.0/16
             if ip and ip.version == n.version and ip in n:
                 out.append(f"spec.hosts[{i}].address: '{ip}' lies inside spec.network.{label} {n}")
         if endpoint and endpoint.version == n.version and endpoint in n:
@@ -439,16 +529,39 @@ def _pod_slice_problems(net: dict, pod, hosts: list) -> list[str]:
     return []
 
 
+def _name_of(h: dict) -> str:
+    name = h.get("name")
+    if not isinstance(name, str):
+        return ""
+    return f" of {name if DNS1123_LABEL.fullmatch(name) else _q(name)}"
+
+
 def _duplicate(hosts: list, i: int, j: int, field: str, value: str) -> str:
     if {hosts[i].get("role"), hosts[j].get("role")} == {"control", "worker"}:
-        return f"spec.hosts[{i}].{field}: '{value}' is listed as both control and worker: {HIDDEN_MSG}"
-    return f"spec.hosts[{i}].{field}: '{value}' duplicates spec.hosts[{j}].{field}"
+        return f"spec.hosts[{i}].{field}: {_q(value)} is listed as both control and worker: {HIDDEN_MSG}"
+    if field == "address":
+        raw = hosts[i].get("address")
+        same = "" if _as_ip(raw) == _as_ip(hosts[j].get("address")) else f", written as {_q(raw)}"
+        return (f"spec.hosts[{i}].address: {_q(value)}{_name_of(hosts[i])} duplicates "
+                f"spec.hosts[{j}].address{_name_of(hosts[j])}{same}")
+    return f"spec.hosts[{i}].{field}: {_q(value)} duplicates spec.hosts[{j}].{field}"
+
+
+def _comparable(ip):
+    """The address a socket would reach: ::ffff:10.0.0.1 is 10.0.0.1."""
+    return getattr(ip, "ipv4_mapped", None) or ip
+
+
+# one etcd member per control host; more than 5 makes every write wait for more members (README)
+CONTROL_COUNTS = (1, 3, 5)
+EVEN_CONTROL_COUNTS = (2, 4)      # only while replacing a control host
 
 
 def _host_problems(hosts: list, allow_even: bool = False) -> list[str]:
     out: list[str] = []
     seen: dict[tuple[str, str], int] = {}     # (field, value) -> first index
     roles = {"control": 0, "worker": 0}
+    loopback: list[int] = []
     for i, h in enumerate(hosts):
         if not isinstance(h, dict):
             continue
@@ -456,7 +569,9 @@ def _host_problems(hosts: list, allow_even: bool = False) -> list[str]:
             roles[h["role"]] += 1
         ip = _as_ip(h.get("address"))
         keys = [("name", h["name"])] if isinstance(h.get("name"), str) else []
-        keys += [("address", str(ip))] if ip is not None else []
+        keys += [("address", str(_comparable(ip)))] if ip is not None else []
+        if ip is not None and _comparable(ip).is_loopback:
+            loopback.append(i)
         for key in keys:
             if key in seen:
                 out.append(_duplicate(hosts, i, seen[key], *key))
@@ -465,12 +580,24 @@ def _host_problems(hosts: list, allow_even: bool = False) -> list[str]:
     if not hosts:
         out.append("spec.hosts: no hosts; a cluster needs at least one control host and one worker")
         return out
-    if roles["control"] == 0:
+    addressed = sum(1 for h in hosts if isinstance(h, dict) and _as_ip(h.get("address")) is not None)
+    if loopback and len(loopback) < addressed:
+        # loopback is this machine: fine when every host is on it (a one-machine test), a typo otherwise
+        for i in loopback:
+            out.append(f"spec.hosts[{i}].address: {_q(hosts[i]['address'])} is a loopback address: from the "
+                       "other hosts it names themselves, not this one; loopback is only allowed when every "
+                       "host is on it")
+    count = roles["control"]
+    allowed = CONTROL_COUNTS + (EVEN_CONTROL_COUNTS if allow_even else ())
+    if count == 0:
         out.append("spec.hosts: no host has role control; the control plane needs one (or 3, 5)")
-    elif roles["control"] % 2 == 0 and not allow_even:
-        out.append(f"spec.hosts: {roles['control']} control hosts; each runs an etcd member and an "
+    elif count in EVEN_CONTROL_COUNTS and not allow_even:
+        out.append(f"spec.hosts: {count} control hosts; each runs an etcd member and an "
                    "even count adds no fault tolerance: use 1, 3 or 5 (while replacing a control host, "
                    "set spec.allowEvenControlHosts: true)")
+    elif count not in allowed:
+        out.append(f"spec.hosts: {count} control hosts; each runs an etcd member and every write waits for "
+                   "a majority of them: use 1, 3 or 5" + (" (2 or 4 while replacing one)" if allow_even else ""))
     if roles["worker"] == 0:
         out.append("spec.hosts: no host has role worker; workloads need at least one worker "
                    "(control hosts never run pods)")
@@ -484,25 +611,93 @@ def _artifact_problems(data: dict, base_dir: Path) -> list[str]:
     path = art.get("path")
     if not isinstance(path, str) or not path:
         return ["spec.artifacts.path: required when spec.artifacts.source is 'dir'"]
-    resolved = (base_dir / Path(path).expanduser()).resolve()
+    resolved = _resolve(base_dir, path)
+    if resolved is None:
+        return []        # the field check says what is wrong with it
     if not resolved.is_dir():
-        return [f"spec.artifacts.path: '{path}' is not a directory (resolved to {resolved})"]
+        return [f"spec.artifacts.path: {_q(path)} is not a directory (resolved to {_q(str(resolved))})"]
     return []
+
+
+def _resolve(base_dir: Path, path: Any) -> Path | None:
+    if not isinstance(path, str) or not path or len(path) > MAX_PATH or "\x00" in path:
+        return None
+    try:
+        return (base_dir / Path(path).expanduser()).resolve()
+    except (OSError, RuntimeError, ValueError):   # e.g. ~nosuchuser, a symlink loop
+        return None
+
+
+_FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
+               (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
+
+
+def _ssh_file_problems(data: dict, hosts: list, base_dir: Path) -> list[str]:
+    """A key or known_hosts path that exists but is no regular file fails only at connect time,
+    host by host; say it now. A missing file stays legal here: the key's absence is reported at
+    connect time, and a missing known_hosts is created by --accept-new-host-keys."""
+    ssh = _get(data, "spec", "ssh")
+    ssh = ssh if isinstance(ssh, dict) else {}
+    defaults = SSHSpec.model_fields
+    fields = [(f"spec.ssh.{k}", ssh[k] if k in ssh else defaults[k].default) for k in ("keyPath", "knownHosts")]
+    fields.append(("spec.ssh.bastion.keyPath", _get(ssh, "bastion", "keyPath")))
+    for i, h in enumerate(hosts):
+        for k in ("keyPath", "knownHosts"):
+            fields.append((f"spec.hosts[{i}].ssh.{k}", _get(h, "ssh", k)))
+        fields.append((f"spec.hosts[{i}].ssh.bastion.keyPath", _get(h, "ssh", "bastion", "keyPath")))
+    out = []
+    for field, value in fields:
+        resolved = _resolve(base_dir, value)
+        if resolved is None:
+            continue
+        try:
+            mode = os.stat(resolved).st_mode
+        except OSError:
+            continue
+        kind = next((name for test, name in _FILE_KINDS if test(mode)), None)
+        if kind is not None:
+            what = "a private key" if field.endswith("keyPath") else "a known_hosts file"
+            out.append(f"{field}: {_q(value)} is {kind}, not a regular file; it must be {what}")
+    return out
 
 
 def cluster_problems(data: dict, base_dir: Path) -> list[str]:
     hosts = _get(data, "spec", "hosts")
     hosts = hosts if isinstance(hosts, list) else []
     allow_even = _get(data, "spec", "allowEvenControlHosts") is True
-    return _host_problems(hosts, allow_even) + _network_problems(data, hosts) + _artifact_problems(data, base_dir)
+    return (_host_problems(hosts, allow_even) + _network_problems(data, hosts)
+            + _endpoint_problems(data, hosts) + _artifact_problems(data, base_dir)
+            + _ssh_file_problems(data, hosts, base_dir))
 
 
-def parse(data: Any, source: str = "inventory", base_dir: Path | None = None) -> Inventory:
-    """Validate a loaded document; raise InventoryError listing every problem."""
+def _endpoint_problems(data: dict, hosts: list) -> list[str]:
+    endpoint = _as_ip(_get(data, "spec", "apiServer", "endpoint"))
+    if endpoint is None or not _comparable(endpoint).is_loopback:
+        return []
+    addresses = [_as_ip(h.get("address")) for h in hosts if isinstance(h, dict)]
+    if all(a is not None and _comparable(a).is_loopback for a in addresses):
+        return []
+    return [f"spec.apiServer.endpoint: '{endpoint}' is a loopback address: kubelets on the workers would "
+            "reach themselves, not the API; use a control host's address, a VIP or a load balancer"]
+
+
+def _bounded(problems: list[str]) -> list[str]:
+    problems = [p if len(p) <= MAX_LINE else p[:MAX_LINE] + "…" for p in dict.fromkeys(problems)]
+    if len(problems) > MAX_PROBLEMS:
+        more = len(problems) - MAX_PROBLEMS
+        problems = problems[:MAX_PROBLEMS] + [f"(document): {more} more problem(s) not shown"]
+    return problems
+
+
+def parse(data: Any, source: str = "inventory", base_dir: Path | None = None,
+          problems: list[str] | None = None) -> Inventory:
+    """Validate a loaded document; raise InventoryError listing every problem (``problems``
+    found earlier, e.g. while parsing the file, first)."""
     base_dir = base_dir or Path(".")
+    problems = list(problems or [])
     if not isinstance(data, dict):
-        raise InventoryError(source, ["(document): expected a mapping with apiVersion, kind, metadata, spec"])
-    problems: list[str] = []
+        raise InventoryError(source, _bounded(
+            problems + ["(document): expected a mapping with apiVersion, kind, metadata, spec"]))
     model = None
     try:
         model = Inventory.model_validate({**data, "base_dir": base_dir})
@@ -511,21 +706,20 @@ def parse(data: Any, source: str = "inventory", base_dir: Path | None = None) ->
     problems += cluster_problems(data, base_dir)
     if problems:
         # one problem can be found by both layers (a role alias, say); say it once
-        raise InventoryError(source, list(dict.fromkeys(problems)))
+        raise InventoryError(source, _bounded(problems))
     assert model is not None
     return model
 
 
 def load(path: str | Path) -> Inventory:
+    """Read, parse (bounded: see installer/yamlsafe.py) and validate the inventory at ``path``."""
     path = Path(path)
     try:
-        text = path.read_text()
+        raw = yamlsafe.read(path)
     except OSError as e:
         raise InventoryError(str(path), [f"(file): cannot read: {e.strerror}"]) from None
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(file)"
-        raise InventoryError(str(path), [f"{where}: not valid YAML: {getattr(e, 'problem', e)}"]) from None
-    return parse(data, str(path), path.parent.resolve())
+        data, duplicates = yamlsafe.load(raw)
+    except yamlsafe.InputError as e:
+        raise InventoryError(str(path), e.problems) from None
+    return parse(data, str(path), path.parent.resolve(), problems=duplicates)

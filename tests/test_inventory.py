@@ -53,7 +53,7 @@ BAD = [
     ("duplicate-name", lambda d: set_path(d, ["spec", "hosts", 2, "name"], "node2"),
      "spec.hosts[2].name: 'node2' duplicates spec.hosts[1].name"),
     ("duplicate-address", lambda d: set_path(d, ["spec", "hosts", 2, "address"], "192.168.56.231"),
-     "spec.hosts[2].address: '192.168.56.231' duplicates spec.hosts[1].address"),
+     "spec.hosts[2].address: '192.168.56.231' of node3 duplicates spec.hosts[1].address of node2"),
     ("no-control", lambda d: set_path(d, ["spec", "hosts"], hosts(("n1", "10.1.0.1", "worker"))),
      "spec.hosts: no host has role control…"),
     ("no-worker", lambda d: set_path(d, ["spec", "hosts"], hosts(("c1", "192.168.56.230", "control"))),
