@@ -301,9 +301,10 @@ def add(inventory, name: str, *, state_dir=None, allow_even: bool = False, wait_
         log: Callable[[str], None] = print) -> Change:
     """Add control host ``name`` (in the inventory, not yet a member) to etcd: as a learner,
     then promoted; then converge the control hosts. Resumes an add that stopped after
-    registering the learner. Holds the apply lock throughout."""
+    registering the learner. Holds the apply lock throughout, on the members (the new host may
+    not answer yet: the checks name it)."""
     inv = api.as_inventory(inventory)
-    with cluster_lock(inv, log=log):
+    with cluster_lock(inv, skip=frozenset({name}), log=log):
         return _add(inv, name, state_dir=state_dir, allow_even=allow_even, wait_timeout=wait_timeout, log=log)
 
 
