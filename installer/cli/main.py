@@ -1,31 +1,52 @@
-"""``installer``: validate, plan and (later) apply a hidden-control-plane cluster."""
+"""``installer``: the command line, a thin layer over the Python API (installer/api.py).
+
+Subcommands are imported when invoked (``LazyGroup``): `validate` and `--help` must not pay for
+the Kubernetes client that `node` and the API phases load (seconds on a busy machine)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 
 import click
 
-from .options import STATE_DEFAULT
 from .. import __version__, api
 from ..inventory import json_schema
-from .. import runner
-from ..phases import PHASE_NAMES
-from ..phases.base import Options
 from .errors import domain_errors
-from .etcd import etcd
-from .lab import lab
-from .certs import certs
-from .ca import ca
-from .node import node
-from .reset import reset
-from .output import Progress
 
-STATE_HELP = ("Local state directory holding the PKI (0700). "
-              + STATE_DEFAULT)
+# name -> (module, attribute, one-line help for `installer --help`)
+LAZY = {
+    "apply": ("installer.cli.cluster", "apply", "Converge every host of INVENTORY: hidden control plane, joined workers."),
+    "plan": ("installer.cli.cluster", "plan", "Show what apply would change on the live hosts, or render offline."),
+    "kubeconfig": ("installer.cli.cluster", "kubeconfig", "Write an admin kubeconfig for the cluster's API endpoint."),
+    "verify": ("installer.cli.cluster", "verify", "Check the live hosts: hidden control plane, private secrets."),
+    "lab": ("installer.cli.lab", "lab", "Build, inspect and remove a lab of local hosts (Linux, root)."),
+    "etcd": ("installer.cli.etcd", "etcd", "etcd day-2 operations: members, member add|remove, snapshots."),
+    "certs": ("installer.cli.certs", "certs", "Certificate expiry across the state and the hosts; renewal."),
+    "ca": ("installer.cli.ca", "ca", "Rotate a CA across the cluster."),
+    "node": ("installer.cli.node", "node", "Node day-2 operations: list, add, drain, remove, revoke."),
+    "reset": ("installer.cli.reset", "reset", "Tear the cluster down on every host."),
+}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class LazyGroup(click.Group):
+    def list_commands(self, ctx):
+        return sorted([*super().list_commands(ctx), *LAZY])
+
+    def get_command(self, ctx, name):
+        if name in LAZY:
+            module, attr, _ = LAZY[name]
+            return getattr(importlib.import_module(module), attr)
+        return super().get_command(ctx, name)
+
+    def format_commands(self, ctx, formatter):
+        rows = [(n, LAZY[n][2] if n in LAZY else self.commands[n].get_short_help_str(limit=80))
+                for n in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="installer (hiddenplane)")
 def cli():
     """Kubernetes the hard way, with a hidden control plane."""
@@ -41,125 +62,10 @@ def validate(inventory):
                f"{len(inv.controls)} control host(s), {len(inv.workers)} worker(s), API {inv.api_url}")
 
 
-def _apply_options(f):
-    for option in reversed([
-        click.option("--state", "state_dir", type=click.Path(file_okay=False), help=STATE_HELP),
-        click.option("--only", multiple=True, help=f"Run only these phases ({', '.join(PHASE_NAMES)})."),
-        click.option("--skip", multiple=True, help="Skip these phases."),
-        click.option("--parallel", default=10, show_default=True, help="Hosts worked on at once per phase."),
-        click.option("--accept-new-host-keys", is_flag=True,
-                     help="Trust and record host keys not yet in known_hosts (a changed key is still refused)."),
-        click.option("--output", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True),
-        click.option("-v", "--verbose", is_flag=True, help="Show every planned change."),
-        click.option("--wait-timeout", default=180.0, show_default=True, help="Seconds to wait for health."),
-    ]):
-        f = option(f)
-    return f
-
-
-def _options(dry_run, only, skip, parallel, accept_new_host_keys, wait_timeout, force_unlock=False) -> Options:
-    return Options(dry_run=dry_run, parallel=parallel, accept_new_host_keys=accept_new_host_keys,
-                   only=frozenset(only), skip=frozenset(skip), force_unlock=force_unlock,
-                   wait_timeout=wait_timeout)
-
-
-@cli.command()
-@click.argument("inventory", type=click.Path(dir_okay=False))
-@_apply_options
-@click.option("--dry-run", is_flag=True, help="Show what would change (same as `installer plan`).")
-@click.option("--force-unlock", is_flag=True, help="Break a stale apply lock.")
-@domain_errors
-def apply(inventory, state_dir, only, skip, parallel, accept_new_host_keys, fmt, verbose, wait_timeout,
-          dry_run, force_unlock):
-    """Converge every host of INVENTORY: hidden control plane, joined workers. Idempotent."""
-    progress = Progress(fmt, verbose or dry_run)
-    report = runner.run(inventory, state_dir, _options(dry_run, only, skip, parallel, accept_new_host_keys,
-                                                       wait_timeout, force_unlock),
-                        log=progress.log, on_event=progress.event)
-    progress.done(report, "plan" if dry_run else "apply")
-
-
-@cli.command()
-@click.argument("inventory", type=click.Path(dir_okay=False))
-@click.option("--render", "render_dir", type=click.Path(file_okay=False),
-              help="Offline: write every host's files to DIR/<host>/<path> with a MANIFEST per host "
-                   "(creates or updates the PKI in the state directory; contacts no host).")
-@click.option("--check", is_flag=True, help="Exit 1 when changes are pending, 0 when converged.")
-@_apply_options
-@domain_errors
-def plan(inventory, render_dir, check, state_dir, only, skip, parallel, accept_new_host_keys, fmt, verbose,
-         wait_timeout):
-    """Show what apply would change on the live hosts (secrets masked), or render offline."""
-    if render_dir:
-        p = api.render(inventory, render_dir, state_dir)
-        for name, why in sorted(p.changes.reasons.items()):
-            click.echo(f"pki: {name}: {why}")
-        for name, hp in p.plans.items():
-            click.echo(f"{name} ({hp.role}): {len(hp.files)} files, {len(hp.dirs)} directories, units: "
-                       + ", ".join(u.removesuffix(".service") for u in hp.units))
-        click.echo(f"state: {p.state.root}")
-        click.echo(f"rendered to {render_dir}/<host>/ (see MANIFEST in each)")
-        return
-    progress = Progress(fmt, verbose=True)
-    report = runner.run(inventory, state_dir, _options(True, only, skip, parallel, accept_new_host_keys,
-                                                       wait_timeout),
-                        log=progress.log, on_event=progress.event)
-    progress.done(report, "plan")
-    if check and report.changed:
-        raise SystemExit(1)
-
-
-@cli.command()
-@click.argument("inventory", type=click.Path(dir_okay=False))
-@click.option("-o", "--output", type=click.Path(dir_okay=False),
-              help="Where to write it (mode 0600). Default: ./<cluster>.kubeconfig")
-@click.option("--state", "state_dir", type=click.Path(file_okay=False), help=STATE_HELP)
-@click.option("--force", is_flag=True, help="Overwrite an existing file with other content.")
-@domain_errors
-def kubeconfig(inventory, output, state_dir, force):
-    """Write an admin kubeconfig (user kubernetes-admin) for the cluster's API endpoint."""
-    inv, path, written = api.admin_kubeconfig(inventory, output, state_dir, force)
-    click.echo(f"{path}: {'written' if written else 'unchanged'} (user kubernetes-admin, server {inv.api_url})")
-
-
-@cli.command()
-@click.argument("inventory", type=click.Path(dir_okay=False))
-@click.option("--state", "state_dir", type=click.Path(file_okay=False), help=STATE_HELP)
-@click.option("--output", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-@click.option("--api", "use_api", is_flag=True, help="Also ask the API that no Node is a control host.")
-@domain_errors
-def verify(inventory, state_dir, fmt, use_api):
-    """Check the live hosts (testinfra over SSH, host keys verified): the control plane is hidden,
-    every secret is private. Read-only; rerun any time.
-
-    Exit 0 when every check passes, 1 when any fails, 2/3 when a host cannot be checked."""
-    from .. import verify as verify_mod
-    results = verify_mod.verify(inventory, state_dir, log=lambda m: click.echo(m, err=True), api=use_api)
-    failed = [r for r in results if not r.ok]
-    if fmt == "json":
-        click.echo(json.dumps({"ok": not failed, "failed": len(failed), "checks": [r.as_dict() for r in results]},
-                              indent=2))
-    else:
-        for r in results:
-            click.echo(r.line())
-        click.echo(f"{len(results) - len(failed)}/{len(results)} checks passed"
-                   + (f", {len(failed)} FAILED" if failed else ""))
-    if failed:
-        raise SystemExit(1)
-
-
 @cli.command()
 def schema():
     """Print the inventory's JSON Schema (for editors)."""
     click.echo(json.dumps(json_schema(), indent=2))
-
-
-cli.add_command(lab)
-cli.add_command(etcd)
-cli.add_command(certs)
-cli.add_command(ca)
-cli.add_command(node)
-cli.add_command(reset)
 
 
 def main():
