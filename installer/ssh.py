@@ -26,6 +26,7 @@ keepalive and ``TCP_USER_TIMEOUT`` back it up. A command may run as long as its 
 from __future__ import annotations
 
 import errno
+import itertools
 import logging
 import math
 import os
@@ -102,6 +103,10 @@ _OWNER = re.compile(r"[A-Za-z0-9._-]+(:[A-Za-z0-9._-]+)?")
 # KEEPALIVE_INTERVAL + DEAD_AFTER seconds, whatever it was doing
 KEEPALIVE_INTERVAL = 5.0
 DEAD_AFTER = 15.0
+# a unit name systemd accepts, without the escaping backslash
+_UNIT_PREFIX = re.compile(r"[A-Za-z0-9:_.-]{1,200}")
+# one counter for the process: two Remotes to one host with one scope never pick the same unit
+_scope_counter = itertools.count(1)
 
 
 class _Lost(Exception):
@@ -165,6 +170,13 @@ def _why_dead(e: BaseException | None) -> str:
     return str(e) if e is not None and str(e) else "the connection closed"
 
 
+def check_unit_prefix(value: str, what: str = "scope") -> str:
+    if not isinstance(value, str) or not _UNIT_PREFIX.fullmatch(value):
+        raise ValueError(f"{what}: {value!r:.80} is not a systemd unit name prefix "
+                         "(letters, digits, ':', '_', '.', '-'; at most 200)")
+    return value
+
+
 def _hostport(address: str, port: int) -> str:
     return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
 
@@ -178,6 +190,9 @@ class Remote:
     connect_timeout: float = 10
     # a connection whose keepalive stays unanswered this long is closed (see KEEPALIVE_INTERVAL)
     dead_after: float = DEAD_AFTER
+    # when set, every command runs in a transient systemd scope <scope>-<n> (where the host has
+    # systemd), so that a later run can end this run's remote processes: stop_scopes()
+    scope: str | None = None
     counters: Counters = field(default_factory=Counters)
     _conn: Connection | None = None
     _gateway: Connection | None = None
@@ -292,17 +307,31 @@ class Remote:
 
     # --- commands --------------------------------------------------------------------------
 
+    def _command(self, script: str, scoped: bool) -> str:
+        if self.scope is not None and scoped:
+            unit = f"{check_unit_prefix(self.scope)}-{next(_scope_counter)}"
+            # the script travels as $1: written once, and systemd-run --scope execs it in place,
+            # so stdin, stdout, stderr and the exit code are the script's own
+            wrapper = ("if [ -d /run/systemd/system ] && command -v systemd-run >/dev/null 2>&1; then "
+                       f'exec systemd-run --scope --quiet --collect --unit={unit} sh -c "$1"; fi; '
+                       'exec sh -c "$1"')
+            command = f"sh -c {shlex.quote(wrapper)} sh {shlex.quote(script)}"
+        else:
+            command = f"sh -c {shlex.quote(script)}"
+        if self.inventory.ssh_for(self.host).user != "root":
+            command = f"sudo -n {command}"
+        return command
+
     def run(self, script: str, stdin: bytes | None = None, check: bool = True, what: str | None = None,
-            timeout: float | None = 600) -> Result:
+            timeout: float | None = 600, *, scoped: bool = True) -> Result:
         """Run ``script`` with sh on the host (as root, through sudo when the user is not root).
         ``stdin`` is sent byte-exact; ``Result.raw`` is stdout byte-exact. When sudo refuses
-        (the script never ran) this raises even with ``check=False``."""
+        (the script never ran) this raises even with ``check=False``. ``scoped=False`` keeps
+        this one command out of ``scope`` (stop_scopes must not stop itself)."""
+        command = self._command(script, scoped)        # a bad scope fails before connecting
         self.open()
         what = what or "command"
         ssh = self.inventory.ssh_for(self.host)
-        command = f"sh -c {shlex.quote(script)}"
-        if ssh.user != "root":
-            command = f"sudo -n {command}"
         self.counters.round_trips += 1
         self.counters.bytes_up += len(stdin or b"")
         try:
@@ -428,3 +457,24 @@ class Remote:
     def __exit__(self, *exc):
         self.close()
 
+
+def stop_scopes(remote: Remote, prefix: str) -> list[str]:
+    """End every process that commands run with ``scope=prefix`` left on ``remote``: every
+    ``<prefix>-*.scope`` is killed (SIGKILL: their run is gone) and stopped, in one round trip.
+    The names of the scopes found (none on a host without systemd); a scope still active
+    afterwards is a HostError naming it."""
+    pattern = shlex.quote(f"{check_unit_prefix(prefix, 'stop_scopes prefix')}-*.scope")
+    script = (
+        "[ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1 || exit 0\n"
+        "scopes() { systemctl list-units --all --plain --no-legend --type=scope \"$@\" -- "
+        f"{pattern} | awk '{{for (i = 1; i <= NF; i++) if ($i ~ /\\.scope$/) {{ print $i; break }}}}'; }}\n"
+        "units=$(scopes)\n"
+        '[ -n "$units" ] || exit 0\n'
+        "systemctl kill --signal=SIGKILL -- $units 2>/dev/null || true\n"
+        # a scope whose processes are gone is collected: stop only reports it not loaded
+        "systemctl stop -- $units 2>/dev/null || true\n"
+        "left=$(scopes --state=active)\n"
+        'if [ -n "$left" ]; then echo "still active: $left" >&2; exit 1; fi\n'
+        'printf "%s\\n" $units\n')
+    r = remote.run(script, what=f"stop the scopes {prefix}-*", scoped=False)
+    return r.stdout.split()

@@ -1,6 +1,7 @@
 """A host lost at any moment fails the run within the bound, on real hosts: a lab host's link
 is cut (its bridge port goes down: packets vanish, no RST, no ICMP) while a command runs, while
-data is uploaded, behind a bastion, and while `installer apply` runs.
+data is uploaded, behind a bastion, and while `installer apply` runs; and Remote.scope's
+transient systemd scopes on real systemd, with stop_scopes ending a killed run's processes.
 
 Boots one stand-in lab (``lost`` on 10.213.231.0/24: cp1 .11, w1 .21, w2 .22). The measured
 times are printed (run with -s to see them); they are asserted only against a generous sanity
@@ -24,7 +25,7 @@ from installer import inventory
 from installer.facts import LOCK
 from installer.lab import net
 from installer.phases.acquire_lock import break_stale, drop, take
-from installer.ssh import DEAD_AFTER, KEEPALIVE_INTERVAL, HostError, Remote
+from installer.ssh import DEAD_AFTER, KEEPALIVE_INTERVAL, HostError, Remote, stop_scopes
 
 from .labfixtures import standin_lab
 
@@ -98,6 +99,44 @@ def ended(job: dict) -> dict:
 
 def report(label: str, seconds: float, since: str = "from the cut to the error") -> None:
     print(f"\n[lost host] {label}: {seconds:.1f} s {since} (bound {KEEPALIVE_INTERVAL:g} + {DEAD_AFTER:g} s)")
+
+
+# --- scopes on real systemd ------------------------------------------------------------------
+
+def test_scoped_commands_pass_everything_through(inv):
+    data = bytes(range(256)) * 4096 + b"\x00\r\n"
+    with Remote(inv.host("cp1"), inv, scope="hp-t1") as r:
+        got = r.run("cat", stdin=data)
+        assert got.raw == data
+        bad = r.run("printf 'out\\n'; printf 'err\\n' >&2; exit 7", check=False)
+        assert (bad.stdout, bad.stderr, bad.rc) == ("out\n", "err\n", 7)
+        with pytest.raises(HostError, match=r"cp1: boom failed \(exit 3\): nope"):
+            r.run("echo nope >&2; exit 3", what="boom")
+        cgroup = r.run("cat /proc/self/cgroup").stdout
+        assert "/hp-t1-" in cgroup and ".scope" in cgroup, cgroup
+        assert "hp-t1-" not in r.run("cat /proc/self/cgroup", scoped=False).stdout
+        # --collect: a finished command leaves no unit behind
+        assert r.run("systemctl list-units --all --no-legend 'hp-t1-*.scope'", scoped=False).stdout.strip() == ""
+
+
+def test_stop_scopes_ends_a_dead_runs_processes(inv):
+    host = inv.host("cp1")
+    with Remote(host, inv, scope="hp-dead") as dead, Remote(host, inv, scope="hp-alive") as other:
+        dead.run("setsid sleep 3001 </dev/null >/dev/null 2>&1 &")      # outlives its command
+        waiting = in_thread(lambda: dead.run("sleep 3002; echo finished"))
+        other.run("setsid sleep 3003 </dev/null >/dev/null 2>&1 &")
+        wait_for(lambda: "3002" in other.run("pgrep -a sleep || true", scoped=False).stdout, "sleep 3002")
+        with Remote(host, inv) as next_run:
+            stopped = stop_scopes(next_run, "hp-dead")
+            assert len(stopped) == 2 and all(s.startswith("hp-dead-") and s.endswith(".scope") for s in stopped)
+            left = next_run.run("pgrep -a sleep || true").stdout
+            assert "3001" not in left and "3002" not in left
+            assert "3003" in left                                   # another prefix's scope stays
+            assert stop_scopes(next_run, "hp-dead") == []
+            assert len(stop_scopes(next_run, "hp-alive")) == 1
+        # the killed command ends without an exit status: a failure, not "finished"
+        err = ended(waiting).get("error")
+        assert isinstance(err, HostError) and "finished" not in str(err), waiting
 
 
 # --- a cut link under a single connection ----------------------------------------------------
