@@ -11,10 +11,22 @@ trips and bytes per host.
 
 Only the inventory configures a connection: ``~/.ssh/config``, ``/etc/ssh/ssh_config``, Fabric
 config files and SSH agents are not consulted.
+
+A lost host never hangs a caller: every step is bounded. Connecting (TCP connect, banner, key
+exchange, authentication, the bastion's onward channel) and opening a command's channel each
+take at most ``Remote.connect_timeout``; once connected, a watchdog per connection (the
+bastion's too) sends an SSH keepalive that wants a reply every ``KEEPALIVE_INTERVAL`` seconds
+and closes the connection when none comes within ``Remote.dead_after``, which wakes every
+blocked read and write of a running command (``HostError``: "lost the connection"). The check
+rides on SSH, not TCP, so it also sees a target behind a bastion go; on a direct socket TCP
+keepalive and ``TCP_USER_TIMEOUT`` back it up. A command may run as long as its own timeout
+(up to 600 s for etcd waits) as long as its host keeps answering.
 """
 
 from __future__ import annotations
 
+import errno
+import itertools
 import logging
 import math
 import os
@@ -86,6 +98,85 @@ _SUDO_REFUSED = ("a password is required", "is not in the sudoers file", "is not
 _OWNER = re.compile(r"[A-Za-z0-9._-]+(:[A-Za-z0-9._-]+)?")
 
 
+# seconds between liveness probes on every connection; a host is lost when a probe stays
+# unanswered for Remote.dead_after (default DEAD_AFTER): a lost host fails within about
+# KEEPALIVE_INTERVAL + DEAD_AFTER seconds, whatever it was doing
+KEEPALIVE_INTERVAL = 5.0
+DEAD_AFTER = 15.0
+# a unit name systemd accepts, without the escaping backslash
+_UNIT_PREFIX = re.compile(r"[A-Za-z0-9:_.-]{1,200}")
+# one counter for the process: two Remotes to one host with one scope never pick the same unit
+_scope_counter = itertools.count(1)
+
+
+class _Lost(Exception):
+    """The connection died under a command (the watchdog's or the kernel's verdict)."""
+
+
+class _Watchdog:
+    """Prove every ``interval`` that the peer's sshd still answers (a global request that
+    wants a reply); close the transport when an answer takes longer than ``dead_after``.
+    paramiko's own keepalive wants no reply (it detects nothing) and ``global_request(wait=True)``
+    waits forever, so the probe runs in a thread of its own and is timed from here."""
+
+    def __init__(self, transport: paramiko.Transport, label: str, interval: float, dead_after: float):
+        self.transport, self.interval, self.dead_after = transport, interval, dead_after
+        self.stopped = threading.Event()
+        self.lost: str | None = None
+        self.thread = threading.Thread(target=self._watch, daemon=True, name=f"ssh-watchdog {label}")
+        self.thread.start()
+
+    def _watch(self) -> None:
+        t = self.transport
+        while not self.stopped.wait(self.interval) and t.is_active():
+            answered = threading.Event()
+
+            def probe() -> None:
+                try:
+                    t.global_request("keepalive@openssh.com", wait=True)   # a refusal is an answer too
+                except Exception:      # noqa: BLE001 - a dying transport: the loop sees it inactive
+                    pass
+                answered.set()
+            threading.Thread(target=probe, daemon=True, name="ssh-keepalive").start()
+            if not answered.wait(self.dead_after) and not self.stopped.is_set():
+                self.lost = f"no answer to an SSH keepalive within {self.dead_after:g} s"
+                t.close()          # wakes every thread blocked on this connection
+                return
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
+def _tcp_liveness(sock, dead_after: float) -> None:
+    """Kernel-side backup on a direct TCP socket: keepalive probes on an idle link, and
+    TCP_USER_TIMEOUT so that data left unacknowledged (an upload into a dead link) errors out
+    after about the watchdog's bound instead of after ~15 minutes of retransmissions. It is a
+    little longer than the watchdog's, whose message says more."""
+    if not isinstance(sock, socket.socket):
+        return                     # a channel through the bastion: the watchdog covers it
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    step = max(1, int(dead_after // 3))
+    for opt, value in (("TCP_KEEPIDLE", step), ("TCP_KEEPINTVL", step), ("TCP_KEEPCNT", 3),
+                       ("TCP_USER_TIMEOUT", int((dead_after + KEEPALIVE_INTERVAL) * 1000))):
+        if hasattr(socket, opt):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
+
+
+def _why_dead(e: BaseException | None) -> str:
+    if isinstance(e, OSError) and e.errno == errno.ETIMEDOUT:
+        return "no TCP acknowledgement from the host within the bound"
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    return str(e) if e is not None and str(e) else "the connection closed"
+
+
+def check_unit_prefix(value: str, what: str = "scope") -> str:
+    if not isinstance(value, str) or not _UNIT_PREFIX.fullmatch(value):
+        raise ValueError(f"{what}: {value!r:.80} is not a systemd unit name prefix "
+                         "(letters, digits, ':', '_', '.', '-'; at most 200)")
+    return value
+
+
 def _hostport(address: str, port: int) -> str:
     return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
 
@@ -95,10 +186,17 @@ class Remote:
     host: HostSpec
     inventory: Inventory
     accept_new_host_keys: bool = False
+    # bounds each step of connecting and the opening of each command's channel
     connect_timeout: float = 10
+    # a connection whose keepalive stays unanswered this long is closed (see KEEPALIVE_INTERVAL)
+    dead_after: float = DEAD_AFTER
+    # when set, every command runs in a transient systemd scope <scope>-<n> (where the host has
+    # systemd), so that a later run can end this run's remote processes: stop_scopes()
+    scope: str | None = None
     counters: Counters = field(default_factory=Counters)
     _conn: Connection | None = None
     _gateway: Connection | None = None
+    _watchdogs: list = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -114,7 +212,11 @@ class Remote:
                           config=Config(ssh_config=paramiko.SSHConfig(), lazy=True),
                           connect_timeout=max(1, math.ceil(self.connect_timeout)),
                           connect_kwargs={"key_filename": [key], "allow_agent": False,
-                                          "look_for_keys": False})
+                                          "look_for_keys": False,
+                                          # paramiko waits 15 s, 30 s and an hour by default
+                                          "banner_timeout": self.connect_timeout,
+                                          "auth_timeout": self.connect_timeout,
+                                          "channel_timeout": self.connect_timeout})
         # Fabric trusts unknown hosts by default; we never do unless asked
         if known.is_file():
             conn.client.load_host_keys(str(known))
@@ -166,6 +268,9 @@ class Remote:
             raise fail(f"cannot reach {where}{via}: {e.strerror or e}") from None
         except EOFError:
             raise fail(f"{where}{via} closed the connection during the SSH handshake") from None
+        _tcp_liveness(conn.transport.sock, self.dead_after)
+        self._watchdogs.append(_Watchdog(conn.transport, f"{self.name} {label}{where}",
+                                         KEEPALIVE_INTERVAL, self.dead_after))
 
     def open(self) -> None:
         if self._conn is not None and self._conn.is_connected:
@@ -188,7 +293,13 @@ class Remote:
             raise
         self._conn, self._gateway = conn, gateway
 
+    def _lost_reason(self) -> str | None:
+        return next((w.lost for w in self._watchdogs if w.lost), None)
+
     def close(self) -> None:
+        for w in self._watchdogs:
+            w.stop()
+        self._watchdogs = []
         for c in (self._conn, self._gateway):
             if c is not None:
                 c.close()
@@ -196,17 +307,31 @@ class Remote:
 
     # --- commands --------------------------------------------------------------------------
 
+    def _command(self, script: str, scoped: bool) -> str:
+        if self.scope is not None and scoped:
+            unit = f"{check_unit_prefix(self.scope)}-{next(_scope_counter)}"
+            # the script travels as $1: written once, and systemd-run --scope execs it in place,
+            # so stdin, stdout, stderr and the exit code are the script's own
+            wrapper = ("if [ -d /run/systemd/system ] && command -v systemd-run >/dev/null 2>&1; then "
+                       f'exec systemd-run --scope --quiet --collect --unit={unit} sh -c "$1"; fi; '
+                       'exec sh -c "$1"')
+            command = f"sh -c {shlex.quote(wrapper)} sh {shlex.quote(script)}"
+        else:
+            command = f"sh -c {shlex.quote(script)}"
+        if self.inventory.ssh_for(self.host).user != "root":
+            command = f"sudo -n {command}"
+        return command
+
     def run(self, script: str, stdin: bytes | None = None, check: bool = True, what: str | None = None,
-            timeout: float | None = 600) -> Result:
+            timeout: float | None = 600, *, scoped: bool = True) -> Result:
         """Run ``script`` with sh on the host (as root, through sudo when the user is not root).
         ``stdin`` is sent byte-exact; ``Result.raw`` is stdout byte-exact. When sudo refuses
-        (the script never ran) this raises even with ``check=False``."""
+        (the script never ran) this raises even with ``check=False``. ``scoped=False`` keeps
+        this one command out of ``scope`` (stop_scopes must not stop itself)."""
+        command = self._command(script, scoped)        # a bad scope fails before connecting
         self.open()
         what = what or "command"
         ssh = self.inventory.ssh_for(self.host)
-        command = f"sh -c {shlex.quote(script)}"
-        if ssh.user != "root":
-            command = f"sudo -n {command}"
         self.counters.round_trips += 1
         self.counters.bytes_up += len(stdin or b"")
         try:
@@ -214,8 +339,12 @@ class Remote:
         except (socket.timeout, TimeoutError):
             raise HostError(self.name, f"{what}: no answer within {timeout} s (it may still be "
                             "running on the host)") from None
-        except (paramiko.SSHException, OSError, EOFError) as e:
+        except (_Lost, paramiko.SSHException, OSError, EOFError) as e:
+            lost = self._lost_reason()
             self.close()
+            if lost or isinstance(e, _Lost):
+                raise HostError(self.name, f"{what}: lost the connection ({lost or e}); the command "
+                                "may have run in part") from None
             raise HostError(self.name, f"{what}: connection failed: {e}") from None
         self.counters.bytes_down += len(out)
         result = Result(out.decode(errors="replace"), err.decode(errors="replace"), rc, out)
@@ -265,9 +394,16 @@ class Remote:
 
     def _exec(self, command: str, stdin: bytes, timeout: float | None) -> tuple[bytes, bytes, int]:
         """One channel: binary-safe stdin, stdout and stderr read concurrently (no deadlock).
-        ``timeout`` bounds the whole command: when it passes, the channel is closed and
-        socket.timeout raised."""
-        chan = self._conn.client.get_transport().open_session()
+        ``timeout`` bounds the whole command from the exec request on: when it passes, the
+        channel is closed and socket.timeout raised. A connection that dies meanwhile (closed
+        by the watchdog, or by the kernel) raises _Lost."""
+        transport = self._conn.client.get_transport()
+        try:
+            chan = transport.open_session(timeout=self.connect_timeout)
+        except paramiko.SSHException as e:
+            if "Timeout opening channel" in str(e):
+                raise _Lost(f"no answer to opening a channel within {self.connect_timeout:g} s") from None
+            raise
         expired = threading.Event()
 
         def expire() -> None:
@@ -275,10 +411,10 @@ class Remote:
             chan.close()                   # wakes every read and write below
         timer = threading.Timer(timeout, expire) if timeout is not None else None
         try:
-            chan.exec_command(command)
             if timer is not None:
                 timer.daemon = True
                 timer.start()
+            chan.exec_command(command)
             err: list[bytes] = []
 
             def drain_stderr() -> None:
@@ -302,10 +438,13 @@ class Remote:
                 t.start()
             out = chan.makefile("rb").read()
             for t in threads:
-                t.join()
+                t.join(self.dead_after)    # the channel is at EOF or closed: they end at once
             rc = chan.recv_exit_status()
             if expired.is_set() and rc == -1:
                 raise socket.timeout(f"no answer within {timeout} s")
+            if rc == -1 and not transport.is_active():
+                # no exit status and a dead connection: not the command's verdict
+                raise _Lost(self._lost_reason() or _why_dead(transport.get_exception()))
             return out, b"".join(err), rc
         finally:
             if timer is not None:
@@ -317,3 +456,25 @@ class Remote:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def stop_scopes(remote: Remote, prefix: str) -> list[str]:
+    """End every process that commands run with ``scope=prefix`` left on ``remote``: every
+    ``<prefix>-*.scope`` is killed (SIGKILL: their run is gone) and stopped, in one round trip.
+    The names of the scopes found (none on a host without systemd); a scope still active
+    afterwards is a HostError naming it."""
+    pattern = shlex.quote(f"{check_unit_prefix(prefix, 'stop_scopes prefix')}-*.scope")
+    script = (
+        "[ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1 || exit 0\n"
+        "scopes() { systemctl list-units --all --plain --no-legend --type=scope \"$@\" -- "
+        f"{pattern} | awk '{{for (i = 1; i <= NF; i++) if ($i ~ /\\.scope$/) {{ print $i; break }}}}'; }}\n"
+        "units=$(scopes)\n"
+        '[ -n "$units" ] || exit 0\n'
+        "systemctl kill --signal=SIGKILL -- $units 2>/dev/null || true\n"
+        # a scope whose processes are gone is collected: stop only reports it not loaded
+        "systemctl stop -- $units 2>/dev/null || true\n"
+        "left=$(scopes --state=active)\n"
+        'if [ -n "$left" ]; then echo "still active: $left" >&2; exit 1; fi\n'
+        'printf "%s\\n" $units\n')
+    r = remote.run(script, what=f"stop the scopes {prefix}-*", scoped=False)
+    return r.stdout.split()

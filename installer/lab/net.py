@@ -84,3 +84,13 @@ def remove_host_net(host: LabHost) -> None:
 def remove_bridge(spec: LabSpec) -> None:
     if link_exists(spec.bridge):
         ip("link", "del", spec.bridge, check=False)
+
+
+def cut_link(host: LabHost) -> None:
+    """Take the host off the network as a pulled cable would: its bridge port goes down, so
+    its packets are dropped silently (no RST, no ICMP). Lab-only, for fault tests."""
+    ip("link", "set", host.veth, "down")
+
+
+def restore_link(host: LabHost) -> None:
+    ip("link", "set", host.veth, "up")
