@@ -40,7 +40,7 @@ from .facts import PROBE, parse, probe_input
 from .health import client_context, wait_ok
 from .inventory import Inventory
 from .parallel import each
-from .phases.acquire_lock import AcquireLock, release
+from .phases.acquire_lock import AcquireLock, acquire, release
 from .phases.base import Context, Options
 from .phases.connect_hosts import ConnectHosts
 from .phases.join_workers import KUBELET_PORTS, active_script
@@ -459,6 +459,10 @@ def session(inv: Inventory, state: StateDir, material: Material, wait_timeout: f
             raise RenewError("the hosts do not match the state (run `installer apply` first): "
                              + "; ".join(differences[:8]) + (" ..." if len(differences) > 8 else ""))
         stack.callback(release, ctx)
-        lock = AcquireLock()
-        _parallel(lambda h: lock.run_host(ctx, h.name), inv.controls)
+        def take_lock(h) -> None:
+            if acquire(ctx.remotes[h.name], ctx.run_id, force_unlock=False, log=log,
+                       others=lambda: [r for n, r in ctx.remotes.items() if n != h.name]):
+                ctx.locked.append(h.name)
+        _parallel(take_lock, inv.controls)
+        AcquireLock().finish(ctx, [])           # this run's commands in its scope from here on
         yield ctx

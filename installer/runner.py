@@ -87,23 +87,26 @@ def _resolve_artifacts(ctx: Context) -> None:
 
 def run(inventory_path, state_dir=None, options: Options | None = None,
         log: Callable[[str], None] = print, on_event: Callable[[Event], None] | None = None,
-        check: Callable[[Context], None] | None = None) -> Report:
+        check: Callable[[Context], None] | None = None,
+        on_upload: Callable[[str, int, int], None] | None = None) -> Report:
     """``check``: called once the hosts' facts are known, before the lock and any change; it
     may refuse the run by raising (e.g. `node add` refusing other pending edits). The state
     directory is held for the whole run: a second run on it would make other keys."""
     inv = api.as_inventory(inventory_path)
     with api.state_for(inv, state_dir).locked():
-        return _run(inv, state_dir, options, log, on_event, check)
+        return _run(inv, state_dir, options, log, on_event, check, on_upload)
 
 
 def _run(inventory_path, state_dir, options: Options | None, log: Callable[[str], None],
-         on_event: Callable[[Event], None] | None, check: Callable[[Context], None] | None) -> Report:
+         on_event: Callable[[Event], None] | None, check: Callable[[Context], None] | None,
+         on_upload: Callable[[str, int, int], None] | None) -> Report:
     options = options or Options()
     check_phase_names(options.only, "--only")
     check_phase_names(options.skip, "--skip")
     options = effective_options(options)
     started = time.monotonic()
     ctx = context(inventory_path, state_dir, options, log)
+    ctx.on_upload = on_upload
     _resolve_artifacts(ctx)
     report = Report(dry_run=options.dry_run)
     try:

@@ -36,6 +36,7 @@ import socket
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import paramiko
 from fabric import Config, Connection
@@ -168,6 +169,16 @@ def _why_dead(e: BaseException | None) -> str:
     if isinstance(e, OSError) and e.strerror:
         return e.strerror
     return str(e) if e is not None and str(e) else "the connection closed"
+
+
+# the scope of the run whose apply lock this process holds (set by the lock code for a day-2
+# command's whole length): a Remote without a scope of its own uses it
+_process_scope: str | None = None
+
+
+def set_process_scope(prefix: str | None) -> None:
+    global _process_scope
+    _process_scope = None if prefix is None else check_unit_prefix(prefix)
 
 
 def check_unit_prefix(value: str, what: str = "scope") -> str:
@@ -308,8 +319,9 @@ class Remote:
     # --- commands --------------------------------------------------------------------------
 
     def _command(self, script: str, scoped: bool) -> str:
-        if self.scope is not None and scoped:
-            unit = f"{check_unit_prefix(self.scope)}-{next(_scope_counter)}"
+        scope = self.scope if self.scope is not None else _process_scope
+        if scope is not None and scoped:
+            unit = f"{check_unit_prefix(scope)}-{next(_scope_counter)}"
             # the script travels as $1: written once, and systemd-run --scope execs it in place,
             # so stdin, stdout, stderr and the exit code are the script's own
             wrapper = ("if [ -d /run/systemd/system ] && command -v systemd-run >/dev/null 2>&1; then "
@@ -323,11 +335,13 @@ class Remote:
         return command
 
     def run(self, script: str, stdin: bytes | None = None, check: bool = True, what: str | None = None,
-            timeout: float | None = 600, *, scoped: bool = True) -> Result:
+            timeout: float | None = 600, *, scoped: bool = True,
+            progress: Callable[[int, int], None] | None = None) -> Result:
         """Run ``script`` with sh on the host (as root, through sudo when the user is not root).
         ``stdin`` is sent byte-exact; ``Result.raw`` is stdout byte-exact. When sudo refuses
         (the script never ran) this raises even with ``check=False``. ``scoped=False`` keeps
-        this one command out of ``scope`` (stop_scopes must not stop itself)."""
+        this one command out of ``scope`` (stop_scopes must not stop itself). ``progress(sent,
+        total)`` is called after each chunk of ``stdin`` sent."""
         command = self._command(script, scoped)        # a bad scope fails before connecting
         self.open()
         what = what or "command"
@@ -335,7 +349,7 @@ class Remote:
         self.counters.round_trips += 1
         self.counters.bytes_up += len(stdin or b"")
         try:
-            out, err, rc = self._exec(command, stdin or b"", timeout)
+            out, err, rc = self._exec(command, stdin or b"", timeout, progress)
         except (socket.timeout, TimeoutError):
             raise HostError(self.name, f"{what}: no answer within {timeout} s (it may still be "
                             "running on the host)") from None
@@ -392,7 +406,8 @@ class Remote:
         """The content of ``path``, byte-exact; a missing file is a HostError."""
         return self.run(f"cat -- {shlex.quote(path)}", what=what or f"read {path}").raw
 
-    def _exec(self, command: str, stdin: bytes, timeout: float | None) -> tuple[bytes, bytes, int]:
+    def _exec(self, command: str, stdin: bytes, timeout: float | None,
+              progress: Callable[[int, int], None] | None = None) -> tuple[bytes, bytes, int]:
         """One channel: binary-safe stdin, stdout and stderr read concurrently (no deadlock).
         ``timeout`` bounds the whole command from the exec request on: when it passes, the
         channel is closed and socket.timeout raised. A connection that dies meanwhile (closed
@@ -430,6 +445,8 @@ class Remote:
                 try:
                     for i in range(0, len(view), 1 << 18):
                         chan.sendall(bytes(view[i:i + (1 << 18)]))
+                        if progress is not None:
+                            progress(min(i + (1 << 18), len(view)), len(view))
                     chan.shutdown_write()
                 except (OSError, EOFError, paramiko.SSHException):
                     pass     # the command exited without reading it all: its status tells

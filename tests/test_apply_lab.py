@@ -199,6 +199,35 @@ def test_a_noop_run_clears_the_stale_lock_its_own_machine_left(applab):
     assert "apply: 0 change(s)" in proc.stdout, proc.stdout
 
 
+def test_a_killed_runs_remote_commands_are_ended_before_its_lock_is_taken_over(applab):
+    """What a SIGKILLed run leaves: its lock naming a pid gone from this machine, and a command
+    still running in the run's scope on a host (a wait loop, an etcdctl)."""
+    import socket
+    from installer.phases.acquire_lock import scope_of
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    run = "d" * 32
+    cp1, w1 = applab.host("cp1"), applab.host("w1")
+    stale = json.dumps({"machine": socket.gethostname(), "pid": gone.pid, "since": int(time.time()), "run": run})
+    cp1.run_expect([0], f"mkdir -p /var/lib/hiddenplane && echo '{stale}' > /var/lib/hiddenplane/apply.lock")
+    for host in (cp1, w1):
+        host.run_expect([0], f"systemd-run --scope --quiet --collect --unit={scope_of(run)}-7 sleep 907 "
+                        ">/dev/null 2>&1 </dev/null &")
+    for host in (cp1, w1):
+        wait_until = time.monotonic() + 30
+        while "sleep 907" not in host.check_output("ps -eo args") and time.monotonic() < wait_until:
+            time.sleep(0.5)
+        assert "sleep 907" in host.check_output("ps -eo args")
+    proc = run_installer("apply", str(applab.inventory), "--state", str(applab.state), "--skip", "cluster-bootstrap",
+                         "--wait-timeout", "60")
+    out = proc.stdout + proc.stderr
+    assert f"cp1: ended 1 command(s) of the dead run {run[:12]}" in out, out
+    assert f"w1: ended 1 command(s) of the dead run {run[:12]}" in out, out
+    for host in (cp1, w1):
+        assert "sleep 907" not in host.check_output("ps -eo args")
+    assert not cp1.file("/var/lib/hiddenplane/apply.lock").exists
+
+
 KILL_AT = """
 import os, signal, sys
 from installer import runner

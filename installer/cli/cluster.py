@@ -51,7 +51,7 @@ def apply(inventory, state_dir, only, skip, parallel, accept_new_host_keys, fmt,
     progress = Progress(fmt, verbose or dry_run)
     report = runner.run(inventory, state_dir, _options(dry_run, only, skip, parallel, accept_new_host_keys,
                                                        wait_timeout, force_unlock),
-                        log=progress.log, on_event=progress.event)
+                        log=progress.log, on_event=progress.event, on_upload=progress.upload)
     progress.done(report, "plan" if dry_run else "apply")
 
 

@@ -24,7 +24,7 @@ from typing import Callable, Iterator
 
 from ..facts import LOCK, STATE_DIR
 from ..inventory import Inventory
-from ..ssh import HostError, Remote
+from ..ssh import HostError, Remote, set_process_scope, stop_scopes
 from .base import Context, Event, Phase
 
 LOCK_TTL = 3600.0
@@ -79,6 +79,37 @@ def take(remote: Remote, run_id: str, *, installed_only: bool = False) -> str | 
     return None
 
 
+def scope_of(run_id: str) -> str:
+    """The systemd scope prefix of a run's remote commands (see ssh.Remote.scope)."""
+    return f"hp-{run_id[:12]}"
+
+
+def run_of(content: str | None) -> str | None:
+    try:
+        run = json.loads(content or "").get("run")
+    except (ValueError, TypeError, AttributeError):
+        return None
+    return run if isinstance(run, str) and run.isalnum() else None
+
+
+def end_dead_run(remotes: list[Remote], content: str | None, log: Callable[[str], None]) -> None:
+    """A killed run's remote commands (a wait loop, an etcdctl) may still be running: end them
+    before anyone takes its lock over."""
+    run = run_of(content)
+    if run is None:
+        return
+    for i, r in enumerate(remotes):
+        try:
+            ended = stop_scopes(r, scope_of(run))
+        except HostError as e:
+            if i == 0:          # the host whose lock is taken over: never take it blindly
+                raise
+            log(f"{e} (the dead run's commands there could not be ended)")
+            continue
+        if ended:
+            log(f"{r.name}: ended {len(ended)} command(s) of the dead run {run[:12]} ({', '.join(ended)})")
+
+
 def ours(content: str) -> bool:
     """The lock is held by this very process (a day-2 command around the apply asking)."""
     try:
@@ -90,10 +121,11 @@ def ours(content: str) -> bool:
 
 
 def acquire(remote: Remote, run_id: str, *, force_unlock: bool, log: Callable[[str], None],
-            flag: str = "--force-unlock") -> bool:
+            flag: str = "--force-unlock", others: Callable[[], list[Remote]] = list) -> bool:
     """Take the lock on ``remote``: True when taken, False when this process holds it already
     (nothing to release). A stale lock is taken over when its holder died on this machine, or
-    with ``force_unlock``; anything else held is a HostError naming the holder."""
+    with ``force_unlock``, once the dead run's commands on ``remote`` and ``others()`` ended;
+    anything else held is a HostError naming the holder."""
     content = take(remote, run_id)
     if content is None:
         return True
@@ -104,6 +136,7 @@ def acquire(remote: Remote, run_id: str, *, force_unlock: bool, log: Callable[[s
     dead_here = bool(why) and why.startswith("process ")
     if why and (force_unlock or dead_here):
         log(f"{remote.name}: breaking a stale apply lock ({why})")
+        end_dead_run([remote, *others()], content, log)
         break_stale(remote)
         return acquire(remote, run_id, force_unlock=force_unlock, log=log, flag=flag)
     if why:
@@ -149,11 +182,25 @@ class AcquireLock(Phase):
             # a stale lock left by a killed run would block every other machine for an hour
             why = stale_reason(ctx.facts[host].lock or "", time.time())
             ctx.log(f"{host}: clearing a stale apply lock ({why}); nothing else to do")
+            end_dead_run(self._hosts_first(ctx, host), ctx.facts[host].lock, ctx.log)
             break_stale(ctx.remotes[host])
             return Event(self.name, host, "checked")
-        if acquire(ctx.remotes[host], ctx.run_id, force_unlock=ctx.options.force_unlock, log=ctx.log):
+        if acquire(ctx.remotes[host], ctx.run_id, force_unlock=ctx.options.force_unlock, log=ctx.log,
+                   others=lambda: self._hosts_first(ctx, host)[1:]):
             ctx.locked.append(host)
         return Event(self.name, host, "checked")
+
+    @staticmethod
+    def _hosts_first(ctx: Context, host: str) -> list[Remote]:
+        """``host``'s connection, then every other one: a dead run worked on workers too."""
+        return [ctx.remotes[host], *(r for n, r in ctx.remotes.items() if n != host)]
+
+    def finish(self, ctx: Context, events: list[Event]) -> None:
+        if ctx.locked:
+            # from here on every command of this run is in its scope: a later run that finds
+            # this one killed ends them (end_dead_run)
+            for r in ctx.remotes.values():
+                r.scope = scope_of(ctx.run_id)
 
 
 def release(ctx: Context) -> None:
@@ -189,6 +236,10 @@ def cluster_lock(inv: Inventory, *, skip: frozenset[str] = frozenset(), log: Cal
             _held[inv.metadata.name] = run_id
         for name, r in remotes.items():
             if acquire(r, run_id, force_unlock=False, log=log,
-                       flag="`installer apply --force-unlock` (it breaks it and changes nothing else)"):
+                       flag="`installer apply --force-unlock` (it breaks it and changes nothing else)",
+                       others=lambda name=name: [x for n, x in remotes.items() if n != name]):
                 taken.append(name)
+        # every command of this process from here on is in the run's scope (end_dead_run)
+        set_process_scope(scope_of(run_id))
+        stack.callback(set_process_scope, None)
         yield run_id

@@ -8,6 +8,7 @@ difference; in a dry run they compute the same differences and stop before execu
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -56,6 +57,8 @@ class Context:
     material: Material
     pki_changes: Changes
     log: Callable[[str], None] = print
+    # (host, bytes sent, total) while a change's tar is uploaded; for progress lines
+    on_upload: Callable[[str, int, int], None] | None = None
     remotes: dict[str, Remote] = field(default_factory=dict)
     facts: dict[str, HostFacts] = field(default_factory=dict)
     plans: dict[str, HostPlan] = field(default_factory=dict)
@@ -98,8 +101,9 @@ class Context:
         ev = Event(phase, host, "unchanged" if changes.empty else "changed", files=len(changes.write),
                    bytes=changes.upload_bytes, restarts=list(changes.restart), detail=changes.summary())
         if not changes.empty and not self.options.dry_run:
+            upload = functools.partial(self.on_upload, host) if self.on_upload else None
             self.remotes[host].run(script(changes, no_block=no_block), stdin=tarball(changes),
-                                   what=f"{phase}: apply changes")
+                                   what=f"{phase}: apply changes", progress=upload)
             self._remember(host, changes)
         ev.seconds = time.monotonic() - start
         return ev
