@@ -198,3 +198,66 @@ def test_readme_walkthrough_runs_verbatim(tmp_path, built_artifacts):
         for s, line in seconds:
             print(f"  {s:7.1f}  {line[:100]}")
         lab_mod.down(NAME, log=lambda *_: None)
+
+
+# --- the command table and the Day 2 synopsis: names, options and exit codes the code has ------
+
+def _cli_command(words: list[str]):
+    from installer.cli.main import cli
+    cmd = cli
+    for w in words:
+        assert hasattr(cmd, "commands") and w in cmd.commands, f"README names `installer {' '.join(words)}`: no such command"
+        cmd = cmd.commands[w]
+    return cmd
+
+
+def _command_paths(cell: str) -> list[list[str]]:
+    """`installer etcd members/snapshot save` -> [[etcd, members], [etcd, snapshot, save]]."""
+    paths = []
+    for part in re.findall(r"`installer ([^`]*)`", cell):
+        words = [w for w in part.split() if re.fullmatch(r"[a-z][a-z0-9/|-]*", w)]
+        alternatives = " ".join(words).replace("|", "/").split("/")
+        prefix = alternatives[0].split()[:-1]
+        paths += [prefix + alternatives[0].split()[-1:]] + [prefix + a.split() for a in alternatives[1:]]
+    return paths
+
+
+def command_table() -> dict[str, str]:
+    """Each row of the README's command table: its command cell -> its exit-code cell."""
+    rows = re.findall(r"^\| (`installer [^|]*) \| [^|]* \| ([^|]*) \|$", README.read_text(), re.M)
+    assert len(rows) >= 10, "README.md's command table is gone"
+    return dict(rows)
+
+
+def test_command_table_names_real_commands_and_their_exit_codes():
+    from installer.etcd_members import MembershipRefused
+    from installer.rollout import RenewError
+    from installer.runner import ApplyError
+    from installer.verify import VerifyError
+    table = command_table()
+    for cell in table:
+        for path in _command_paths(cell):
+            _cli_command(path)
+
+    def codes(command: str) -> set[int]:
+        cells = [codes for cell, codes in table.items() if command.split() in _command_paths(cell)]
+        assert cells, f"README's command table has no row for `installer {command}`"
+        return {int(c) for c in re.findall(r"\b(\d)\b", cells[0])}
+
+    assert MembershipRefused.exit_code in codes("etcd member add")          # refusals: exit 4
+    assert ApplyError.exit_code in codes("apply")
+    assert VerifyError.exit_code in codes("verify")
+    assert RenewError.exit_code in codes("certs renew")
+    assert 4 not in codes("etcd members"), "only membership changes are refused with exit 4"
+
+
+def test_day2_synopsis_options_exist():
+    text = README.read_text()
+    block = re.search(r"^## Day 2\n\n```sh\n(.*?)\n```", text, re.M | re.S)
+    assert block, "README.md's Day 2 synopsis block is gone"
+    for line in block[1].splitlines():
+        for path in _command_paths(f"`{line.strip()}`"):
+            cmd = _cli_command(path)
+            known = {o for p in cmd.params for o in getattr(p, "opts", [])}
+            for option in re.findall(r"(--[a-z-]+)", line):
+                assert option in known, f"{line.strip()}: `installer {' '.join(path)}` has no {option}"
