@@ -6,9 +6,20 @@ from pathlib import Path
 
 import click
 
+from .. import versions
 from ..lab import lab as lab_mod
-from ..lab.model import DEFAULT_SUBNET
+from ..lab.model import DEFAULT_SUBNET, cache_root
 from .errors import domain_errors
+
+
+def built_artifacts() -> Path | None:
+    """What scripts/build-kubernetes (and scripts/try, scripts/test) leave for the default
+    version, when present: a newcomer's `lab up` then runs the real binaries without a flag."""
+    path = cache_root() / "build" / f"artifacts-{versions.DEFAULT_KUBERNETES_VERSION}"
+    try:
+        return path if (path / "SHA256SUMS").is_file() else None
+    except OSError:
+        return None
 
 
 @click.group()
@@ -20,17 +31,30 @@ def lab():
 @click.option("--name", required=True, help="Lab name: 1-8 lower-case letters/digits.")
 @click.option("--control", "controls", default=1, show_default=True, help="Control hosts (1, 3 or 5).")
 @click.option("--workers", default=2, show_default=True, help="Workers.")
-@click.option("--vm-workers", default=0, show_default=True,
-              help="How many of the workers are qemu VMs (real containers run there).")
+@click.option("--vm-workers", type=click.IntRange(min=0),
+              help="How many of the workers are qemu VMs (real containers run there). Default: all of "
+                   "them when the artifacts hold a real kubelet (it cannot run in an nspawn host here), else 0.")
 @click.option("--subnet", default=DEFAULT_SUBNET, show_default=True, help="Private /24 for the lab.")
 @click.option("--inventory", "inventory_out", type=click.Path(dir_okay=False, path_type=Path),
               help="Where to write the lab's inventory. Default: ./<name>.inventory.yaml")
 @click.option("--artifacts", type=click.Path(file_okay=False, exists=True, path_type=Path),
               help="A directory with SHA256SUMS (e.g. from scripts/build-kubernetes): its files go into "
-                   "the lab's artifacts, verified, over the Debian ones.")
+                   "the lab's artifacts, verified, over the Debian ones. Default: "
+                   "/var/cache/hiddenplane/build/artifacts-<default version> when it exists.")
+@click.option("--no-artifacts", is_flag=True, help="Only Debian's packages, even when built artifacts exist.")
 @domain_errors
-def up(name, controls, workers, vm_workers, subnet, inventory_out, artifacts):
+def up(name, controls, workers, vm_workers, subnet, inventory_out, artifacts, no_artifacts):
     """Boot the lab (idempotent: running hosts are kept)."""
+    if no_artifacts and artifacts:
+        raise click.UsageError("--artifacts and --no-artifacts exclude each other")
+    if artifacts is None and not no_artifacts:
+        artifacts = built_artifacts()
+        if artifacts:
+            click.echo(f"artifacts: {artifacts} (built by scripts/build-kubernetes; --no-artifacts for Debian's only)")
+    if vm_workers is None:
+        vm_workers = workers if artifacts and lab_mod.binaries_version(artifacts) else 0
+        if vm_workers:
+            click.echo(f"workers: all {vm_workers} are qemu VMs (a real kubelet needs one here; --vm-workers 0 for none)")
     out = lab_mod.up(name, controls, workers, vm_workers, subnet, inventory_out, log=click.echo,
                      artifacts=artifacts)
     click.echo(f"lab {name} is up; inventory: {out}")
@@ -54,7 +78,8 @@ def status(name):
 @click.option("--name", required=True)
 @domain_errors
 def ssh_config(name):
-    """Print an ssh_config for the lab's hosts (use: ssh -F <(installer lab ssh-config --name X) cp1)."""
+    """Print an ssh_config for the lab's hosts. Use it from a file (ssh -F reads no pipe):
+    installer lab ssh-config --name X > X.ssh_config && ssh -F X.ssh_config cp1"""
     click.echo(lab_mod.ssh_config(name), nl=False)
 
 
