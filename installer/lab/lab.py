@@ -155,8 +155,8 @@ SETTLE = ("s=$(systemctl is-system-running --wait 2>/dev/null); "
 
 
 def _settle_boot(paths: LabPaths, host: LabHost, log) -> None:
-    """Wait for the host's boot to finish; a unit that failed at boot (seen on a busy machine:
-    its cgroup could not be set up) is restarted once, so every host starts out `running`."""
+    """Wait for the host's boot to finish; a unit that failed at boot is restarted once, so
+    every host starts out `running` (seen before each host had its own cgroup: 219/CGROUP)."""
     proc = subprocess.run(ssh_command(paths, host, SETTLE), capture_output=True, text=True, timeout=180)
     lines = proc.stdout.split("\n")
     if lines and lines[0].startswith("restarting "):
@@ -208,6 +208,10 @@ def _start_host(spec: LabSpec, paths: LabPaths, base: Path, h: LabHost, files, l
         state.mkdir(exist_ok=True)
         binds.append((state, "/var/lib/containerd"))
     if nspawn.pid_of(host_dir) is None:
+        if leftover := nspawn.cgroup_pids(host_dir):
+            # a previous boot's container outlived its nspawn: it must not share the new boot
+            log(f"  {h.name}: stopping {len(leftover)} processes left from an earlier boot")
+            nspawn.stop(host_dir)
         log(f"  {h.name}: booting ({h.address})")
     nspawn.boot(h, host_dir, root, binds)
 
