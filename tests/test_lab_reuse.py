@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import time
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 
 from installer.lab import lab as lab_mod
 from installer.lab import nspawn
-from installer.lab.model import LabPaths, LabSpec
+from installer.lab.model import LabError, LabPaths, LabSpec
 
 from .labfixtures import require_lab_tools
 from .test_lab import leftovers
@@ -131,3 +132,53 @@ def test_up_stops_what_an_earlier_boot_left_running(lab_name, tmp_path):
     assert nspawn._state(old_init) in (None, "Z")
     assert container_init(host_dir) != old_init
     assert lab_mod.run_on(name, "w1", "hostname").stdout.strip() == "w1"
+
+
+def _whiteout(upper: Path, path: str) -> None:
+    """Hide ``path`` of the base in this host's overlay (overlayfs whiteout: char device 0/0)."""
+    target = upper / path.lstrip("/")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    os.mknod(target, stat.S_IFCHR | 0o600, os.makedev(0, 0))
+
+
+def test_a_host_that_cannot_boot_is_named_with_its_console(lab_name, tmp_path):
+    """A root nspawn refuses to boot: `up` fails at once, naming the host and its console lines."""
+    name, subnet = lab_name("noboot"), "10.213.229.0/24"
+    paths = LabPaths.of(name)
+    upper = paths.host_dir("w2") / "upper"
+    for path in ("/etc/os-release", "/usr/lib/os-release"):
+        _whiteout(upper, path)
+    with pytest.raises(LabError) as err:
+        lab_mod.up(name, 1, 2, 0, subnet, tmp_path / "noboot.inventory.yaml", **QUIET)
+    text = str(err.value)
+    assert "w2: exited before sshd answered" in text, text
+    assert "cp1 (" not in text and "w1 (" not in text, text
+    assert "nspawn: not running" in text, text
+    assert f"last lines of {paths.host_dir('w2') / 'console.log'}:" in text, text
+    assert "os-release" in text, text        # nspawn's own refusal, from the console log
+
+
+def test_a_host_whose_sshd_never_starts_is_named_with_what_was_seen(lab_name, tmp_path, monkeypatch):
+    """ssh.service masked in the host's root before boot: after the deadline the error names the
+    host and shows nspawn alive, its link up, ping answering, port 22 refused and its console."""
+    name, subnet = lab_name("nossh"), "10.213.237.0/24"
+    paths = LabPaths.of(name)
+    unit = paths.host_dir("w1") / "upper" / "etc/systemd/system/ssh.service"
+    unit.parent.mkdir(parents=True)
+    unit.symlink_to("/dev/null")
+    monkeypatch.setitem(lab_mod.SSH_TIMEOUT, "nspawn", 30)
+    with pytest.raises(LabError) as err:
+        lab_mod.up(name, 1, 2, 0, subnet, tmp_path / "nossh.inventory.yaml", **QUIET)
+    text = str(err.value)
+    assert "w1: no SSH answer after" in text, text
+    assert "cp1 (" not in text and "w2 (" not in text, text
+    h = LabSpec.create(name, 1, 2, 0, subnet).host("w1")
+    assert f"nspawn: running (pid {nspawn.pid_of(paths.host_dir('w1'))})" in text, text
+    assert f"link: {h.veth} up, on hp-{name}; eth0 in {h.netns}: up" in text, text
+    assert f"ping {h.address}: answers" in text, text
+    assert f"tcp {h.address}:22: refused" in text, text
+    console = text.split("last lines of")[1].splitlines()[1:]
+    assert console and all(line.startswith("    ") for line in console), text
+    assert "\x1b[" not in text
+    # the host really is up, only without sshd: the console shows its boot
+    assert any("Reached target" in line or "login:" in line for line in console), text
