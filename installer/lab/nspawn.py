@@ -191,9 +191,11 @@ def _reap(pid: int) -> None:
         pass
 
 
-def _wait_empty(host_dir: Path, pid: int | None, timeout: float) -> bool:
+def _wait_empty(host_dir: Path, pid: int | None, timeout: float, kill: bool = False) -> bool:
     deadline = time.monotonic() + timeout
     while True:
+        if kill:
+            _kill_all(host_dir)     # again each round: a process forked meanwhile is killed too
         if pid is not None:
             _reap(pid)
         if pid_of(host_dir) is None and not cgroup_pids(host_dir):
@@ -211,8 +213,7 @@ def stop(host_dir: Path, timeout: float = 30, kill_timeout: float = 30) -> None:
         os.kill(pid, signal.SIGTERM)
     if not _wait_empty(host_dir, pid, timeout if pid is not None else 0):
         # killing nspawn alone leaves the container's init running as an orphan: kill them all
-        _kill_all(host_dir)
-        if not _wait_empty(host_dir, pid, kill_timeout):
+        if not _wait_empty(host_dir, pid, kill_timeout, kill=True):
             raise LabError(f"{host_dir.name}: processes {cgroup_pids(host_dir)} survived SIGKILL; "
                            "the host's mounts and network are kept")
     (host_dir / "pid").unlink(missing_ok=True)
