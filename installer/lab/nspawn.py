@@ -3,6 +3,14 @@
 Started with --register=no (no machined, no system D-Bus here) and --keep-unit, detached with
 setsid; the nspawn PID is kept in the host's directory. SIGTERM to nspawn shuts the container
 down cleanly (it asks the container's systemd to halt).
+
+Each host gets its own cgroup (``hiddenplane/<lab>/<host>`` in the name=systemd and cgroup2
+hierarchies) before nspawn starts. With --keep-unit and no systemd on the machine, nspawn puts
+its payload under its own cgroup: started from the root cgroup, every container of every lab
+shared ``/payload``, and their systemds created and removed each other's unit cgroups (units
+failing with 219/CGROUP at boot, and at shutdown a failed systemd-halt.service that left the
+container running forever after nspawn was killed). The cgroup is also how ``stop`` knows that
+every process of the host is gone.
 """
 
 from __future__ import annotations
@@ -68,6 +76,81 @@ def pid_of(host_dir: Path) -> int | None:
     return pid
 
 
+CGROUP_DIR = "hiddenplane"
+
+
+def _cgroup_mounts() -> list[Path]:
+    """The hierarchies a container's systemd uses: name=systemd (cgroup v1) and cgroup2."""
+    found = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            pre, _, post = line.partition(" - ")
+            fstype, _, options = (post.split() + ["", "", ""])[:3]
+            if fstype == "cgroup2" or (fstype == "cgroup" and "name=systemd" in options.split(",")):
+                found.append(Path(pre.split()[4]))
+    return found
+
+
+def cgroup_dirs(host_dir: Path) -> list[Path]:
+    """The host's own cgroup in each hierarchy (``host_dir`` is <labs>/<lab>/hosts/<host>)."""
+    lab, host = host_dir.parent.parent.name, host_dir.name
+    return [m / CGROUP_DIR / lab / host for m in _cgroup_mounts()]
+
+
+def _state(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return None
+
+
+def cgroup_pids(host_dir: Path) -> list[int]:
+    """Live processes in the host's cgroup tree (zombies hold nothing and do not count)."""
+    pids = set()
+    for top in cgroup_dirs(host_dir):
+        if not top.is_dir():
+            continue
+        for procs in top.rglob("cgroup.procs"):
+            try:
+                pids.update(int(x) for x in procs.read_text().split())
+            except (FileNotFoundError, OSError):
+                continue
+    return sorted(p for p in pids if _state(p) not in (None, "Z", "X"))
+
+
+def _remove_cgroups(host_dir: Path) -> None:
+    for top in cgroup_dirs(host_dir):
+        if not top.is_dir():
+            continue
+        # a cgroup is removed with rmdir, children first; its control files go with it
+        for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+        try:
+            top.rmdir()
+        except OSError:
+            pass
+        for parent in (top.parent, top.parent.parent):     # <lab>, then hiddenplane, once empty
+            try:
+                parent.rmdir()
+            except OSError:
+                break
+
+
+def _enter_cgroups(procs_files: list[bytes]):
+    """For preexec_fn: only os-level calls, no Python locks, as the child of a threaded parent."""
+    def enter():
+        for path in procs_files:
+            fd = os.open(path, os.O_WRONLY)
+            try:
+                os.write(fd, b"0")
+            finally:
+                os.close(fd)
+    return enter
+
+
 def boot(host: LabHost, host_dir: Path, root: Path, binds: list[tuple[Path, str]] = ()) -> int:
     if (pid := pid_of(host_dir)) is not None:
         return pid
@@ -80,28 +163,58 @@ def boot(host: LabHost, host_dir: Path, root: Path, binds: list[tuple[Path, str]
     # /proc/sys/net is per network namespace: writable for the host's own forwarding and
     # bridge settings, harmless to the machine; the rest of /proc/sys stays read-only
     env = {**os.environ, "SYSTEMD_NSPAWN_API_VFS_WRITABLE": "network"}
+    if leftover := cgroup_pids(host_dir):
+        raise LabError(f"{host.name}: processes {leftover} of an earlier boot are still alive in its cgroup")
+    procs = []
+    for d in cgroup_dirs(host_dir):
+        d.mkdir(parents=True, exist_ok=True)
+        procs.append(bytes(d / "cgroup.procs"))
     with open(host_dir / "console.log", "ab") as console, open(os.devnull, "rb") as devnull:
         proc = subprocess.Popen(cmd, stdin=devnull, stdout=console, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=_enter_cgroups(procs))
     (host_dir / "pid").write_text(f"{proc.pid}\n")
     return proc.pid
 
 
-def stop(host_dir: Path, timeout: float = 30) -> None:
-    pid = pid_of(host_dir)
-    if pid is None:
-        return
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pid_of(host_dir) is None:
-            break
-        time.sleep(0.2)
-    else:
-        os.killpg(pid, signal.SIGKILL)
-        time.sleep(0.5)
+def _kill_all(host_dir: Path) -> None:
+    for pid in cgroup_pids(host_dir):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _reap(pid: int) -> None:
     try:
         os.waitpid(pid, os.WNOHANG)   # reap it when we are its parent
     except ChildProcessError:
         pass
+
+
+def _wait_empty(host_dir: Path, pid: int | None, timeout: float, kill: bool = False) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        if kill:
+            _kill_all(host_dir)     # again each round: a process forked meanwhile is killed too
+        if pid is not None:
+            _reap(pid)
+        if pid_of(host_dir) is None and not cgroup_pids(host_dir):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.2)
+
+
+def stop(host_dir: Path, timeout: float = 30, kill_timeout: float = 30) -> None:
+    """Stop the host and return only once every process of it is gone (a container whose
+    shutdown hangs is killed after ``timeout``); raises LabError if some process survives."""
+    pid = pid_of(host_dir)
+    if pid is not None:
+        os.kill(pid, signal.SIGTERM)
+    if not _wait_empty(host_dir, pid, timeout if pid is not None else 0):
+        # killing nspawn alone leaves the container's init running as an orphan: kill them all
+        if not _wait_empty(host_dir, pid, kill_timeout, kill=True):
+            raise LabError(f"{host_dir.name}: processes {cgroup_pids(host_dir)} survived SIGKILL; "
+                           "the host's mounts and network are kept")
     (host_dir / "pid").unlink(missing_ok=True)
+    _remove_cgroups(host_dir)
