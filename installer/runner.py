@@ -92,6 +92,8 @@ def run(inventory_path, state_dir=None, options: Options | None = None,
     """``check``: called once the hosts' facts are known, before the lock and any change; it
     may refuse the run by raising (e.g. `node add` refusing other pending edits). The state
     directory is held for the whole run: a second run on it would make other keys."""
+    for names, flag in (((options or Options()).only, "--only"), ((options or Options()).skip, "--skip")):
+        check_phase_names(names, flag)            # before the state is created or read
     inv = api.as_inventory(inventory_path)
     with api.state_for(inv, state_dir).locked():
         return _run(inv, state_dir, options, log, on_event, check, on_upload)
@@ -100,10 +102,7 @@ def run(inventory_path, state_dir=None, options: Options | None = None,
 def _run(inventory_path, state_dir, options: Options | None, log: Callable[[str], None],
          on_event: Callable[[Event], None] | None, check: Callable[[Context], None] | None,
          on_upload: Callable[[str, int, int], None] | None) -> Report:
-    options = options or Options()
-    check_phase_names(options.only, "--only")
-    check_phase_names(options.skip, "--skip")
-    options = effective_options(options)
+    options = effective_options(options or Options())
     started = time.monotonic()
     ctx = context(inventory_path, state_dir, options, log)
     ctx.on_upload = on_upload

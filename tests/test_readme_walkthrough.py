@@ -22,6 +22,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import click
 import pytest
 
 from installer import versions
@@ -206,8 +207,9 @@ def _cli_command(words: list[str]):
     from installer.cli.main import cli
     cmd = cli
     for w in words:
-        assert hasattr(cmd, "commands") and w in cmd.commands, f"README names `installer {' '.join(words)}`: no such command"
-        cmd = cmd.commands[w]
+        sub = cmd.get_command(click.Context(cmd), w) if isinstance(cmd, click.Group) else None
+        assert sub is not None, f"README names `installer {' '.join(words)}`: no such command"
+        cmd = sub
     return cmd
 
 
