@@ -22,7 +22,7 @@ and kubelets for logs/exec/port-forward. The apiserver-network-proxy closes that
   token is mounted.
 
 Flag names follow kubernetes-sigs/apiserver-network-proxy ``cmd/server/app/options`` and
-``cmd/agent/app/options`` (there is no reference list for them in ../shared/reference).
+``cmd/agent/app/options`` (no binary built here checks them).
 """
 
 from __future__ import annotations
