@@ -110,6 +110,9 @@ def cluster(example_doc, tmp_path_factory, built_artifacts) -> Rendered:
     doc = copy.deepcopy(example_doc)
     doc["spec"]["hosts"][0]["address"] = HOST_ADDRESS
     doc["spec"]["apiServer"]["endpoint"] = HOST_ADDRESS
+    # one machine: every host on loopback (the inventory refuses one loopback host among others)
+    for i, h in enumerate(doc["spec"]["hosts"][1:], start=3):
+        h["address"] = f"127.0.0.{i}"
     assert doc["spec"]["hosts"][0]["role"] == "control"
     name = doc["spec"]["hosts"][0]["name"]
     p = api.render(write_inventory(tmp, doc), tmp / "out", tmp / "state")
