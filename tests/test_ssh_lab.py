@@ -115,7 +115,7 @@ def test_run_binary_stdin_failure_and_counters(sshlab, lab_doc, tmp_path):
         assert r.get("/tmp/hp-test/blob.bin") == b"replaced\n"
         # the content never appears in a command line: a secret travels on stdin only
         commands, exec_ = [], r._exec
-        r._exec = lambda command, stdin, timeout: (commands.append(command), exec_(command, stdin, timeout))[1]
+        r._exec = lambda command, stdin, timeout, progress=None: (commands.append(command), exec_(command, stdin, timeout, progress))[1]
         r.put("/tmp/hp-test/secret", b"s3cr3t-token\n")
         del r._exec
         assert len(commands) == 1 and "s3cr3t" not in commands[0]
