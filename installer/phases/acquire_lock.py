@@ -80,7 +80,7 @@ def take(remote: Remote, run_id: str, *, installed_only: bool = False) -> str | 
 
 
 def scope_of(run_id: str) -> str:
-    """The systemd scope prefix of a run's remote commands (see ssh.Remote.scope)."""
+    """The mark prefix of a run's remote commands (see ssh.Remote.scope and stop_scopes)."""
     return f"hp-{run_id[:12]}"
 
 
@@ -197,7 +197,7 @@ class AcquireLock(Phase):
 
     def finish(self, ctx: Context, events: list[Event]) -> None:
         if ctx.locked:
-            # from here on every command of this run is in its scope: a later run that finds
+            # from here on every command of this run carries its mark: a later run that finds
             # this one killed ends them (end_dead_run)
             for r in ctx.remotes.values():
                 r.scope = scope_of(ctx.run_id)
