@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,3 +104,14 @@ def lab(tmp_path_factory):
 @pytest.fixture(scope="session")
 def lab_inventory(lab) -> dict:
     return yaml.safe_load(lab.inventory.read_text())
+
+
+def wait_for(what: str, fn, timeout: float = 300, interval: float = 2.0):
+    """Poll ``fn`` until it returns something true; fail naming ``what`` and its last value."""
+    deadline, last = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(interval)
+    pytest.fail(f"{what}: not after {timeout:g}s (last: {last!r})")

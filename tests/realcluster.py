@@ -27,7 +27,7 @@ import yaml
 
 from installer.lab import lab as lab_mod
 
-from .labfixtures import Lab, start_lab
+from .labfixtures import Lab, start_lab, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 INSTALLER = str(ROOT / ".venv" / "bin" / "installer")
@@ -67,17 +67,6 @@ def run_installer(*args: str, check_rc: int | None = 0, timeout: float = 1800) -
     if check_rc is not None:
         assert proc.returncode == check_rc, f"rc={proc.returncode}\nstdout:{proc.stdout[-4000:]}\nstderr:{proc.stderr[-4000:]}"
     return proc
-
-
-def wait_for(what: str, fn, timeout: float = 300, interval: float = 2.0):
-    """Poll ``fn`` until it returns something true; fail naming ``what`` and its last value."""
-    deadline, last = time.monotonic() + timeout, None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(interval)
-    pytest.fail(f"{what}: not after {timeout:g}s (last: {last!r})")
 
 
 @dataclass

@@ -27,7 +27,7 @@ from installer.lab import net
 from installer.phases.acquire_lock import break_stale, drop, take
 from installer.ssh import DEAD_AFTER, KEEPALIVE_INTERVAL, HostError, Remote, stop_scopes
 
-from .labfixtures import standin_lab
+from .labfixtures import standin_lab, wait_for
 
 pytestmark = pytest.mark.lab
 
@@ -62,16 +62,6 @@ def cut(lostlab):
     yield do
     for host in done:
         net.restore_link(host)
-
-
-def wait_for(pred, what: str, limit: float = 60.0, step: float = 0.05):
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(step)
-    pytest.fail(f"never saw {what}")
 
 
 def in_thread(fn):
@@ -123,7 +113,7 @@ def test_stop_scopes_ends_a_dead_runs_processes(inv):
         dead.run("setsid sleep 3001 </dev/null >/dev/null 2>&1 &")      # outlives its command
         waiting = in_thread(lambda: dead.run("sleep 3002; echo finished"))
         other.run("setsid sleep 3003 </dev/null >/dev/null 2>&1 &")
-        wait_for(lambda: "3002" in other.run("pgrep -a sleep || true", scoped=False).stdout, "sleep 3002")
+        wait_for("sleep 3002", lambda: "3002" in other.run("pgrep -a sleep || true", scoped=False).stdout, timeout=60, interval=0.05)
         with Remote(host, inv) as next_run:
             stopped = stop_scopes(next_run, "hp-dead")
             assert len(stopped) == 2 and all(s.startswith("hp-dead-") for s in stopped), stopped
@@ -142,7 +132,7 @@ def test_stop_scopes_ends_a_dead_runs_processes(inv):
 def test_a_cut_during_a_long_command_fails_within_the_bound(inv, cut):
     with Remote(inv.host("w1"), inv) as r, Remote(inv.host("w1"), inv) as probe:
         job = in_thread(lambda: r.run("sleep 301", timeout=600, what="wait for etcd"))
-        wait_for(lambda: "sleep 301" in probe.run("pgrep -a sleep || true").stdout, "sleep 301 on w1")
+        wait_for("sleep 301 on w1", lambda: "sleep 301" in probe.run("pgrep -a sleep || true").stdout, timeout=60, interval=0.05)
         at = cut("w1")
         err = ended(job).get("error")
         seconds = job["at"] - at
@@ -164,7 +154,7 @@ def test_a_cut_during_an_upload_fails_within_the_bound(lostlab, inv, cut):
         job = in_thread(lambda: r.put("/var/tmp/big", data, what="upload big"))
         root = lostlab.paths.host_dir("w2") / "root"
         partial = root / "var/tmp/big.hp-new"
-        wait_for(lambda: partial.exists() and partial.stat().st_size > (8 << 20), "the upload under way")
+        wait_for("the upload under way", lambda: partial.exists() and partial.stat().st_size > (8 << 20), timeout=60, interval=0.05)
         at = cut("w2")
         err = ended(job).get("error")
         report("Remote.put of 400 MiB", job["at"] - at)
@@ -183,7 +173,7 @@ def test_a_cut_behind_a_bastion_fails_within_the_bound(lostlab, cut, tmp_path):
     binv = inventory.load(path)
     with Remote(binv.host("w1"), binv) as r, Remote(binv.host("w1"), binv) as probe:
         job = in_thread(lambda: r.run("sleep 302", timeout=600, what="long wait"))
-        wait_for(lambda: "sleep 302" in probe.run("pgrep -a sleep || true").stdout, "sleep 302 on w1")
+        wait_for("sleep 302 on w1", lambda: "sleep 302" in probe.run("pgrep -a sleep || true").stdout, timeout=60, interval=0.05)
         at = cut("w1")
         err = ended(job).get("error")
         report("through a bastion, Remote.run('sleep 302')", job["at"] - at)
@@ -211,8 +201,7 @@ def test_apply_with_a_worker_lost_mid_upload_fails_fast_and_the_next_run_converg
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         # mid-way: w1 is receiving its binaries (an upload's temporary file is there)
-        wait_for(lambda: proc.poll() is not None or any((root / "usr/local/bin").glob("*.hp-new")),
-                 "w1's artifacts upload", limit=600, step=0.02)
+        wait_for("w1's artifacts upload", lambda: proc.poll() is not None or any((root / "usr/local/bin").glob("*.hp-new")), timeout=600, interval=0.02)
         assert proc.poll() is None, "apply ended before w1's upload was seen"
         at = cut("w1")
         out, err = proc.communicate(timeout=SANITY)
