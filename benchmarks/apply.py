@@ -23,10 +23,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from installer import runner
+from installer.engine import runner
 from installer.lab import lab as lab_mod
 from installer.lab.model import LabPaths
-from installer.phases.base import Options
+from installer.engine.phases.base import Options
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lab import pss_kib_in_netns  # noqa: E402 - benchmarks/lab.py

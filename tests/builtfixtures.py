@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from installer import versions
-from installer.artifacts import read_sums, verify, write_sums
+from installer.core import versions
+from installer.core.artifacts import read_sums, verify, write_sums
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = "HIDDENPLANE_TEST_ARTIFACTS"

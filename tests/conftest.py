@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from installer import api, inventory
-from installer.render.plan import write_tree
+from installer import api
+
+from installer.core import inventory
+from installer.core.render.plan import write_tree
 
 pytest_plugins = ["tests.builtfixtures", "tests.labfixtures", "tests.realcluster", "tests.rendered"]
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from installer.api import Prepared
-from installer.render.files import HostPlan
-from installer.render.plan import write_tree
+from installer.core.render.files import HostPlan
+from installer.core.render.plan import write_tree
 
 
 @dataclass

@@ -23,16 +23,20 @@ import yaml
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from installer import api, kube, versions
-from installer.pki import issue
-from installer.pki.specs import CLUSTER_CA, cert_specs
-from installer.render import control
-from installer.render.addons import (AGENT_IMAGE, CILIUM_CHART, COREDNS_IMAGE, addon_objects, agent_objects,
+from installer import api
+
+from installer.host import kube
+
+from installer.core import versions
+from installer.core.pki import issue
+from installer.core.pki.specs import CLUSTER_CA, cert_specs
+from installer.core.render import control
+from installer.core.render.addons import (AGENT_IMAGE, CILIUM_CHART, COREDNS_IMAGE, addon_objects, agent_objects,
                                      apiserver_egress_flags, cilium_chart, cilium_values, cilium_values_yaml,
                                      coredns_objects, corefile, egress_mode, egress_selector_config, helm_argv,
                                      render_konnectivity_server)
-from installer.render.addons import konnectivity as konn
-from installer.render.control import render_control
+from installer.core.render.addons import konnectivity as konn
+from installer.core.render.control import render_control
 
 from . import reference as ref
 from .conftest import write_inventory
@@ -275,8 +279,8 @@ def test_egress_defaults_follow_the_cni(prepared, cilium, routes_konnectivity, e
     assert egress_mode(prepared.inventory) == "routes"
     assert egress_mode(cilium.inventory) == "konnectivity"
     assert egress_mode(routes_konnectivity.inventory) == "konnectivity"
-    from installer import inventory
-    from installer.errors import InventoryError
+    from installer.core import inventory
+    from installer.core.errors import InventoryError
     d = copy.deepcopy(example_doc)
     d["spec"]["network"].update(cni="cilium", egress="routes")
     with pytest.raises(InventoryError, match="egress: 'routes' needs cni: routes"):

@@ -12,14 +12,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from installer import api, kube, runner
-from installer.artifacts import ArtifactError, add_files
-from installer.errors import InstallerError
-from installer.fetch import ALL_BINARIES, ResolvedArtifact, binary_files, resolve, role_binaries
-from installer.phases import PHASE_NAMES
-from installer.phases.apply_addons import ApplyAddons
-from installer.phases.base import Context, Options
-from installer.render.addons import CILIUM_CHART, addon_objects, cilium_values_yaml, coredns_objects
+from installer import api
+
+from installer.host import kube
+
+from installer.engine import runner
+from installer.core.artifacts import ArtifactError, add_files
+from installer.core.errors import InstallerError
+from installer.host.fetch import ALL_BINARIES, ResolvedArtifact, binary_files, resolve, role_binaries
+from installer.engine.phases import PHASE_NAMES
+from installer.engine.phases.apply_addons import ApplyAddons
+from installer.engine.phases.base import Context, Options
+from installer.core.render.addons import CILIUM_CHART, addon_objects, cilium_values_yaml, coredns_objects
 
 from .conftest import write_inventory
 from .test_kube import CRB, FakeApiServer
@@ -441,7 +445,7 @@ def test_ca_rotate_restarts_the_addons_whose_pods_call_the_api(prepared, cilium,
     """Pods read the cluster CA once: after `ca rotate` CoreDNS refused the new apiserver
     certificate (x509: unknown authority) until restarted. kubectl rollout restart's way: a
     new pod-template annotation."""
-    from installer import rotate
+    from installer.actions import rotate
     assert rotate.api_client_workloads(prepared.inventory) == [("Deployment", "kube-system", "coredns")]
     assert rotate.api_client_workloads(cilium.inventory) == [
         ("Deployment", "kube-system", "coredns"), ("DaemonSet", "kube-system", "konnectivity-agent"),

@@ -20,21 +20,21 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from installer import runner
+from installer.engine import runner
 from installer.cli.main import cli
-from installer.diff import HostChanges, Selection, diff
-from installer.errors import InstallerError
-from installer.facts import (LOCK, MANIFEST, PENDING, PROBE, STATE_DIR, DirFact, FileFact, HostFacts, parse,
+from installer.core.diff import HostChanges, Selection, diff
+from installer.core.errors import InstallerError
+from installer.core.facts import (LOCK, MANIFEST, PENDING, PROBE, STATE_DIR, DirFact, FileFact, HostFacts, parse,
                              probe_input)
-from installer.hostops import script, tarball
-from installer.network import ROUTES_UNIT
-from installer.phases import PHASE_NAMES
-from installer.phases.acquire_lock import LOCK_TTL, stale_reason
-from installer.phases.run_preflight import problems
-from installer.phases.select import (CONTROL_UNITS, ETCD_UNIT, WORKER_UNITS, control_plane_part, etcd_part,
+from installer.host.hostops import script, tarball
+from installer.core.network import ROUTES_UNIT
+from installer.engine.phases import PHASE_NAMES
+from installer.engine.phases.acquire_lock import LOCK_TTL, stale_reason
+from installer.engine.phases.run_preflight import problems
+from installer.engine.phases.select import (CONTROL_UNITS, ETCD_UNIT, WORKER_UNITS, control_plane_part, etcd_part,
                                      worker_part)
-from installer.phases.verify_hidden import violations
-from installer.render.files import HostDir, HostFile, SystemUser
+from installer.engine.phases.verify_hidden import violations
+from installer.core.render.files import HostDir, HostFile, SystemUser
 
 from .conftest import EXAMPLE
 
@@ -707,7 +707,7 @@ def test_verify_violations(prepared):
 
 
 def test_verify_secret_with_group_bits_even_if_planned():
-    from installer.render.files import HostPlan
+    from installer.core.render.files import HostPlan
     plan = HostPlan("cp", "control")
     plan.add(hf("/etc/s.key", b"k", 0o640, secret=True))
     facts = HostFacts(files={"/etc/s.key": FileFact(sha(b"k"), 0o640, "root", "root", True)})

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from installer.health import client_context, https_get
-from installer.pki import issue
+from installer.host.health import client_context, https_get
+from installer.core.pki import issue
 
 from .conftest import ROOT
 from .labfixtures import standin_lab
@@ -203,7 +203,7 @@ def test_a_killed_runs_remote_commands_are_ended_before_its_lock_is_taken_over(a
     """What a SIGKILLed run leaves: its lock naming a pid gone from this machine, and a command
     with the run's mark still running on a host (a wait loop, an etcdctl)."""
     import socket
-    from installer.phases.acquire_lock import scope_of
+    from installer.engine.phases.acquire_lock import scope_of
     gone = subprocess.Popen(["true"])
     gone.wait()
     run = "d" * 32
@@ -229,8 +229,8 @@ def test_a_killed_runs_remote_commands_are_ended_before_its_lock_is_taken_over(a
 
 KILL_AT = """
 import os, signal, sys
-from installer import runner
-from installer.phases.base import Options
+from installer.engine import runner
+from installer.engine.phases.base import Options
 target = sys.argv[3]
 def on_event(ev):
     if ev.phase == target:

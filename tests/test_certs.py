@@ -9,11 +9,11 @@ import shutil
 from click.testing import CliRunner
 from cryptography import x509
 
-from installer import certs as certs_mod
+from installer.actions import certs as certs_mod
 from installer.cli.main import cli
-from installer.pki import issue
-from installer.pki.specs import CAS, cert_specs
-from installer.state import write_atomic
+from installer.core.pki import issue
+from installer.core.pki.specs import CAS, cert_specs
+from installer.core.state import write_atomic
 
 from .conftest import EXAMPLE
 
@@ -110,7 +110,7 @@ class _Stub:
         self.host, self.fail = host, fail
 
     def run(self, script, what=None, **_):
-        from installer.ssh import HostError, Result
+        from installer.host.ssh import HostError, Result
         if self.fail:
             raise HostError(self.host.name, "cannot reach 192.0.2.1:22: timed out")
         return Result("", "", 0, b"")

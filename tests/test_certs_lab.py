@@ -9,9 +9,9 @@ import json
 import pytest
 
 from installer.api import prepare
-from installer.pki import issue
-from installer.pki.specs import cert_specs
-from installer.state import write_atomic
+from installer.core.pki import issue
+from installer.core.pki.specs import cert_specs
+from installer.core.state import write_atomic
 
 from .labfixtures import standin_lab
 from .test_apply_lab import apply_json, run_installer

@@ -3,7 +3,7 @@
 1. Flags and config fields: tests/test_real_flags.py has the real binaries (the default version,
    built by tools/kubebuild) check every rendered flag and config file; the parsers it reads the
    units with are checked here. No longer checked: the flags and fields against the other
-   supported minors (1.35 and 1.37, installer/versions.py). Their lists were upstream doc pages
+   supported minors (1.35 and 1.37, installer/core/versions.py). Their lists were upstream doc pages
    kept outside the repository, and no binary of those minors is built here; the API objects are
    still validated per target version (kubernetes-validate, tests/test_addons.py).
 2. CIS (the CIS Kubernetes Benchmark): each rule is a row of a table below, so a failure names
@@ -27,10 +27,10 @@ import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from installer.network import ROUTES_UNIT
-from installer.pki import issue
-from installer.pki.specs import CLUSTER_CA, ETCD_CA, FRONT_PROXY_CA
-from installer.render.files import HostDir, HostFile, HostPlan
+from installer.core.network import ROUTES_UNIT
+from installer.core.pki import issue
+from installer.core.pki.specs import CLUSTER_CA, ETCD_CA, FRONT_PROXY_CA
+from installer.core.render.files import HostDir, HostFile, HostPlan
 
 from . import reference as ref
 from .rendered import Cluster

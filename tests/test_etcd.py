@@ -39,8 +39,8 @@ import pytest
 import yaml
 
 from installer import api
-from installer.etcd_ops import ETCDUTL, snapshot_info, snapshot_restore_argv, snapshot_status_argv
-from installer.inventory import Inventory
+from installer.actions.etcd_ops import ETCDUTL, snapshot_info, snapshot_restore_argv, snapshot_status_argv
+from installer.core.inventory import Inventory
 
 from . import reference as ref
 from .conftest import write_inventory

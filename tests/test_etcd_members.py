@@ -10,18 +10,18 @@ import json
 
 import pytest
 
-from installer import inventory
-from installer.diff import diff
-from installer.errors import InventoryError
-from installer.etcd_members import MembershipRefused, apply_guard, check_add, check_remove, quorum
-from installer.etcd_ops import Member, parse_members
-from installer.facts import PROBE, DirFact, FileFact, HostFacts, parse
-from installer.phases.base import Context, Options
-from installer.phases.select import ETCD_UNIT, etcd_part
-from installer.phases.start_etcd import StartEtcd
-from installer.render.control import ETCD_RESTART_KEY, etcd_unit_files
-from installer.render.plan import render_cluster
-from installer.ssh import Result
+from installer.core import inventory
+from installer.core.diff import diff
+from installer.core.errors import InventoryError
+from installer.actions.etcd_members import MembershipRefused, apply_guard, check_add, check_remove, quorum
+from installer.actions.etcd_ops import Member, parse_members
+from installer.core.facts import PROBE, DirFact, FileFact, HostFacts, parse
+from installer.engine.phases.base import Context, Options
+from installer.engine.phases.select import ETCD_UNIT, etcd_part
+from installer.engine.phases.start_etcd import StartEtcd
+from installer.core.render.control import ETCD_RESTART_KEY, etcd_unit_files
+from installer.core.render.plan import render_cluster
+from installer.host.ssh import Result
 
 from . import reference as ref
 from .conftest import write_inventory
@@ -147,7 +147,7 @@ def test_remove_an_unknown_member():
 
 
 def test_refusal_is_an_installer_error_with_its_own_exit_code():
-    from installer.errors import InstallerError
+    from installer.core.errors import InstallerError
     assert issubclass(MembershipRefused, InstallerError) and MembershipRefused.exit_code == 4
 
 

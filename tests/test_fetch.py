@@ -16,17 +16,17 @@ from pathlib import Path
 
 import pytest
 
-from installer import inventory
-from installer.artifacts import (CNI_PLUGINS, CONTROL_BINARIES, WORKER_BINARIES, ArtifactError, add_files,
+from installer.core import inventory
+from installer.core.artifacts import (CNI_PLUGINS, CONTROL_BINARIES, WORKER_BINARIES, ArtifactError, add_files,
                                  read_sums)
-from installer.fetch import (ALL_BINARIES, MIRROR_ENV, arch_of, binary_files, cache_dir, component_versions,
+from installer.host.fetch import (ALL_BINARIES, MIRROR_ENV, arch_of, binary_files, cache_dir, component_versions,
                              mirrored, resolve)
 
 K8S = "v1.36.4"
 VERSIONS = {"etcd": "v3.6.7", "containerd": "2.2.3", "runc": "v1.4.2", "cni": "v1.8.0"}
 KUBE = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy")
 GH = "github.com"
-# the paths of the official files, written out by hand (not taken from installer.fetch)
+# the paths of the official files, written out by hand (not taken from installer.host.fetch)
 K8S_DIR = f"dl.k8s.io/release/{K8S}/bin/linux/amd64"
 ETCD_TGZ = f"{GH}/etcd-io/etcd/releases/download/v3.6.7/etcd-v3.6.7-linux-amd64.tar.gz"
 ETCD_SUMS = f"{GH}/etcd-io/etcd/releases/download/v3.6.7/SHA256SUMS"
@@ -361,7 +361,7 @@ def test_source_dir_without_etcdutl_says_where_it_comes_from(example_doc, tmp_pa
 # --- what each role gets -------------------------------------------------------------------
 
 def test_binary_files_per_role_and_no_worker_binary_on_control(tmp_path):
-    from installer.fetch import ResolvedArtifact
+    from installer.host.fetch import ResolvedArtifact
     resolved = {}
     for n in ALL_BINARIES:
         (tmp_path / n).write_bytes(fake(n))

@@ -15,13 +15,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from installer import inventory
-from installer.artifacts import ArtifactError, add_files
-from installer.fetch import ALL_BINARIES, IMAGE_DIR, ResolvedArtifact, binary_files, resolve_images
+from installer.core import inventory
+from installer.core.artifacts import ArtifactError, add_files
+from installer.host.fetch import ALL_BINARIES, IMAGE_DIR, ResolvedArtifact, binary_files, resolve_images
 from installer.lab.vm import build_image_archive
-from installer.phases.join_workers import archive_images, import_script, normalize_ref
-from installer.phases.select import binaries_part, phase_parts
-from installer.render.worker import SANDBOX_IMAGE, HostFacts, render_worker
+from installer.engine.phases.join_workers import archive_images, import_script, normalize_ref
+from installer.engine.phases.select import binaries_part, phase_parts
+from installer.core.render.worker import SANDBOX_IMAGE, HostFacts, render_worker
 
 REF = "localhost/hiddenplane/pause:lab"
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from installer import inventory
+from installer.core import inventory
 from installer.cli.main import cli
-from installer.errors import InventoryError
+from installer.core.errors import InventoryError
 
 from .conftest import EXAMPLE, write_inventory
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from installer import inventory, yamlsafe
+from installer.core import inventory, yamlsafe
 from installer.cli.main import cli
 
 from .conftest import EXAMPLE, write_inventory
@@ -349,7 +349,7 @@ def pure_python_yamlsafe(monkeypatch):
     import importlib
     monkeypatch.setitem(sys.modules, "yaml.cyaml", None)      # `from yaml.cyaml import ...` fails
     mod = importlib.reload(yamlsafe)
-    assert mod._Parser.__module__ == "installer.yamlsafe"
+    assert mod._Parser.__module__ == "installer.core.yamlsafe"
     yield mod
     monkeypatch.undo()
     importlib.reload(yamlsafe)

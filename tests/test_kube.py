@@ -36,10 +36,12 @@ from click.testing import CliRunner
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from installer import inventory, kube
+from installer.core import inventory
+
+from installer.host import kube
 from installer.cli.main import cli
-from installer.pki import issue
-from installer.ssh import Remote
+from installer.core.pki import issue
+from installer.host.ssh import Remote
 
 from .conftest import EXAMPLE
 from .fakeapi import FakeCluster, _status
@@ -116,7 +118,7 @@ def expected_objects(prepared) -> list[dict]:
 
 
 def bootstrap(prepared) -> list[dict]:
-    from installer.render.manifests import bootstrap_objects
+    from installer.core.render.manifests import bootstrap_objects
     return bootstrap_objects(prepared.inventory, prepared.material)
 
 
@@ -595,7 +597,7 @@ def test_kubeconfig_command_needs_a_pki(tmp_path):
 def test_joined_workers_get_no_token_secret_again(prepared):
     """Once a worker's kubelet holds its own certificate its token Secret is deleted (workers
     phase) and cluster-bootstrap never sends it again; the renewal binding stays."""
-    from installer.render.manifests import bootstrap_objects
+    from installer.core.render.manifests import bootstrap_objects
     objs = bootstrap_objects(prepared.inventory, prepared.material, frozenset({"node2"}))
     secrets = [o["metadata"]["name"] for o in objs if o["kind"] == "Secret"]
     assert secrets == [f"bootstrap-token-{prepared.material.tokens['node3'].id}"]

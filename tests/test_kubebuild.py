@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from installer import versions
-from installer.artifacts import read_sums, write_sums
+from installer.core import versions
+from installer.core.artifacts import read_sums, write_sums
 from installer.lab import debian_artifacts, lab as lab_mod
 from installer.lab.model import LabError
 

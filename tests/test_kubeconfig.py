@@ -13,7 +13,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import NameOID
 
-from installer.pki import issue
+from installer.core.pki import issue
 
 LOCAL = "https://127.0.0.1:6443"
 REMOTE = "https://192.168.56.230:6443"

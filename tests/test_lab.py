@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from installer import inventory
-from installer.artifacts import verify
+from installer.core import inventory
+from installer.core.artifacts import verify
 from installer.cli.main import cli
 from installer.lab import lab as lab_mod
 from installer.lab import nspawn

@@ -11,10 +11,12 @@ import json
 import pytest
 import yaml
 
-from installer import api, network
-from installer.errors import StateError
-from installer.network import ROUTE_PROTO, ROUTES_UNIT, allocate, capacity, release, routes_for, slice_prefix
-from installer.phases.select import control_plane_part, worker_part
+from installer import api
+
+from installer.core import network
+from installer.core.errors import StateError
+from installer.core.network import ROUTE_PROTO, ROUTES_UNIT, allocate, capacity, release, routes_for, slice_prefix
+from installer.engine.phases.select import control_plane_part, worker_part
 
 from . import reference as ref
 from .conftest import write_inventory

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from installer.lab import lab as lab_mod
-from installer.network import CONFLIST, ROUTE_PROTO
+from installer.core.network import CONFLIST, ROUTE_PROTO
 
 from .labfixtures import install_standins, start_lab
 from .test_apply_lab import apply_json

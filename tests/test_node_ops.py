@@ -20,14 +20,20 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from installer import api, kube, node_api, node_ops, runner
+from installer import api
+
+from installer.host import kube, node_api
+
+from installer.actions import node_ops
+
+from installer.engine import runner
 from installer.cli.main import cli
-from installer.errors import InstallerError, StateError
-from installer.inventory import HostSpec
-from installer.ledger import Ledger, NodeRetiredError, check_inventory
-from installer.phases.base import Event, Options
-from installer.pki import issue
-from installer.render import revocation
+from installer.core.errors import InstallerError, StateError
+from installer.core.inventory import HostSpec
+from installer.core.ledger import Ledger, NodeRetiredError, check_inventory
+from installer.engine.phases.base import Event, Options
+from installer.core.pki import issue
+from installer.core.render import revocation
 
 from .conftest import EXAMPLE
 from .fakeapi import FakeCluster
@@ -259,7 +265,7 @@ def seed_node_objects(cluster: FakeCluster, prepared, node: str) -> str:
     cluster.add(SECRETS, {"apiVersion": "v1", "kind": "Secret", "metadata": {
         "name": "bootstrap-token-zzzzzz", "namespace": "kube-system",
         "labels": {"hiddenplane.io/node": "someone-else"}}, "type": "bootstrap.kubernetes.io/token", "data": {}})
-    from installer.render.manifests import node_renewal_binding
+    from installer.core.render.manifests import node_renewal_binding
     cluster.add(CRB, node_renewal_binding(node))
     cluster.add(CRB, node_renewal_binding("keep-me"))
     key = ec.generate_private_key(ec.SECP256R1())
@@ -393,7 +399,7 @@ def test_unknown_node_is_named(state_copy):
 # --- a run limited to some hosts (node add, etcd member add) ---------------------------------------
 
 def test_a_limited_run_plans_only_its_hosts_but_connects_and_locks_the_controls(state_copy):
-    from installer.phases import PHASES
+    from installer.engine.phases import PHASES
     ctx = runner.context(EXAMPLE, state_copy, Options(hosts=frozenset({"node3"})), log=lambda m: None)
     assert [h.name for h in ctx.hosts()] == ["node3"] and ctx.hosts("control") == []
     connect = next(p for p in PHASES if p.name == "connect")
@@ -405,7 +411,7 @@ def test_a_limited_run_plans_only_its_hosts_but_connects_and_locks_the_controls(
 def test_revocation_counts_as_enforced_only_when_each_apiserver_refuses_the_identity(prepared):
     """node_api.refuses: a dry-run create of the Node as the revoked identity, refused by the
     policy (403 with its message); admitted (409 AlreadyExists, or created) is not enforced."""
-    from installer import kube, node_api
+    from installer.host import kube, node_api
 
     from .fakeapi import FakeCluster, _status
 

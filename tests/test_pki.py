@@ -24,10 +24,12 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from installer import api, inventory
-from installer.errors import StateError
-from installer.pki import issue
-from installer.pki.material import ensure
+from installer import api
+
+from installer.core import inventory
+from installer.core.errors import StateError
+from installer.core.pki import issue
+from installer.core.pki.material import ensure
 
 from click.testing import CliRunner
 
@@ -601,8 +603,8 @@ def test_changing_key_algorithm_on_existing_state_is_refused(doc, tmp_path):
 
 
 def test_changed_usages_are_reissued(prepared):
-    from installer.pki.specs import cert_specs
-    from installer.pki.issue import why_reissue
+    from installer.core.pki.specs import cert_specs
+    from installer.core.pki.issue import why_reissue
     spec = next(s for s in cert_specs(prepared.inventory) if s.name == "kube-proxy")
     server_too = dataclasses.replace(spec, server=True)
     pair, ca = prepared.material.certs["kube-proxy"], prepared.material.cas["ca"]

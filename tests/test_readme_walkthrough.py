@@ -25,7 +25,7 @@ from pathlib import Path
 import click
 import pytest
 
-from installer import versions
+from installer.core import versions
 from installer.lab import lab as lab_mod
 
 from .builtfixtures import default_dir
@@ -232,10 +232,10 @@ def command_table() -> dict[str, str]:
 
 
 def test_command_table_names_real_commands_and_their_exit_codes():
-    from installer.etcd_members import MembershipRefused
-    from installer.rollout import RenewError
-    from installer.runner import ApplyError
-    from installer.verify import VerifyError
+    from installer.actions.etcd_members import MembershipRefused
+    from installer.actions.rollout import RenewError
+    from installer.engine.runner import ApplyError
+    from installer.actions.verify import VerifyError
     table = command_table()
     for cell in table:
         for path in _command_paths(cell):

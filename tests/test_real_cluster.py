@@ -36,10 +36,10 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 
-from installer import versions
+from installer.core import versions
 
-from installer.render.addons import COREDNS_IMAGE
-from installer.render.worker import SANDBOX_IMAGE
+from installer.core.render.addons import COREDNS_IMAGE
+from installer.core.render.worker import SANDBOX_IMAGE
 
 from .realcluster import BUSYBOX, DNS_LOG, OUTSIDE, run_installer, wait_for
 

@@ -76,7 +76,7 @@ from typing import Callable
 import pytest
 import yaml
 
-from installer.render.files import HostPlan
+from installer.core.render.files import HostPlan
 
 from . import reference as ref
 from .rendered import Cluster, write

@@ -14,8 +14,8 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from installer.cli.main import cli
-from installer.render.plan import render_cluster
-from installer.render.worker import RESOLVED_RESOLV_CONF, HostFacts
+from installer.core.render.plan import render_cluster
+from installer.core.render.worker import RESOLVED_RESOLV_CONF, HostFacts
 
 from .conftest import EXAMPLE, ROOT, write_inventory
 
@@ -121,6 +121,6 @@ def test_installed_wheel_renders(tmp_path):
     target = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(target)
     env = {**os.environ, "PYTHONPATH": str(target)}
-    proc = subprocess.run([sys.executable, "-c", "import installer.render.files as f; print(f._units_dir())"],
+    proc = subprocess.run([sys.executable, "-c", "import installer.core.render.files as f; print(f._units_dir())"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
     assert proc.stdout.strip() == str(target / "installer" / "units")

@@ -14,12 +14,12 @@ from types import SimpleNamespace
 import pytest
 from click.testing import CliRunner
 
-from installer import renew, rollout, rotate
+from installer.actions import renew, rollout, rotate
 from installer.cli.main import cli
-from installer.errors import InstallerError, StateError
-from installer.pki import issue
-from installer.pki.specs import CAS, CLUSTER_CA, ETCD_CA, FRONT_PROXY_CA, cert_specs
-from installer.tlsfiles import write_private
+from installer.core.errors import InstallerError, StateError
+from installer.core.pki import issue
+from installer.core.pki.specs import CAS, CLUSTER_CA, ETCD_CA, FRONT_PROXY_CA, cert_specs
+from installer.core.tlsfiles import write_private
 
 from .conftest import EXAMPLE
 

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from cryptography import x509
 
-from installer.pki import issue
+from installer.core.pki import issue
 
 from .labfixtures import standin_lab
 from .test_apply_lab import apply_json, etcdctl, run_installer

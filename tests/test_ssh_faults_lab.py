@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from installer import inventory
-from installer.facts import LOCK
+from installer.core import inventory
+from installer.core.facts import LOCK
 from installer.lab import net
-from installer.phases.acquire_lock import break_stale, drop, take
-from installer.ssh import DEAD_AFTER, KEEPALIVE_INTERVAL, HostError, Remote, stop_scopes
+from installer.engine.phases.acquire_lock import break_stale, drop, take
+from installer.host.ssh import DEAD_AFTER, KEEPALIVE_INTERVAL, HostError, Remote, stop_scopes
 
 from .labfixtures import standin_lab, wait_for
 

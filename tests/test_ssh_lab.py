@@ -1,4 +1,4 @@
-"""installer.ssh against real hosts: run/put/get, binary stdin, known_hosts verification (unknown,
+"""installer.host.ssh against real hosts: run/put/get, binary stdin, known_hosts verification (unknown,
 accepted, changed), unreachable hosts, a bastion, sudo for a non-root user.
 
 Boots its own 1 control + 1 worker lab (``sshlab`` on 10.213.205.0/24): cp1 .11, w1 .21.
@@ -17,12 +17,12 @@ import paramiko
 import pytest
 import yaml
 
-from installer import inventory
-from installer.errors import InventoryError
+from installer.core import inventory
+from installer.core.errors import InventoryError
 from installer.lab import debian_artifacts
 from installer.lab import lab as lab_mod
 from installer.lab.seed import new_ed25519
-from installer.ssh import HostError, Remote
+from installer.host.ssh import HostError, Remote
 
 from .labfixtures import start_lab
 

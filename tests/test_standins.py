@@ -35,8 +35,8 @@ import pytest
 import yaml
 from cryptography import x509
 
-from installer import artifacts
-from installer.render.plan import write_tree
+from installer.core import artifacts
+from installer.core.render.plan import write_tree
 
 from .conftest import ROOT
 from .reference import REFDATA

@@ -9,13 +9,13 @@ from click.testing import CliRunner
 
 from installer import api
 from installer.cli.main import cli
-from installer.state import StateDir
+from installer.core.state import StateDir
 
 from .conftest import write_inventory
 
 HOLD = """
 import sys, time
-from installer.state import StateDir
+from installer.core.state import StateDir
 with StateDir(sys.argv[1]).locked():
     print("held", flush=True)
     time.sleep(60)

@@ -15,13 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from installer import hostops, reset, teardown
-from installer.facts import MANIFEST, STATE_DIR
-from installer.fetch import binary_path, role_binaries
-from installer.inventory import HostSpec
-from installer.render.network import SYSCTL_FILE
-from installer.render.worker import SYSCTLS
-from installer.ssh import Result
+from installer.host import hostops
+
+from installer.actions import reset, teardown
+from installer.core.facts import MANIFEST, STATE_DIR
+from installer.host.fetch import binary_path, role_binaries
+from installer.core.inventory import HostSpec
+from installer.core.render.network import SYSCTL_FILE
+from installer.core.render.worker import SYSCTLS
+from installer.host.ssh import Result
 
 WORKER, CONTROL = "node2", "cp1"
 STAMP_OLD, STAMP_NEW = "20240101T000000", "20250101T000000"
@@ -185,7 +187,7 @@ class FakeRemote:
 def fake_hosts(monkeypatch, answer=lambda name, script: Result("", "", 0), unreachable=()):
     """Replace reset's Remote: every script run is recorded in the returned list as (host,
     script) and answered by ``answer``; hosts in ``unreachable`` fail to connect."""
-    from installer.ssh import HostError
+    from installer.host.ssh import HostError
     ran = []
 
     class Fake:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from installer.render.control import CIPHER_SUITES
+from installer.core.render.control import CIPHER_SUITES
 
 # Go's cipher suite names (the apiserver's --tls-cipher-suites) -> OpenSSL's, the stand-ins' table
 from .standins.runtime import GO_CIPHERS as OPENSSL_CIPHERS

@@ -1,4 +1,4 @@
-"""The CA guard (installer/trust.py): pure, with plans rendered from two PKIs and facts made
+"""The CA guard (installer/core/trust.py): pure, with plans rendered from two PKIs and facts made
 of the files a host would hold."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ import datetime as dt
 
 import pytest
 
-from installer import trust
-from installer.facts import HostFacts
-from installer.pki import issue
-from installer.pki.material import Material, ensure
-from installer.render.plan import render_cluster
+from installer.core import trust
+from installer.core.facts import HostFacts
+from installer.core.pki import issue
+from installer.core.pki.material import Material, ensure
+from installer.core.render.plan import render_cluster
 
 NOW = dt.datetime(2026, 12, 1, tzinfo=dt.timezone.utc)
 
@@ -82,7 +82,7 @@ def test_the_probe_returns_the_ca_files(tmp_path):
     """The probe script itself, run locally on a file tree: C lines carry the content."""
     import base64
     import subprocess
-    from installer.facts import PROBE, parse, probe_input
+    from installer.core.facts import PROBE, parse, probe_input
     pem = issue.cert_pem(issue.make_ca("probe-ca", issue.new_key("ecdsa-p256"), 1, NOW))
     (tmp_path / "ca.crt").write_bytes(pem)
     out = subprocess.run(["/bin/sh", "-c", PROBE],

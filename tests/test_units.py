@@ -21,9 +21,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from installer import versions
-from installer.render.files import HostPlan
-from installer.render.plan import CLUSTER_DIR, write_tree
+from installer.core import versions
+from installer.core.render.files import HostPlan
+from installer.core.render.plan import CLUSTER_DIR, write_tree
 
 from . import reference as ref
 

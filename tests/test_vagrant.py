@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from installer import inventory
+from installer.core import inventory
 
 from .conftest import EXAMPLE, ROOT
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from installer.inventory import load
+from installer.core.inventory import load
 from installer.lab import lab as lab_mod
-from installer.verify import ssh_config
+from installer.actions.verify import ssh_config
 
 from .conftest import ROOT
 from .labfixtures import start_lab
@@ -155,7 +155,7 @@ def test_ssh_config_verifies_host_keys(tmp_path):
 
 
 def test_verify_session_dir_is_private_and_removed():
-    from installer.verify import _Session
+    from installer.actions.verify import _Session
     s = _Session(load(ROOT / "inventory.example.yaml"))
     try:
         assert stat.S_IMODE(s.dir.stat().st_mode) == 0o700

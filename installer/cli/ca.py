@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
-from .certs import STATE_HELP, print_report
-from .errors import domain_errors
-from .output import nothing_without_yes
+from installer.cli.certs import STATE_HELP, print_report
+from installer.cli.errors import domain_errors
+from installer.cli.output import nothing_without_yes
 
 
 @click.group()
@@ -37,7 +37,7 @@ def rotate(inventory, state_dir, which, yes, no_api, wait_timeout, fmt):
 
     Without --yes: print the plan, change nothing, exit 2. The old CA material is kept in
     <state>/backups/ca-rotate-<time>/ (0700). The service-account key is kept."""
-    from .. import rotate as rotate_mod
+    from installer.actions import rotate as rotate_mod
     report = rotate_mod.rotate_ca(inventory, state_dir=state_dir, which=which, yes=yes, use_api=not no_api,
                                   wait_timeout=wait_timeout, log=lambda m: click.echo(m, err=True))
     if not yes:

@@ -6,12 +6,14 @@ import json
 
 import click
 
-from .. import api, runner
-from ..phases import PHASE_NAMES
-from ..phases.base import Options
-from .errors import domain_errors
-from .options import STATE_DEFAULT
-from .output import Progress
+from installer import api
+
+from installer.engine import runner
+from installer.engine.phases import PHASE_NAMES
+from installer.engine.phases.base import Options
+from installer.cli.errors import domain_errors
+from installer.cli.options import STATE_DEFAULT
+from installer.cli.output import Progress
 
 STATE_HELP = ("Local state directory holding the PKI (0700). "
               + STATE_DEFAULT)
@@ -109,7 +111,7 @@ def verify(inventory, state_dir, fmt, use_api):
     every secret is private. Read-only; rerun any time.
 
     Exit 0 when every check passes, 1 when any fails, 2/3 when a host cannot be checked."""
-    from .. import verify as verify_mod
+    from installer.actions import verify as verify_mod
     results = verify_mod.verify(inventory, state_dir, log=lambda m: click.echo(m, err=True), api=use_api)
     failed = [r for r in results if not r.ok]
     if fmt == "json":

@@ -11,8 +11,8 @@ import sys
 
 import click
 
-from .. import api
-from ..errors import InstallerError
+from installer import api
+from installer.core.errors import InstallerError
 
 
 def domain_errors(fn):

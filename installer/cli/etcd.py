@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import click
 
-from .. import api, etcd_members, etcd_ops
-from .errors import domain_errors
-from .output import human_size, nothing_without_yes, table
+from installer import api
+
+from installer.actions import etcd_members, etcd_ops
+from installer.cli.errors import domain_errors
+from installer.cli.output import human_size, nothing_without_yes, table
 
 
 @click.group()

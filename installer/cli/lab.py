@@ -6,10 +6,10 @@ from pathlib import Path
 
 import click
 
-from .. import versions
-from ..lab import lab as lab_mod
-from ..lab.model import DEFAULT_SUBNET, cache_root
-from .errors import domain_errors
+from installer.core import versions
+from installer.lab import lab as lab_mod
+from installer.lab.model import DEFAULT_SUBNET, cache_root
+from installer.cli.errors import domain_errors
 
 
 def built_artifacts() -> Path | None:

@@ -10,9 +10,9 @@ import json
 
 import click
 
-from .. import __version__, api
-from ..inventory import json_schema
-from .errors import domain_errors
+from installer import __version__, api
+from installer.core.inventory import json_schema
+from installer.cli.errors import domain_errors
 
 # name -> (module, attribute, one-line help for `installer --help`)
 LAZY = {

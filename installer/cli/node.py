@@ -6,10 +6,11 @@ import json
 
 import click
 
-from .options import STATE_DEFAULT
-from .. import api, node_ops
-from .errors import domain_errors
-from .output import Progress, nothing_without_yes, table
+from installer.cli.options import STATE_DEFAULT
+from installer import api
+from installer.actions import node_ops
+from installer.cli.errors import domain_errors
+from installer.cli.output import Progress, nothing_without_yes, table
 
 STATE_HELP = ("Local state directory holding the PKI and the node ledger. "
               + STATE_DEFAULT)

@@ -12,8 +12,8 @@ from typing import Callable, TextIO
 import click
 from rich.console import Console
 
-from ..phases.base import Event
-from ..runner import Report
+from installer.engine.phases.base import Event
+from installer.engine.runner import Report
 
 SYMBOL = {"changed": "[yellow]~[/]", "unchanged": "[green]=[/]", "checked": "[green]✓[/]",
           "waited": "[green]✓[/]", "skipped": "[dim]-[/]", "failed": "[red]✗[/]"}

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
-from .options import STATE_DEFAULT
-from .. import reset as reset_mod
-from .errors import domain_errors
+from installer.cli.options import STATE_DEFAULT
+from installer.actions import reset as reset_mod
+from installer.cli.errors import domain_errors
 
 STATE_HELP = ("Local state directory (kept unless --purge). "
               + STATE_DEFAULT)

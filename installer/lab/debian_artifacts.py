@@ -16,9 +16,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from ..artifacts import (CNI_PLUGINS, SUMS_FILE, ArtifactError, add_files, read_sums, sha256_file,
+from installer.core.artifacts import (CNI_PLUGINS, SUMS_FILE, ArtifactError, add_files, read_sums, sha256_file,
                          verify, write_sums)
-from .model import LabError, cache_root
+from installer.lab.model import LabError, cache_root
 
 # Debian package -> (path inside the package, name in the artifacts directory)
 PACKAGES = {

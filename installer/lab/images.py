@@ -10,7 +10,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from .model import DEBIAN_SUITE, LabError, cache_root
+from installer.lab.model import DEBIAN_SUITE, LabError, cache_root
 
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 # systemd + sshd for real hosts; python3-yaml and openssl serve the tests' contract stand-ins,

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import InstallerError
+from installer.core.errors import InstallerError
 
 LAB_NAME = re.compile(r"^[a-z][a-z0-9]{0,7}$")
 DEFAULT_SUBNET = "10.213.0.0/24"

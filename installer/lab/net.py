@@ -11,7 +11,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from .model import LabError, LabHost, LabSpec
+from installer.lab.model import LabError, LabHost, LabSpec
 
 
 def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:

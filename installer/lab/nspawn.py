@@ -21,8 +21,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from .model import LabError, LabHost
-from .seed import write_files
+from installer.lab.model import LabError, LabHost
+from installer.lab.seed import write_files
 
 
 def _mount_points() -> list[str]:

@@ -13,7 +13,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from .model import LabHost, LabSpec
+from installer.lab.model import LabHost, LabSpec
 
 SSHD_DROPIN = """# hiddenplane lab: one host key, known in advance; keys only
 HostKey /etc/ssh/ssh_host_ed25519_key

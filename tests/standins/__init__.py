@@ -70,7 +70,7 @@ def find_reference() -> Path:
 
 def install(directory: Path, reference: Path | None = None) -> list[Path]:
     """Write the five stand-ins (0755) into ``directory`` and record them in its SHA256SUMS."""
-    from installer import artifacts
+    from installer.core import artifacts
 
     if reference is None:
         reference = find_reference()

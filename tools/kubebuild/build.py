@@ -36,10 +36,10 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from installer import versions                                   # noqa: E402
-from installer.artifacts import SUMS_FILE, read_sums, sha256_file, write_sums   # noqa: E402
-from installer.render.addons.coredns import COREDNS_IMAGE, COREDNS_VERSION  # noqa: E402
-from installer.render.worker import SANDBOX_IMAGE                # noqa: E402
+from installer.core import versions                                   # noqa: E402
+from installer.core.artifacts import SUMS_FILE, read_sums, sha256_file, write_sums   # noqa: E402
+from installer.core.render.addons.coredns import COREDNS_IMAGE, COREDNS_VERSION  # noqa: E402
+from installer.core.render.worker import SANDBOX_IMAGE                # noqa: E402
 
 PINS = Path(__file__).resolve().parent
 RECIPE = 1                      # bump when how a component's binaries are built changes

@@ -1,0 +1,197 @@
+"""`installer certs check`: every certificate in the state directory and as deployed on each
+host, with its expiry. Read-only: nothing is issued, saved or changed anywhere.
+
+Deployed certificates are read in one SSH round trip per host. Only the CERTIFICATE blocks of
+each file leave the host (kubelet-client-current.pem also holds the kubelet's private key).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import Callable
+
+from cryptography import x509
+from cryptography.x509.oid import NameOID
+
+from installer.core.errors import InstallerError, StateError
+from installer.core.inventory import Inventory
+from installer.engine.parallel import each
+from installer.core.pki.material import Material, ensure
+from installer.core.pki.specs import CAS
+from installer.core.render.plan import render_cluster
+from installer.host.ssh import HostError, Remote
+from installer.core.state import StateDir
+from installer.core.inventory import load as load_inventory
+from installer.core.state import state_for
+
+STATE = "state"
+KUBELET_CLIENT = "/var/lib/kubelet/pki/kubelet-client-current.pem"
+MARK = "== "
+
+
+class CertsError(InstallerError):
+    exit_code = 3
+
+
+@dataclass
+class CertRow:
+    where: str              # "state" or a host name
+    name: str               # state name (``etcd/ca``) or path on the host
+    subject: str            # subject CN
+    issuer: str             # issuer CN
+    not_after: dt.datetime
+    serial: int
+    notes: list[str] = field(default_factory=list)
+
+    def days_left(self, now: dt.datetime) -> int:
+        return (self.not_after - now) // dt.timedelta(days=1)
+
+    def expiring(self, now: dt.datetime, within_days: float) -> bool:
+        return self.not_after - now <= dt.timedelta(days=within_days)
+
+    def as_dict(self, now: dt.datetime, within_days: float) -> dict:
+        return {"where": self.where, "name": self.name, "subject": self.subject, "issuer": self.issuer,
+                "notAfter": self.not_after.isoformat(), "daysLeft": self.days_left(now),
+                "serial": format(self.serial, "x"), "expiring": self.expiring(now, within_days),
+                "notes": self.notes}
+
+
+def _cn(name: x509.Name) -> str:
+    attrs = name.get_attributes_for_oid(NameOID.COMMON_NAME)
+    return str(attrs[0].value) if attrs else name.rfc4514_string()
+
+
+def row(where: str, name: str, cert: x509.Certificate) -> CertRow:
+    return CertRow(where, name, _cn(cert.subject), _cn(cert.issuer), cert.not_valid_after_utc, cert.serial_number)
+
+
+def state_rows(material: Material) -> list[CertRow]:
+    return [row(STATE, name, p.cert) for name, p in {**material.cas, **material.certs}.items()]
+
+
+def fetch_script(paths: list[str]) -> str:
+    quoted = " ".join(shlex.quote(p) for p in paths)
+    return (f'for f in {quoted}; do [ -f "$f" ] && {{ echo "{MARK}$f"; '
+            "sed -n '/-----BEGIN CERTIFICATE-----/,/-----END CERTIFICATE-----/p' \"$f\"; }; done; true")
+
+
+_PEM = re.compile(rb"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", re.S)
+
+
+def parse_fetched(raw: bytes) -> dict[str, list[x509.Certificate] | None]:
+    """path -> its certificates (first is the leaf); None when a file holds no parsable one."""
+    out: dict[str, list[x509.Certificate] | None] = {}
+    path, buf = None, b""
+
+    def flush():
+        if path is None:
+            return
+        certs = []
+        for block in _PEM.findall(buf):
+            try:
+                certs.append(x509.load_pem_x509_certificate(block))
+            except ValueError:
+                pass
+        out[path] = certs or None
+
+    for line in raw.splitlines(keepends=True):
+        if line.startswith(MARK.encode()):
+            flush()
+            path, buf = line[len(MARK):].decode(errors="replace").rstrip("\n"), b""
+        else:
+            buf += line
+    flush()
+    return out
+
+
+def expected_paths(inv: Inventory, plans) -> dict[str, dict[str, int | None]]:
+    """host -> {path: serial the state puts there (None: not from the state)}."""
+    out: dict[str, dict[str, int | None]] = {}
+    for h in inv.spec.hosts:
+        plan = plans[h.name]
+        paths: dict[str, int | None] = {}
+        for path, f in sorted(plan.files.items()):
+            if path.endswith(".crt"):
+                try:
+                    paths[path] = x509.load_pem_x509_certificate(f.content).serial_number
+                except ValueError:
+                    paths[path] = None
+        if h.role == "worker":
+            paths[KUBELET_CLIENT] = None       # issued by the cluster (TLS bootstrap), not by us
+        out[h.name] = paths
+    return out
+
+
+def host_rows(name: str, expected: dict[str, int | None], raw: bytes) -> list[CertRow]:
+    rows = []
+    for path, certs in parse_fetched(raw).items():
+        if certs is None:
+            rows.append(CertRow(name, path, "", "", dt.datetime.min.replace(tzinfo=dt.timezone.utc), 0,
+                                ["no readable certificate in the file"]))
+            continue
+        r = row(name, path, certs[0])
+        want = expected.get(path)
+        if want is not None and r.serial != want:
+            r.notes.append("differs from state")
+        rows.append(r)
+    return rows
+
+
+def _plans_for(inv: Inventory, loaded: Material):
+    """The rendered plans with the state's own certificates in them (ensure() only fills the
+    gaps in memory; nothing is saved). An expired certificate stays what it is here."""
+    material, _ = ensure(inv, loaded)
+    material.cas.update(loaded.cas)
+    material.certs.update(loaded.certs)
+    return render_cluster(inv, material)
+
+
+def existing_state(inv: Inventory, state_dir) -> StateDir:
+    """The inventory's state directory; refused when there is none (no apply has run)."""
+    state = state_for(inv, state_dir)
+    if not state.root.is_dir():
+        raise StateError(f"state directory {state.root} does not exist; run `installer apply` first "
+                         "(or pass --state)")
+    return state
+
+
+def check(inventory_path, state_dir=None, offline: bool = False, remote_for: Callable | None = None,
+          log: Callable[[str], None] = lambda _: None) -> list[CertRow]:
+    """Every certificate, sorted by not-after (soonest first)."""
+    inv = load_inventory(inventory_path)
+    state = existing_state(inv, state_dir)
+    loaded = state.load(inv)
+    if not loaded.cas:
+        raise StateError(f"{state.root} holds no certificates; run `installer apply` first (or pass --state)")
+    rows = state_rows(loaded)
+    if not offline:
+        if any(ca.name not in loaded.cas for ca in CAS):
+            raise StateError(f"{state.root} lacks a CA; run `installer apply` (or use --offline)")
+        expected = expected_paths(inv, _plans_for(inv, loaded))
+        remote_for = remote_for or (lambda h: Remote(h, inv))
+
+        def one(h):
+            remote = remote_for(h)
+            try:
+                log(f"{h.name}: reading {len(expected[h.name])} certificate path(s)")
+                r = remote.run(fetch_script(list(expected[h.name])), what="read certificates")
+                return host_rows(h.name, expected[h.name], r.raw)
+            finally:
+                remote.close()
+
+        errors = []
+        for result in each(one, inv.spec.hosts).values():
+            if isinstance(result, HostError):
+                errors.append(str(result))
+            elif isinstance(result, Exception):
+                raise result
+            else:
+                rows += result
+        if errors:
+            raise CertsError("cannot read certificates from " + "; ".join(errors)
+                             + " (use --offline to check the state only)")
+    rows.sort(key=lambda r: (r.not_after, r.where != STATE, r.where, r.name))
+    return rows

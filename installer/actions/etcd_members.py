@@ -1,0 +1,274 @@
+"""Change etcd's membership one member at a time, never losing quorum.
+
+``add`` registers a control host as a *learner* (it votes on nothing while it catches up),
+installs and starts its member with ``--initial-cluster-state=existing``, promotes it once etcd
+says it is in sync, checks every member healthy, then converges the control hosts so each
+apiserver's ``--etcd-servers`` names the new member. ``remove`` stops the control plane and etcd
+on the host, removes the member through another one, moves the host's data dir aside and checks
+the others healthy.
+
+Before anything changes, the request is checked against the live cluster (``check_add`` /
+``check_remove``, pure): one change at a time (no learner or unstarted member left over, the
+inventory's control hosts differ from the members by at most the host asked for), never from
+2 members down to 1, never without quorum now or after the change, and never to an even member
+count unless ``allow_even`` (one step of replacing a host: 3 -> 2 while a dead member is
+replaced, then 2 -> 3). A refusal raises ``MembershipRefused`` naming the host and the reason.
+
+``apply_guard`` is what `installer apply` checks (phases/start_etcd.py): it never starts a
+member without data next to a running cluster unless ``add`` registered it, and refuses while
+a live member's host is missing from the inventory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+from urllib.parse import urlsplit
+
+
+from installer.engine import runner
+from installer.core.errors import InstallerError
+from installer.actions.etcd_ops import _tls, control_remotes
+from installer.core.etcd_rules import (Change, EtcdOpError, Guard, Member, MembershipRefused, apply_guard,
+                                       check_add, check_remove, member_label, names_list, parse_members, quorum)
+from installer.core.inventory import HostSpec, Inventory
+from installer.engine.phases.acquire_lock import cluster_lock
+from installer.engine.phases.base import Event, Options
+from installer.engine.phases.select import CONTROL_UNITS, ETCD_UNIT
+from installer.engine.phases.start_etcd import LOCAL, endpoint_health_script, error_line, member_list
+from installer.core.render.control import ETCD_DATA_DIR, ETCD_REMOVED_ASIDE, peer_url
+from installer.host.ssh import HostError, Remote
+from installer.core.inventory import as_inventory
+
+__all__ = ["MembershipRefused", "Change", "Guard", "add", "remove", "check_add", "check_remove", "apply_guard",
+           "quorum", "parse_members"]
+
+# what etcd answers while a membership change cannot be made *yet*: retried until the timeout
+_NOT_YET = ("unhealthy cluster", "in sync with leader", "learner member is not ready", "too many requests")
+
+
+# --- talking to the cluster ------------------------------------------------------------------
+
+@dataclass
+class _View:
+    members: list[Member]
+    health: dict[str, bool]
+    via: Remote                   # a control host whose member answered
+
+
+def _health(r: Remote, members: list[Member]) -> dict[str, bool]:
+    """Voting member name -> answers `endpoint health` (a learner never does)."""
+    voting = [m for m in members if not m.learner and m.client_urls]
+    health = {m.name: False for m in members if not m.learner}
+    if not voting:
+        return health
+    endpoints = ",".join(u for m in voting for u in m.client_urls)
+    out = r.run(f"{_tls(endpoints)} endpoint health -w json", check=False, what="etcdctl endpoint health").stdout
+    try:
+        ok = {e.get("endpoint"): bool(e.get("health")) for e in json.loads(out)}
+    except (ValueError, AttributeError, TypeError):
+        ok = {}
+    for m in voting:
+        health[m.name] = any(ok.get(u) for u in m.client_urls)
+    return health
+
+
+def _view(inv: Inventory, remotes: dict[str, Remote], skip: str) -> _View:
+    """The members and their health, asked on the first control host (other than ``skip``)
+    whose member answers."""
+    r, out, why = member_list([remotes[h.name] for h in inv.controls if h.name != skip], timeout="10s")
+    if r is None:
+        raise EtcdOpError(f"no etcd member answered (nothing was changed): {why or 'no other control host'}")
+    members = _named(parse_members(out, r.name), inv.controls)
+    return _View(members, _health(r, members), r)
+
+
+def _checked(inv: Inventory, remotes: dict[str, Remote], name: str, rule, allow_even: bool, verb: str) -> _View:
+    """The live cluster, once ``rule`` (check_add or check_remove) allows the change."""
+    view = _view(inv, remotes, skip=name)
+    reason = rule(view.members, view.health, name, allow_even, [h.name for h in inv.controls])
+    if reason:
+        raise MembershipRefused(f"{name}: not {verb}: {reason}; nothing was changed")
+    return view
+
+
+def _retrying(r: Remote, command: str, what: str, deadline: float) -> str:
+    """Run an etcdctl membership command, again while etcd says "not yet" (e.g. a learner not
+    in sync, members connected for less than etcd's 5 s health interval)."""
+    while True:
+        res = r.run(command, check=False, what=what)
+        if res.rc == 0:
+            return res.stdout
+        err = error_line(res)
+        if not any(s in err for s in _NOT_YET) or time.monotonic() > deadline:
+            raise EtcdOpError(f"{r.name}: {what} failed: {err}")
+        time.sleep(2)
+
+
+def _wait_healthy(via: Remote, members: list[Member], timeout: float) -> None:
+    endpoints = ",".join(u for m in members if not m.learner for u in m.client_urls)
+    r = via.run(endpoint_health_script(endpoints, timeout), check=False,
+                what="wait for etcd health", timeout=timeout + 30)
+    if r.rc != 0:
+        raise EtcdOpError(f"{via.name}: etcd is not healthy: {r.stderr.strip()[-500:]}")
+
+
+def _members(via: Remote, inv: Inventory) -> list[Member]:
+    out = via.run(f"{_tls(LOCAL)} member list -w json", what="etcdctl member list").stdout
+    return _named(parse_members(out, via.name), inv.controls)
+
+
+def _converge(inv: Inventory, state_dir, options: Options, log: Callable[[str], None]) -> None:
+    def event(ev: Event) -> None:
+        if ev.action not in ("checked", "unchanged"):
+            log(f"  {ev.phase} {ev.host}: {ev.action}" + (f" (restarted {', '.join(ev.restarts)})" if ev.restarts else ""))
+    runner.run(inv, state_dir, options, log=log, on_event=event)
+
+
+# --- add ---------------------------------------------------------------------------------------
+
+def add(inventory, name: str, *, state_dir=None, allow_even: bool = False, wait_timeout: float = 180.0,
+        log: Callable[[str], None] = print) -> Change:
+    """Add control host ``name`` (in the inventory, not yet a member) to etcd: as a learner,
+    then promoted; then converge the control hosts. Resumes an add that stopped after
+    registering the learner. Holds the apply lock throughout, on the members (the new host may
+    not answer yet: the checks name it)."""
+    inv = as_inventory(inventory)
+    with cluster_lock(inv, skip=frozenset({name}), log=log):
+        return _add(inv, name, state_dir=state_dir, allow_even=allow_even, wait_timeout=wait_timeout, log=log)
+
+
+def _add(inv: Inventory, name: str, *, state_dir, allow_even: bool, wait_timeout: float,
+         log: Callable[[str], None]) -> Change:
+    try:
+        host = inv.host(name)
+    except KeyError:
+        raise InstallerError(f"{name}: not in the inventory; add it there as a control host first") from None
+    if host.role != "control":
+        raise InstallerError(f"{name}: is a {host.role}, not a control host: etcd members run on control hosts")
+    deadline = time.monotonic() + wait_timeout
+    with control_remotes(inv) as remotes:
+        view = _checked(inv, remotes, name, check_add, allow_even, "added")
+        member = next((m for m in view.members if m.name == name), None)
+        peer = peer_url(host.address)
+        if member is None:
+            # the host must be reachable and empty before it is registered: a learner that can
+            # never start would block every later change
+            has_data = remotes[name].run(f"test -d {ETCD_DATA_DIR}/member", check=False,
+                                         what="look for etcd data").rc == 0
+            if has_data:
+                raise MembershipRefused(f"{name}: not added: it already holds etcd data in {ETCD_DATA_DIR} (from an "
+                                        "earlier cluster?); move that directory aside first; nothing was changed")
+            log(f"{name}: etcdctl member add {name} --learner --peer-urls={peer} (on {view.via.name})")
+            out = _retrying(view.via, f"{_tls(LOCAL)} member add {shlex.quote(name)} --learner "
+                            f"--peer-urls={shlex.quote(peer)} -w json", "etcdctl member add", deadline)
+            try:
+                member_id = f"{int(json.loads(out)['member']['ID']):x}"
+            except (ValueError, KeyError, TypeError):
+                raise EtcdOpError(f"{view.via.name}: etcdctl member add printed no member ID: {out[:200]}") from None
+        else:
+            member_id = member.id
+            log(f"{name}: already registered as a learner ({member_id}): resuming")
+        via = view.via
+
+    log(f"{name}: install and start etcd (--initial-cluster-state=existing); it joins as a learner")
+    _converge(inv, state_dir, Options(hosts=frozenset({name}), only=frozenset({"preflight", "pki", "artifacts", "etcd"}),
+                                      wait_timeout=wait_timeout), log)
+
+    log(f"{name}: etcdctl member promote {member_id} once the learner is in sync")
+    try:
+        _retrying(via, f"{_tls(LOCAL)} member promote {member_id}", "etcdctl member promote", deadline)
+        members = _members(via, inv)
+        _wait_healthy(via, members, max(10.0, deadline - time.monotonic()))
+    finally:
+        via.close()
+    log(f"{name}: promoted; {len(members)} members healthy")
+
+    log("converge the control hosts (every apiserver's --etcd-servers names the new member)")
+    _converge(inv, state_dir, Options(hosts=frozenset(h.name for h in inv.controls),
+                                      skip=frozenset({"cluster-bootstrap"}), wait_timeout=wait_timeout), log)
+    return Change(name, member_id, [], members)
+
+
+# --- remove ------------------------------------------------------------------------------------
+
+def _stop_script() -> str:
+    units = " ".join(CONTROL_UNITS + (ETCD_UNIT,))        # the apiserver first, etcd last
+    return (f"set -e; for u in {units}; do if systemctl cat \"$u\" >/dev/null 2>&1; then "
+            "systemctl disable --now --quiet \"$u\"; fi; done")
+
+
+def remove(inventory, name: str, *, state_dir=None, allow_even: bool = False, host_unreachable: bool = False,
+           wait_timeout: float = 180.0, log: Callable[[str], None] = print, dry_run: bool = False) -> Change:
+    """Remove member ``name`` (still in the inventory, or already deleted from it: then its
+    address comes from its peer URL). ``host_unreachable``: the host is gone; only the
+    membership changes. ``dry_run``: check, and return the steps without doing them.
+    ``state_dir`` is accepted for symmetry with ``add`` (a removal converges nothing: edit the
+    inventory and run `installer apply` afterwards)."""
+    del state_dir
+    inv = as_inventory(inventory)
+    if dry_run:
+        return _remove(inv, name, allow_even=allow_even, host_unreachable=host_unreachable,
+                       wait_timeout=wait_timeout, log=log, dry_run=True)
+    # a host already gone holds no lock to take
+    with cluster_lock(inv, skip=frozenset({name}) if host_unreachable else frozenset(), log=log):
+        return _remove(inv, name, allow_even=allow_even, host_unreachable=host_unreachable,
+                       wait_timeout=wait_timeout, log=log, dry_run=False)
+
+
+def _remove(inv: Inventory, name: str, *, allow_even: bool, host_unreachable: bool, wait_timeout: float,
+            log: Callable[[str], None], dry_run: bool) -> Change:
+    in_inventory = {h.name: h for h in inv.spec.hosts}
+    if name in in_inventory and in_inventory[name].role != "control":
+        raise InstallerError(f"{name}: is a {in_inventory[name].role}, not a control host: it is no etcd member")
+    deadline = time.monotonic() + wait_timeout
+    with control_remotes(inv) as remotes:
+        view = _checked(inv, remotes, name, check_remove, allow_even, "removed")
+        member = next(m for m in view.members if m.name == name)
+        if name in remotes:
+            target = remotes[name]
+        else:
+            address = urlsplit(member.peer_urls[0]).hostname if member.peer_urls else None
+            if not address:
+                raise EtcdOpError(f"{name}: not in the inventory and its member has no peer URL to reach it by; "
+                                  "pass --host-unreachable; nothing was changed")
+            target = remotes[name] = Remote(HostSpec(name=name, address=address, role="control"), inv)
+        stamp = time.strftime("%Y%m%d%H%M%S", time.gmtime())
+        aside = f"{ETCD_REMOVED_ASIDE}{stamp}"
+        units = ", ".join(u.removesuffix(".service") for u in CONTROL_UNITS + (ETCD_UNIT,))
+        steps = ([] if host_unreachable else [f"stop and disable {units} on {name} ({target.host.address})"])
+        steps.append(f"etcdctl member remove {member.id} ({name}) on {view.via.name}")
+        if not host_unreachable:
+            steps.append(f"move {ETCD_DATA_DIR} on {name} aside to {ETCD_REMOVED_ASIDE}<time>")
+        rest = [m for m in view.members if m.id != member.id]
+        steps.append(f"check the remaining members healthy: {names_list(member_label(m) for m in rest)}")
+        if not host_unreachable:
+            try:
+                target.open()
+            except HostError as e:
+                raise EtcdOpError(f"{e}; nothing was changed (if {name} is gone for good, pass --host-unreachable)") \
+                    from None
+        if dry_run:
+            return Change(name, member.id, steps, view.members)
+
+        if not host_unreachable:
+            log(f"{name}: stop and disable {units}")
+            target.run(_stop_script(), what="stop the control plane and etcd")
+        log(f"{name}: etcdctl member remove {member.id} (on {view.via.name})")
+        _retrying(view.via, f"{_tls(LOCAL)} member remove {member.id}", "etcdctl member remove", deadline)
+        if not host_unreachable:
+            log(f"{name}: move {ETCD_DATA_DIR} aside to {aside}")
+            target.run(f"if [ -e {ETCD_DATA_DIR} ]; then mv -- {ETCD_DATA_DIR} {aside}; fi",
+                       what="move the etcd data aside")
+        members = _members(view.via, inv)
+        _wait_healthy(view.via, members, max(10.0, deadline - time.monotonic()))
+        log(f"{name}: removed; {len(members)} members healthy: {names_list(member_label(m) for m in members)}")
+    voting = len([m for m in members if not m.learner])
+    even = " (with spec.allowEvenControlHosts: true)" if voting % 2 == 0 else ""
+    then = f"run `installer apply` with {voting} control host{'s' if voting != 1 else ''}{even}"
+    nxt = f"delete {name} from the inventory, then {then}" if name in in_inventory else then
+    return Change(name, member.id, steps, members, next=nxt)

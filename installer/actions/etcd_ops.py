@@ -1,0 +1,261 @@
+"""etcd day-2 operations over SSH: list members, save a snapshot, restore one on every member.
+
+Everything that talks to etcd runs ``etcdctl`` (API v3) on the control hosts with the
+health-check client certificate; nothing listens beyond what apply set up. A snapshot is taken
+with ``etcdctl snapshot save`` into a 0600 file under /var/lib/hiddenplane, checked with
+``etcdutl snapshot status`` (its integrity hash), copied to the operator machine (written 0600,
+atomically) and removed from the host. etcd 3.6 took ``snapshot status`` and ``snapshot
+restore`` out of etcdctl: both work on files, not on a member, so they are etcdutl's.
+
+A restore follows etcd's documented order: stop every apiserver (and the controller-manager
+and scheduler) first, stop etcd on every member, restore the *same* snapshot on every member
+with a new cluster token, start etcd everywhere, wait for health, then start the control plane.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+from installer.core.errors import InstallerError
+from installer.core.etcd_rules import EtcdOpError, Member, parse_members
+from installer.host.fetch import binary_path
+from installer.core.inventory import HostSpec, Inventory
+from installer.engine.phases.acquire_lock import cluster_lock
+from installer.engine.phases.select import CONTROL_UNITS, ETCD_UNIT
+from installer.engine.phases.start_control_plane import LOCAL_PORTS, listening_script
+from installer.engine.phases.start_etcd import LOCAL, endpoint_health_script, etcdctl
+from installer.core.render.control import ETCD_DATA_DIR, ETCD_RESTORE_ASIDE, etcd_servers, initial_cluster, peer_url
+from installer.host.ssh import HostError, Remote
+from installer.core.state import write_atomic
+from installer.core.inventory import load as load_inventory
+
+WORK_DIR = "/var/lib/hiddenplane"
+ETCDUTL = binary_path("etcdutl")
+
+
+def _tls(endpoints: str) -> str:
+    """etcdctl for a day-2 command (10 s per command)."""
+    return etcdctl(endpoints, "10s")
+
+
+@contextmanager
+def control_remotes(inv: Inventory) -> Iterator[dict[str, Remote]]:
+    """A Remote per control host (connected on first use), all closed afterwards; a Remote
+    added to the dict meanwhile is closed too."""
+    remotes = {h.name: Remote(h, inv) for h in inv.controls}
+    try:
+        yield remotes
+    finally:
+        for r in remotes.values():
+            r.close()
+
+
+def _first_reachable(inv: Inventory, remotes: dict[str, Remote]) -> Remote:
+    errors = []
+    for h in inv.controls:
+        try:
+            remotes[h.name].open()
+            return remotes[h.name]
+        except HostError as e:
+            errors.append(str(e))
+    raise EtcdOpError("no control host is reachable: " + "; ".join(errors))
+
+
+# --- members -----------------------------------------------------------------------------
+
+def members(inventory_path) -> list[Member]:
+    inv = load_inventory(inventory_path)
+    with control_remotes(inv) as remotes:
+        r = _first_reachable(inv, remotes)
+        out = r.run(f"{_tls(etcd_servers(inv))} member list -w json", what="etcdctl member list").stdout
+    return parse_members(out, r.name)
+
+
+# --- snapshot save -------------------------------------------------------------------------
+
+@dataclass
+class SnapshotInfo:
+    path: str
+    host: str
+    hash: int
+    revision: int
+    total_keys: int
+    size: int
+
+
+def snapshot_save(inventory_path, dest, force: bool = False) -> SnapshotInfo:
+    inv = load_inventory(inventory_path)
+    dest = Path(dest)
+    if not force and (dest.exists() or dest.is_symlink()):
+        # checked before any host is asked: a refused save changes nothing anywhere
+        raise EtcdOpError(f"{dest} already exists: not overwriting it (pass --force to replace it)")
+    if dest.is_dir():
+        raise EtcdOpError(f"{dest} is a directory")
+    with control_remotes(inv) as remotes:
+        r = _first_reachable(inv, remotes)
+        tmp = f"{WORK_DIR}/etcd-snapshot-{int(time.time())}-{os.getpid()}.db"
+        q = shlex.quote(tmp)
+        try:
+            # etcdctl writes FILE.part, then renames; umask 077 keeps both 0600. The output is
+            # two JSON lines: the member's status just before the save, then the file's status.
+            out = r.run(f"set -e; mkdir -p {WORK_DIR}; chmod 0700 {WORK_DIR}; umask 077; "
+                        f"{_tls(LOCAL)} endpoint status -w json; echo; "
+                        f"{_tls(LOCAL)} snapshot save {q} >/dev/null; chmod 0600 {q}; "
+                        f"{shlex.join(snapshot_status_argv(tmp))}",
+                        what="etcdctl snapshot save, etcdutl snapshot status", timeout=300).stdout
+            data = r.get(tmp, what="copy the snapshot")
+        finally:
+            r.run(f"rm -f -- {q} {q}.part", check=False, what="remove the host's snapshot file")
+    lines = [x for x in out.splitlines() if x.strip()]
+    try:
+        member, st = json.loads(lines[0]), json.loads(lines[-1])
+    except (ValueError, IndexError):
+        raise EtcdOpError(f"{r.name}: etcdctl endpoint status / etcdutl snapshot status printed no JSON: "
+                          f"{out[:200]}") from None
+    if not data:
+        raise EtcdOpError(f"{r.name}: the snapshot is empty")
+    write_atomic(dest, data, 0o600)
+    return snapshot_info(st, str(dest), r.name, len(data), member_revision(member))
+
+
+def member_revision(endpoint_status) -> int:
+    """The store revision in ``etcdctl endpoint status -w json`` (0 when it names none)."""
+    try:
+        return int(endpoint_status[0]["Status"]["header"]["revision"])
+    except (LookupError, TypeError, ValueError):
+        return 0
+
+
+def snapshot_status_argv(snapshot: str) -> list[str]:
+    """Checks ``snapshot``'s integrity hash; prints hash, revision, totalKey, totalSize and
+    version as JSON."""
+    return [ETCDUTL, "snapshot", "status", snapshot, "-w", "json"]
+
+
+def snapshot_info(status: dict, path: str, host: str, size: int, revision_before: int = 0) -> SnapshotInfo:
+    """``status``: the JSON of snapshot_status_argv; ``revision_before``: the member's store
+    revision read just before the save. etcdutl takes the revision from the newest entry of the
+    file's key bucket, so a store no key was ever written to says 0, while etcd's revision
+    starts at 1 (every etcdctl answer's header says so). Revisions only grow: the snapshot's
+    is at least the one read before it."""
+    return SnapshotInfo(path, host, int(status.get("hash", 0)),
+                        max(int(status.get("revision", 0)), revision_before),
+                        int(status.get("totalKey", 0)), size)
+
+
+# --- snapshot restore ----------------------------------------------------------------------
+
+def restore_plan(inv: Inventory, snapshot: str, stamp: str) -> list[str]:
+    hosts = ", ".join(h.name for h in inv.controls)
+    return [
+        f"upload {snapshot} to {WORK_DIR}/ on {hosts} (0600)",
+        f"stop {', '.join(u.removesuffix('.service') for u in CONTROL_UNITS)} on {hosts}",
+        f"stop etcd on {hosts}",
+        f"on each member: move {ETCD_DATA_DIR} to {ETCD_RESTORE_ASIDE}{stamp}, "
+        f"restore the snapshot into {ETCD_DATA_DIR} with cluster token {restore_token(inv, stamp)}",
+        "start etcd on every member, wait for a healthy cluster",
+        "start the control plane again",
+    ]
+
+
+def restore_token(inv: Inventory, stamp: str) -> str:
+    return f"{inv.metadata.name}-etcd-restore-{stamp}"
+
+
+def snapshot_restore_argv(inv: Inventory, host: HostSpec, snapshot: str, stamp: str) -> list[str]:
+    """Writes ``host``'s member of a new cluster (every control host, a new token) from
+    ``snapshot`` into the etcd data dir, which must not exist. Flags as ``--flag=value``, as in
+    the etcd unit."""
+    return [ETCDUTL, "snapshot", "restore", snapshot,
+            f"--name={host.name}",
+            f"--initial-cluster={initial_cluster(inv.controls)}",
+            f"--initial-cluster-token={restore_token(inv, stamp)}",
+            f"--initial-advertise-peer-urls={peer_url(host.address)}",
+            f"--data-dir={ETCD_DATA_DIR}"]
+
+
+def _restore_script(inv: Inventory, host: HostSpec, snap: str, stamp: str) -> str:
+    data, aside = ETCD_DATA_DIR, f"{ETCD_RESTORE_ASIDE}{stamp}"
+    return (
+        "set -e\n"
+        f"if [ -e {data} ]; then mv -- {data} {aside}; fi\n"
+        f"{shlex.join(snapshot_restore_argv(inv, host, snap, stamp))}\n"
+        f"chown -R etcd:etcd {data}\n"
+        f"chmod 0700 {data}\n")
+
+
+def snapshot_restore(inventory_path, snapshot, wait_timeout: float = 120,
+                     log: Callable[[str], None] = print) -> list[str]:
+    """Restore ``snapshot`` on every member, holding the apply lock. Returns the hosts restored."""
+    inv = load_inventory(inventory_path)
+    with cluster_lock(inv, log=log):
+        return _snapshot_restore(inv, snapshot, wait_timeout, log)
+
+
+def _snapshot_restore(inv: Inventory, snapshot, wait_timeout: float, log: Callable[[str], None]) -> list[str]:
+    snapshot = Path(snapshot)
+    try:
+        data = snapshot.read_bytes()
+    except OSError as e:
+        raise EtcdOpError(f"cannot read {snapshot}: {e.strerror or e}") from None
+    if not data:
+        raise EtcdOpError(f"{snapshot} is empty")
+    stamp = time.strftime("%Y%m%d%H%M%S", time.gmtime())
+    remote_snap = f"{WORK_DIR}/etcd-restore-{stamp}.db"
+    names = [h.name for h in inv.controls]
+    with control_remotes(inv) as remotes:
+        for n in names:                     # every host must be reachable before we stop anything
+            remotes[n].open()
+        for n in names:
+            log(f"{n}: upload {snapshot}")
+            remotes[n].put(remote_snap, data, mode=0o600, what="upload the snapshot")
+        # first every apiserver (nothing may write to etcd while it is replaced) ...
+        units = " ".join(CONTROL_UNITS)
+        for n in names:
+            log(f"{n}: stop {units}")
+            remotes[n].run(f"systemctl stop {units}", what="stop the control plane")
+        # ... then every etcd member
+        for n in names:
+            log(f"{n}: stop etcd")
+            remotes[n].run(f"systemctl stop {ETCD_UNIT}", what="stop etcd")
+        # the same snapshot on every member, with a new cluster token. The unit still says
+        # --initial-cluster-token=<cluster>-etcd: that flag (like --initial-cluster-state) only
+        # matters when bootstrapping an empty data dir; a restored data dir carries its own
+        # membership and token, so the unit needs no change.
+        for h in inv.controls:
+            log(f"{h.name}: restore into {ETCD_DATA_DIR}")
+            remotes[h.name].run(_restore_script(inv, h, remote_snap, stamp), what="etcdutl snapshot restore",
+                                timeout=300)
+        for n in names:
+            log(f"{n}: start etcd")
+            # a member waits for its peers before it reports ready: never block on it
+            remotes[n].run(f"systemctl start --no-block {ETCD_UNIT}", what="start etcd")
+        first = names[0]
+        r = remotes[first].run(endpoint_health_script(etcd_servers(inv), wait_timeout), check=False,
+                               what="wait for etcd health", timeout=wait_timeout + 30)
+        if r.rc != 0:
+            raise EtcdOpError(f"{first}: etcd did not become healthy after the restore "
+                              f"(the old data is in {ETCD_RESTORE_ASIDE}{stamp}): "
+                              f"{r.stderr.strip()[-500:]}")
+        for n in names:
+            log(f"{n}: start {units}")
+            remotes[n].run(f"systemctl start {units}", what="start the control plane")
+        # the units are simple services: wait until the apiserver, controller-manager and
+        # scheduler listen again (the apiserver only does once it reaches etcd)
+        ports = (inv.spec.apiServer.port, *LOCAL_PORTS)
+        for n in names:
+            r = remotes[n].run(listening_script(ports, wait_timeout), check=False,
+                               what="wait for the control plane", timeout=wait_timeout + 30)
+            if r.rc != 0:
+                raise EtcdOpError(f"{n}: the control plane did not come back after the restore: "
+                                  f"{r.stderr.strip()[-600:]}")
+        for n in names:
+            remotes[n].run(f"rm -f -- {shlex.quote(remote_snap)}", check=False, what="remove the snapshot copy")
+    return names

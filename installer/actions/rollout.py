@@ -1,0 +1,468 @@
+"""The host machinery that ``certs renew`` (renew.py) and ``ca rotate`` (rotate.py) share: the
+session, pushes, restarts in a safe order, and the TLS check of every endpoint.
+
+Both operations go through the apply machinery: the hosts' facts are read with the same probe,
+the files are rendered by the same code and pushed by the same diff (one round trip per host and
+part, atomic renames, the pending-restart ledger on the host), and units are restarted with the
+same script (one retry, journal on failure). What differs from apply is *when* units restart:
+never all at once. ``roll`` restarts in ``RANK`` order (etcd, kube-apiserver,
+konnectivity-server, controller-manager and scheduler, then the workers' kubelet and kube-proxy),
+one host at a time, waiting after each for the component to be healthy again; only when the etcd
+CA rotates do all etcd members start together (members of different CAs cannot talk).
+
+The session connects every host (verified host keys), reads its facts and is refused unless the
+hosts match the state (``installer apply`` made no change): a roll-out then changes exactly the
+files that carry a new certificate, nothing else. It holds the apply lock throughout.
+
+``verify`` checks every TLS endpoint with a real handshake, through an SSH channel to the host
+(so loopback-only ports and bastions work too): it must present the state's certificate, signed
+by the state's CA (and not by a CA just rotated away).
+
+This lives apart from the two operations so that each of them reads as its own plan.
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+import tempfile
+import time
+import uuid
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Iterator
+
+from cryptography import x509
+
+from installer.core.diff import HostChanges, Selection
+from installer.core.errors import InstallerError
+from installer.core.facts import PROBE, parse, probe_input
+from installer.host.health import client_context, wait_ok
+from installer.core.inventory import Inventory
+from installer.engine.parallel import each
+from installer.engine.phases.acquire_lock import AcquireLock, acquire, release
+from installer.engine.phases.base import Context, Options
+from installer.engine.phases.connect_hosts import ConnectHosts
+from installer.engine.phases.join_workers import KUBELET_PORTS, active_script
+from installer.engine.phases.select import control_plane_part, etcd_part, worker_part
+from installer.engine.phases.start_control_plane import listening_script
+from installer.engine.phases.start_etcd import health_script
+from installer.core.pki import issue
+from installer.core.pki.issue import Pair
+from installer.core.pki.material import Changes, Material
+from installer.core.pki.specs import CLUSTER_CA, ETCD_CA
+from installer.core.render.addons.konnectivity import AGENT_PORT, enabled as konnectivity_enabled
+from installer.core.render.plan import render_cluster
+from installer.host.ssh import HostError, Remote
+from installer.core.state import StateDir
+from installer.core.tlsfiles import client_files
+
+ETCD = "etcd.service"
+APISERVER = "kube-apiserver.service"
+KONNECTIVITY = "konnectivity-server.service"
+CONTROLLER_MANAGER = "kube-controller-manager.service"
+SCHEDULER = "kube-scheduler.service"
+KUBELET = "kubelet.service"
+KUBE_PROXY = "kube-proxy.service"
+# restart order: lower first; units not named here (none today) go last
+RANK = {ETCD: 0, APISERVER: 1, KONNECTIVITY: 2, CONTROLLER_MANAGER: 3, SCHEDULER: 3, KUBELET: 4, KUBE_PROXY: 4}
+SECURE_PORTS = {CONTROLLER_MANAGER: 10257, SCHEDULER: 10259}
+
+
+class RenewError(InstallerError):
+    """A host could not be changed, or an endpoint does not present what the state holds."""
+
+    exit_code = 3
+
+
+# --- results -------------------------------------------------------------------------------
+
+@dataclass
+class Reissued:
+    name: str
+    ca: str
+    old_serial: str
+    new_serial: str
+    not_after: str
+
+
+@dataclass
+class Rollout:
+    files: list[str] = field(default_factory=list)
+    units: list[str] = field(default_factory=list)
+
+
+@dataclass
+class EndpointCheck:
+    host: str
+    endpoint: str
+    address: str
+    port: int
+    cert: str | None           # state name it must present; None: the component's own self-signed one
+    before: str | None = None  # serial presented before (hex), None when not read
+    after: str | None = None
+    ok: bool = False
+    note: str = ""
+
+
+@dataclass
+class Report:
+    action: str                # renew | rotate
+    dry_run: bool
+    reissued: list[Reissued] = field(default_factory=list)
+    rollout: dict[str, Rollout] = field(default_factory=dict)
+    restarts: list[str] = field(default_factory=list)        # host:unit in the order done
+    checks: list[EndpointCheck] = field(default_factory=list)
+    backup: str | None = None
+    steps: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def hex_serial(serial: int) -> str:
+    """A serial number as the reports show it."""
+    return format(serial, "x")
+
+
+def restart_order(units) -> list[str]:
+    """``units`` in the order ``roll`` restarts them (``RANK``, then by name)."""
+    return sorted(set(units), key=lambda u: (RANK.get(u, 9), u))
+
+
+# --- hosts: connect, probe, push, restart ---------------------------------------------------
+
+def _parallel(fn, items) -> None:
+    """``fn`` on every item; the hosts' failures together as one RenewError."""
+    results = each(fn, items).values()
+    for r in results:
+        if isinstance(r, InstallerError) and not isinstance(r, HostError):
+            raise r
+    errors = [str(r) for r in results if isinstance(r, HostError)]
+    if errors:
+        raise RenewError("; ".join(errors))
+
+
+def _probe(ctx: Context, host: str) -> None:
+    """The apply probe over the host's planned files, dirs and units (binaries are not
+    looked at: a renewal never touches them); re-render the host with its facts."""
+    plan = ctx.plans[host]
+    out = ctx.remotes[host].run(PROBE, stdin=probe_input(list(plan.files) + list(plan.absent), list(plan.dirs),
+                                                         list(plan.units)), what="read facts")
+    try:
+        ctx.facts[host] = parse(out.stdout)
+    except ValueError as e:
+        raise HostError(host, f"read facts: {e}") from None
+
+
+def refresh(ctx: Context) -> None:
+    ctx.plans = render_cluster(ctx.inv, ctx.material)
+    _parallel(lambda h: _probe(ctx, h), [h.name for h in ctx.inv.spec.hosts])
+    ConnectHosts().finish(ctx, [])           # render again with what the hosts told us
+
+
+def _parts(ctx: Context, host: str) -> list[tuple[str, Selection]]:
+    plan = ctx.plans[host]
+    if plan.role == "control":
+        return [("etcd", etcd_part(plan)), ("control-plane", control_plane_part(plan))]
+    return [("workers", worker_part(plan))]
+
+
+def _differences(ctx: Context, host: str) -> list[str]:
+    return [f"{host}: {part}: {line}" for part, sel in _parts(ctx, host)
+            for line in ctx.changes_for(host, sel).summary()]
+
+
+def push(ctx: Context, host: str) -> Rollout:
+    """Write what differs on ``host``; every restart it implies is recorded in the host's
+    pending-restart ledger instead of done (``_restart`` does them in order)."""
+    done = Rollout()
+    for part, sel in _parts(ctx, host):
+        ch = ctx.changes_for(host, sel)
+        ch.defer = sorted(set(ch.defer) | set(ch.restart) | set(ch.start))
+        ch.restart, ch.start = [], []
+        ctx.execute(f"push {part}", host, ch)
+        done.files += [f.path for f in ch.write] + [f"- {p}" for p in ch.remove]
+    done.units = restart_order(ctx.facts[host].pending_restarts)
+    return done
+
+
+def _run(ctx: Context, host: str, script: str, what: str, timeout: float) -> None:
+    r = ctx.remotes[host].run(script, check=False, what=what, timeout=timeout + 30)
+    if r.rc != 0:
+        raise RenewError(f"{host}: {what}: {r.stderr.strip()[-600:]}")
+
+
+def _wait_node_ready(ctx: Context, host: str, since: float | None, timeout: float) -> None:
+    """The Node of ``host`` Ready again through the API, as posted by the kubelet started at
+    ``since`` (the host's clock): a restarted kubelet reports NotReady until its first
+    pod-lifecycle relist, seconds later. The next worker waits for it."""
+    from installer.host import kube
+    ctx.log(f"{host}: wait for Node {host} Ready")
+    with kube.api_access(ctx.inv, ctx.remotes, ctx.material) as url, \
+            kube.api_client(url, ctx.material) as client:
+        try:
+            kube.wait_nodes_ready(client, [host], timeout, since=since)
+        except kube.KubeError as e:
+            raise RenewError(f"{host}: {e}") from None
+
+
+def _wait(ctx: Context, host: str, unit: str, nodes_ready: bool = False) -> None:
+    t = ctx.options.wait_timeout
+    h = ctx.inv.host(host)
+    if unit == ETCD:
+        _run(ctx, host, health_script(ctx, t), "wait for etcd health", t)
+    elif unit == APISERVER:
+        port = ctx.inv.spec.apiServer.port
+        with client_context(ctx.material) as tls:
+            failure = wait_ok(tls, h.address, port, ("/livez", "/readyz"), t)
+        if failure:
+            raise RenewError(f"{host}: kube-apiserver is not healthy on {h.address}:{port}: {failure}")
+    elif unit in SECURE_PORTS:
+        _run(ctx, host, listening_script((SECURE_PORTS[unit],), t), f"wait for {unit}", t)
+    elif unit == KUBELET:
+        # the kubelet's start, on its own clock (whole seconds, as its heartbeats)
+        started = ctx.remotes[host].run(f"date -d \"$(systemctl show -p ActiveEnterTimestamp --value {unit})\" +%s",
+                                        check=False, what="read the kubelet's start time")
+        _run(ctx, host, active_script((unit,), t) + " && " + listening_script(KUBELET_PORTS, t, ("kubelet",)),
+             "wait for the kubelet", 2 * t)
+        if nodes_ready:
+            since = float(started.stdout.strip()) if started.rc == 0 and started.stdout.strip().isdigit() else None
+            _wait_node_ready(ctx, host, since, t)
+    else:
+        _run(ctx, host, active_script((unit,), t), f"wait for {unit}", t)
+
+
+def _restart(ctx: Context, host: str, unit: str, report: Report, no_block: bool = False) -> None:
+    ctx.log(f"{host}: restart {unit}")
+    # the apply script: one retry, the journal in the error, the ledger entry cleared after
+    ctx.execute("restart", host, HostChanges(host, restart=[unit]), no_block=no_block)
+    report.restarts.append(f"{host}:{unit}")
+
+
+def roll(ctx: Context, pending: dict[str, list[str]], report: Report, etcd_together: bool = False,
+         nodes_ready: bool = False) -> None:
+    """Restart ``pending`` (host -> units) in the safe order, waiting after each host. With
+    ``etcd_together`` every etcd member starts at once (members of a new etcd CA cannot reach
+    the old ones) and the cluster's health is waited for once. With ``nodes_ready`` a restarted
+    kubelet's Node must be Ready through the API before the next host."""
+    order = [h.name for h in ctx.inv.spec.hosts]
+    for rank in sorted({RANK.get(u, 9) for units in pending.values() for u in units}):
+        if rank == 0 and etcd_together:
+            hosts = [h for h in order if ETCD in pending.get(h, ())]
+            for h in hosts:
+                _restart(ctx, h, ETCD, report, no_block=True)
+            ctx.log(f"{hosts[0]}: wait for a healthy etcd cluster")
+            _wait(ctx, hosts[0], ETCD)
+            continue
+        for h in order:
+            units = [u for u in pending.get(h, ()) if RANK.get(u, 9) == rank]
+            for u in units:
+                _restart(ctx, h, u, report)
+            for u in units:
+                ctx.log(f"{h}: wait for {u}")
+                _wait(ctx, h, u, nodes_ready)
+
+
+def stop_units(ctx: Context, host: str, units: list[str]) -> None:
+    present = [u for u in units if u in ctx.plans[host].units]
+    if present:
+        ctx.log(f"{host}: stop {' '.join(present)}")
+        ctx.remotes[host].run(f"systemctl stop {' '.join(present)}", what="stop units")
+        for u in present:
+            ctx.facts[host].units[u] = ("inactive", "enabled")
+
+
+
+# --- TLS handshakes through SSH ---------------------------------------------------------------
+
+class _Creds:
+    def __init__(self, directory: str, material: Material):
+        self.directory, self.material = directory, material
+        self._files: dict[str, tuple[str, str, str]] = {}
+
+    def context(self, credential: str | None) -> ssl.SSLContext:
+        """A client context presenting ``credential``; the server's certificate is taken as
+        presented and judged afterwards (serial, signature), so a wrong one can be named."""
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        if credential:
+            if credential not in self._files:
+                d = os.path.join(self.directory, credential.replace("/", "_"))
+                os.mkdir(d, 0o700)
+                self._files[credential] = client_files(d, self.material, credential)
+            cert, key, _ = self._files[credential]
+            ctx.load_cert_chain(cert, key)
+        return ctx
+
+
+@contextmanager
+def _client_dir(material: Material) -> Iterator[_Creds]:
+    with tempfile.TemporaryDirectory(prefix="hiddenplane-renew-") as tmp:
+        os.chmod(tmp, 0o700)
+        yield _Creds(tmp, material)
+
+
+def handshake(remote: Remote, address: str, port: int, tls: ssl.SSLContext, timeout: float = 10) -> bytes:
+    """A TLS handshake with ``address:port`` as seen from ``remote``'s host (an SSH direct-tcpip
+    channel, so a loopback-only port is reached too); the DER certificate the server presented."""
+    remote.open()
+    chan = remote._conn.transport.open_channel("direct-tcpip", (address, port), ("127.0.0.1", 0),
+                                                timeout=timeout)
+    try:
+        chan.settimeout(timeout)
+        incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        obj = tls.wrap_bio(incoming, outgoing, server_side=False)
+        while True:
+            try:
+                obj.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                if outgoing.pending:
+                    chan.sendall(outgoing.read())
+                data = chan.recv(65536)
+                if not data:
+                    raise ConnectionError("the server closed the connection during the handshake")
+                incoming.write(data)
+        if outgoing.pending:
+            chan.sendall(outgoing.read())
+        der = obj.getpeercert(binary_form=True)
+        if not der:
+            raise ssl.SSLError("the server presented no certificate")
+        return der
+    finally:
+        chan.close()
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    host: str
+    name: str
+    address: str
+    port: int
+    cert: str | None           # state name of the certificate it serves; None: self-signed
+    credential: str | None     # client certificate presented (the server may require one)
+    unit: str
+    ca: str = CLUSTER_CA       # state name of the CA that signs ``cert``
+
+
+def endpoints(inv: Inventory) -> list[Endpoint]:
+    out = []
+    for h in inv.controls:
+        out += [Endpoint(h.name, "etcd client", h.address, 2379, f"etcd/server-{h.name}", "etcd/healthcheck-client", ETCD,
+                         ETCD_CA),
+                Endpoint(h.name, "etcd peer", h.address, 2380, f"etcd/peer-{h.name}", "etcd/healthcheck-client", ETCD,
+                         ETCD_CA),
+                Endpoint(h.name, "kube-apiserver", h.address, inv.spec.apiServer.port, "apiserver", "admin", APISERVER)]
+        if konnectivity_enabled(inv):
+            out.append(Endpoint(h.name, "konnectivity-server", h.address, AGENT_PORT, "apiserver", None, KONNECTIVITY))
+        # no --tls-cert-file: they serve a self-signed certificate made at each start; what we
+        # renew for them is the client certificate in their kubeconfig
+        out += [Endpoint(h.name, "kube-controller-manager", "127.0.0.1", 10257, None, None, CONTROLLER_MANAGER),
+                Endpoint(h.name, "kube-scheduler", "127.0.0.1", 10259, None, None, SCHEDULER)]
+    for h in inv.workers:
+        out.append(Endpoint(h.name, "kubelet", h.address, 10250, f"kubelet/{h.name}-serving",
+                            "apiserver-kubelet-client", KUBELET))
+    return out
+
+
+def _present(ctx: Context, creds: _Creds, ep: Endpoint) -> x509.Certificate:
+    der = handshake(ctx.remotes[ep.host], ep.address, ep.port, creds.context(ep.credential))
+    return x509.load_der_x509_certificate(der)
+
+
+def read_endpoints(ctx: Context, eps: list[Endpoint]) -> dict[Endpoint, x509.Certificate | str]:
+    """Each endpoint's presented certificate (or why it could not be read)."""
+    out: dict[Endpoint, x509.Certificate | str] = {}
+    with _client_dir(ctx.material) as creds:
+        for ep in eps:
+            try:
+                out[ep] = _present(ctx, creds, ep)
+            except Exception as e:   # noqa: BLE001 - refused, reset, TLS alert...: reported per endpoint
+                out[ep] = f"{type(e).__name__}: {e}"
+    return out
+
+
+def _judge(ep: Endpoint, cert: x509.Certificate, material: Material, before, restarted: bool,
+           old_cas: dict[str, Pair]) -> tuple[bool, str]:
+    if ep.cert is None:
+        if not restarted:
+            return True, "self-signed; not restarted"
+        if isinstance(before, x509.Certificate) and before.serial_number == cert.serial_number:
+            return False, "self-signed certificate unchanged: the process was not restarted"
+        return True, "self-signed, new since the restart (its kubeconfig's client certificate was renewed)"
+    want = material.certs[ep.cert]
+    if cert.serial_number != want.cert.serial_number:
+        return False, (f"presents serial {hex_serial(cert.serial_number)}, "
+                       f"the state's {ep.cert} is {hex_serial(want.cert.serial_number)}")
+    ca_name = ep.ca
+    if not issue.signed_by(cert, material.cas[ca_name].cert):
+        return False, f"not signed by the state's {ca_name}"
+    old = old_cas.get(ca_name)
+    if old is not None and old.cert.serial_number != material.cas[ca_name].cert.serial_number \
+            and issue.signed_by(cert, old.cert):
+        return False, f"still signed by the old {ca_name}"
+    return True, f"{ep.cert}, signed by {ca_name}"
+
+
+def verify(ctx: Context, before: dict, report: Report, old_cas: dict[str, Pair] | None = None) -> None:
+    """Handshake with every endpoint until it presents what the state holds (or the wait ends).
+    What was restarted is ``report.restarts``."""
+    eps = endpoints(ctx.inv)
+    restarted = {tuple(x.split(":", 1)) for x in report.restarts}
+    deadline = time.monotonic() + ctx.options.wait_timeout
+    pending = list(eps)
+    results: dict[Endpoint, EndpointCheck] = {}
+    while pending:
+        seen = read_endpoints(ctx, pending)
+        for ep, cert in seen.items():
+            b = before.get(ep)
+            check = EndpointCheck(ep.host, ep.name, ep.address, ep.port, ep.cert,
+                                  before=hex_serial(b.serial_number) if isinstance(b, x509.Certificate) else None)
+            if isinstance(cert, str):
+                check.note = cert
+            else:
+                check.after = hex_serial(cert.serial_number)
+                check.ok, check.note = _judge(ep, cert, ctx.material, b, (ep.host, ep.unit) in restarted,
+                                              old_cas or {})
+            results[ep] = check
+        pending = [ep for ep in pending if not results[ep].ok]
+        if not pending or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    report.checks = [results[ep] for ep in eps]
+    bad = [c for c in report.checks if not c.ok]
+    ctx.log(f"checked {len(eps)} endpoint(s) by TLS handshake: {len(eps) - len(bad)} present the state's certificate")
+    if bad:
+        raise RenewError("endpoints not presenting the state's certificate: "
+                         + "; ".join(f"{c.host} {c.endpoint} :{c.port}: {c.note}" for c in bad))
+
+
+# --- the session both operations share -----------------------------------------------------
+
+@contextmanager
+def session(inv: Inventory, state: StateDir, material: Material, wait_timeout: float,
+            log: Callable[[str], None]) -> Iterator[Context]:
+    """Hosts connected (verified host keys), facts read, apply lock held; all released after."""
+    ctx = Context(inv, state, Options(wait_timeout=wait_timeout), material, Changes(), log=log,
+                  run_id=uuid.uuid4().hex)
+    with ExitStack() as stack:
+        stack.callback(lambda: [r.close() for r in ctx.remotes.values()])
+        for h in inv.spec.hosts:
+            ctx.remotes[h.name] = Remote(h, inv)
+        log(f"connecting to {len(inv.spec.hosts)} host(s)")
+        refresh(ctx)
+        differences = [line for h in inv.spec.hosts for line in _differences(ctx, h.name)]
+        if differences:
+            raise RenewError("the hosts do not match the state (run `installer apply` first): "
+                             + "; ".join(differences[:8]) + (" ..." if len(differences) > 8 else ""))
+        stack.callback(release, ctx)
+        def take_lock(h) -> None:
+            if acquire(ctx.remotes[h.name], ctx.run_id, force_unlock=False, log=log,
+                       others=lambda: [r for n, r in ctx.remotes.items() if n != h.name]):
+                ctx.locked.append(h.name)
+        _parallel(take_lock, inv.controls)
+        AcquireLock().finish(ctx, [])           # this run's commands in its scope from here on
+        yield ctx

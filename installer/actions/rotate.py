@@ -1,0 +1,248 @@
+"""``ca rotate``: new CA(s) (default all three; ``which`` limits), every leaf re-issued under them,
+new bootstrap tokens.
+
+Members holding different CAs cannot talk to each other, so the roll-out takes the control plane
+down: stop every controller-manager, scheduler, konnectivity-server and apiserver; stop every etcd
+member when the etcd CA rotates (otherwise members restart one at a time as in a renewal); push;
+start etcd on every member, wait for a healthy cluster (the data directory is never touched: no
+data is lost); start the apiservers one by one (wait for /readyz), then the rest of the control
+plane. With a real API (``api=True``) the new bootstrap token Secrets are created and the old
+ones deleted. Then each worker in turn: stop kubelet and kube-proxy, remove the kubelet's client
+certificate and kubeconfig (signed by the old CA), push the new CA, serving pair, kube-proxy
+kubeconfig and bootstrap kubeconfig, start them: the kubelet bootstraps again against the new
+CA. The service-account key stays (tokens stay valid), and so does the encryption key. Finally
+every endpoint is checked by TLS handshake, and must not be signed by a CA rotated away.
+
+A rotation is a renewal of every leaf under new CAs: the leaves, the backup and the saved state
+are renew.py's; the session, pushes, restarts and handshakes are rollout.py's.
+
+Kubelet *client* certificates are never issued here: the cluster signs them (TLS
+bootstrapping) and the kubelet renews them itself.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import datetime as dt
+from typing import Callable
+
+from installer.actions.certs import existing_state
+from installer.core.errors import InstallerError, StateError
+from installer.core.inventory import Inventory
+from installer.engine.phases.base import Context
+from installer.engine.phases.connect_hosts import ConnectHosts
+from installer.core.pki import issue
+from installer.core.pki.issue import Pair
+from installer.core.pki.material import Material, new_token
+from installer.core.pki.specs import CAS, ETCD_CA, cert_specs
+from installer.core.render.addons.konnectivity import enabled as konnectivity_enabled
+from installer.actions.renew import (CA_CHOICES, NOT_OURS, backup, copy_material, pki_paths, reissue, reissued_rows,
+                    resumable, save_state)
+from installer.actions.rollout import (APISERVER, CONTROLLER_MANAGER, ETCD, KONNECTIVITY, KUBE_PROXY, KUBELET, SCHEDULER, Reissued,
+                      Report, endpoints, hex_serial, push, read_endpoints, restart_order, roll, session,
+                      stop_units, verify)
+from installer.core.inventory import as_inventory
+
+KUBELET_CLIENT_FILES = ("/var/lib/kubelet/pki/kubelet-client-*.pem", "/etc/kubernetes/kubelet.conf")
+
+
+# --- pure: which CAs, new material, the plan ------------------------------------------------
+
+def which_cas(which) -> list[str]:
+    """CLI names (ca, etcd-ca, front-proxy-ca, all) -> state names, in table order."""
+    which = set(which or ("all",))
+    unknown = which - set(CA_CHOICES) - {"all"}
+    if unknown:
+        raise InstallerError(f"unknown CA {', '.join(sorted(unknown))}; choose from {', '.join(CA_CHOICES)}, all")
+    wanted = set(CA_CHOICES.values()) if "all" in which else {CA_CHOICES[w] for w in which}
+    return [c.name for c in CAS if c.name in wanted]
+
+
+def rotated(inv: Inventory, material: Material, which, now: dt.datetime | None = None) -> Material:
+    """New CAs ``which`` (state names), every leaf re-issued (new keys), a new bootstrap token per
+    worker; the service-account key, encryption key and pod CIDRs kept."""
+    now = now or dt.datetime.now(dt.timezone.utc)
+    pki = inv.spec.pki
+    new = copy_material(material)
+    for ca in CAS:
+        if ca.name in which:
+            key = issue.new_key(pki.keyAlgorithm)
+            new.cas[ca.name] = Pair(issue.make_ca(ca.cn, key, pki.caValidityDays, now), key)
+    new = reissue(inv, new, [s.name for s in cert_specs(inv)], now)
+    ttl = dt.timedelta(hours=pki.bootstrapTokenTTLHours)
+    new.tokens = {h.name: new_token(now + ttl) for h in inv.workers}
+    return new
+
+
+def rotate_plan(inv: Inventory, cas: list[str], use_api: bool) -> list[str]:
+    controls = ", ".join(h.name for h in inv.controls)
+    stop = "kube-scheduler, kube-controller-manager" + (", konnectivity-server" if konnectivity_enabled(inv) else "")
+    etcd_rotates = ETCD_CA in cas
+    steps = [
+        f"new CA(s): {', '.join(cas)}; every leaf certificate re-issued with a new key; a new bootstrap token "
+        "per worker; the service-account key and the encryption key kept",
+        "old CA material, leaves, tokens and admin.conf kept in <state>/backups/ca-rotate-<time>/ (0700)",
+        f"stop {stop}, kube-apiserver on {controls} (the API is down from here)",
+    ]
+    if etcd_rotates:
+        steps += [f"stop etcd on {controls} (members of different CAs cannot talk; the data directory stays)",
+                  f"push the new files to {controls}",
+                  "start etcd on every member, wait for a healthy cluster"]
+    else:
+        steps += [f"push the new files to {controls}",
+                  "restart etcd one member at a time, waiting for a healthy cluster after each"]
+    steps += ["start kube-apiserver on each control host in turn, wait for /livez and /readyz",
+              "start the rest of the control plane"]
+    if use_api:
+        steps.append("through the API: create the new bootstrap token Secrets, delete the old ones")
+    else:
+        steps.append("no API calls (--no-api): the new bootstrap token Secrets must be created by "
+                     "`installer apply --only cluster-bootstrap` before the workers can join")
+    if inv.workers:
+        steps.append(f"each worker in turn ({', '.join(h.name for h in inv.workers)}): stop kubelet and kube-proxy, "
+                     f"remove {' and '.join(KUBELET_CLIENT_FILES)}, push the new CA, serving pair, kube-proxy "
+                     "and bootstrap kubeconfigs, start them: the kubelet bootstraps again against the new CA")
+    if use_api and "ca" in cas:
+        names = ", ".join(f"{ns}/{n}" for _, ns, n in api_client_workloads(inv))
+        steps.append(f"restart the add-ons whose pods call the API ({names}): they read the CA once, at start")
+    steps.append("check by TLS handshake that every endpoint presents its new certificate, signed by the new CA")
+    steps.append("kubeconfigs handed out before (installer kubeconfig) trust the old CA: write them again")
+    return steps
+
+
+# --- ca rotate ---------------------------------------------------------------------------------
+
+def _api_tokens(ctx: Context, old: Material, report: Report) -> None:
+    from installer.host import kube
+    from installer.engine.phases.bootstrap_cluster import BootstrapCluster
+    ev = BootstrapCluster().run_host(ctx, "(api)")
+    report.steps += ev.detail
+    gone = {t.id for t in old.tokens.values()} - {t.id for t in ctx.material.tokens.values()}
+    with kube.api_access(ctx.inv, ctx.remotes, ctx.material) as url, \
+            kube.api_client(url, ctx.material, credential="super-admin") as client:
+        for token_id in sorted(gone):
+            if kube.delete_bootstrap_token(client, token_id):
+                report.steps.append(f"deleted bootstrap token {token_id}")
+
+
+# Helm installs Cilium (not in addon_objects); its agents and operator talk to the API too
+CILIUM_WORKLOADS = (("DaemonSet", "kube-system", "cilium"), ("Deployment", "kube-system", "cilium-operator"))
+
+
+def api_client_workloads(inv) -> list[tuple[str, str, str]]:
+    """The installer's add-ons whose pods call the API: (kind, namespace, name)."""
+    from installer.core.render.addons import addon_objects
+    out = [(o["kind"], o["metadata"]["namespace"], o["metadata"]["name"]) for o in addon_objects(inv)
+           if o["kind"] in ("Deployment", "DaemonSet")]
+    return out + (list(CILIUM_WORKLOADS) if inv.spec.network.cni == "cilium" else [])
+
+
+def _restart_api_clients(ctx: Context, report: Report) -> None:
+    """Pods read the cluster CA once, at start: the add-ons' pods would keep refusing the
+    apiserver's new certificate (CoreDNS: "x509: certificate signed by unknown authority"), so
+    they are restarted; their new pods get the new CA from the kube-root-ca.crt ConfigMap."""
+    from installer.host import kube
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    with kube.api_access(ctx.inv, ctx.remotes, ctx.material) as url, \
+            kube.api_client(url, ctx.material) as client:
+        for kind, ns, name in api_client_workloads(ctx.inv):
+            if kube.restart_workload(client, kind, ns, name, stamp):
+                report.steps.append(f"restarted {kind} {ns}/{name} (its pods trusted the old CA)")
+
+
+def _approve_rebootstrap(ctx: Context, host: str, report: Report, timeout: float) -> None:
+    """The kubelet asks again with its new token: approve it (its own token, its own name),
+    wait for the certificate, then delete the token's Secret."""
+    from installer.core import csr_approval
+    from installer.host import kube
+    token_nodes = {t.id: n for n, t in ctx.material.tokens.items()}
+    token_id = ctx.material.tokens[host].id
+    with kube.api_access(ctx.inv, ctx.remotes, ctx.material) as url, \
+            kube.api_client(url, ctx.material) as client:
+        for v in csr_approval.approve_until_issued(client, token_nodes, [token_id], timeout):
+            report.steps.append(f"{'approved' if v.approve else 'denied'} CSR {v.csr}: {v.message}")
+        if kube.delete_bootstrap_token(client, token_id):
+            report.steps.append(f"{host}: deleted its bootstrap token Secret (it has its certificate)")
+
+
+def _rebootstrap_worker(ctx: Context, host: str, report: Report, use_api: bool) -> None:
+    stop_units(ctx, host, [KUBELET, KUBE_PROXY])
+    ctx.log(f"{host}: remove the kubelet's client certificate and kubeconfig (old CA)")
+    ctx.remotes[host].run("rm -f " + " ".join(KUBELET_CLIENT_FILES), what="remove the kubelet client credentials")
+    # not joined now (the probe's test is that client certificate): the bootstrap kubeconfig is
+    # planned again; the rest of the facts are current, no probe needed
+    ctx.facts[host].kubelet_joined = False
+    ConnectHosts().finish(ctx, [])
+    r = push(ctx, host)
+    report.rollout[host] = r
+    roll(ctx, {host: restart_order({*r.units, KUBELET, KUBE_PROXY})}, report, nodes_ready=use_api)
+
+
+def rotate_ca(inventory, *, state_dir=None, which=("all",), yes: bool = False, use_api: bool = True,
+              wait_timeout: float = 180.0, log: Callable[[str], None] = print) -> Report:
+    inv = as_inventory(inventory)
+    cas = which_cas(which)
+    state = existing_state(inv, state_dir)
+    old = state.load(inv)
+    missing = [c.name for c in CAS if c.name not in old.cas] + [s.name for s in cert_specs(inv) if s.name not in old.certs]
+    if missing:
+        raise StateError(f"{state.root} lacks {', '.join(missing)}; run `installer apply` first")
+    report = Report("rotate", not yes, steps=rotate_plan(inv, cas, use_api), notes=[NOT_OURS])
+    if not yes:
+        return report
+    new = rotated(inv, old, cas)
+    report.steps = []
+    report.reissued = [Reissued(c, c, hex_serial(old.cas[c].cert.serial_number),
+                                hex_serial(new.cas[c].cert.serial_number),
+                                new.cas[c].cert.not_valid_after_utc.isoformat()) for c in cas]
+    report.reissued += reissued_rows(inv, old, new, [s.name for s in cert_specs(inv)])
+    with session(inv, state, old, wait_timeout, log) as ctx:
+        before = read_endpoints(ctx, endpoints(inv))
+        paths = (pki_paths(state, cas + [s.name for s in cert_specs(inv)])
+                 + [state.tokens_path, state.admin_kubeconfig])
+        report.backup = str(backup(state, "ca-rotate", paths))
+        log(f"old CA material kept in {report.backup}")
+        save_state(state, inv, new)
+        with resumable(report.backup, "after fixing the cause, `installer apply` finishes the control plane "
+                                      "(it starts what is stopped and pushes what is missing); a worker whose "
+                                      "kubelet still holds its old client certificate needs /var/lib/kubelet/pki/"
+                                      "kubelet-client-*.pem and /etc/kubernetes/kubelet.conf removed, then "
+                                      "`installer apply`"):
+            ctx.material = new
+            controls = [h.name for h in inv.controls]
+            for h in controls:
+                stop_units(ctx, h, [SCHEDULER, CONTROLLER_MANAGER, KONNECTIVITY, APISERVER])
+            etcd_together = ETCD_CA in cas
+            if etcd_together:
+                for h in controls:
+                    stop_units(ctx, h, [ETCD])
+            ConnectHosts().finish(ctx, [])
+            report.rollout, pending = {}, {}
+            for h in controls:
+                r = push(ctx, h)
+                report.rollout[h] = r
+                # a stopped unit is started even when none of its files changed
+                stopped = {u for u in (ETCD, APISERVER, KONNECTIVITY, CONTROLLER_MANAGER, SCHEDULER)
+                           if u in ctx.plans[h].units and (u != ETCD or etcd_together)}
+                pending[h] = restart_order({*r.units, *stopped})
+            roll(ctx, pending, report, etcd_together=etcd_together)
+            # every worker bootstraps again, with a new token: none counts as joined any more
+            for w in inv.workers:
+                ctx.facts[w.name].kubelet_joined = False
+            if use_api:
+                _api_tokens(ctx, old, report)
+            for w in inv.workers:
+                if use_api:
+                    # the kubelet waits for its certificate before it serves :10250, which the
+                    # restart waits for: approve beside the restart
+                    with ThreadPoolExecutor(max_workers=1) as pool:
+                        approval = pool.submit(_approve_rebootstrap, ctx, w.name, report, wait_timeout)
+                        _rebootstrap_worker(ctx, w.name, report, use_api)
+                        approval.result()
+                else:
+                    _rebootstrap_worker(ctx, w.name, report, use_api)
+            if use_api and "ca" in cas:
+                _restart_api_clients(ctx, report)
+            verify(ctx, before, report, old_cas=old.cas)
+    return report

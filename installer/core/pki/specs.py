@@ -1,0 +1,110 @@
+"""The certificate table: every identity the cluster needs, declared kubeadm-style.
+
+One row per certificate (name, signing CA, CN, O, usages, SANs). The names double as file
+stems in the state directory and on the hosts, so ``etcd/server-cp1`` is
+``pki/etcd/server-cp1.crt`` + ``.key``. Kubelet *client* certificates are absent on purpose:
+kubelets obtain them through TLS bootstrapping.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+
+from installer.core.inventory import Inventory
+from installer.core.egress import egress_mode
+
+CLUSTER_CA = "ca"
+ETCD_CA = "etcd/ca"
+FRONT_PROXY_CA = "front-proxy-ca"
+
+FRONT_PROXY_CLIENT_CN = "front-proxy-client"
+ADMIN_GROUP = "kubeadm:cluster-admins"
+
+
+@dataclass(frozen=True)
+class CASpec:
+    name: str
+    cn: str
+
+
+@dataclass(frozen=True)
+class CertSpec:
+    name: str
+    ca: str
+    cn: str
+    orgs: tuple[str, ...] = ()
+    server: bool = False
+    client: bool = False
+    dns_names: frozenset[str] = field(default_factory=frozenset)
+    ips: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def sans(self) -> frozenset[str]:
+        return self.dns_names | self.ips
+
+
+CAS = (
+    CASpec(CLUSTER_CA, "kubernetes-ca"),
+    CASpec(ETCD_CA, "etcd-ca"),
+    CASpec(FRONT_PROXY_CA, "front-proxy-ca"),
+)
+
+
+def _split_sans(values) -> tuple[frozenset[str], frozenset[str]]:
+    dns, ips = set(), set()
+    for v in values:
+        try:
+            ips.add(str(ipaddress.ip_address(v)))
+        except ValueError:
+            dns.add(v)
+    return frozenset(dns), frozenset(ips)
+
+
+def apiserver_sans(inv: Inventory) -> tuple[frozenset[str], frozenset[str]]:
+    domain = inv.spec.network.clusterDomain
+    values = [
+        "kubernetes", "kubernetes.default", "kubernetes.default.svc",
+        f"kubernetes.default.svc.{domain}", "localhost",
+        # control-plane components on the same host dial the apiserver on loopback
+        "127.0.0.1",
+        inv.kubernetes_service_ip, inv.endpoint, *inv.spec.apiServer.extraSANs,
+    ]
+    for h in inv.controls:
+        values += [h.name, h.address]
+    return _split_sans(values)
+
+
+def etcd_member_sans(name: str, address: str) -> tuple[frozenset[str], frozenset[str]]:
+    return _split_sans([name, "localhost", address, "127.0.0.1", "::1"])
+
+
+def cert_specs(inv: Inventory) -> list[CertSpec]:
+    dns, ips = apiserver_sans(inv)
+    specs = [
+        CertSpec("apiserver", CLUSTER_CA, "kube-apiserver", server=True, dns_names=dns, ips=ips),
+        CertSpec("apiserver-kubelet-client", CLUSTER_CA, "kube-apiserver-kubelet-client", client=True),
+        CertSpec("apiserver-etcd-client", ETCD_CA, "kube-apiserver-etcd-client", client=True),
+        CertSpec("front-proxy-client", FRONT_PROXY_CA, FRONT_PROXY_CLIENT_CN, client=True),
+        CertSpec("etcd/healthcheck-client", ETCD_CA, "kube-etcd-healthcheck-client", client=True),
+        CertSpec("controller-manager", CLUSTER_CA, "system:kube-controller-manager", client=True),
+        CertSpec("scheduler", CLUSTER_CA, "system:kube-scheduler", client=True),
+        CertSpec("kube-proxy", CLUSTER_CA, "system:kube-proxy", client=True),
+        CertSpec("admin", CLUSTER_CA, "kubernetes-admin", (ADMIN_GROUP,), client=True),
+        # Break-glass identity in system:masters: kept in the state only, never on a host, for
+        # when RBAC itself is broken (admin's binding is ordinary RBAC and can be deleted).
+        CertSpec("super-admin", CLUSTER_CA, "kubernetes-super-admin", ("system:masters",), client=True),
+    ]
+    if egress_mode(inv) == "konnectivity":
+        # konnectivity-server's kubeconfig: TokenReviews of agent tokens (bound to
+        # system:auth-delegator); it serves agents with the apiserver's own pair
+        specs.append(CertSpec("konnectivity-server", CLUSTER_CA, "system:konnectivity-server", client=True))
+    for h in inv.controls:
+        d, i = etcd_member_sans(h.name, h.address)
+        specs.append(CertSpec(f"etcd/server-{h.name}", ETCD_CA, h.name, server=True, client=True, dns_names=d, ips=i))
+        specs.append(CertSpec(f"etcd/peer-{h.name}", ETCD_CA, h.name, server=True, client=True, dns_names=d, ips=i))
+    for h in inv.workers:
+        d, i = _split_sans([h.name, h.address])
+        specs.append(CertSpec(f"kubelet/{h.name}-serving", CLUSTER_CA, f"system:node:{h.name}",
+                              ("system:nodes",), server=True, dns_names=d, ips=i))
+    return specs

@@ -1,0 +1,69 @@
+"""Cilium (``cni: cilium``): Helm values and the Helm command line, chart from the artifacts.
+
+Cilium brings its own pod network (VXLAN between workers, IPs from each Node's
+``spec.podCIDR``: ``ipam.mode: kubernetes``, so the controller-manager must allocate node
+CIDRs). There are **no static routes in this mode**: not between workers (Cilium tunnels) and
+not from the control hosts, which are not nodes and so cannot join the tunnel mesh; the
+apiserver reaches pods, services and kubelets through konnectivity instead (the default egress
+with ``cni: cilium``). kube-proxy stays (``kubeProxyReplacement: "false"``); Hubble and the
+Envoy DaemonSet are off; BPF maps are not preallocated (less memory on small workers).
+
+The chart is a local ``.tgz`` from the artifacts directory: ``helm upgrade --install`` with a
+file path never touches the network (no repository, no ``oci://``). The images the chart names
+are pulled by the workers' containerd, or must already be imported there.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yaml
+
+from installer.core.inventory import Inventory
+
+CILIUM_VERSION = "1.18.3"
+CILIUM_CHART = f"cilium-{CILIUM_VERSION}.tgz"    # the name `helm package`/`helm pull` give it
+RELEASE = "cilium"
+NAMESPACE = "kube-system"
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")     # https:, oci:, file: ... (Path turns :// into :/)
+
+
+def cilium_values(inv: Inventory) -> dict:
+    """The Helm values: exactly these settings, everything else the chart's defaults."""
+    return {
+        "ipam": {"mode": "kubernetes"},
+        # a string, like the chart's own default: its templates compare it with strings
+        "kubeProxyReplacement": "false",
+        "hubble": {"enabled": False},
+        "envoy": {"enabled": False},
+        "bpf": {"preallocateMaps": False},
+        # the agents reach the API directly: the kubernetes Service needs kube-proxy, which
+        # needs the network Cilium is about to set up
+        "k8sServiceHost": inv.endpoint,
+        "k8sServicePort": inv.spec.apiServer.port,
+    }
+
+
+def cilium_values_yaml(inv: Inventory) -> bytes:
+    return yaml.safe_dump(cilium_values(inv), sort_keys=False, default_flow_style=False).encode()
+
+
+def cilium_chart(artifacts_dir: Path) -> Path:
+    """Where the chart lives in an artifacts directory."""
+    return Path(artifacts_dir) / CILIUM_CHART
+
+
+def helm_argv(chart: Path | str, values_file: Path | str, *, kubeconfig: Path | None = None,
+              helm: str = "helm") -> list[str]:
+    """``helm upgrade --install cilium CHART --namespace kube-system --values FILE``: installs
+    on the first run, upgrades (or does nothing new) on later ones. ``chart`` must be a local
+    file: a URL or repository reference is refused, so the install cannot reach the network."""
+    if _SCHEME.match(str(chart)) or not str(chart).endswith(".tgz"):
+        raise ValueError(f"{chart}: the Cilium chart must be a local .tgz from the artifacts directory")
+    chart, values_file = Path(chart), Path(values_file)
+    argv = [helm, "upgrade", "--install", RELEASE, str(chart), "--namespace", NAMESPACE,
+            "--values", str(values_file)]
+    if kubeconfig is not None:
+        argv += ["--kubeconfig", str(kubeconfig)]
+    return argv

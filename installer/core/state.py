@@ -1,0 +1,295 @@
+"""The local state directory: the cluster's PKI, tokens and kubeconfigs on the operator machine.
+
+Layout (all under one directory, 0700; every key, token and kubeconfig 0600)::
+
+    pki/ca.crt ca.key front-proxy-ca.* etcd/ca.* apiserver.* ... sa.key sa.pub
+    pki/etcd/server-<host>.* pki/etcd/peer-<host>.* pki/kubelet/<node>-serving.*
+    secrets/encryption.key       base64, 32 bytes for secretbox
+    secrets/tokens.yaml          per-node bootstrap tokens with expiry
+    admin.conf                   admin kubeconfig pointing at the API endpoint
+    network.yaml                 each worker's pod CIDR (cni: routes), node: CIDR; not secret (0644)
+    .lock                        empty; flocked by the installer process using the state (0600)
+
+Writes are atomic (temp file + rename) and only touch what changed.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import fcntl
+import os
+import stat
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import yaml
+
+from installer.core.errors import StateError
+from installer.core.pki import issue
+from installer.core.pki.issue import Pair
+from installer.core.pki.material import BootstrapToken, Material
+from installer.core.pki.specs import CAS, cert_specs
+from installer.core.inventory import Inventory
+from installer.core.render.kubeconfig import kubeconfig
+
+
+NETWORK_HEADER = b"""\
+# Pod CIDR of each worker (cni: routes), allocated by hiddenplane and never moved.
+# A node removed from the inventory keeps its slice until its line is deleted here.
+"""
+
+
+STATE_SUBDIR = ".hiddenplane"
+LOCK_NAME = ".lock"
+
+
+def default_state_dir(inv: Inventory) -> Path:
+    """The one rule: next to the inventory file, ``<its directory>/.hiddenplane/<cluster>``, so
+    every command (and whoever runs it, sudo or not) finds the same state from the inventory
+    alone."""
+    return (inv.base_dir / STATE_SUBDIR / inv.metadata.name).resolve()
+
+
+def legacy_state_dir(cluster: str) -> Path:
+    """Where earlier versions kept the state by default (per user: sudo found another)."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "hiddenplane" / cluster
+
+
+def check_not_moved(inv: Inventory, root: Path) -> None:
+    """Refuse to start a new, empty state when this cluster's PKI sits at the old default:
+    a new CA pushed to hosts that trust the old one breaks the whole cluster."""
+    old = legacy_state_dir(inv.metadata.name)
+    if not (root / "pki" / "ca.crt").exists() and (old / "pki" / "ca.crt").exists() and old.resolve() != root:
+        raise StateError(f"the state of cluster {inv.metadata.name} is at {old} (the default of earlier versions); "
+                         f"the default is now next to the inventory: move it there (mv {old} {root}) "
+                         f"or pass --state {old}")
+
+
+def write_atomic(path: Path, data: bytes, mode: int) -> bool:
+    """Write ``data`` to ``path`` with ``mode``; return False (and touch nothing) if unchanged."""
+    try:
+        if path.read_bytes() == data and stat.S_IMODE(path.stat().st_mode) == mode:
+            return False
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return True
+
+
+class StateBusy(StateError):
+    """Another installer process holds the state directory."""
+
+
+# this process's held state locks: root -> [fd, depth]; nested users (a day-2 command calling
+# apply) share the one flock, which a second open file description would fight over
+_held: dict[Path, list[int]] = {}
+_held_guard = threading.Lock()
+
+
+def _flock_holder(st: os.stat_result) -> str:
+    """Who holds the flock on the file ``st`` describes, from /proc/locks (nothing written to
+    the lock file, so a held state stays byte-for-byte unchanged)."""
+    ident = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        for line in Path("/proc/locks").read_text().splitlines():
+            cols = line.split()
+            if len(cols) > 5 and cols[1] == "FLOCK" and cols[5] == ident:
+                pid = cols[4]
+                try:
+                    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                    cmd = " ".join(a.decode(errors="replace") for a in argv[1:4] if a)
+                except OSError:
+                    cmd = ""
+                return f"process {pid}" + (f" ({cmd})" if cmd else "")
+    except OSError:
+        pass
+    return "another process"
+
+
+class StateDir:
+    def __init__(self, root: Path):
+        self.root = Path(root).expanduser()
+
+    @contextmanager
+    def locked(self, create: bool = True) -> Iterator["StateDir"]:
+        """Hold the state directory for this process (an flock on ``.lock``, re-entrant within
+        the process); another process holding it is an error naming it, never a wait: two
+        operators racing on one PKI must not both write it. ``create=False``: a directory that
+        does not exist is left so (nothing to hold; whoever creates it takes the lock)."""
+        if not create and not self.root.is_dir():
+            yield self
+            return
+        self.ensure_root()
+        key = self.root.resolve()
+        with _held_guard:
+            if key in _held:
+                _held[key][1] += 1
+                fd = None
+            else:
+                fd = self._flock(key / LOCK_NAME)
+                _held[key] = [fd, 1]
+        try:
+            yield self
+        finally:
+            with _held_guard:
+                _held[key][1] -= 1
+                if _held[key][1] == 0:
+                    os.close(_held.pop(key)[0])     # closing the descriptor drops the flock
+
+    def _flock(self, path: Path) -> int:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as e:
+            raise StateError(f"state directory {self.root}: cannot open {path.name}: {e.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _flock_holder(os.fstat(fd))
+            os.close(fd)
+            raise StateBusy(f"state directory {self.root} is in use by {holder}; wait for it to finish") from None
+        return fd
+
+    # -- layout --
+    def pki(self, name: str, ext: str) -> Path:
+        return self.root / "pki" / f"{name}.{ext}"
+
+    @property
+    def tokens_path(self) -> Path:
+        return self.root / "secrets" / "tokens.yaml"
+
+    @property
+    def encryption_key_path(self) -> Path:
+        return self.root / "secrets" / "encryption.key"
+
+    @property
+    def network_path(self) -> Path:
+        return self.root / "network.yaml"
+
+    @property
+    def admin_kubeconfig(self) -> Path:
+        return self.root / "admin.conf"
+
+    # -- permissions --
+    def ensure_root(self) -> None:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+            if stat.S_IMODE(self.root.stat().st_mode) != 0o700:
+                os.chmod(self.root, 0o700)
+        except OSError as e:
+            raise StateError(f"state directory {self.root}: {e.strerror}") from None
+
+    # -- reading --
+    def _read(self, path: Path) -> bytes | None:
+        try:
+            return path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise StateError(f"{path}: {e.strerror}") from None
+
+    def _pair(self, name: str) -> Pair | None:
+        crt, key = self._read(self.pki(name, "crt")), self._read(self.pki(name, "key"))
+        if crt is None or key is None:
+            return None
+        try:
+            return Pair(issue.load_cert(crt), issue.load_key(key))
+        except ValueError:
+            # Name the file, never its content: it holds a private key.
+            raise StateError(f"{self.pki(name, 'crt')} or its .key is not valid PEM; move them away "
+                             "to have them re-issued") from None
+
+    def load(self, inv: Inventory) -> Material:
+        m = Material()
+        for ca in CAS:
+            if (p := self._pair(ca.name)) is not None:
+                m.cas[ca.name] = p
+        for spec in cert_specs(inv):
+            if (p := self._pair(spec.name)) is not None:
+                m.certs[spec.name] = p
+        if (sa := self._read(self.pki("sa", "key"))) is not None:
+            m.sa_key = issue.load_key(sa)
+        if (ek := self._read(self.encryption_key_path)) is not None:
+            try:
+                m.encryption_key = base64.b64decode(ek.strip(), validate=True)
+            except ValueError:
+                m.encryption_key = None
+            if m.encryption_key is None or len(m.encryption_key) != 32:
+                # never re-create it silently: secrets in etcd are encrypted with it
+                raise StateError(f"{self.encryption_key_path} is not a base64 32-byte key; restore it "
+                                 "from a backup (Secrets in etcd are encrypted with it)")
+        if (tk := self._read(self.tokens_path)) is not None:
+            try:
+                for node, t in (yaml.safe_load(tk) or {}).items():
+                    m.tokens[node] = BootstrapToken(t["id"], t["secret"], dt.datetime.fromisoformat(t["expires"]))
+            except (yaml.YAMLError, AttributeError, KeyError, TypeError, ValueError):
+                raise StateError(f"{self.tokens_path} is corrupt; move it away to have tokens re-issued") from None
+        if (nw := self._read(self.network_path)) is not None:
+            try:
+                doc = yaml.safe_load(nw) or {}
+                cidrs = doc.get("podCIDRs") or {}
+                if not isinstance(cidrs, dict) or not all(isinstance(v, str) for v in cidrs.values()):
+                    raise TypeError
+            except (yaml.YAMLError, AttributeError, TypeError):
+                # never re-allocate silently: running pods hold addresses from these slices
+                raise StateError(f"{self.network_path} is corrupt: expected `podCIDRs:` mapping node names to "
+                                 "CIDRs; fix it by hand (or restore it from a backup)") from None
+            m.pod_cidrs = {str(k): v for k, v in cidrs.items()}
+        return m
+
+    # -- writing --
+    def save(self, m: Material) -> list[Path]:
+        """Write whatever differs from the disk (unchanged files are not touched)."""
+        self.ensure_root()
+        written: list[Path] = []
+
+        def put(path: Path, data: bytes, mode: int) -> None:
+            if write_atomic(path, data, mode):
+                written.append(path)
+
+        for name, pair in {**m.cas, **m.certs}.items():
+            put(self.pki(name, "key"), issue.key_pem(pair.key), 0o600)
+            put(self.pki(name, "crt"), issue.cert_pem(pair.cert), 0o644)
+        if m.sa_key is not None:
+            put(self.pki("sa", "key"), issue.key_pem(m.sa_key), 0o600)
+            put(self.pki("sa", "pub"), issue.public_pem(m.sa_key), 0o644)
+        if m.encryption_key is not None:
+            put(self.encryption_key_path, m.encryption_key_b64.encode() + b"\n", 0o600)
+        tokens = {n: {"id": t.id, "secret": t.secret, "expires": t.expires.isoformat()}
+                  for n, t in sorted(m.tokens.items())}
+        put(self.tokens_path, yaml.safe_dump(tokens, sort_keys=True).encode(), 0o600)
+        if m.pod_cidrs or self.network_path.exists():
+            put(self.network_path, NETWORK_HEADER + yaml.safe_dump({"podCIDRs": dict(sorted(m.pod_cidrs.items()))},
+                                                                  sort_keys=True).encode(), 0o644)
+        return written
+
+
+def state_for(inv: Inventory, state_dir: "str | Path | None") -> StateDir:
+    """``--state DIR``, else the default next to the inventory (see default_state_dir)."""
+    if state_dir:
+        return StateDir(Path(state_dir))
+    root = default_state_dir(inv)
+    check_not_moved(inv, root)
+    return StateDir(root)
+
+
+def write_admin_kubeconfig(inv: Inventory, state: StateDir, material: Material) -> None:
+    ca = material.pair("ca")
+    write_atomic(state.admin_kubeconfig,
+                 kubeconfig(inv.metadata.name, inv.api_url, issue.cert_pem(ca.cert), "kubernetes-admin",
+                            client=material.pair("admin")), 0o600)

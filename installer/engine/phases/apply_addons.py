@@ -1,0 +1,127 @@
+"""addons: CoreDNS and the konnectivity agents through the API; Cilium with the Helm CLI
+(needs a real kube-apiserver).
+
+Runs after cluster-bootstrap (whose ``hiddenplane:cluster-admins`` binding gives the admin
+certificate its rights) and before workers, so the CoreDNS objects exist when the nodes join;
+the pods schedule once nodes are Ready. The objects (``render.addons.addon_objects``) go through
+the Kubernetes client from the operator machine, like cluster-bootstrap's (directly, or over an
+SSH tunnel via a control host), schema-validated before anything is sent, then created or
+brought back to what we set (``kube.apply_objects``).
+
+With ``cni: cilium`` the phase then runs ``helm upgrade --install`` on this machine, with the
+chart from the artifacts directory (``spec.artifacts.path`` with ``source: dir``, the cache
+directory with ``source: download``; listed in its ``SHA256SUMS``) and the values
+``cilium_values_yaml`` renders. Helm reaches the API through the same URL (the tunnel stays
+open), with an admin kubeconfig written for the call into a private temporary directory
+(0700, the file 0600) and removed afterwards. ``helm`` must be on ``PATH``.
+
+Skipping: like cluster-bootstrap this phase needs a real API, so ``--skip cluster-bootstrap``
+skips it too (the runner adds ``addons`` to the skipped phases); ``--only addons`` runs it alone
+against a cluster bootstrapped earlier. A dry run lists the objects it would apply and the Helm
+command it would run (with ``cni: cilium`` it checks that helm and the chart are there, too);
+against a running apiserver it reads each object and lists only those that would change.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from installer.core.tlsfiles import write_private
+from installer.core.artifacts import ArtifactError, verify
+from installer.core.errors import InstallerError
+from installer.core.inventory import Inventory
+from installer.core.pki import issue
+from installer.core.pki.material import Material
+from installer.core.render.addons import CILIUM_CHART, CILIUM_VERSION, addon_objects, cilium_chart, cilium_values_yaml, helm_argv
+from installer.core.render.kubeconfig import kubeconfig
+from installer.engine.phases.base import Context, Event, Phase, apply_api_objects
+
+HELM = "helm"
+HELM_TIMEOUT = 600.0         # seconds: `helm upgrade --install` without --wait returns once sent
+ADMIN_USER = "kubernetes-admin"
+
+
+def chart_dir(inv: Inventory) -> Path:
+    """Where the Cilium chart is looked for: the artifacts directory (``source: dir``) or the
+    cache directory's top level (``source: download``; the chart is never downloaded)."""
+    directory = inv.artifacts_dir()
+    if directory is None:
+        from installer.host.fetch import cache_dir
+        directory = cache_dir(inv)
+    return Path(directory)
+
+
+def helm_prerequisites(inv: Inventory) -> tuple[str, Path]:
+    """The helm executable and the verified chart, or an InstallerError naming what to install
+    or where to put it."""
+    helm = shutil.which(HELM)
+    if helm is None:
+        raise InstallerError(f"cni: cilium is installed with the Helm CLI on this machine, and `{HELM}` is not "
+                             "on PATH: install Helm 3 (https://helm.sh/docs/intro/install/) and rerun")
+    chart = cilium_chart(chart_dir(inv))
+    if not chart.is_file():
+        raise InstallerError(
+            f"cni: cilium needs the Cilium chart {CILIUM_VERSION} as {chart} (the "
+            f"{'artifacts' if inv.artifacts_dir() is not None else 'artifacts cache'} directory), listed in "
+            f"its SHA256SUMS: `helm pull cilium --repo https://helm.cilium.io --version {CILIUM_VERSION}` "
+            f"gives {CILIUM_CHART}; put it there and add its line (sha256sum {CILIUM_CHART} >> SHA256SUMS)")
+    try:
+        verify(chart.parent, [CILIUM_CHART])
+    except ArtifactError as e:
+        raise InstallerError(f"cni: cilium: the chart {chart} is not verified: {e}") from None
+    return helm, chart
+
+
+def admin_kubeconfig(inv: Inventory, material: Material, server: str) -> bytes:
+    """The admin kubeconfig for ``server`` (the URL api_access yields: the endpoint, or the
+    tunnel's 127.0.0.1 port, a SAN of the apiserver certificate)."""
+    return kubeconfig(inv.metadata.name, server, issue.cert_pem(material.pair("ca").cert), ADMIN_USER,
+                      client=material.pair("admin"))
+
+
+def run_helm(inv: Inventory, material: Material, server: str, helm: str, chart: Path) -> list[str]:
+    """``helm upgrade --install cilium`` against ``server``; returns the lines of the event."""
+    tmp = tempfile.mkdtemp(prefix="hiddenplane-helm-")          # 0700
+    try:
+        kc, values = Path(tmp) / "admin.kubeconfig", Path(tmp) / "cilium-values.yaml"
+        write_private(str(kc), admin_kubeconfig(inv, material, server))
+        write_private(str(values), cilium_values_yaml(inv))
+        argv = helm_argv(chart, values, kubeconfig=kc, helm=helm)
+        env = {**os.environ, "KUBECONFIG": str(kc)}
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=HELM_TIMEOUT,
+                                  stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            raise InstallerError(f"helm upgrade --install cilium: no answer after {HELM_TIMEOUT:g}s") from None
+        except OSError as e:
+            raise InstallerError(f"{helm}: cannot run it: {e.strerror or e}") from None
+        if proc.returncode != 0:
+            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
+            raise InstallerError(f"helm upgrade --install cilium failed (exit {proc.returncode}):\n{tail}")
+        return [f"helm upgrade --install cilium {chart.name}"]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+class ApplyAddons(Phase):
+    name = "addons"
+    description = "CoreDNS and konnectivity agents through the Kubernetes API; Cilium with Helm"
+
+    def prepare(self, ctx: Context) -> list[str]:
+        return ["(api)"]
+
+    def run_host(self, ctx: Context, host: str) -> Event:
+        inv = ctx.inv
+        cilium = inv.spec.network.cni == "cilium"
+        helm, chart = helm_prerequisites(inv) if cilium else (None, None)
+        # Helm decides itself whether the release changes; report the call
+        then = (lambda url: run_helm(inv, ctx.material, url, helm, chart)) if cilium else None
+        ev = apply_api_objects(ctx, self.name, addon_objects(inv), "admin", then)
+        if cilium and ctx.options.dry_run:
+            ev.action = "changed"
+            ev.detail.append(f"would run helm upgrade --install cilium {chart} --namespace kube-system")
+        return ev

@@ -1,0 +1,176 @@
+"""What every phase shares: the run's context and the phase protocol.
+
+A phase chooses its hosts in ``prepare`` (an empty list skips it), does its work per host in
+``run_host`` (hosts of one phase run in parallel), then ``finish`` waits for what must be true
+before the next phase starts. Phases compare the plan with the facts and act only on the
+difference; in a dry run they compute the same differences and stop before executing.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from installer.core.diff import HostChanges, Selection, diff
+from installer.core.facts import HostFacts
+from installer.host.hostops import script, tarball
+from installer.core.inventory import HostSpec, Inventory
+from installer.core.pki.material import Changes, Material
+from installer.core.render.files import HostPlan
+from installer.host.ssh import Remote
+from installer.core.state import StateDir
+
+
+@dataclass
+class Options:
+    dry_run: bool = False
+    parallel: int = 10
+    accept_new_host_keys: bool = False
+    only: frozenset[str] = frozenset()
+    skip: frozenset[str] = frozenset()
+    force_unlock: bool = False
+    wait_timeout: float = 180.0
+    # limit the run to these hosts (empty: every host). The control hosts are still connected
+    # (the lock lives there and the API is reached through them) but not changed.
+    hosts: frozenset[str] = frozenset()
+
+
+@dataclass
+class Event:
+    phase: str
+    host: str
+    action: str                   # changed | unchanged | skipped | failed | waited | checked
+    seconds: float = 0.0
+    files: int = 0
+    bytes: int = 0
+    restarts: list[str] = field(default_factory=list)
+    detail: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Context:
+    inv: Inventory
+    state: StateDir
+    options: Options
+    material: Material
+    pki_changes: Changes
+    log: Callable[[str], None] = print
+    # (host, bytes sent, total) while a change's tar is uploaded; for progress lines
+    on_upload: Callable[[str, int, int], None] | None = None
+    remotes: dict[str, Remote] = field(default_factory=dict)
+    facts: dict[str, HostFacts] = field(default_factory=dict)
+    plans: dict[str, HostPlan] = field(default_factory=dict)
+    artifacts: dict = field(default_factory=dict)          # name -> fetch.ResolvedArtifact
+    events: list[Event] = field(default_factory=list)
+    locked: list[str] = field(default_factory=list)
+    run_id: str = ""
+    bootstrap_ran: bool = False
+
+    def settled(self, events: list[Event], units: tuple[str, ...]) -> bool:
+        """Nothing changed and every unit was already active: no health wait needed. A unit
+        still starting (e.g. restarted by a run that was killed) is waited for."""
+        return all(e.action == "unchanged" for e in events) and all(
+            self.facts[e.host].units.get(u, ("", ""))[0] == "active" for e in events for u in units)
+
+    def mark_active(self, hosts: list[str], units: tuple[str, ...]) -> None:
+        """A health wait succeeded: the units are running now."""
+        for h in hosts:
+            for u in units:
+                self.facts[h].units[u] = ("active", self.facts[h].units.get(u, ("", "enabled"))[1] or "enabled")
+
+    def hosts(self, role: str | None = None) -> list[HostSpec]:
+        limit = self.options.hosts
+        return [h for h in self.inv.spec.hosts if role in (None, h.role) and (not limit or h.name in limit)]
+
+    def will_run(self, phase: str) -> bool:
+        o = self.options
+        return (not o.only or phase in o.only) and phase not in o.skip
+
+    def changes_for(self, host: str, sel: Selection) -> HostChanges:
+        return diff(host, sel, self.facts[host])
+
+    def execute(self, phase: str, host: str, changes: HostChanges, no_block: bool = False) -> Event:
+        """Apply ``changes`` on ``host`` in one round trip (or only describe them in a dry run)."""
+        start = time.monotonic()
+        ev = Event(phase, host, "unchanged" if changes.empty else "changed", files=len(changes.write),
+                   bytes=changes.upload_bytes, restarts=list(changes.restart), detail=changes.summary())
+        if not changes.empty and not self.options.dry_run:
+            upload = functools.partial(self.on_upload, host) if self.on_upload else None
+            self.remotes[host].run(script(changes, no_block=no_block), stdin=tarball(changes),
+                                   what=f"{phase}: apply changes", progress=upload)
+            self._remember(host, changes)
+        ev.seconds = time.monotonic() - start
+        return ev
+
+    def _remember(self, host: str, changes: HostChanges) -> None:
+        """Keep the facts current without another probe: what we wrote is now there."""
+        from installer.core.facts import DirFact, FileFact
+        facts = self.facts[host]
+        for f in changes.write + changes.fix:
+            facts.files[f.path] = FileFact(f.sha256, f.mode, f.owner, f.group, True)
+        for d in changes.dirs:
+            facts.dirs[d.path] = DirFact(d.mode, d.owner, d.group)
+        facts.users.update(u.name for u in changes.users)
+        for u in changes.enable + changes.start + changes.restart:
+            active, enabled = facts.units.get(u, ("inactive", ""))
+            facts.units[u] = ("active", "enabled")
+        facts.pending_restarts -= set(changes.restart) | set(changes.start)
+        facts.pending_restarts |= set(changes.defer)
+
+
+class Phase:
+    name = ""
+    description = ""
+
+    def prepare(self, ctx: Context) -> list[str]:
+        return [h.name for h in ctx.hosts()]
+
+    def run_host(self, ctx: Context, host: str) -> Event | None:
+        return None
+
+    def finish(self, ctx: Context, events: list[Event]) -> None:
+        return None
+
+
+def _ident(obj: dict) -> str:
+    meta = obj["metadata"]
+    return f"{obj['kind']} {meta['namespace'] + '/' if meta.get('namespace') else ''}{meta['name']}"
+
+
+def api_live(ctx: Context) -> bool:
+    """Whether a kube-apiserver already runs (per the facts): then a dry run can ask it."""
+    return any(ctx.facts.get(h.name) and ctx.facts[h.name].units.get("kube-apiserver.service", ("",))[0] == "active"
+               for h in ctx.inv.controls)
+
+
+def apply_api_objects(ctx: Context, phase: str, objects: list[dict], credential: str,
+                      then: Callable[[str], list[str]] | None = None,
+                      retired_bindings: tuple[str, ...] = ()) -> Event:
+    """Send ``objects`` through the API (``kube.apply_objects``), or in a dry run say what that
+    would do: by reading them from the running apiserver (so a converged cluster plans
+    nothing), or, before any apiserver runs, that every object would be applied. ``then(url)``
+    runs after the objects, with the API still reachable at ``url`` (not in a dry run); its
+    lines join the event's. ``retired_bindings``: ClusterRoleBindings of earlier releases,
+    deleted when they exist."""
+    from installer.host import kube
+    version = ctx.inv.spec.kubernetes.version
+    if ctx.options.dry_run and not api_live(ctx):
+        kube.validate_objects(objects, version)
+        return Event(phase, "(api)", "changed", detail=[f"would apply {_ident(o)}" for o in objects])
+    with kube.api_access(ctx.inv, ctx.remotes, ctx.material) as url, \
+            kube.api_client(url, ctx.material, credential=credential) as api:
+        if ctx.options.dry_run:
+            done = kube.plan_objects(api, objects, version)
+            changed = [f"would {'create' if a == 'created' else 'replace'} {k} {n}" for k, n, a in done
+                       if a != "unchanged"]
+            changed += [f"would delete ClusterRoleBinding {b}" for b in retired_bindings
+                        if kube.binding_exists(api, b)]
+        else:
+            done = kube.apply_objects(api, objects, version)
+            changed = [f"{action} {kind} {name}" for kind, name, action in done if action != "unchanged"]
+            changed += [f"deleted ClusterRoleBinding {b}" for b in retired_bindings if kube.delete_binding(api, b)]
+        if then is not None and not ctx.options.dry_run:
+            changed += then(url)
+    return Event(phase, "(api)", "changed" if changed else "unchanged", detail=changed)

@@ -1,0 +1,37 @@
+"""connect: open SSH to every host and gather its facts in one round trip each."""
+
+from __future__ import annotations
+
+from installer.core.facts import parse, probe_input, PROBE
+from installer.core.render.plan import render_cluster
+from installer.core.render.worker import HostFacts as RenderFacts
+from installer.host.ssh import HostError, Remote
+from installer.engine.phases.base import Context, Event, Phase
+from installer.engine.phases.select import managed_paths
+
+
+class ConnectHosts(Phase):
+    name = "connect"
+    description = "open SSH to every host (verified host keys) and read its facts"
+
+    def prepare(self, ctx: Context) -> list[str]:
+        # the control hosts even in a run limited to other hosts: the lock lives there and
+        # the API may be reached through them
+        hosts = ctx.hosts() + [h for h in ctx.inv.controls if h not in ctx.hosts()]
+        for h in hosts:
+            ctx.remotes.setdefault(h.name, Remote(h, ctx.inv, ctx.options.accept_new_host_keys))
+        return [h.name for h in hosts]
+
+    def run_host(self, ctx: Context, host: str) -> Event:
+        out = ctx.remotes[host].run(PROBE, stdin=probe_input(*managed_paths(ctx, host)), what="read facts")
+        try:
+            ctx.facts[host] = parse(out.stdout)
+        except ValueError as e:
+            raise HostError(host, f"read facts: {e}") from None
+        return Event(self.name, host, "checked")
+
+    def finish(self, ctx: Context, events: list[Event]) -> None:
+        # render once more with what the hosts told us (e.g. whether systemd-resolved runs)
+        ctx.plans = render_cluster(ctx.inv, ctx.material, {
+            name: RenderFacts(systemd_resolved=f.systemd_resolved, kubelet_joined=f.kubelet_joined)
+            for name, f in ctx.facts.items()})

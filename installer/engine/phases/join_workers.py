@@ -1,0 +1,170 @@
+"""workers: kernel settings, containerd, kubelet (bootstrap kubeconfig) and kube-proxy.
+
+Waits until the units are active and the kubelet serves its port. With a real cluster (the
+cluster-bootstrap phase ran) it then approves each joining node's client CSR when it was made
+with that node's own token (and denies every other bootstrap-token CSR:
+installer/core/csr_approval.py), waits for each Node to register, sets its spec.podCIDR to the
+installer's allocation (any CNI), deletes its bootstrap token Secret, waits for Ready, and
+removes the bootstrap kubeconfig from each worker that joined in this run (the Node registered
+with the kubelet's own client certificate; later runs render it absent).
+
+Image archives from the artifacts (``image-*.tar``, uploaded to the workers by the artifacts
+phase) are imported into containerd's ``k8s.io`` namespace once containerd runs, only when
+missing: when an image the archive names is not in containerd, or the archive is not the one
+last imported (a stamp ``<archive>.imported`` holds its sha256). Each import is named in the
+phase's event; a run with nothing to import reports none.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import shlex
+import tarfile
+from pathlib import Path
+
+from installer.core.diff import Selection
+from installer.host.fetch import BIN_DIR, IMAGE_DIR, is_image
+from installer.core.render.worker import BOOTSTRAP_KUBECONFIG
+from installer.host.ssh import HostError
+from installer.engine.phases.base import Context, Event, Phase
+from installer.engine.phases.select import WORKER_UNITS, worker_part
+from installer.engine.phases.start_control_plane import listening_script
+
+KUBELET_PORTS = (10250,)
+
+
+def active_script(units: tuple[str, ...], timeout: float) -> str:
+    """Wait until every unit is active. A subshell, so that scripts chain with ``&&``."""
+    names = " ".join(units)
+    tries = max(1, int(timeout))
+    return (f"(i=0; while [ $i -lt {tries} ]; do systemctl is-active --quiet {names} && exit 0; "
+            f"i=$((i+1)); sleep 1; done; systemctl --no-pager status {names} 2>&1 | tail -30 >&2; exit 1)")
+
+
+def normalize_ref(ref: str) -> str:
+    """An image reference as containerd stores it (``busybox:1`` -> ``docker.io/library/busybox:1``)."""
+    first, slash, rest = ref.partition("/")
+    if not slash:
+        return f"docker.io/library/{ref}"
+    if "." not in first and ":" not in first and first != "localhost":
+        return f"docker.io/{ref}"
+    return ref
+
+
+@functools.lru_cache(maxsize=64)
+def archive_images(path: Path) -> tuple[str, ...]:
+    """The image names an archive carries: OCI ``index.json`` (``io.containerd.image.name``) or
+    ``docker save``'s ``manifest.json`` (RepoTags). Empty when it names none."""
+    names: list[str] = []
+    try:
+        with tarfile.open(path, "r:") as tar:
+            for member in tar:
+                inner = member.name.removeprefix("./")
+                if inner not in ("index.json", "manifest.json") or not member.isreg():
+                    continue
+                doc = json.load(tar.extractfile(member))
+                if inner == "index.json":
+                    names += [m.get("annotations", {}).get("io.containerd.image.name", "")
+                              for m in doc.get("manifests", [])]
+                else:
+                    names += [t for entry in doc for t in (entry.get("RepoTags") or [])]
+    except (OSError, tarfile.TarError, ValueError, AttributeError, TypeError):
+        return ()
+    return tuple(sorted({normalize_ref(n) for n in names if n}))
+
+
+def import_script(images: list[tuple[str, str, tuple[str, ...]]], ctr: str = f"{BIN_DIR}/ctr",
+                  directory: str = IMAGE_DIR) -> str:
+    """Shell that imports each (archive file, sha256, image names) into containerd's k8s.io
+    namespace when one of its images is missing or its stamp differs; prints "imported FILE"."""
+    lines = ["set -eu",
+             f"have=$({shlex.quote(ctr)} -n k8s.io images ls -q)",
+             "imp() {  # file digest names...",
+             f"  f={shlex.quote(directory)}/$1; d=$2; shift 2; need=0",
+             '  [ "$(cat "$f.imported" 2>/dev/null || true)" = "$d" ] || need=1',
+             "  for ref in \"$@\"; do printf '%s\\n' \"$have\" | grep -qxF -- \"$ref\" || need=1; done",
+             '  [ $need = 1 ] || return 0',
+             f'  {shlex.quote(ctr)} -n k8s.io images import "$f" >&2',
+             "  printf '%s\\n' \"$d\" > \"$f.imported.new\"; mv -f \"$f.imported.new\" \"$f.imported\"",
+             '  echo "imported ${f##*/}"',
+             "}"]
+    for name, digest, refs in images:
+        lines.append(" ".join(shlex.quote(x) for x in ("imp", name, digest, *refs)))
+    return "\n".join(lines) + "\n"
+
+
+def worker_images(ctx: Context) -> list[tuple[str, str, tuple[str, ...]]]:
+    return [(n, a.sha256, archive_images(a.path)) for n, a in sorted(ctx.artifacts.items()) if is_image(n)]
+
+
+class JoinWorkers(Phase):
+    name = "workers"
+    description = "containerd, kubelet and kube-proxy on the workers; wait until they run"
+
+    def prepare(self, ctx: Context) -> list[str]:
+        return [h.name for h in ctx.hosts("worker")]
+
+    def run_host(self, ctx: Context, host: str) -> Event:
+        ev = ctx.execute(self.name, host, ctx.changes_for(host, worker_part(ctx.plans[host])))
+        if not ctx.options.dry_run and not ctx.settled([ev], WORKER_UNITS):
+            timeout = ctx.options.wait_timeout
+            # the units, then the kubelet's port; a joining kubelet serves it only once the
+            # installer approved its CSR (finish), so then the Node's registration is the wait
+            script = active_script(WORKER_UNITS, timeout)
+            if not (ctx.bootstrap_ran and not ctx.facts[host].kubelet_joined):
+                script += " && " + listening_script(KUBELET_PORTS, timeout, ("kubelet",))
+            r = ctx.remotes[host].run(script, check=False, what="wait for the worker units",
+                                      timeout=2 * timeout + 30)
+            if r.rc != 0:
+                raise HostError(host, f"worker units did not come up: {r.stderr.strip()[-800:]}")
+            ctx.mark_active([host], WORKER_UNITS)
+        images = worker_images(ctx)
+        if images and not ctx.options.dry_run:
+            r = ctx.remotes[host].run(import_script(images), check=False, what="import container images",
+                                      timeout=max(600, ctx.options.wait_timeout))
+            if r.rc != 0:
+                raise HostError(host, f"importing container images failed: {r.stderr.strip()[-800:]}")
+            imported = [line for line in r.stdout.splitlines() if line.startswith("imported ")]
+            if imported:
+                ev.action = "changed"
+                ev.detail += imported
+        return ev
+
+    def finish(self, ctx: Context, events: list[Event]) -> None:
+        if ctx.options.dry_run or not ctx.bootstrap_ran:
+            return   # Node objects exist only on a real cluster bootstrapped in this run
+        from installer.core import csr_approval
+        from installer.host import kube
+        names = [h.name for h in ctx.hosts("worker")]
+        token_nodes = {ctx.material.tokens[h.name].id: h.name for h in ctx.inv.workers if h.name in ctx.material.tokens}
+        verdicts: list[csr_approval.Verdict] = []
+        with kube.api_access(ctx.inv, ctx.remotes, ctx.material) as url, kube.api_client(url, ctx.material) as api:
+            # each joining kubelet waits for its CSR: the installer approves it when the token
+            # is that node's own (csr_approval), then the Node registers
+            kube.wait_nodes_ready(api, names, ctx.options.wait_timeout, registered_only=True,
+                                  each_round=lambda: verdicts.extend(csr_approval.approve_pending(api, token_nodes)))
+            verdicts += csr_approval.approve_pending(api, token_nodes)
+            if verdicts:
+                ctx.events.append(Event(self.name, "(api)", "changed", detail=[
+                    f"{'approved' if v.approve else 'denied'} CSR {v.csr}: {v.message}" for v in verdicts]))
+            # podCIDR as soon as each Node exists: Cilium (ipam kubernetes) needs it before the
+            # node can become Ready
+            done = {n: kube.set_pod_cidr(api, n, ctx.material.pod_cidrs[n]) for n in names}
+            ctx.events.append(Event(self.name, "(api)", "changed" if "set" in done.values() else "unchanged",
+                                    detail=[f"node {n} podCIDR {ctx.material.pod_cidrs[n]}: {how}"
+                                            for n, how in done.items()]))
+            # a registered Node holds its own client certificate: its token is done, delete it
+            # so that a leaked copy is worth nothing (it would still bootstrap until it expires)
+            deleted = [n for n in names if kube.delete_bootstrap_token(api, ctx.material.tokens[n].id)]
+            if deleted:
+                ctx.events.append(Event(self.name, "(api)", "changed",
+                                        detail=[f"deleted the bootstrap token Secret of {n}" for n in deleted]))
+            kube.wait_nodes_ready(api, names, ctx.options.wait_timeout)
+            ctx.events.append(Event(self.name, "(api)", "waited", detail=[f"node {n} Ready" for n in names]))
+        # the Node registered with the kubelet's own certificate: the bootstrap kubeconfig (its
+        # token now deleted) goes in this run, not the next
+        for n in names:
+            if not ctx.facts[n].kubelet_joined:
+                ctx.events.append(ctx.execute(self.name, n, ctx.changes_for(n, Selection(absent=(BOOTSTRAP_KUBECONFIG,)))))
+                ctx.facts[n].kubelet_joined = True

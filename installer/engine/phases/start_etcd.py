@@ -1,0 +1,166 @@
+"""etcd: install and start a member on every control host; wait until all are healthy (mTLS).
+
+Two guards keep a running cluster whole:
+
+* membership: a control host without etcd data while the others run a cluster would
+  bootstrap a second, separate cluster; a live member whose host left the inventory would
+  stay a voting member nobody manages. Both stop the run before etcd is touched, saying
+  which `installer etcd member add|remove` to run. A host that `etcd member add` already
+  registered joins with ``--initial-cluster-state=existing``.
+* restarts: a member whose inputs changed is restarted one at a time, each waited for
+  until it answers healthy again, so a cluster that has quorum keeps it (a membership change
+  alone restarts nothing: see ``render.control.etcd_unit_files``).
+"""
+
+from __future__ import annotations
+
+import shlex
+import threading
+
+from installer.core.render.control import ETCD_DATA_DIR, client_url, etcd_servers, etcd_unit_files
+from installer.core.etcd_rules import Guard, MembershipRefused, apply_guard, parse_members
+from installer.host.ssh import HostError, Remote, Result
+from installer.engine.phases.base import Context, Event, Phase
+from installer.engine.phases.select import ETCD_UNIT, etcd_part
+
+PKI = "/etc/kubernetes/pki"
+ETCDCTL = "/usr/local/bin/etcdctl"     # API v3 is the default since 3.4; 3.6 warns about the variable
+LOCAL = "https://127.0.0.1:2379"
+# the restarts of one process's runs, one member at a time
+_restart_lock = threading.Lock()
+
+
+def etcdctl(endpoints: str, timeout: str = "5s") -> str:
+    """etcdctl (API v3) with the health-check client certificate."""
+    return (f"{ETCDCTL} --endpoints={shlex.quote(endpoints)} "
+            f"--cacert={PKI}/etcd/ca.crt --cert={PKI}/etcd/healthcheck-client.crt "
+            f"--key={PKI}/etcd/healthcheck-client.key --command-timeout={timeout}")
+
+
+def _retry(cmd: str, timeout: float) -> str:
+    tries = max(1, int(timeout / 2))
+    return (f"i=0; while [ $i -lt {tries} ]; do out=$({cmd} 2>&1) && {{ echo \"$out\"; exit 0; }}; "
+            f"i=$((i+1)); sleep 2; done; echo \"$out\" >&2; exit 1")
+
+
+def endpoint_health_script(endpoints: str, timeout: float) -> str:
+    """Until every one of ``endpoints`` answers healthy."""
+    return _retry(f"{etcdctl(endpoints)} endpoint health", timeout)
+
+
+def health_script(ctx: Context, timeout: float, endpoints: str | None = None) -> str:
+    """Until every endpoint (default: every control host) answers healthy."""
+    return endpoint_health_script(endpoints or etcd_servers(ctx.inv), timeout)
+
+
+def status_script(timeout: float) -> str:
+    """Until the local member answers (a learner answers status, not health)."""
+    return _retry(f"{etcdctl(LOCAL)} endpoint status", timeout)
+
+
+def error_line(r: Result) -> str:
+    """The line of a failed etcdctl run that says why (its last ``Error:`` line)."""
+    lines = [x for x in (r.stderr + "\n" + r.stdout).strip().splitlines() if x.strip()]
+    errors = [x for x in lines if x.startswith("Error:")]
+    return (errors or lines or [f"exit {r.rc}"])[-1]
+
+
+def member_list(remotes: list[Remote], timeout: str = "5s") -> tuple[Remote | None, str, str]:
+    """``etcdctl member list -w json`` asked of the local member on the first of ``remotes``
+    whose member answers: (that remote, its output, "") or (None, "", why none did)."""
+    why = []
+    for remote in remotes:
+        try:
+            r = remote.run(f"{etcdctl(LOCAL, timeout)} member list -w json", check=False, what="etcd member list")
+        except HostError as e:
+            why.append(str(e))
+            continue
+        if r.rc == 0:
+            return remote, r.stdout, ""
+        why.append(f"{remote.name}: {error_line(r)}")
+    return None, "", "; ".join(why)
+
+
+class StartEtcd(Phase):
+    name = "etcd"
+    description = "etcd members as systemd units (dedicated user, mTLS); wait for a healthy cluster"
+
+    def prepare(self, ctx: Context) -> list[str]:
+        ctx.etcd_guard = self._membership_guard(ctx)
+        return [h.name for h in ctx.hosts("control")]
+
+    def _membership_guard(self, ctx: Context):
+        """Refuse what would split or orphan the running cluster; render the hosts joining it
+        (registered by `etcd member add`) with --initial-cluster-state=existing. Asks etcd only
+        when this phase has work on a cluster that exists: a no-op apply spends no round trip."""
+        controls = ctx.inv.controls
+        with_data = [h.name for h in controls if ctx.facts[h.name].etcd_data]
+        fresh = [h.name for h in controls if h.name not in with_data]
+        if not with_data or (not fresh and all(ctx.changes_for(h, etcd_part(ctx.plans[h])).empty
+                                               for h in with_data)):
+            return Guard()                    # a new cluster (every member bootstraps it), or nothing to do
+        active = [h for h in with_data if ctx.facts[h].units.get(ETCD_UNIT, ("", ""))[0] == "active"]
+        via, out, why = member_list([ctx.remotes[h] for h in active])
+        if not active:
+            # nobody was asked: every member with data is stopped (a reboot, a restore, a crash)
+            why = "etcd is not running on " + ", ".join(
+                f"{h} ({ctx.facts[h].units.get(ETCD_UNIT, ('inactive', ''))[0] or 'inactive'})" for h in with_data)
+        if via is None:
+            if fresh:
+                raise MembershipRefused(
+                    f"{', '.join(fresh)}: no etcd data, while {', '.join(with_data)} hold an etcd cluster whose "
+                    f"members could not be read ({why}); not starting a member that could split it")
+            ctx.log(f"etcd: member list unavailable ({why}); starting the members that have data")
+            return Guard()
+        guard = apply_guard(controls, set(with_data), parse_members(out))
+        if guard.problems:
+            raise MembershipRefused("the etcd cluster does not match the inventory:\n"
+                                    + "\n".join(f"  {p}" for p in guard.problems))
+        for name, cluster in guard.joining.items():
+            for f in etcd_unit_files(ctx.inv, ctx.inv.host(name), join=cluster):
+                ctx.plans[name].files[f.path] = f
+        for name in sorted(guard.learners):
+            ctx.log(f"{name}: an etcd learner, not promoted yet: run `installer etcd member add <inventory> {name}`")
+        return guard
+
+    def run_host(self, ctx: Context, host: str) -> Event:
+        changes = ctx.changes_for(host, etcd_part(ctx.plans[host]))
+        if ETCD_UNIT not in changes.restart or ctx.options.dry_run:
+            # a new member waits for its peers before it reports ready: never block on it
+            return ctx.execute(self.name, host, changes, no_block=True)
+        # a running member: one restart at a time, and back to healthy before the next, so
+        # the cluster never loses more than one member to a restart. The restart blocks until
+        # etcd reports ready (Type=notify: it has rejoined its cluster), then health confirms.
+        with _restart_lock:
+            ev = ctx.execute(self.name, host, changes)
+            wait = (status_script(ctx.options.wait_timeout) if host in ctx.etcd_guard.learners
+                    else endpoint_health_script(LOCAL, ctx.options.wait_timeout))
+            r = ctx.remotes[host].run(wait, check=False, what="wait for etcd health after its restart",
+                                      timeout=ctx.options.wait_timeout + 30)
+            if r.rc != 0:
+                raise HostError(host, f"etcd is not healthy after its restart: {r.stderr.strip()[-500:]}")
+            ev.detail.append("restarted alone; healthy again")
+            return ev
+
+    def finish(self, ctx: Context, events: list[Event]) -> None:
+        if ctx.options.dry_run or ctx.settled(events, (ETCD_UNIT,)):
+            return
+        learners = ctx.etcd_guard.learners
+        voting = [h for h in ctx.inv.controls if h.name not in learners]
+        # a learner answers no health check: the voting members are checked from one of them,
+        # each learner only until its member answers
+        first = voting[0].name
+        endpoints = ",".join(client_url(h.address) for h in voting)
+        r = ctx.remotes[first].run(endpoint_health_script(endpoints, ctx.options.wait_timeout), check=False,
+                                   what="wait for etcd health", timeout=ctx.options.wait_timeout + 30)
+        if r.rc != 0:
+            raise HostError(first, f"etcd did not become healthy: {r.stderr.strip()[-500:]}")
+        ctx.events.append(Event(self.name, first, "waited", detail=r.stdout.strip().splitlines()))
+        for name in sorted(learners):
+            r = ctx.remotes[name].run(status_script(ctx.options.wait_timeout), check=False,
+                                      what="wait for the joining etcd member", timeout=ctx.options.wait_timeout + 30)
+            if r.rc != 0:
+                raise HostError(name, f"etcd did not join as a learner (data dir {ETCD_DATA_DIR}): "
+                                f"{r.stderr.strip()[-500:]}")
+            ctx.events.append(Event(self.name, name, "waited", detail=["joined as a learner"]))
+        ctx.mark_active([h.name for h in ctx.hosts("control")], (ETCD_UNIT,))

@@ -1,0 +1,164 @@
+"""Run the phases of `installer apply` (and `plan`, which is the same path stopped before any
+change): hosts of a phase in parallel, a failing host stops the run after the phase with a
+message naming host and phase, and the apply lock is always released."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+
+from installer.core import trust
+from installer.core.errors import InstallerError
+from installer.core.ledger import Ledger, check_inventory
+from installer.engine.phases import ALWAYS, PHASE_NAMES, PHASES, SKIPPED_WITH
+from installer.engine.phases.acquire_lock import release
+from installer.engine.phases.base import Context, Event, Options
+from installer.core.pki.material import ensure
+from installer.core.render.plan import render_cluster
+from installer.host.ssh import HostError
+from installer.core.inventory import as_inventory
+from installer.core.state import state_for
+
+
+class ApplyError(InstallerError):
+    exit_code = 3
+
+
+@dataclass
+class Report:
+    events: list[Event] = field(default_factory=list)
+    seconds: float = 0.0
+    round_trips: dict[str, int] = field(default_factory=dict)
+    bytes_up: dict[str, int] = field(default_factory=dict)
+    dry_run: bool = False
+
+    @property
+    def changed(self) -> list[Event]:
+        return [e for e in self.events if e.action == "changed"]
+
+    @property
+    def restarts(self) -> list[str]:
+        return [f"{e.host}:{u}" for e in self.events for u in e.restarts]
+
+    def as_dict(self) -> dict:
+        return {"dryRun": self.dry_run, "seconds": round(self.seconds, 3),
+                "changes": len(self.changed), "restarts": self.restarts,
+                "roundTrips": self.round_trips, "bytesUploaded": self.bytes_up,
+                "events": [asdict(e) for e in self.events]}
+
+
+def check_phase_names(names: frozenset[str], flag: str) -> None:
+    unknown = sorted(names - set(PHASE_NAMES))
+    if unknown:
+        raise InstallerError(f"{flag}: unknown phase(s) {', '.join(unknown)}; phases: {', '.join(PHASE_NAMES)}")
+
+
+def effective_options(options: Options) -> Options:
+    """``options`` with the phases that depend on a skipped one skipped too: ``--skip
+    cluster-bootstrap`` (no real API, e.g. stand-ins) also skips ``addons``."""
+    extra = frozenset().union(*(SKIPPED_WITH.get(p, frozenset()) for p in options.skip))
+    return options if extra <= options.skip else dataclasses.replace(options, skip=options.skip | extra)
+
+
+def context(inventory, state_dir, options: Options, log: Callable[[str], None]) -> Context:
+    """``inventory``: a path, or an already validated Inventory (day-2 commands pass one they
+    derived, e.g. without a removed node)."""
+    inv = as_inventory(inventory)
+    unknown = sorted(options.hosts - {h.name for h in inv.spec.hosts})
+    if unknown:
+        raise InstallerError(f"no host named {', '.join(unknown)} in the inventory")
+    state = state_for(inv, state_dir)
+    state.ensure_root()
+    check_inventory(inv, Ledger.load(state))
+    material, changes = ensure(inv, state.load(inv))
+    ctx = Context(inv, state, options, material, changes, log=log, run_id=uuid.uuid4().hex)
+    ctx.plans = render_cluster(inv, material)
+    return ctx
+
+
+def _resolve_artifacts(ctx: Context) -> None:
+    from installer.host.fetch import resolve, resolve_images
+    ctx.artifacts = resolve(ctx.inv, log=ctx.log)
+    ctx.artifacts.update(resolve_images(ctx.inv))       # image-*.tar: uploaded to workers, imported
+
+
+def run(inventory_path, state_dir=None, options: Options | None = None,
+        log: Callable[[str], None] = print, on_event: Callable[[Event], None] | None = None,
+        check: Callable[[Context], None] | None = None,
+        on_upload: Callable[[str, int, int], None] | None = None) -> Report:
+    """``check``: called once the hosts' facts are known, before the lock and any change; it
+    may refuse the run by raising (e.g. `node add` refusing other pending edits). The state
+    directory is held for the whole run: a second run on it would make other keys."""
+    for names, flag in (((options or Options()).only, "--only"), ((options or Options()).skip, "--skip")):
+        check_phase_names(names, flag)            # before the state is created or read
+    inv = as_inventory(inventory_path)
+    with state_for(inv, state_dir).locked():
+        return _run(inv, state_dir, options, log, on_event, check, on_upload)
+
+
+def _run(inventory_path, state_dir, options: Options | None, log: Callable[[str], None],
+         on_event: Callable[[Event], None] | None, check: Callable[[Context], None] | None,
+         on_upload: Callable[[str, int, int], None] | None) -> Report:
+    options = effective_options(options or Options())
+    started = time.monotonic()
+    ctx = context(inventory_path, state_dir, options, log)
+    ctx.on_upload = on_upload
+    _resolve_artifacts(ctx)
+    report = Report(dry_run=options.dry_run)
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, options.parallel)) as pool:
+            for phase in PHASES:
+                if phase.name not in ALWAYS and not ctx.will_run(phase.name):
+                    continue
+                hosts = phase.prepare(ctx)
+                if not hosts:
+                    continue
+                futures = {h: pool.submit(phase.run_host, ctx, h) for h in hosts}
+                events, failures = [], []
+                for h, fut in futures.items():
+                    try:
+                        ev = fut.result()
+                    except HostError as e:
+                        failures.append(e)
+                        ev = Event(phase.name, h, "failed", detail=[str(e)])
+                    if ev is not None:
+                        events.append(ev)
+                        if on_event:
+                            on_event(ev)
+                if failures:
+                    raise ApplyError(f"phase {phase.name} failed on " + "; ".join(str(f) for f in failures))
+                before = len(ctx.events)
+                try:
+                    phase.finish(ctx, events)
+                except HostError as e:
+                    raise ApplyError(f"phase {phase.name} failed on {e}") from None
+                events += ctx.events[before:]
+                if on_event:
+                    for ev in ctx.events[before:]:
+                        on_event(ev)
+                report.events += [e for e in events if e not in report.events]
+                if phase.name == "connect":
+                    # before the lock and any change, in a dry run too
+                    trust.check(ctx.plans, ctx.facts, str(ctx.state.root), "ca" in ctx.pki_changes.reasons)
+                    if check is not None:
+                        check(ctx)
+    finally:
+        release(ctx)
+        for name, remote in ctx.remotes.items():
+            report.round_trips[name] = remote.counters.round_trips
+            # file content sent to the host (the facts probe's path list is not counted)
+            report.bytes_up[name] = sum(e.bytes for e in report.events if e.host == name and e.action == "changed"
+                                        and not options.dry_run)
+            remote.close()
+        report.seconds = time.monotonic() - started
+    return report
+
+
+def now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")

@@ -1,0 +1,114 @@
+"""Turn HostChanges into one shell script plus one tar stream: a single round trip per change.
+
+The script carries no secret (file contents travel in the tar on stdin). Each file is
+installed next to its target and renamed over it, so a host never holds a half-written file
+even if the installer is killed; a step that fails (a full disk) removes its temporary file.
+A file the installer did not write is backed up once per distinct content, however many
+attempts fail. Units to restart are recorded on the host before any file is
+replaced and cleared only after the restart, so a run interrupted in between still restarts
+them next time.
+"""
+
+from __future__ import annotations
+
+import io
+import shlex
+import tarfile
+import time
+
+from installer.core.diff import HostChanges
+from installer.core.facts import MANIFEST, PENDING, STATE_DIR
+
+BACKUP_INFIX = ".hiddenplane-backup-"   # a replaced file's backup: PATH.hiddenplane-backup-STAMP
+
+_PRELUDE = f"""set -eu
+umask 077
+mkdir -p {STATE_DIR}/stage
+chmod 700 {STATE_DIR}
+stage=$(mktemp -d {STATE_DIR}/stage/apply.XXXXXX)
+# the target whose temporary files exist while put() runs: a failed step (a full disk) takes
+# them with it, so no empty PATH.hp-new or half-copied backup stays behind
+cur=
+trap 'rm -rf "$stage"; if [ -n "$cur" ]; then rm -f -- "$cur.hp-new" "$cur.hp-bak"; fi' EXIT
+tar -x -C "$stage" -f -
+backed_up() {{  # path: a backup with the same content exists (an earlier attempt made it)
+  for b in "$1{BACKUP_INFIX}"*; do
+    if [ -f "$b" ] && cmp -s -- "$1" "$b"; then return 0; fi
+  done
+  return 1
+}}
+put() {{  # index path mode owner group backup digest
+  (umask 022; mkdir -p "$(dirname "$2")")
+  cur=$2
+  install -m "$3" -o "$4" -g "$5" "$stage/$1" "$2.hp-new"
+  sync "$2.hp-new"
+  # the backup only once the new file is complete, and never twice for the same content
+  if [ "$6" = 1 ] && [ -e "$2" ] && ! backed_up "$2"; then
+    cp -p "$2" "$2.hp-bak"
+    mv -f "$2.hp-bak" "$2{BACKUP_INFIX}$STAMP"
+  fi
+  mv -f "$2.hp-new" "$2"
+  cur=
+  printf '%s\\t%s\\t%s\\n' "$2" "$7" "$(stat --printf '%s\\t%Y' "$2")" >> "$stage/manifest.add"
+}}
+"""
+
+
+def q(*parts: object) -> str:
+    """``parts`` as shell words, each quoted (str() first)."""
+    return " ".join(shlex.quote(str(p)) for p in parts)
+
+
+def tarball(changes: HostChanges) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for i, f in enumerate(changes.write):
+            data = f.data()
+            info = tarfile.TarInfo(str(i))
+            info.size, info.mode, info.mtime = len(data), 0o600, 0
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def script(changes: HostChanges, stamp: str | None = None, no_block: bool = False) -> str:
+    lines = [f"STAMP={shlex.quote(stamp or time.strftime('%Y%m%dT%H%M%S'))}", _PRELUDE]
+    for u in changes.users:
+        lines.append(f"id -u {q(u.name)} >/dev/null 2>&1 || useradd --system --user-group --no-create-home "
+                     f"--home-dir {q(u.home)} --shell /usr/sbin/nologin {q(u.name)}")
+    for d in changes.dirs:
+        # separate commands, not an && list: `set -e` ignores a failure anywhere but at its end
+        lines.append(f"mkdir -p {q(d.path)}; chown {q(f'{d.owner}:{d.group}')} {q(d.path)}; "
+                     f"chmod {d.mode:04o} {q(d.path)}")
+    units = sorted(set(changes.restart))
+    if units or changes.defer:
+        lines.append(f"printf '%s\\n' {q(*units, *changes.defer)} >> {PENDING}")
+    for i, f in enumerate(changes.write):
+        lines.append("put " + q(i, f.path, f"{f.mode:04o}", f.owner, f.group,
+                                1 if f.path in changes.backup else 0, f.sha256))
+    for p in changes.remove:
+        lines.append(f"rm -f {q(p)}")
+    for f in changes.fix:
+        lines.append(f"chown {q(f'{f.owner}:{f.group}')} {q(f.path)}; chmod {f.mode:04o} {q(f.path)}")
+    if changes.write:
+        paths = "\n".join(f.path for f in changes.write)
+        lines.append(f"printf '%s\\n' {shlex.quote(paths)} | sed 's/$/\\t/' > \"$stage/paths\"")
+        lines.append(f"{{ grep -v -F -f \"$stage/paths\" {MANIFEST} 2>/dev/null || true; cat \"$stage/manifest.add\"; }}"
+                     f" > {MANIFEST}.new; mv -f {MANIFEST}.new {MANIFEST}")
+    if changes.daemon_reload:
+        lines.append("systemctl daemon-reload")
+    if changes.enable:
+        lines.append(f"systemctl enable --quiet {q(*changes.enable)}")
+    nb = " --no-block" if no_block else ""
+    for verb, units in (("start", changes.start), ("restart", changes.restart)):
+        for u in units:
+            # one retry after a pause absorbs transient start failures (seen in containers:
+            # 219/CGROUP while the host is busy); a unit that still fails says why in the error
+            lines.append(f"systemctl {verb}{nb} {q(u)} || {{ sleep 3; systemctl {verb}{nb} {q(u)}; }} || "
+                         f"{{ journalctl -u {q(u)} -n 12 --no-pager -o cat >&2; exit 1; }}")
+    done = sorted(set(changes.restart) | set(changes.start))
+    if done:
+        # a started or restarted unit has read its new inputs; other phases' entries stay
+        keep = " ".join(f"-e {shlex.quote(u)}" for u in done)
+        lines.append(f"{{ grep -v -x -F {keep} {PENDING} 2>/dev/null || true; }} > {PENDING}.new; "
+                     f"mv -f {PENDING}.new {PENDING}")
+    return "\n".join(lines) + "\n"

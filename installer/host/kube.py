@@ -1,0 +1,691 @@
+"""Talking to the cluster's API from the operator machine (the official ``kubernetes`` client).
+
+- ``api_client``: an ApiClient authenticated with a client certificate from the state's PKI and
+  verifying the apiserver against the cluster CA (never ``verify_ssl=False``).
+- ``api_access``: the API's base URL, directly when the endpoint answers on TCP, otherwise
+  through an SSH local port forward via the first control host (to its 127.0.0.1, a SAN of the
+  apiserver certificate, so verification still holds).
+- ``apply_objects``: the cluster-bootstrap objects (``render.manifests.bootstrap_objects``) and
+  the add-on objects (``render.addons.addon_objects``: ServiceAccounts, ClusterRoles,
+  ClusterRoleBindings, ConfigMaps, Deployments, DaemonSets, Services), validated with
+  kubernetes-validate (strict) for the target version before any request, then created
+  idempotently through the typed APIs (an existing object is compared and replaced, or deleted
+  and created when an immutable field differs).
+- ``wait_nodes_ready``, ``set_pod_cidr``, ``token_consumed``, ``delete_bootstrap_token``: the
+  workers phase.
+- ``write_kubeconfig``: the admin kubeconfig for ``installer kubeconfig``.
+
+Which credential: the admin certificate (O=kubeadm:cluster-admins) is authorized only through the
+``hiddenplane:cluster-admins`` binding, which is itself one of the bootstrap objects. The first
+cluster-bootstrap run must therefore use ``credential="super-admin"`` (O=system:masters, kept in
+the state only), as kubeadm does for the same binding; later runs and day-to-day use take
+``admin``.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import copy
+import datetime as dt
+import json
+import shutil
+import socket
+import tempfile
+import time
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+
+import kubernetes_validate
+import urllib3
+from invoke.exceptions import ThreadException
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from installer.core import versions
+from installer.core.errors import InstallerError, StateError
+from installer.core.inventory import HostSpec, Inventory
+from installer.core.pki import issue
+from installer.core.pki.material import Material
+from installer.core.pki.specs import cert_specs
+from installer.core.render.kubeconfig import kubeconfig
+from installer.host.ssh import Remote
+from installer.core.state import write_atomic
+from installer.core.tlsfiles import client_files
+
+ADMIN_USER = "kubernetes-admin"
+RBAC_GROUP = "rbac.authorization.k8s.io"
+# the generated client sends JSON bodies without a Content-Type (and ignores _content_type): say it
+JSON = "application/json"
+TOKEN_NAMESPACE = "kube-system"
+
+
+class KubeError(InstallerError):
+    """The API refused or could not be reached; the message names the object and the reason."""
+
+
+# --- the client -----------------------------------------------------------------------------
+
+class _ApiClient(k8s.ApiClient):
+    """An ApiClient whose client certificate and key live in a private temporary directory
+    (0700, files 0600) that is removed on ``close()`` (or at garbage collection / exit).
+    urllib3 can only load a client certificate from files, and re-reads them per connection."""
+
+    def __init__(self, configuration: k8s.Configuration, tmpdir: str):
+        super().__init__(configuration)
+        self._tmpdir = tmpdir
+        self._cleanup = weakref.finalize(self, shutil.rmtree, tmpdir, ignore_errors=True)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._cleanup()
+
+
+def api_client(server_url: str, material: Material, *, credential: str = "admin",
+               tls_server_name: str | None = None) -> k8s.ApiClient:
+    """An ApiClient for ``server_url`` (``https://host:port``) authenticating with the state's
+    ``credential`` pair (``admin`` or ``super-admin``) and trusting only the cluster CA.
+
+    ``tls_server_name`` sets SNI *and* the name the server certificate is verified against; it
+    is not needed for a tunnel to ``https://127.0.0.1:PORT`` (127.0.0.1 is an apiserver SAN).
+    Close the client (or use it as a context manager) to remove the key file."""
+    ca, pair = material.cas.get("ca"), material.certs.get(credential)
+    if ca is None or pair is None:
+        raise StateError(f"the state holds no cluster CA or {credential} certificate: run `installer plan` first")
+    tmpdir = tempfile.mkdtemp(prefix="hiddenplane-kube-")     # 0700
+    try:
+        cert_file, key_file, _ = client_files(tmpdir, material, credential)
+        cfg = k8s.Configuration(host=server_url.rstrip("/"), ca_cert_data=issue.cert_pem(ca.cert).decode(),
+                                tls_server_name=tls_server_name)
+        cfg.cert_file, cfg.key_file = cert_file, key_file
+        cfg.verify_ssl = True
+        cfg.retries = 2
+        api = _ApiClient(cfg, tmpdir)
+    except BaseException:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+        raise
+    return api
+
+
+# (connect, read) seconds for every request: the client's default is to wait forever
+REQUEST_TIMEOUT = (10.0, 60.0)
+
+
+def _call(what: str, fn: Callable, *args, **kwargs):
+    """Run one API call; transport failures become KubeError (ApiException passes through)."""
+    try:
+        return fn(*args, _request_timeout=REQUEST_TIMEOUT, **kwargs)
+    except urllib3.exceptions.HTTPError as e:
+        raise KubeError(f"{what}: cannot reach the API: {e}") from None
+    except ApiException as e:
+        if e.status == 0:       # the client's way of reporting a TLS failure
+            raise KubeError(f"{what}: TLS with the API failed: {e.reason}") from None
+        raise
+
+
+def _status_message(e: ApiException) -> str:
+    try:
+        body = json.loads(e.body or "")
+        return f"{e.status} {body.get('reason') or e.reason}: {body.get('message', '')}".rstrip(": ")
+    except (TypeError, ValueError):
+        return f"{e.status} {e.reason}"
+
+
+def _reason(e: ApiException) -> str | None:
+    try:
+        return json.loads(e.body or "").get("reason")
+    except (TypeError, ValueError, AttributeError):
+        return None
+
+
+# --- reaching the API -----------------------------------------------------------------------
+
+def tcp_reachable(host: str, port: int, timeout: float = 2.0) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _free_local_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+RemoteSource = Mapping[str, Remote] | Sequence[Remote] | Callable[[HostSpec], Remote]
+
+
+def _control_remote(inv: Inventory, remotes: RemoteSource, host: HostSpec | None = None) -> tuple[Remote, bool]:
+    """The Remote of ``host`` (default: the first control host) and whether we created it (and
+    so must close it)."""
+    host = host or inv.controls[0]
+    if callable(remotes):
+        return remotes(host), True
+    if isinstance(remotes, Mapping):
+        return remotes[host.name], False
+    for r in remotes:
+        if r.name == host.name:
+            return r, False
+    raise KeyError(f"no Remote for control host {host.name}")
+
+
+@contextlib.contextmanager
+def api_access(inv: Inventory, remotes: RemoteSource, material: Material | None = None, *,
+               probe_timeout: float = 2.0, apiserver: HostSpec | None = None) -> Iterator[str]:
+    """Yield the API's base URL: ``inv.api_url`` when ``endpoint:port`` accepts a TCP connection
+    within ``probe_timeout``; otherwise ``https://127.0.0.1:LOCALPORT``, an SSH local port
+    forward through the first control host to the apiserver on its loopback (kept open for
+    the block). ``remotes``: Remotes by host name, a list of Remotes, or a factory
+    ``HostSpec -> Remote`` (a Remote made by the factory is closed afterwards).
+    ``material`` is not used (the probe is plain TCP; ``api_client`` verifies the server).
+    ``apiserver``: that control host's own apiserver instead of the endpoint (its address is a
+    SAN of the serving certificate), directly or through that host."""
+    port = inv.spec.apiServer.port
+    address = apiserver.address if apiserver else inv.endpoint
+    if tcp_reachable(address, port, probe_timeout):
+        yield f"https://[{address}]:{port}" if ":" in address else f"https://{address}:{port}"
+        return
+    remote, owned = _control_remote(inv, remotes, apiserver)
+    body_error: BaseException | None = None
+    try:
+        remote.open()
+        local = _free_local_port()
+        with remote._conn.forward_local(local, remote_port=port, remote_host="127.0.0.1",
+                                        local_host="127.0.0.1"):
+            try:
+                # the forwarder binds in its own thread: wait until it listens
+                deadline = time.monotonic() + 5
+                while not tcp_reachable("127.0.0.1", local, 0.5):
+                    if time.monotonic() > deadline:
+                        raise KubeError(f"{remote.name}: the SSH tunnel to the API did not start "
+                                        f"listening on 127.0.0.1:{local}")
+                    time.sleep(0.02)
+                yield f"https://127.0.0.1:{local}"
+            except BaseException as e:
+                body_error = e
+                raise
+    except ThreadException as e:
+        # the forwarder's threads failed (e.g. nothing listens on the control host's :port);
+        # an error of the block itself is the one to report
+        if body_error is not None:
+            raise body_error from None
+        what = "; ".join(f"{w.type.__name__}: {w.value}" for w in e.exceptions) or "unknown error"
+        raise KubeError(f"{remote.name}: the SSH tunnel to 127.0.0.1:{port} failed: {what}") from None
+    finally:
+        if owned:
+            remote.close()
+
+
+# --- applying the bootstrap objects ---------------------------------------------------------
+
+def target_version(k8s_version: str) -> str:
+    """``v1.36.4`` (or ``1.36.4``) -> ``1.36.0``: the schema version kubernetes-validate uses."""
+    parsed = versions.parse(k8s_version if k8s_version.startswith("v") else f"v{k8s_version}")
+    if parsed is None:
+        raise ValueError(f"not a Kubernetes version: {k8s_version!r}")
+    return f"{parsed[0]}.{parsed[1]}.0"
+
+
+def _ident(obj: dict) -> str:
+    meta = obj.get("metadata") or {}
+    return f"{obj.get('kind')}/{meta.get('name')}"
+
+
+def validate_objects(objects: list[dict], k8s_version: str) -> None:
+    """kubernetes-validate (strict) every object for the target version; every failure at once."""
+    version = target_version(k8s_version)
+    failures = []
+    for obj in objects:
+        try:
+            kubernetes_validate.validate(obj, version, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            path = "/".join(str(p) for p in e.path)
+            failures.append(f"{_ident(obj)}: {path + ': ' if path else ''}{e.message}")
+        except (kubernetes_validate.SchemaNotFoundError, kubernetes_validate.VersionNotSupportedError) as e:
+            failures.append(f"{_ident(obj)}: {e}")
+    if failures:
+        raise KubeError(f"{len(failures)} object(s) invalid for Kubernetes {version}, nothing sent:\n"
+                        + "\n".join(f"  {f}" for f in failures))
+
+
+def _labels_ok(want: dict, live: dict) -> bool:
+    have = (live.get("metadata") or {}).get("labels") or {}
+    return all(have.get(k) == v for k, v in ((want.get("metadata") or {}).get("labels") or {}).items())
+
+
+def _for_update(want: dict, live: dict) -> dict:
+    """``want`` as a PUT body: the live resourceVersion (optimistic concurrency) and labels
+    merged (labels others added stay)."""
+    body = copy.deepcopy(want)
+    meta = body.setdefault("metadata", {})
+    live_meta = live.get("metadata") or {}
+    meta["resourceVersion"] = live_meta.get("resourceVersion")
+    meta["labels"] = {**(live_meta.get("labels") or {}), **(meta.get("labels") or {})}
+    return body
+
+
+class _ClusterRoleBindings:
+    kind = "ClusterRoleBinding"
+
+    def __init__(self, api: k8s.ApiClient):
+        self.rbac = k8s.RbacAuthorizationV1Api(api)
+
+    def create(self, obj, **kw):
+        return self.rbac.create_cluster_role_binding(obj, _headers={"Content-Type": JSON}, **kw)
+
+    def read(self, obj, **kw):
+        return self.rbac.read_cluster_role_binding(obj["metadata"]["name"], **kw)
+
+    def replace(self, obj, **kw):
+        return self.rbac.replace_cluster_role_binding(obj["metadata"]["name"], obj, _headers={"Content-Type": JSON}, **kw)
+
+    def delete(self, obj, **kw):
+        return self.rbac.delete_cluster_role_binding(obj["metadata"]["name"], **kw)
+
+    @staticmethod
+    def compare(want: dict, live: dict) -> str | None:
+        """None when equal in what we set; "replace" for subjects/labels; "recreate" for
+        roleRef, which the API refuses to change on an existing binding."""
+        if live.get("roleRef") != want["roleRef"]:
+            return "recreate"
+        if live.get("subjects") != want["subjects"] or not _labels_ok(want, live):
+            return "replace"
+        return None
+
+
+class _TokenSecrets:
+    kind = "Secret"
+
+    def __init__(self, api: k8s.ApiClient):
+        self.core = k8s.CoreV1Api(api)
+
+    def create(self, obj, **kw):
+        return self.core.create_namespaced_secret(obj["metadata"]["namespace"], obj, _headers={"Content-Type": JSON}, **kw)
+
+    def read(self, obj, **kw):
+        return self.core.read_namespaced_secret(obj["metadata"]["name"], obj["metadata"]["namespace"], **kw)
+
+    def replace(self, obj, **kw):
+        return self.core.replace_namespaced_secret(obj["metadata"]["name"], obj["metadata"]["namespace"], obj, _headers={"Content-Type": JSON}, **kw)
+
+    def delete(self, obj, **kw):
+        return self.core.delete_namespaced_secret(obj["metadata"]["name"], obj["metadata"]["namespace"], **kw)
+
+    @staticmethod
+    def compare(want: dict, live: dict) -> str | None:
+        """Equal when the type and every key we set (token-id, token-secret, expiration, usage,
+        groups, description) decode to the same values; ``type`` is immutable."""
+        if live.get("type") != want["type"]:
+            return "recreate"
+        data = live.get("data") or {}
+        try:
+            have = {k: base64.b64decode(v).decode() for k, v in data.items()}
+        except (ValueError, UnicodeDecodeError):
+            return "replace"
+        if have != want["stringData"] or not _labels_ok(want, live):
+            return "replace"
+        return None
+
+
+def _zero(value) -> bool:
+    """A value the apiserver leaves out of its answers (Go ``omitempty``): false, 0, "", [], {}."""
+    return value is not None and not value
+
+
+def _subset(want, have) -> bool:
+    """Whether every field of ``want`` is in ``have`` with the same value: extra fields in
+    ``have`` (server defaults, status, metadata the server keeps) do not count. Lists must have
+    the same length, each element a subset of its counterpart; a field we set to a zero value
+    may be absent (the server omits it)."""
+    if isinstance(want, dict):
+        return isinstance(have, dict) and all(
+            _subset(v, have[k]) if k in have else _zero(v) for k, v in want.items())
+    if isinstance(want, list):
+        return isinstance(have, list) and len(want) == len(have) and all(map(_subset, want, have))
+    return want == have
+
+
+def _immutable_changed(kind: str, want: dict, live: dict) -> bool:
+    """A field the API refuses to change on an existing object differs: delete and create."""
+    w, h = want.get("spec") or {}, live.get("spec") or {}
+    if kind == "Service":
+        return "clusterIP" in w and w["clusterIP"] != h.get("clusterIP")
+    if kind in ("Deployment", "DaemonSet"):
+        return "selector" in w and w["selector"] != h.get("selector")
+    return False
+
+
+# apiVersion, kind -> (typed API, the method names' suffix, namespaced): create_<suffix>,
+# read_<suffix>, replace_<suffix>, delete_<suffix> with the usual argument order
+# ([name], [namespace], [body])
+_TYPED: dict[tuple[str, str], tuple[type, str, bool]] = {
+    ("v1", "ServiceAccount"): (k8s.CoreV1Api, "namespaced_service_account", True),
+    ("v1", "ConfigMap"): (k8s.CoreV1Api, "namespaced_config_map", True),
+    ("v1", "Service"): (k8s.CoreV1Api, "namespaced_service", True),
+    (f"{RBAC_GROUP}/v1", "ClusterRole"): (k8s.RbacAuthorizationV1Api, "cluster_role", False),
+    ("apps/v1", "Deployment"): (k8s.AppsV1Api, "namespaced_deployment", True),
+    ("apps/v1", "DaemonSet"): (k8s.AppsV1Api, "namespaced_daemon_set", True),
+    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy"):
+        (k8s.AdmissionregistrationV1Api, "validating_admission_policy", False),
+    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"):
+        (k8s.AdmissionregistrationV1Api, "validating_admission_policy_binding", False),
+}
+
+
+class _Typed:
+    """Any kind of ``_TYPED`` through its typed API. Equal when every field we set is in the
+    live object with the same value (``_subset``); otherwise replaced with the live
+    resourceVersion (labels and annotations others added stay), or deleted and created when
+    an immutable field differs (a Service's clusterIP, a workload's selector)."""
+
+    def __init__(self, api: k8s.ApiClient, obj: dict):
+        cls, self.suffix, self.namespaced = _TYPED[(obj["apiVersion"], obj["kind"])]
+        self.kind, self.typed = obj["kind"], cls(api)
+        if self.namespaced and not (obj.get("metadata") or {}).get("namespace"):
+            raise ValueError(f"{_ident(obj)}: a namespaced kind needs metadata.namespace")
+
+    def _args(self, obj: dict) -> list:
+        meta = obj["metadata"]
+        return [meta["name"]] + ([meta["namespace"]] if self.namespaced else [])
+
+    def _method(self, verb: str):
+        return getattr(self.typed, f"{verb}_{self.suffix}")
+
+    def create(self, obj, **kw):
+        ns = [obj["metadata"]["namespace"]] if self.namespaced else []
+        return self._method("create")(*ns, obj, _headers={"Content-Type": JSON}, **kw)
+
+    def read(self, obj, **kw):
+        return self._method("read")(*self._args(obj), **kw)
+
+    def replace(self, obj, **kw):
+        return self._method("replace")(*self._args(obj), obj, _headers={"Content-Type": JSON}, **kw)
+
+    def delete(self, obj, **kw):
+        # the answer is a Status or the deleted object, depending on the kind and the server:
+        # not deserialized (errors still raise ApiException)
+        resp = self._method("delete")(*self._args(obj), _preload_content=False, **kw)
+        resp.read()
+        resp.release_conn()
+
+    def compare(self, want: dict, live: dict) -> str | None:
+        if _immutable_changed(self.kind, want, live):
+            return "recreate"
+        return None if _subset(want, live) else "replace"
+
+    @staticmethod
+    def for_update(want: dict, live: dict) -> dict:
+        body = _for_update(want, live)
+        live_ann = (live.get("metadata") or {}).get("annotations") or {}
+        if live_ann:
+            meta = body["metadata"]
+            meta["annotations"] = {**live_ann, **(meta.get("annotations") or {})}
+        return body
+
+
+def _handler(api: k8s.ApiClient, obj: dict):
+    if obj.get("kind") == "ClusterRoleBinding" and obj.get("apiVersion") == f"{RBAC_GROUP}/v1":
+        return _ClusterRoleBindings(api)
+    if obj.get("kind") == "Secret" and obj.get("apiVersion") == "v1" and "stringData" in obj:
+        return _TokenSecrets(api)
+    if (obj.get("apiVersion"), obj.get("kind")) in _TYPED:
+        return _Typed(api, obj)
+    kinds = ", ".join(sorted({k for _, k in _TYPED} | {"ClusterRoleBinding"}))
+    raise ValueError(f"{_ident(obj)}: apply_objects handles {kinds} and bootstrap token Secrets only")
+
+
+def _read_if_exists(h, obj: dict):
+    """The live ``obj``, or None. A create can be refused as invalid (422) before the
+    apiserver looks for a name clash: a Service asking again for its own clusterIP gets
+    "provided IP is already allocated", not AlreadyExists (seen on 1.36)."""
+    try:
+        return h.read(obj)
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+
+
+def _apply_one(api: k8s.ApiClient, obj: dict) -> str:
+    h, what = _handler(api, obj), _ident(obj)
+    try:
+        _call(what, h.create, obj)
+        return "created"
+    except ApiException as e:
+        clash = e.status == 409 and _reason(e) == "AlreadyExists"
+        found = None if clash or e.status != 422 else _read_if_exists(h, obj)
+        if not clash and found is None:
+            raise KubeError(f"{what}: create refused: {_status_message(e)}") from None
+    try:
+        live = api.sanitize_for_serialization(found if found is not None else _call(what, h.read, obj))
+        change = h.compare(obj, live)
+        if change is None:
+            return "unchanged"
+        if change == "replace":
+            _call(what, h.replace, getattr(h, "for_update", _for_update)(obj, live))
+        else:
+            _call(what, h.delete, obj)
+            _call(what, h.create, obj)
+        return "replaced"
+    except ApiException as e:
+        raise KubeError(f"{what}: update refused: {_status_message(e)}") from None
+
+
+def _plan_one(api: k8s.ApiClient, obj: dict) -> str:
+    """What ``_apply_one`` would do to ``obj``, found by reading only."""
+    h, what = _handler(api, obj), _ident(obj)
+    try:
+        live = _read_if_exists(h, obj)
+    except ApiException as e:
+        raise KubeError(f"{what}: read refused: {_status_message(e)}") from None
+    if live is None:
+        return "created"
+    return "unchanged" if h.compare(obj, api.sanitize_for_serialization(live)) is None else "replaced"
+
+
+def plan_objects(api: k8s.ApiClient, objects: list[dict], k8s_version: str) -> list[tuple[str, str, str]]:
+    """``apply_objects`` stopped before any write: validates, then reads each object and says
+    what applying it would do (``created``, ``unchanged``, ``replaced``)."""
+    validate_objects(objects, k8s_version)
+    return [(obj["kind"], obj["metadata"]["name"], _plan_one(api, obj)) for obj in objects]
+
+
+def apply_objects(api: k8s.ApiClient, objects: list[dict], k8s_version: str) -> list[tuple[str, str, str]]:
+    """Validate every object (strict, for ``k8s_version``'s minor) before sending any, then
+    create each in order; an existing one is left when it matches, otherwise replaced with the
+    live resourceVersion (deleted and created when an immutable field differs: a binding's
+    roleRef, a token Secret's type, a Service's clusterIP, a Deployment's or DaemonSet's
+    selector). What "matches" means: bindings and token Secrets compare what we set exactly;
+    the other kinds compare as a subset (every field we set has our value; server defaults and
+    fields others add are ignored). Returns ``(kind, name, action)`` per object,
+    action one of ``created``, ``unchanged``, ``replaced``."""
+    validate_objects(objects, k8s_version)
+    for obj in objects:
+        _handler(api, obj)                     # refuse unknown kinds before sending anything too
+    return [(obj["kind"], obj["metadata"]["name"], _apply_one(api, obj)) for obj in objects]
+
+
+# --- the workers phase ----------------------------------------------------------------------
+
+def _ready(node: k8s.V1Node, since: float | None = None) -> tuple[bool, str]:
+    for c in (node.status.conditions if node.status else None) or []:
+        if c.type == "Ready":
+            if since is not None and (c.last_heartbeat_time is None or c.last_heartbeat_time.timestamp() < since):
+                return False, f"Ready={c.status} from before the kubelet's restart"
+            return c.status == "True", f"Ready={c.status}" + (f" ({c.reason}: {c.message})" if c.reason else "")
+    return False, "no Ready condition yet"
+
+
+def wait_nodes_ready(api: k8s.ApiClient, names: Sequence[str], timeout: float, *,
+                     interval: float = 2.0, registered_only: bool = False,
+                     each_round: Callable[[], None] | None = None, since: float | None = None) -> None:
+    """Poll (one list of Nodes per round) until every named Node has Ready=True (or, with
+    ``registered_only``, exists); KubeError naming each node that is missing or not ready when
+    ``timeout`` seconds have passed. ``each_round`` runs before each look (e.g. approving the
+    CSRs the nodes wait for). ``since`` (epoch seconds on the node's clock): only a Ready
+    condition the kubelet posted since then counts (a restarted kubelet reports NotReady first,
+    while the API still shows its predecessor's Ready)."""
+    core = k8s.CoreV1Api(api)
+    deadline = time.monotonic() + timeout
+    while True:
+        if each_round is not None:
+            each_round()
+        try:
+            nodes = {n.metadata.name: n for n in _call("list nodes", core.list_node).items}
+        except ApiException as e:
+            raise KubeError(f"list nodes: {_status_message(e)}") from None
+        waiting = {}
+        for name in names:
+            if name not in nodes:
+                waiting[name] = "not registered"
+            elif not registered_only:
+                ok, why = _ready(nodes[name], since)
+                if not ok:
+                    waiting[name] = why
+        if not waiting:
+            return
+        if time.monotonic() >= deadline:
+            raise KubeError(f"nodes not {'registered' if registered_only else 'Ready'} after {timeout:g}s: "
+                            + "; ".join(f"{n}: {w}" for n, w in waiting.items()))
+        time.sleep(interval)
+
+
+def set_pod_cidr(api: k8s.ApiClient, node: str, cidr: str) -> str:
+    """Make ``Node.spec.podCIDR`` (and ``podCIDRs``) the installer's allocation for ``node``.
+
+    The installer, not the controller-manager (``--allocate-node-cidrs=false``), owns pod CIDRs:
+    with ``cni: routes`` they are in each worker's CNI config and every host's routes before any
+    Node exists, and this records the same slice on the Node for tools that read it; with
+    ``cni: cilium`` (``ipam.mode: kubernetes``) this is where Cilium takes each node's range. The apiserver lets the field be
+    set once: an empty one is patched ("set"), an equal one left ("unchanged"); a different one
+    is an error naming both (the Node must be deleted and re-registered to change it)."""
+    core = k8s.CoreV1Api(api)
+    try:
+        live = _call(f"Node/{node}", core.read_node, node)
+    except ApiException as e:
+        raise KubeError(f"Node/{node}: {_status_message(e)}") from None
+    have = live.spec.pod_cidr if live.spec else None
+    if have == cidr:
+        return "unchanged"
+    if have:
+        raise KubeError(f"Node/{node}: spec.podCIDR is {have} but the installer allocated {cidr} (state "
+                        "network.yaml); the field cannot change: delete the Node so the kubelet re-registers it, "
+                        "or put the node's allocation back in network.yaml")
+    body = {"spec": {"podCIDR": cidr, "podCIDRs": [cidr]}}
+    try:
+        _call(f"Node/{node}", core.patch_node, node, body,
+              _headers={"Content-Type": "application/strategic-merge-patch+json"})
+    except ApiException as e:
+        raise KubeError(f"Node/{node}: setting spec.podCIDR refused: {_status_message(e)}") from None
+    return "set"
+
+
+def node_readiness(api: k8s.ApiClient) -> dict[str, bool]:
+    """Every registered Node and whether it is Ready."""
+    try:
+        return {n.metadata.name: _ready(n)[0] for n in _call("list nodes", k8s.CoreV1Api(api).list_node).items}
+    except ApiException as e:
+        raise KubeError(f"list nodes: {_status_message(e)}") from None
+
+
+def node_names(api: k8s.ApiClient) -> list[str]:
+    """Names of every registered Node (control hosts must never be among them)."""
+    return sorted(node_readiness(api))
+
+
+def token_consumed(api: k8s.ApiClient, node: str) -> bool:
+    """Whether the node's bootstrap token has done its job.
+
+    Definition: a Node object named ``node`` exists. The kubelet authenticates with the
+    bootstrap token only to submit its client-certificate CSR; it registers its Node only once
+    that CSR was approved and signed, with the new client certificate (system:node:<node>), so
+    an existing Node means the kubelet holds its own credential and the token is no longer
+    needed. (A Node left over from an earlier install would count too: remove stale Nodes
+    before re-joining a host.)"""
+    return found(f"Node/{node}", "read", k8s.CoreV1Api(api).read_node, node)
+
+
+def found(what: str, verb: str, fn: Callable, *args, **kwargs) -> bool:
+    """Call ``fn`` on the object ``what``; False when it is not there (404: for a delete, what
+    we wanted), KubeError naming it and ``verb`` on any other refusal."""
+    try:
+        _call(what, fn, *args, **kwargs)
+        return True
+    except ApiException as e:
+        if e.status == 404:
+            return False
+        raise KubeError(f"{what}: {verb} refused: {_status_message(e)}") from None
+
+
+def binding_exists(api: k8s.ApiClient, name: str) -> bool:
+    return found(f"ClusterRoleBinding/{name}", "read", k8s.RbacAuthorizationV1Api(api).read_cluster_role_binding, name)
+
+
+def delete_binding(api: k8s.ApiClient, name: str) -> bool:
+    """Delete the ClusterRoleBinding ``name``; False when it was not there."""
+    return found(f"ClusterRoleBinding/{name}", "delete",
+                 k8s.RbacAuthorizationV1Api(api).delete_cluster_role_binding, name)
+
+
+def delete_bootstrap_token(api: k8s.ApiClient, token_id: str) -> bool:
+    """Delete ``kube-system/bootstrap-token-<id>``; False when it was already gone."""
+    name = f"bootstrap-token-{token_id}"
+    return found(f"Secret/{name}", "delete", k8s.CoreV1Api(api).delete_namespaced_secret, name, TOKEN_NAMESPACE)
+
+
+RESTARTED_AT = "hiddenplane.io/restartedAt"
+
+
+def restart_workload(api: k8s.ApiClient, kind: str, namespace: str, name: str, stamp: str) -> bool:
+    """A rolling restart of a Deployment or DaemonSet (what ``kubectl rollout restart`` does: a
+    new pod-template annotation); False when there is no such object."""
+    apps = k8s.AppsV1Api(api)
+    patch = {"spec": {"template": {"metadata": {"annotations": {RESTARTED_AT: stamp}}}}}
+    fn = {"Deployment": apps.patch_namespaced_deployment, "DaemonSet": apps.patch_namespaced_daemon_set}[kind]
+    return found(f"{kind}/{namespace}/{name}", "restart", fn, name, namespace, patch)
+
+
+# --- the admin kubeconfig -------------------------------------------------------------------
+
+def admin_kubeconfig_bytes(inv: Inventory, material: Material) -> bytes:
+    ca = material.pair("ca")
+    return kubeconfig(inv.metadata.name, inv.api_url, issue.cert_pem(ca.cert), ADMIN_USER,
+                      client=material.pair("admin"))
+
+
+def check_admin_material(inv: Inventory, material: Material, now: dt.datetime | None = None) -> None:
+    """The state must hold a current admin certificate under the current cluster CA."""
+    ca, admin = material.cas.get("ca"), material.certs.get("admin")
+    if ca is None or admin is None:
+        raise StateError(f"the state holds no cluster CA or admin certificate for {inv.metadata.name}: "
+                         "run `installer plan` (or apply) first")
+    spec = next(s for s in cert_specs(inv) if s.name == "admin")
+    why = issue.why_reissue(spec, admin, ca, inv.spec.pki.keyAlgorithm, now or dt.datetime.now(dt.timezone.utc))
+    if why is not None:
+        raise StateError(f"the state's admin certificate must be re-issued ({why}): run `installer plan` first")
+
+
+def write_kubeconfig(inv: Inventory, material: Material, path: str | Path, *, force: bool = False) -> bool:
+    """Write the admin kubeconfig (user kubernetes-admin, server ``inv.api_url``) to ``path``
+    with mode 0600, atomically. An existing file with other content is kept unless ``force``.
+    Returns False when the file already held exactly this (mode corrected if needed)."""
+    path = Path(path)
+    data = admin_kubeconfig_bytes(inv, material)
+    if not force:
+        try:
+            same = path.read_bytes() == data
+        except FileNotFoundError:
+            same = True
+        except OSError as e:
+            raise InstallerError(f"{path}: {e.strerror}") from None
+        if not same:
+            raise InstallerError(f"{path} exists with other content; pass --force to overwrite it")
+    try:
+        return write_atomic(path, data, 0o600)
+    except OSError as e:
+        raise InstallerError(f"{path}: {e.strerror}") from None
