@@ -1,4 +1,4 @@
-"""A join token is good for its own node only (installer/core/csr_approval.py).
+"""A join token is good for its own node only (installer/host/csr_approval.py).
 
 ``judge`` on real certificate requests made with ``cryptography`` as a kubelet makes them; the
 approval through the real client over the fake transport. The real cluster proves the rest
@@ -15,10 +15,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from installer.core import csr_approval
+from installer.host import csr_approval
 
 from installer.host import kube
-from installer.core.csr_approval import KUBELET_CLIENT_SIGNER, judge
+from installer.host.csr_approval import KUBELET_CLIENT_SIGNER, judge
 
 from .fakeapi import FakeCluster
 

@@ -35,6 +35,8 @@ from installer.host.ssh import HostError, Remote
 from installer.core.state import StateDir
 from installer.core.inventory import as_inventory
 from installer.core.state import state_for
+from installer.actions import etcd_members
+from installer.actions import teardown
 
 ApiFactory = Callable[[], ContextManager[k8s.ApiClient]]
 ROUTES_PATH = f"/etc/systemd/system/{ROUTES_UNIT}"
@@ -180,7 +182,6 @@ def add(inventory, name: str, state_dir=None, *, skip: frozenset[str] = frozense
     if e is not None and e.state == "revoked":
         raise NodeRetiredError(revoked_message(e))
     if host.role == "control":
-        from installer.actions import etcd_members
         etcd_members.add(inv, name, state_dir=state_dir, allow_even=allow_even, wait_timeout=wait_timeout, log=log)
         ledger = Ledger.load(state)
         ledger.reactivate(host)
@@ -242,7 +243,6 @@ def remove_plan(t: Target, *, skip_cluster: bool, host_unreachable: bool, revoke
 
 
 def _wipe(t: Target, log, accept_new_host_keys: bool) -> list[str]:
-    from installer.actions import teardown
     inv = with_host(t.inv, t.host)
     remote = Remote(t.host, inv, accept_new_host_keys)
     try:
@@ -312,7 +312,6 @@ def _remove(t: Target, ledger: Ledger, *, timeout: float, skip_cluster: bool, ho
     name = t.host.name
     out = Outcome(name)
     if t.host.role == "control":
-        from installer.actions import etcd_members
         etcd_members.remove(t.inv, name, state_dir=t.state.root, allow_even=allow_even,
                             host_unreachable=host_unreachable, log=log)
         out.done.append("removed from etcd")

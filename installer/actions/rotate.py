@@ -43,6 +43,9 @@ from installer.actions.rollout import (APISERVER, CONTROLLER_MANAGER, ETCD, KONN
                       Report, endpoints, hex_serial, push, read_endpoints, restart_order, roll, session,
                       stop_units, verify)
 from installer.core.inventory import as_inventory
+from installer.host import csr_approval
+from installer.core.render.addons import addon_objects
+from installer.engine.phases.bootstrap_cluster import BootstrapCluster
 
 KUBELET_CLIENT_FILES = ("/var/lib/kubelet/pki/kubelet-client-*.pem", "/etc/kubernetes/kubelet.conf")
 
@@ -114,8 +117,7 @@ def rotate_plan(inv: Inventory, cas: list[str], use_api: bool) -> list[str]:
 # --- ca rotate ---------------------------------------------------------------------------------
 
 def _api_tokens(ctx: Context, old: Material, report: Report) -> None:
-    from installer.host import kube
-    from installer.engine.phases.bootstrap_cluster import BootstrapCluster
+    from installer.host import kube   # lazy: the kubernetes client takes 1-2 s to import
     ev = BootstrapCluster().run_host(ctx, "(api)")
     report.steps += ev.detail
     gone = {t.id for t in old.tokens.values()} - {t.id for t in ctx.material.tokens.values()}
@@ -132,7 +134,6 @@ CILIUM_WORKLOADS = (("DaemonSet", "kube-system", "cilium"), ("Deployment", "kube
 
 def api_client_workloads(inv) -> list[tuple[str, str, str]]:
     """The installer's add-ons whose pods call the API: (kind, namespace, name)."""
-    from installer.core.render.addons import addon_objects
     out = [(o["kind"], o["metadata"]["namespace"], o["metadata"]["name"]) for o in addon_objects(inv)
            if o["kind"] in ("Deployment", "DaemonSet")]
     return out + (list(CILIUM_WORKLOADS) if inv.spec.network.cni == "cilium" else [])
@@ -142,7 +143,7 @@ def _restart_api_clients(ctx: Context, report: Report) -> None:
     """Pods read the cluster CA once, at start: the add-ons' pods would keep refusing the
     apiserver's new certificate (CoreDNS: "x509: certificate signed by unknown authority"), so
     they are restarted; their new pods get the new CA from the kube-root-ca.crt ConfigMap."""
-    from installer.host import kube
+    from installer.host import kube   # lazy: the kubernetes client takes 1-2 s to import
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     with kube.api_access(ctx.inv, ctx.remotes, ctx.material) as url, \
             kube.api_client(url, ctx.material) as client:
@@ -154,8 +155,7 @@ def _restart_api_clients(ctx: Context, report: Report) -> None:
 def _approve_rebootstrap(ctx: Context, host: str, report: Report, timeout: float) -> None:
     """The kubelet asks again with its new token: approve it (its own token, its own name),
     wait for the certificate, then delete the token's Secret."""
-    from installer.core import csr_approval
-    from installer.host import kube
+    from installer.host import kube   # lazy: the kubernetes client takes 1-2 s to import
     token_nodes = {t.id: n for n, t in ctx.material.tokens.items()}
     token_id = ctx.material.tokens[host].id
     with kube.api_access(ctx.inv, ctx.remotes, ctx.material) as url, \

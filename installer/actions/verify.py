@@ -325,7 +325,7 @@ def _api_checks(inv: Inventory, state_dir) -> list[CheckResult]:
     from kubernetes import client as k8s
     from kubernetes.client.exceptions import ApiException
 
-    from installer.host import kube
+    from installer.host import kube   # lazy: the kubernetes client takes 1-2 s to import
     material = state_for(inv, state_dir).load(inv)
     via = inv.api_url
     try:

@@ -21,6 +21,7 @@ from installer.engine.phases.acquire_lock import release
 from installer.engine.phases.base import Context, Event, Options
 from installer.core.pki.material import ensure
 from installer.core.render.plan import render_cluster
+from installer.host.fetch import resolve, resolve_images
 from installer.host.ssh import HostError
 from installer.core.inventory import as_inventory
 from installer.core.state import state_for
@@ -83,7 +84,6 @@ def context(inventory, state_dir, options: Options, log: Callable[[str], None]) 
 
 
 def _resolve_artifacts(ctx: Context) -> None:
-    from installer.host.fetch import resolve, resolve_images
     ctx.artifacts = resolve(ctx.inv, log=ctx.log)
     ctx.artifacts.update(resolve_images(ctx.inv))       # image-*.tar: uploaded to workers, imported
 

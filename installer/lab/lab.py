@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 
 from installer.core import versions
-from installer.lab import debian_artifacts, images, net, nspawn, seed
+from installer.lab import debian_artifacts, images, net, nspawn, seed, vm
 from installer.lab.model import DEFAULT_SUBNET, LabError, LabHost, LabPaths, LabSpec
 
 TOOLS = {"systemd-nspawn": "systemd-container", "debootstrap": "debootstrap", "ip": "iproute2",
@@ -38,7 +38,6 @@ def preflight(spec: LabSpec, paths: LabPaths) -> None:
         problems.append("the lab needs root (network namespaces, mounts, systemd-nspawn): run it with sudo")
     missing = sorted({pkg for tool, pkg in TOOLS.items() if shutil.which(tool) is None})
     if spec.vm_workers:
-        from installer.lab import vm
         missing += [p for p in vm.missing_tools() if p not in missing]
     if missing:
         problems.append(f"missing tools: apt-get install {' '.join(missing)}")
@@ -178,7 +177,6 @@ def ssh_banner(address: str, timeout: float = 1.0) -> bool:
 def _host_alive(paths: LabPaths, h: LabHost) -> bool:
     host_dir = paths.host_dir(h.name)
     if h.kind == "vm":
-        from installer.lab import vm
         return vm.vm_running(host_dir)
     return nspawn.pid_of(host_dir) is not None
 
@@ -266,7 +264,6 @@ def host_report(paths: LabPaths, h: LabHost) -> str:
     host_dir = paths.host_dir(h.name)
     lines = [f"{h.name} ({h.address}, {h.kind}):"]
     if h.kind == "vm":
-        from installer.lab import vm
         lines.append(f"  qemu: {'running' if vm.vm_running(host_dir) else 'not running'}")
         lines.append(f"  link: {h.tap} {_link_state(h.tap)}")
     else:
@@ -317,7 +314,6 @@ def wait_ssh(hosts: list[LabHost], log=print, timeout: dict[str, float] | None =
 def _start_host(spec: LabSpec, paths: LabPaths, base: Path, h: LabHost, files, log) -> None:
     host_dir = paths.host_dir(h.name)
     if h.kind == "vm":
-        from installer.lab import vm
         if not vm.vm_running(host_dir):
             log(f"  {h.name}: booting qemu VM (software emulation: about a minute)")
             vm.start_vm(spec, h, host_dir, files, log=log)
@@ -349,7 +345,6 @@ def up(name: str, controls: int = 1, workers: int = 2, vm_workers: int = 0, subn
     preflight(spec, paths)
     base = images.ensure_base(log)
     if spec.vm_workers:
-        from installer.lab import vm
         vm.ensure_vm_image(log)
 
     paths.root.mkdir(parents=True, exist_ok=True)
@@ -408,7 +403,6 @@ def status(name: str) -> tuple[LabSpec, list[HostStatus]]:
     out = []
     for h in spec.hosts:
         if h.kind == "vm":
-            from installer.lab import vm
             running = vm.vm_running(paths.host_dir(h.name))
         else:
             running = nspawn.pid_of(paths.host_dir(h.name)) is not None
@@ -452,7 +446,6 @@ def down(name: str, log=print) -> None:
     def stop(h: LabHost) -> None:
         host_dir = paths.host_dir(h.name)
         if h.kind == "vm":
-            from installer.lab import vm
             vm.stop_vm(h, host_dir)
         else:
             nspawn.stop(host_dir)

@@ -39,6 +39,8 @@ from pathlib import Path
 from installer.lab import images
 from installer.lab.model import LabError, LabHost, LabSpec, cache_root
 from installer.lab.net import ip, link_exists
+from installer.lab.debian_artifacts import debs_dir, download
+from installer.lab.seed import write_files
 
 VM_RECIPE = 3                       # bump when the image recipe below changes
 KERNEL_PACKAGES = ("linux-image-amd64",)
@@ -297,7 +299,6 @@ def qemu_pids(host: LabHost) -> list[int]:
 def build_disk(image: VMImage, host_dir: Path, files: dict[str, tuple[bytes, int]],
                size: str = DISK_SIZE) -> Path:
     """host_dir/disk.img: a sparse ext4 of the VM root with ``files`` laid over it."""
-    from installer.lab.seed import write_files
     host_dir.mkdir(parents=True, exist_ok=True)
     disk = host_dir / "disk.img"
     scratch = host_dir / "disk-build"
@@ -520,7 +521,6 @@ def busybox_image_archive(out: Path, name: str, busybox: bytes) -> str:
 def deb_tree(package: str, log=print) -> Path:
     """A Debian package's files, unpacked (``dpkg-deb -x``, nothing installed) into the cache
     once per package version; returns the tree's root (e.g. ``root/usr/bin/ctr``)."""
-    from installer.lab.debian_artifacts import debs_dir, download
     deb = download([package], log)[package]
     if deb is None:
         raise LabError(f"apt-get download {package}: no .deb")

@@ -45,7 +45,7 @@ def token_secret(node: str, material: Material) -> dict:
 
 
 # Bindings earlier releases made and this one must not leave behind: the group auto-approval of
-# bootstrap CSRs let any token get a certificate for any node name (installer/core/csr_approval.py)
+# bootstrap CSRs let any token get a certificate for any node name (installer/host/csr_approval.py)
 RETIRED_BINDINGS = ("hiddenplane:node-autoapprove-bootstrap",)
 
 

@@ -39,6 +39,7 @@ from installer.core.pki.material import Material
 from installer.core.render.addons import CILIUM_CHART, CILIUM_VERSION, addon_objects, cilium_chart, cilium_values_yaml, helm_argv
 from installer.core.render.kubeconfig import kubeconfig
 from installer.engine.phases.base import Context, Event, Phase, apply_api_objects
+from installer.host.fetch import cache_dir
 
 HELM = "helm"
 HELM_TIMEOUT = 600.0         # seconds: `helm upgrade --install` without --wait returns once sent
@@ -50,7 +51,6 @@ def chart_dir(inv: Inventory) -> Path:
     cache directory's top level (``source: download``; the chart is never downloaded)."""
     directory = inv.artifacts_dir()
     if directory is None:
-        from installer.host.fetch import cache_dir
         directory = cache_dir(inv)
     return Path(directory)
 

@@ -21,6 +21,7 @@ from installer.core.pki.material import Changes, Material
 from installer.core.render.files import HostPlan
 from installer.host.ssh import Remote
 from installer.core.state import StateDir
+from installer.core.facts import DirFact, FileFact
 
 
 @dataclass
@@ -106,7 +107,6 @@ class Context:
 
     def _remember(self, host: str, changes: HostChanges) -> None:
         """Keep the facts current without another probe: what we wrote is now there."""
-        from installer.core.facts import DirFact, FileFact
         facts = self.facts[host]
         for f in changes.write + changes.fix:
             facts.files[f.path] = FileFact(f.sha256, f.mode, f.owner, f.group, True)
@@ -154,7 +154,7 @@ def apply_api_objects(ctx: Context, phase: str, objects: list[dict], credential:
     runs after the objects, with the API still reachable at ``url`` (not in a dry run); its
     lines join the event's. ``retired_bindings``: ClusterRoleBindings of earlier releases,
     deleted when they exist."""
-    from installer.host import kube
+    from installer.host import kube   # lazy: the kubernetes client takes 1-2 s to import
     version = ctx.inv.spec.kubernetes.version
     if ctx.options.dry_run and not api_live(ctx):
         kube.validate_objects(objects, version)

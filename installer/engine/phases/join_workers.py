@@ -3,7 +3,7 @@
 Waits until the units are active and the kubelet serves its port. With a real cluster (the
 cluster-bootstrap phase ran) it then approves each joining node's client CSR when it was made
 with that node's own token (and denies every other bootstrap-token CSR:
-installer/core/csr_approval.py), waits for each Node to register, sets its spec.podCIDR to the
+installer/host/csr_approval.py), waits for each Node to register, sets its spec.podCIDR to the
 installer's allocation (any CNI), deletes its bootstrap token Secret, waits for Ready, and
 removes the bootstrap kubeconfig from each worker that joined in this run (the Node registered
 with the kubelet's own client certificate; later runs render it absent).
@@ -30,6 +30,7 @@ from installer.host.ssh import HostError
 from installer.engine.phases.base import Context, Event, Phase
 from installer.engine.phases.select import WORKER_UNITS, worker_part
 from installer.engine.phases.start_control_plane import listening_script
+from installer.host import csr_approval
 
 KUBELET_PORTS = (10250,)
 
@@ -134,8 +135,7 @@ class JoinWorkers(Phase):
     def finish(self, ctx: Context, events: list[Event]) -> None:
         if ctx.options.dry_run or not ctx.bootstrap_ran:
             return   # Node objects exist only on a real cluster bootstrapped in this run
-        from installer.core import csr_approval
-        from installer.host import kube
+        from installer.host import kube   # lazy: the kubernetes client takes 1-2 s to import
         names = [h.name for h in ctx.hosts("worker")]
         token_nodes = {ctx.material.tokens[h.name].id: h.name for h in ctx.inv.workers if h.name in ctx.material.tokens}
         verdicts: list[csr_approval.Verdict] = []

@@ -6,6 +6,7 @@ from __future__ import annotations
 from installer.core.diff import Selection
 from installer.core.render.control import ETCD_UNIT
 from installer.core.render.files import HostPlan
+from installer.host.fetch import binary_files
 from installer.engine.phases.base import Context, Event
 
 CONTROL_UNITS = ("kube-apiserver.service", "kube-controller-manager.service", "kube-scheduler.service")
@@ -42,7 +43,6 @@ def worker_part(plan: HostPlan) -> Selection:
 
 
 def binaries_part(ctx: Context, host: str) -> Selection:
-    from installer.host.fetch import binary_files
     return Selection(files=tuple(binary_files(ctx.artifacts, ctx.inv.host(host).role)))
 
 

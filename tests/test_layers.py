@@ -1,0 +1,121 @@
+"""The package's layers, read from the code's own imports (every import, function-local ones
+too): no import cycle, each layer imports only the layers below it, and a function-local import
+is there only to keep a slow library off the path of commands that do not need it."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "installer"
+
+# layer -> the layers it may import (itself included); README "Module map"
+ALLOWED = {
+    "core": {"core"},
+    "host": {"core", "host"},
+    "engine": {"core", "host", "engine"},
+    "actions": {"core", "host", "engine", "actions"},
+    "api": {"core", "host", "engine", "actions", "api"},
+    "lab": {"core", "lab"},
+    "cli": {"core", "host", "engine", "actions", "api", "lab", "cli", "installer"},
+}
+# imported inside a function on purpose: each costs seconds, and most commands never need it
+LAZY_OK = ("installer.host.kube", "kubernetes", "urllib3", "testinfra", "yaml.")
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {_module(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def _imports(path: Path) -> list[tuple[str, bool]]:
+    """(module imported, whether inside a function) for every import of ``path``."""
+    tree = ast.parse(path.read_text())
+    local: set[int] = set()
+    for fn in ast.walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            local.update(id(n) for n in ast.walk(fn) if isinstance(n, (ast.Import, ast.ImportFrom)))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path}: relative import (the layers use absolute ones)"
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                found.append((sub if sub in MODULES else node.module, id(node) in local))
+        elif isinstance(node, ast.Import):
+            found += [(alias.name, id(node) in local) for alias in node.names]
+    return found
+
+
+GRAPH = {m: {i for i, _ in _imports(p) if i in MODULES and i != m} for m, p in MODULES.items()}
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "installer"
+
+
+def test_the_package_has_its_layers():
+    layers = {_layer(m) for m in MODULES}
+    assert {"core", "host", "engine", "actions", "api", "cli", "lab"} <= layers
+    flat = sorted(m for m in MODULES if _layer(m) not in set(ALLOWED) | {"installer"})
+    assert flat == [], f"modules outside every layer: {flat}"
+
+
+def test_no_import_cycle():
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(v: str) -> None:        # Tarjan: a strongly connected component > 1 is a cycle
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in GRAPH[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while (w := stack.pop()) != v:
+                comp.append(w)
+            if comp:
+                cycles.append(sorted(comp + [v]))
+
+    for m in sorted(GRAPH):
+        if m not in index:
+            visit(m)
+    assert cycles == []
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if _layer(m) in ALLOWED))
+def test_each_layer_imports_only_the_layers_below(module):
+    wrong = sorted(i for i in GRAPH[module] if _layer(i) not in ALLOWED[_layer(module)])
+    assert wrong == [], f"{module} ({_layer(module)}) imports {wrong}"
+
+
+def test_core_touches_no_host():
+    for m in (m for m in MODULES if _layer(m) == "core"):
+        for imported, _ in _imports(MODULES[m]):
+            assert not imported.startswith(("paramiko", "fabric", "kubernetes", "invoke")), f"{m} imports {imported}"
+
+
+def test_only_the_ssh_module_touches_paramiko():
+    users = sorted(m for m, p in MODULES.items() if any(i.startswith(("paramiko", "fabric")) for i, _ in _imports(p)))
+    assert users == ["installer.host.ssh"]
+
+
+def test_function_local_imports_are_only_the_slow_libraries():
+    odd = [(m, i) for m, p in MODULES.items() if _layer(m) != "cli"
+           for i, local in _imports(p) if local and not i.startswith(LAZY_OK)]
+    assert odd == []
