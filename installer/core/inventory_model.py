@@ -1,0 +1,211 @@
+"""The inventory document as pydantic models: field checks (unknown fields, types, formats)."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, Field
+from pydantic_core import PydanticCustomError
+
+from installer.core import versions
+
+from installer.core.inventory_fields import (CIDR, Bool, HostIP, Int, IP, IPOrName, Label, Login, PathText, Port,
+                                            ReachableIPOrName, Role, StrictModel, Subdomain, quoted, semver,
+                                            version_field)
+
+# --- the document --------------------------------------------------------------------------
+
+class Metadata(StrictModel):
+    name: Label = Field(description="Cluster name; also names the state directory.")
+
+
+class KubernetesSpec(StrictModel):
+    version: Annotated[str, AfterValidator(version_field)] = Field(
+        versions.DEFAULT_KUBERNETES_VERSION,
+        description=f"Kubernetes release, vMAJOR.MINOR.PATCH, supported {versions.supported_range_text()}.")
+
+
+class NetworkSpec(StrictModel):
+    podCIDR: CIDR = Field("10.244.0.0/16", description="Pod network; each worker gets a slice.")
+    serviceCIDR: CIDR = Field("10.96.0.0/12", description="ClusterIP range; its first address is the kubernetes Service.")
+    clusterDNS: IP = Field("10.96.0.10", description="ClusterIP of the cluster DNS Service.")
+    clusterDomain: Subdomain = "cluster.local"
+    resolvConf: PathText | None = Field(
+        None, description="resolv.conf the kubelet hands to pods with dnsPolicy Default (and CoreDNS "
+        "uses upstream). Default: /run/systemd/resolve/resolv.conf on hosts running systemd-resolved "
+        "(its stub 127.0.0.53 would make CoreDNS loop), else /etc/resolv.conf.")
+    cni: Literal["routes", "cilium"] = Field(
+        "routes", description="routes: bridge CNI with a pod CIDR per worker and static routes between "
+        "hosts (no images needed); cilium: installed with Helm from the artifacts, no routes.")
+    egress: Literal["routes", "konnectivity"] | None = Field(
+        None, description="How control hosts reach pods and services (webhooks, aggregated APIs, logs/exec): "
+        "routes (default with cni: routes) or konnectivity (default with cni: cilium).")
+    nodeCIDRMaskSize: Annotated[Int, Field(ge=16, le=28)] = Field(
+        24, description="Prefix length of each worker's slice of podCIDR (IPv4).")
+    upstreamDNS: list[HostIP] = Field(
+        default_factory=list, description="Resolvers CoreDNS forwards to; empty: the kubelet's resolvConf.")
+
+
+class ApiServerSpec(StrictModel):
+    endpoint: ReachableIPOrName | None = Field(
+        None, description="Address clients and workers use for the API (VIP, LB name or a control "
+        "host's IP). Default: the first control host's address.")
+    port: Port = 6443
+    extraSANs: list[IPOrName] = Field(default_factory=list, description="More names/IPs for the serving certificate.")
+    alwaysPullImages: Bool = Field(
+        True, description="Enable the AlwaysPullImages admission plugin (CIS 1.2.11). Turn off for "
+        "clusters whose images are imported into containerd with no registry to pull from.")
+
+
+class BastionSpec(StrictModel):
+    address: ReachableIPOrName = Field(description="The jump host every SSH connection goes through (IP or DNS name).")
+    user: Login | None = Field(None, description="Login user on the bastion. Default: spec.ssh.user.")
+    port: Port = 22
+    keyPath: PathText | None = Field(None, description="Private key for the bastion. Default: spec.ssh.keyPath.")
+
+
+class SSHSpec(StrictModel):
+    user: Login = Field("root", description="Login user; a user other than root runs every command "
+                      "through `sudo -n` and so needs passwordless sudo.")
+    port: Port = 22
+    keyPath: PathText = Field("~/.ssh/id_ed25519", description="Private key used to log in.")
+    knownHosts: PathText = Field("~/.ssh/known_hosts", description="Host keys are verified against this file "
+                            "(the bastion's too).")
+    bastion: BastionSpec | None = Field(
+        None, description="Reach the hosts through this jump host (an SSH direct-tcpip channel, "
+        "like ProxyJump). Default: connect directly.")
+
+
+class HostSSHSpec(StrictModel):
+    user: Login | None = None
+    port: Port | None = None
+    keyPath: PathText | None = None
+    knownHosts: PathText | None = None
+    bastion: BastionSpec | None = Field(
+        None, description="This host's bastion instead of spec.ssh.bastion; null connects directly.")
+
+
+class HostSpec(StrictModel):
+    name: Label = Field(description="Host and node name (a DNS-1123 label); must equal the host's hostname.")
+    address: HostIP
+    role: Role
+    ssh: HostSSHSpec = Field(default_factory=HostSSHSpec, description="Per-host overrides of spec.ssh.")
+
+
+def _sha256(v: str) -> str:
+    if not re.fullmatch(r"[0-9a-f]{64}", v):
+        raise PydanticCustomError("sha256", "{value} is not a lower-case hex sha256 digest", {"value": quoted(v)})
+    return v
+
+
+class ComponentVersions(StrictModel):
+    etcd: Annotated[str, AfterValidator(semver)] = versions.DEFAULT_COMPONENTS["etcd"]
+    containerd: Annotated[str, AfterValidator(semver)] = versions.DEFAULT_COMPONENTS["containerd"]
+    runc: Annotated[str, AfterValidator(semver)] = versions.DEFAULT_COMPONENTS["runc"]
+    cni: Annotated[str, AfterValidator(semver)] = versions.DEFAULT_COMPONENTS["cni"]
+
+
+class ArtifactsSpec(StrictModel):
+    source: Literal["download", "dir"] = "download"
+    path: PathText | None = Field(None, description="With source: dir, the directory holding binaries and SHA256SUMS (relative to the inventory).")
+    versions: ComponentVersions = Field(default_factory=ComponentVersions,
+                                        description="Versions of the non-Kubernetes components: downloaded with source: "
+                                        "download; with either source, containerd's decides its config format "
+                                        "(1.x: version 2, 2.x: version 3).")
+    checksums: dict[str, Annotated[str, AfterValidator(_sha256)]] = Field(
+        default_factory=dict, description="Pinned sha256 per binary name (e.g. kube-apiserver); checked in "
+        "addition to the published checksums, for both sources.")
+    cacheDir: PathText | None = Field(None, description="Where downloads are kept. Default: $XDG_CACHE_HOME/hiddenplane/artifacts.")
+    sandboxImage: str = Field("registry.k8s.io/pause:3.10.2", pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$",
+                              description="containerd's "
+                              "sandbox (pause) image; name the one an image-*.tar in the artifacts holds to "
+                              "run without a registry.")
+
+
+class PKISpec(StrictModel):
+    keyAlgorithm: Literal["ecdsa-p256", "rsa-2048"] = "ecdsa-p256"
+    # bounded: a date past year 9999 cannot be written into a certificate
+    caValidityDays: Annotated[Int, Field(gt=0, le=36500)] = 3650
+    certValidityDays: Annotated[Int, Field(gt=0, le=36500)] = 365
+    bootstrapTokenTTLHours: Annotated[Int, Field(gt=0, le=24 * 7)] = 24
+    kubeletClientCertHours: Annotated[Int, Field(gt=0, le=24 * 30)] = Field(
+        24, description="Lifetime of kubelet client certificates the controller-manager signs "
+        "(--cluster-signing-duration); short, so a stolen one dies soon.")
+
+
+class ClusterSpec(StrictModel):
+    kubernetes: KubernetesSpec = Field(default_factory=KubernetesSpec)
+    network: NetworkSpec = Field(default_factory=NetworkSpec)
+    apiServer: ApiServerSpec = Field(default_factory=ApiServerSpec)
+    ssh: SSHSpec = Field(default_factory=SSHSpec)
+    hosts: list[HostSpec]
+    allowEvenControlHosts: Bool = Field(
+        False, description="Accept 2 or 4 control hosts (etcd members). Only as a step of replacing one: "
+        "`installer etcd member remove --allow-even` (3 -> 2), then `installer etcd member add` (2 -> 3).")
+    artifacts: ArtifactsSpec = Field(default_factory=ArtifactsSpec)
+    pki: PKISpec = Field(default_factory=PKISpec)
+
+
+class Inventory(StrictModel):
+    apiVersion: Literal["hiddenplane/v1alpha1"]
+    kind: Literal["Cluster"]
+    metadata: Metadata
+    spec: ClusterSpec
+
+    # Where the file lives: relative artifact paths are resolved against it.
+    base_dir: Path = Field(default=Path("."), exclude=True, json_schema_extra={"hidden": True})
+
+    @property
+    def controls(self) -> list[HostSpec]:
+        return [h for h in self.spec.hosts if h.role == "control"]
+
+    @property
+    def workers(self) -> list[HostSpec]:
+        return [h for h in self.spec.hosts if h.role == "worker"]
+
+    @property
+    def endpoint(self) -> str:
+        return self.spec.apiServer.endpoint or self.controls[0].address
+
+    @property
+    def api_url(self) -> str:
+        host = self.endpoint
+        if ":" in host:  # IPv6 literal
+            host = f"[{host}]"
+        return f"https://{host}:{self.spec.apiServer.port}"
+
+    @property
+    def kubernetes_service_ip(self) -> str:
+        return str(ipaddress.ip_network(self.spec.network.serviceCIDR)[1])
+
+    def host(self, name: str) -> HostSpec:
+        for h in self.spec.hosts:
+            if h.name == name:
+                return h
+        raise KeyError(name)
+
+    def ssh_for(self, host: HostSpec) -> SSHSpec:
+        """spec.ssh with the host's overrides; key and known_hosts paths made absolute
+        (relative ones are relative to the inventory file, like artifacts.path)."""
+        merged = self.spec.ssh.model_dump() | host.ssh.model_dump(exclude_none=True, exclude={"bastion"})
+        for key in ("keyPath", "knownHosts"):
+            merged[key] = self._abs(merged[key])
+        # an explicit `bastion: null` on the host means: connect directly
+        bastion = host.ssh.bastion if "bastion" in host.ssh.model_fields_set else self.spec.ssh.bastion
+        if bastion is None or bastion.address == host.address:
+            merged["bastion"] = None     # a host is never its own jump host
+        else:
+            merged["bastion"] = bastion.model_copy(update={
+                "user": bastion.user or self.spec.ssh.user,
+                "keyPath": self._abs(bastion.keyPath or self.spec.ssh.keyPath)})
+        return SSHSpec(**merged)
+
+    def _abs(self, path: str) -> str:
+        return str((self.base_dir / Path(path).expanduser()).resolve())
+
+    def artifacts_dir(self) -> Path | None:
+        p = self.spec.artifacts.path
+        return None if p is None else (self.base_dir / Path(p).expanduser()).resolve()

@@ -1,0 +1,251 @@
+"""The cluster checks over the whole inventory document (roles, overlaps, address families, files),
+read from the raw data defensively so that a bad field elsewhere never hides them."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+
+from installer.core.network import capacity, slice_prefix
+
+from installer.core.inventory_fields import DNS1123_LABEL, HIDDEN_MSG, MAX_PATH, as_ip, quoted
+from installer.core.inventory_model import NetworkSpec, SSHSpec
+
+def _get(data: Any, *keys: Any) -> Any:
+    for k in keys:
+        if isinstance(k, int):
+            if not isinstance(data, list) or k >= len(data):
+                return None
+            data = data[k]
+        else:
+            if not isinstance(data, dict):
+                return None
+            data = data.get(k)
+    return data
+
+
+def _as_net(v: Any):
+    try:
+        return ipaddress.ip_network(v, strict=True) if isinstance(v, str) else None
+    except ValueError:
+        return None
+
+
+def _network_problems(data: dict, hosts: list) -> list[str]:
+    out: list[str] = []
+    defaults = NetworkSpec()
+    net = _get(data, "spec", "network") or {}
+    raw = {k: (net.get(k) if isinstance(net, dict) and k in net else getattr(defaults, k))
+           for k in ("podCIDR", "serviceCIDR", "clusterDNS")}
+    pod, svc, dns = _as_net(raw["podCIDR"]), _as_net(raw["serviceCIDR"]), as_ip(raw["clusterDNS"])
+    endpoint = as_ip(_get(data, "spec", "apiServer", "endpoint"))
+
+    if pod and svc:
+        if pod.version != svc.version:
+            out.append(f"spec.network.podCIDR: {pod} is IPv{pod.version} but serviceCIDR {svc} is "
+                       f"IPv{svc.version}; dual-stack is not supported yet")
+        elif pod.overlaps(svc):
+            out.append(f"spec.network.serviceCIDR: {svc} overlaps spec.network.podCIDR {pod}")
+    if svc:
+        limit = 12 if svc.version == 4 else 108
+        if svc.prefixlen < limit:
+            out.append(f"spec.network.serviceCIDR: {svc} is too large; kube-apiserver accepts at "
+                       f"most /{limit} for IPv{svc.version}")
+    if svc and dns:
+        if dns.version != svc.version or dns not in svc:
+            out.append(f"spec.network.clusterDNS: '{dns}' is outside spec.network.serviceCIDR {svc}")
+        elif dns == svc[1]:
+            out.append(f"spec.network.clusterDNS: '{dns}' is the first address of the service CIDR, "
+                       "which the kubernetes Service takes; pick another (for example the tenth)")
+    if svc and endpoint and endpoint.version != svc.version:
+        out.append(f"spec.apiServer.endpoint: '{endpoint}' is IPv{endpoint.version} but "
+                   f"spec.network.serviceCIDR {svc} is IPv{svc.version}")
+    out += _pod_slice_problems(net if isinstance(net, dict) else {}, pod, hosts)
+    for label, n in (("podCIDR", pod), ("serviceCIDR", svc)):
+        if not n:
+            continue
+        for i, h in enumerate(hosts):
+            ip = _comparable(as_ip(_get(h, "address")))     # ::ffff:10.244.0.5 is in 10.244.0.0/16
+            if ip and ip.version == n.version and ip in n:
+                out.append(f"spec.hosts[{i}].address: '{ip}' lies inside spec.network.{label} {n}")
+        if endpoint and endpoint.version == n.version and endpoint in n:
+            out.append(f"spec.apiServer.endpoint: '{endpoint}' lies inside spec.network.{label} {n}")
+    if isinstance(net, dict) and net.get("cni") == "cilium" and net.get("egress") == "routes":
+        # Cilium's pod network is not routed from hosts that are not nodes
+        out.append("spec.network.egress: 'routes' needs cni: routes; with cni: cilium the control hosts "
+                   "cannot route to pods: use egress: konnectivity (the default with cilium)")
+    return out
+
+
+def _pod_slice_problems(net: dict, pod, hosts: list) -> list[str]:
+    """Every worker needs its own slice of podCIDR (see installer/core/network.py): its CNI config
+    and routes with cni: routes, its Node.spec.podCIDR with either CNI."""
+    mask = net.get("nodeCIDRMaskSize", NetworkSpec().nodeCIDRMaskSize)
+    if not pod or not isinstance(mask, int) or isinstance(mask, bool):
+        return []
+    if pod.version == 4 and mask < pod.prefixlen:
+        return [f"spec.network.nodeCIDRMaskSize: /{mask} is larger than spec.network.podCIDR {pod}; "
+                f"each worker's slice must fit inside it (use {pod.prefixlen} or more)"]
+    workers = sum(1 for h in hosts if isinstance(h, dict) and h.get("role") == "worker")
+    room = capacity(pod, mask)
+    if workers > room:
+        return [f"spec.network.podCIDR: {pod} has room for {room} worker(s) at /{slice_prefix(pod, mask)} "
+                f"(nodeCIDRMaskSize) but the inventory has {workers}; use a larger podCIDR or a longer "
+                "nodeCIDRMaskSize"]
+    return []
+
+
+def _name_of(h: dict) -> str:
+    name = h.get("name")
+    if not isinstance(name, str):
+        return ""
+    return f" of {name if DNS1123_LABEL.fullmatch(name) else quoted(name)}"
+
+
+def _duplicate(hosts: list, i: int, j: int, field: str, value: str) -> str:
+    if {hosts[i].get("role"), hosts[j].get("role")} == {"control", "worker"}:
+        return f"spec.hosts[{i}].{field}: {quoted(value)} is listed as both control and worker: {HIDDEN_MSG}"
+    if field == "address":
+        raw = hosts[i].get("address")
+        same = "" if as_ip(raw) == as_ip(hosts[j].get("address")) else f", written as {quoted(raw)}"
+        return (f"spec.hosts[{i}].address: {quoted(value)}{_name_of(hosts[i])} duplicates "
+                f"spec.hosts[{j}].address{_name_of(hosts[j])}{same}")
+    return f"spec.hosts[{i}].{field}: {quoted(value)} duplicates spec.hosts[{j}].{field}"
+
+
+def _comparable(ip):
+    """The address a socket would reach: ::ffff:10.0.0.1 is 10.0.0.1."""
+    return getattr(ip, "ipv4_mapped", None) or ip
+
+
+# one etcd member per control host; more than 5 makes every write wait for more members (README)
+CONTROL_COUNTS = (1, 3, 5)
+EVEN_CONTROL_COUNTS = (2, 4)      # only while replacing a control host
+
+
+def _host_problems(hosts: list, allow_even: bool = False) -> list[str]:
+    out: list[str] = []
+    seen: dict[tuple[str, str], int] = {}     # (field, value) -> first index
+    roles = {"control": 0, "worker": 0}
+    loopback: list[int] = []
+    for i, h in enumerate(hosts):
+        if not isinstance(h, dict):
+            continue
+        if h.get("role") in roles:
+            roles[h["role"]] += 1
+        ip = as_ip(h.get("address"))
+        keys = [("name", h["name"])] if isinstance(h.get("name"), str) else []
+        keys += [("address", str(_comparable(ip)))] if ip is not None else []
+        if ip is not None and _comparable(ip).is_loopback:
+            loopback.append(i)
+        for key in keys:
+            if key in seen:
+                out.append(_duplicate(hosts, i, seen[key], *key))
+            else:
+                seen[key] = i
+    if not hosts:
+        out.append("spec.hosts: no hosts; a cluster needs at least one control host and one worker")
+        return out
+    addressed = sum(1 for h in hosts if isinstance(h, dict) and as_ip(h.get("address")) is not None)
+    if loopback and len(loopback) < addressed:
+        # loopback is this machine: fine when every host is on it (a one-machine test), a typo otherwise
+        for i in loopback:
+            out.append(f"spec.hosts[{i}].address: {quoted(hosts[i]['address'])} is a loopback address: from the "
+                       "other hosts it names themselves, not this one; loopback is only allowed when every "
+                       "host is on it")
+    count = roles["control"]
+    allowed = CONTROL_COUNTS + (EVEN_CONTROL_COUNTS if allow_even else ())
+    if count == 0:
+        out.append("spec.hosts: no host has role control; the control plane needs one (or 3, 5)")
+    elif count in EVEN_CONTROL_COUNTS and not allow_even:
+        out.append(f"spec.hosts: {count} control hosts; each runs an etcd member and an "
+                   "even count adds no fault tolerance: use 1, 3 or 5 (while replacing a control host, "
+                   "set spec.allowEvenControlHosts: true)")
+    elif count not in allowed:
+        out.append(f"spec.hosts: {count} control hosts; each runs an etcd member and every write waits for "
+                   "a majority of them: use 1, 3 or 5" + (" (2 or 4 while replacing one)" if allow_even else ""))
+    if roles["worker"] == 0:
+        out.append("spec.hosts: no host has role worker; workloads need at least one worker "
+                   "(control hosts never run pods)")
+    return out
+
+
+def _artifact_problems(data: dict, base_dir: Path) -> list[str]:
+    art = _get(data, "spec", "artifacts")
+    if not isinstance(art, dict) or art.get("source") != "dir":
+        return []
+    path = art.get("path")
+    if not isinstance(path, str) or not path:
+        return ["spec.artifacts.path: required when spec.artifacts.source is 'dir'"]
+    resolved = _resolve(base_dir, path)
+    if resolved is None:
+        return []        # the field check says what is wrong with it
+    if not resolved.is_dir():
+        return [f"spec.artifacts.path: {quoted(path)} is not a directory (resolved to {quoted(str(resolved))})"]
+    return []
+
+
+def _resolve(base_dir: Path, path: Any) -> Path | None:
+    if not isinstance(path, str) or not path or len(path) > MAX_PATH or "\x00" in path:
+        return None
+    try:
+        return (base_dir / Path(path).expanduser()).resolve()
+    except (OSError, RuntimeError, ValueError):   # e.g. ~nosuchuser, a symlink loop
+        return None
+
+
+_FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
+               (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
+
+
+def _ssh_file_problems(data: dict, hosts: list, base_dir: Path) -> list[str]:
+    """A key or known_hosts path that exists but is no regular file fails only at connect time,
+    host by host; say it now. A missing file stays legal here: the key's absence is reported at
+    connect time, and a missing known_hosts is created by --accept-new-host-keys."""
+    ssh = _get(data, "spec", "ssh")
+    ssh = ssh if isinstance(ssh, dict) else {}
+    defaults = SSHSpec.model_fields
+    fields = [(f"spec.ssh.{k}", ssh[k] if k in ssh else defaults[k].default) for k in ("keyPath", "knownHosts")]
+    fields.append(("spec.ssh.bastion.keyPath", _get(ssh, "bastion", "keyPath")))
+    for i, h in enumerate(hosts):
+        for k in ("keyPath", "knownHosts"):
+            fields.append((f"spec.hosts[{i}].ssh.{k}", _get(h, "ssh", k)))
+        fields.append((f"spec.hosts[{i}].ssh.bastion.keyPath", _get(h, "ssh", "bastion", "keyPath")))
+    out = []
+    for field, value in fields:
+        resolved = _resolve(base_dir, value)
+        if resolved is None:
+            continue
+        try:
+            mode = os.stat(resolved).st_mode
+        except OSError:
+            continue
+        kind = next((name for test, name in _FILE_KINDS if test(mode)), None)
+        if kind is not None:
+            what = "a private key" if field.endswith("keyPath") else "a known_hosts file"
+            out.append(f"{field}: {quoted(value)} is {kind}, not a regular file; it must be {what}")
+    return out
+
+
+def cluster_problems(data: dict, base_dir: Path) -> list[str]:
+    hosts = _get(data, "spec", "hosts")
+    hosts = hosts if isinstance(hosts, list) else []
+    allow_even = _get(data, "spec", "allowEvenControlHosts") is True
+    return (_host_problems(hosts, allow_even) + _network_problems(data, hosts)
+            + _endpoint_problems(data, hosts) + _artifact_problems(data, base_dir)
+            + _ssh_file_problems(data, hosts, base_dir))
+
+
+def _endpoint_problems(data: dict, hosts: list) -> list[str]:
+    endpoint = as_ip(_get(data, "spec", "apiServer", "endpoint"))
+    if endpoint is None or not _comparable(endpoint).is_loopback:
+        return []
+    addresses = [as_ip(h.get("address")) for h in hosts if isinstance(h, dict)]
+    if all(a is not None and _comparable(a).is_loopback for a in addresses):
+        return []
+    return [f"spec.apiServer.endpoint: '{endpoint}' is a loopback address: kubelets on the workers would "
+            "reach themselves, not the API; use a control host's address, a VIP or a load balancer"]
