@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from installer.lab import images, seed, vm
+from installer.lab import images, seed, vm, vm_image
 from installer.lab.model import LabSpec
 
 NAME, SUBNET = "vmb", "10.213.251.0/24"
@@ -52,15 +52,15 @@ def main() -> None:
         (cache / "lab").mkdir(parents=True)
         (cache / "lab" / base.name).symlink_to(base)
         os.environ["HIDDENPLANE_CACHE_DIR"] = str(cache)
-        cold, _ = timed(lambda: vm.ensure_vm_image(quiet))
-        warm, _ = timed(lambda: vm.ensure_vm_image(quiet))
+        cold, _ = timed(lambda: vm_image.ensure_vm_image(quiet))
+        warm, _ = timed(lambda: vm_image.ensure_vm_image(quiet))
         if real_cache is None:
             del os.environ["HIDDENPLANE_CACHE_DIR"]
         else:
             os.environ["HIDDENPLANE_CACHE_DIR"] = real_cache
     print(f"VM image build: cold {cold:.1f} s (base cached), warm {warm * 1000:.0f} ms")
 
-    vm.ensure_vm_image(quiet)
+    vm_image.ensure_vm_image(quiet)
     spec = LabSpec.create(NAME, 1, 1, 1, subnet=SUBNET)
     host = spec.host("w1")
     with tempfile.TemporaryDirectory(prefix="hp-vm-bench-") as tmp:

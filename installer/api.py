@@ -8,12 +8,10 @@ from pathlib import Path
 
 from installer.core import inventory as inventory_mod
 from installer.core.inventory import Inventory
-from installer.core.pki import issue
 from installer.core.pki.material import Changes, Material, ensure
 from installer.core.render.files import HostPlan
-from installer.core.render.kubeconfig import kubeconfig
 from installer.core.render.plan import render_cluster, write_tree
-from installer.core.inventory import as_inventory
+from installer.core.inventory import as_inventory  # noqa: F401  (part of the API: day-2 callers pass an Inventory or a path)
 from installer.core.state import StateDir, state_for, write_admin_kubeconfig
 
 

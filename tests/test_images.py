@@ -18,7 +18,7 @@ import pytest
 from installer.core import inventory
 from installer.core.artifacts import ArtifactError, add_files
 from installer.host.fetch import ALL_BINARIES, IMAGE_DIR, ResolvedArtifact, binary_files, resolve_images
-from installer.lab.vm import build_image_archive
+from installer.lab.archives import build_image_archive
 from installer.engine.phases.join_workers import archive_images, import_script, normalize_ref
 from installer.engine.phases.select import binaries_part, phase_parts
 from installer.core.render.worker import SANDBOX_IMAGE, HostFacts, render_worker
@@ -243,7 +243,7 @@ def test_real_containerd_2_reads_the_rendered_config(prepared, built_artifacts, 
 def test_containerd_1x_gets_the_version_2_format(prepared, example_doc, tmp_path):
     """spec.artifacts.versions.containerd 1.x (e.g. Debian's 1.6, which the lab uses without
     Go): the version 2 format, which Debian's real containerd 1.6 reads into its CRI plugin."""
-    from installer.lab.vm import deb_tree
+    from installer.lab.archives import deb_tree
     doc = copy.deepcopy(example_doc)
     doc["spec"]["artifacts"] = {"versions": {"containerd": "1.6.20"}}
     inv = inventory.parse(doc, "t", base_dir=tmp_path)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from installer.lab import seed, vm
+from installer.lab import archives, seed, vm, vm_image
 from installer.lab.model import LabSpec
 
 pytestmark = pytest.mark.vm
@@ -98,7 +98,7 @@ def wait_for_port(address: str, port: int, timeout: float) -> float:
 def vm_host(tmp_path_factory):
     if os.geteuid() != 0:
         pytest.fail("the VM lab tests need root (CI runs as root)")
-    missing = vm.missing_tools()
+    missing = vm_image.missing_tools()
     if missing:
         pytest.fail(f"VM hosts need: apt-get install --no-install-recommends {' '.join(missing)}")
     spec = LabSpec.create("vmt", 1, 1, 1, subnet=SUBNET)
@@ -123,7 +123,7 @@ def vm_host(tmp_path_factory):
         ip("addr", "add", f"{spec.gateway}/{spec.prefixlen}", "dev", spec.bridge)
         Path(f"/proc/sys/net/ipv4/conf/{spec.bridge}/forwarding").write_text("0\n")   # nothing leaves
         ip("link", "set", spec.bridge, "up")
-        vm.ensure_vm_image(log=lambda *_: None)
+        vm_image.ensure_vm_image(log=lambda *_: None)
         t = time.monotonic()
         pid = vm.start_vm(spec, host, host_dir, seed.host_files(spec, host, login, host_key), log=lambda *_: None)
         started = time.monotonic() - t
@@ -182,13 +182,13 @@ def test_vm_host_is_a_real_machine(vm_host):
 
 
 def test_containerd_runs_a_locally_built_image(vm_host, tmp_path):
-    containerd = vm.deb_tree("containerd", log=lambda *_: None)
-    runc = vm.deb_tree("runc", log=lambda *_: None)
-    busybox = vm.deb_tree("busybox-static", log=lambda *_: None) / "bin" / "busybox"
+    containerd = archives.deb_tree("containerd", log=lambda *_: None)
+    runc = archives.deb_tree("runc", log=lambda *_: None)
+    busybox = archives.deb_tree("busybox-static", log=lambda *_: None) / "bin" / "busybox"
     binaries = [containerd / "usr/bin/containerd", containerd / "usr/bin/ctr",
                 containerd / "usr/bin/containerd-shim-runc-v2", runc / "usr/sbin/runc"]
     archive = tmp_path / "busybox.tar"
-    vm.busybox_image_archive(archive, IMAGE, busybox.read_bytes())
+    archives.busybox_image_archive(archive, IMAGE, busybox.read_bytes())
     unit = tmp_path / "containerd.service"
     unit.write_text(CONTAINERD_UNIT)
 

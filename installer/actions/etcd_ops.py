@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from installer.core.errors import InstallerError
 from installer.core.etcd_rules import EtcdOpError, Member, parse_members
 from installer.host.fetch import binary_path
 from installer.core.inventory import HostSpec, Inventory

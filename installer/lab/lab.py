@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 
 from installer.core import versions
-from installer.lab import debian_artifacts, images, net, nspawn, seed, vm
+from installer.lab import debian_artifacts, images, net, nspawn, seed, vm, vm_image
 from installer.lab.model import DEFAULT_SUBNET, LabError, LabHost, LabPaths, LabSpec
 
 TOOLS = {"systemd-nspawn": "systemd-container", "debootstrap": "debootstrap", "ip": "iproute2",
@@ -38,7 +38,7 @@ def preflight(spec: LabSpec, paths: LabPaths) -> None:
         problems.append("the lab needs root (network namespaces, mounts, systemd-nspawn): run it with sudo")
     missing = sorted({pkg for tool, pkg in TOOLS.items() if shutil.which(tool) is None})
     if spec.vm_workers:
-        missing += [p for p in vm.missing_tools() if p not in missing]
+        missing += [p for p in vm_image.missing_tools() if p not in missing]
     if missing:
         problems.append(f"missing tools: apt-get install {' '.join(missing)}")
     if "overlay" not in Path("/proc/filesystems").read_text():
@@ -345,7 +345,7 @@ def up(name: str, controls: int = 1, workers: int = 2, vm_workers: int = 0, subn
     preflight(spec, paths)
     base = images.ensure_base(log)
     if spec.vm_workers:
-        vm.ensure_vm_image(log)
+        vm_image.ensure_vm_image(log)
 
     paths.root.mkdir(parents=True, exist_ok=True)
     os.chmod(paths.root, 0o700)
