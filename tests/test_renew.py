@@ -19,6 +19,7 @@ from installer.cli.main import cli
 from installer.core.errors import InstallerError, StateError
 from installer.core.pki import issue
 from installer.core.pki.specs import CAS, CLUSTER_CA, ETCD_CA, FRONT_PROXY_CA, cert_specs
+from installer.core.state import state_for
 from installer.core.tlsfiles import write_private
 
 from .conftest import EXAMPLE
@@ -117,7 +118,7 @@ def test_rollout_names_only_certificate_files_and_their_units(prepared):
 
 
 def test_backup_is_private_and_keeps_the_layout(prepared, state):
-    st = renew.api.state_for(prepared.inventory, state)
+    st = state_for(prepared.inventory, state)
     paths = [st.pki("apiserver", "crt"), st.pki("apiserver", "key"), st.pki("etcd/server-cp1", "key"),
              st.admin_kubeconfig]
     root = renew.backup(st, "renew", paths)
