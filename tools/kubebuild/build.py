@@ -360,7 +360,7 @@ def build_component(c: Component, gover: str) -> Built:
 # --- images ---------------------------------------------------------------------------------------
 
 def _oci():
-    from installer.lab.vm import build_image_archive
+    from installer.lab.archives import build_image_archive
     return build_image_archive
 
 
@@ -406,7 +406,7 @@ BUSYBOX_APPLETS = ("sh", "ls", "cat", "echo", "sleep", "wget", "nc", "nslookup",
 
 def busybox_image() -> Built:
     """A shell for test pods: Debian's busybox-static, with the applets tests call as links."""
-    from installer.lab.vm import deb_tree
+    from installer.lab.archives import deb_tree
     binary = deb_tree("busybox-static", log) / "bin/busybox"
 
     def make(tmp: Path) -> None:
