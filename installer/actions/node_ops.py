@@ -40,7 +40,6 @@ from installer.actions import teardown
 
 ApiFactory = Callable[[], ContextManager[k8s.ApiClient]]
 ROUTES_PATH = f"/etc/systemd/system/{ROUTES_UNIT}"
-API_STEPS = frozenset({"cluster-bootstrap", "addons"})
 
 
 class NodeOpError(InstallerError):

@@ -22,6 +22,7 @@ from pathlib import Path
 import yaml
 
 from installer.core import versions
+from installer.core.inventory_fields import API_VERSION
 from installer.lab import debian_artifacts, images, net, nspawn, seed, vm
 from installer.lab.model import DEFAULT_SUBNET, LabError, LabHost, LabPaths, LabSpec
 
@@ -80,7 +81,7 @@ def inventory_doc(spec: LabSpec, paths: LabPaths, k8s_version: str | None = None
     (Debian's containerd is 1.6, which reads another config format)."""
     cp1 = spec.hosts[0]
     doc = {
-        "apiVersion": "hiddenplane/v1alpha1",
+        "apiVersion": API_VERSION,
         "kind": "Cluster",
         "metadata": {"name": spec.name},
         "spec": {
