@@ -64,6 +64,9 @@ class Context:
     facts: dict[str, HostFacts] = field(default_factory=dict)
     plans: dict[str, HostPlan] = field(default_factory=dict)
     artifacts: dict = field(default_factory=dict)          # name -> fetch.ResolvedArtifact
+    # the release architecture the artifacts are for (one per run: a directory holds one arch);
+    # preflight refuses a host of another architecture
+    artifacts_arch: str = "amd64"
     events: list[Event] = field(default_factory=list)
     locked: list[str] = field(default_factory=list)
     run_id: str = ""
