@@ -34,7 +34,8 @@ from installer.engine import runner
 from installer.core.errors import InstallerError
 from installer.actions.etcd_ops import day2_etcdctl, control_remotes
 from installer.core.etcd_rules import (Change, EtcdOpError, Guard, Member, MembershipRefused, apply_guard,
-                                       check_add, check_remove, member_label, names_list, parse_members, quorum)
+                                       check_add, check_remove, member_label, named_members, names_list, parse_members,
+                                       quorum)
 from installer.core.inventory import HostSpec, Inventory
 from installer.engine.phases.acquire_lock import cluster_lock
 from installer.engine.phases.base import Event, Options
@@ -83,7 +84,7 @@ def _view(inv: Inventory, remotes: dict[str, Remote], skip: str) -> _View:
     r, out, why = member_list([remotes[h.name] for h in inv.controls if h.name != skip], timeout="10s")
     if r is None:
         raise EtcdOpError(f"no etcd member answered (nothing was changed): {why or 'no other control host'}")
-    members = _named(parse_members(out, r.name), inv.controls)
+    members = named_members(parse_members(out, r.name), inv.controls)
     return _View(members, _health(r, members), r)
 
 
@@ -119,7 +120,7 @@ def _wait_healthy(via: Remote, members: list[Member], timeout: float) -> None:
 
 def _members(via: Remote, inv: Inventory) -> list[Member]:
     out = via.run(f"{day2_etcdctl(LOCAL)} member list -w json", what="etcdctl member list").stdout
-    return _named(parse_members(out, via.name), inv.controls)
+    return named_members(parse_members(out, via.name), inv.controls)
 
 
 def _converge(inv: Inventory, state_dir, options: Options, log: Callable[[str], None]) -> None:

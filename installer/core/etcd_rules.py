@@ -164,7 +164,7 @@ def check_remove(members: list[Member], health: dict[str, bool], name: str, allo
     return _even(n - 1, allow_even)
 
 
-def _named(members: list[Member], controls: list[HostSpec]) -> list[Member]:
+def named_members(members: list[Member], controls: list[HostSpec]) -> list[Member]:
     """Members added but not started carry no name yet: name them after the control host
     whose peer URL they were registered with."""
     by_peer = {peer_url(h.address): h.name for h in controls}
@@ -184,7 +184,7 @@ def apply_guard(controls: list[HostSpec], with_data: set[str], members: list[Mem
     (registered by `etcd member add`, no data yet: they start with the members as etcd knows
     them). ``with_data``: the control hosts holding /var/lib/etcd/member; ``members``: the
     live member list."""
-    members = _named(members, controls)
+    members = named_members(members, controls)
     names = {h.name for h in controls}
     listed = {m.name for m in members}
     guard = Guard(learners={m.name for m in members if m.learner and m.name in names})
