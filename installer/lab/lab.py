@@ -429,12 +429,6 @@ def ssh_command(paths: LabPaths, host: LabHost, command: str) -> list[str]:
             f"root@{host.address}", command]
 
 
-def run_on(name: str, host: str, command: str) -> subprocess.CompletedProcess:
-    paths = LabPaths.of(name)
-    spec = load_spec(paths)
-    return subprocess.run(ssh_command(paths, spec.host(host), command), capture_output=True, text=True)
-
-
 # --- down ----------------------------------------------------------------------------------
 
 def down(name: str, log=print) -> None:
