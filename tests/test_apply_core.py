@@ -618,6 +618,40 @@ def test_preflight_problems(prepared, host_name, change, expect):
         assert text in found[0]
 
 
+# what the probe printed on an arm64 worker (a Debian 12 Raspberry Pi), abridged to what preflight reads
+AARCH64_PROBE = """K\thostname\tnode2
+K\tos\tdebian 12
+K\tarch\taarch64
+K\tinit\tsystemd
+K\tswap\t0
+M\toverlay
+M\tbr_netfilter
+T\tiptables
+T\tiptables-save
+T\tiptables-restore
+T\tmodprobe
+S\troot
+END
+"""
+
+
+def test_preflight_refuses_a_host_of_another_architecture_than_the_artifacts(prepared):
+    from types import SimpleNamespace
+    from installer.engine.phases.run_preflight import RunPreflight
+    from installer.host.ssh import HostError
+    facts = parse(AARCH64_PROBE)
+    assert facts.arch == "aarch64"
+    node2 = prepared.inventory.host("node2")
+    assert problems(node2, facts, "arm64") == []
+    found = problems(node2, facts)                      # the default: amd64 artifacts
+    assert len(found) == 1 and "aarch64 (arm64)" in found[0] and "linux-amd64" in found[0], found
+    ctx = SimpleNamespace(inv=prepared.inventory, facts={"node2": facts}, options=SimpleNamespace(dry_run=False),
+                          remotes={}, artifacts_arch="amd64")
+    with pytest.raises(HostError) as e:
+        RunPreflight().run_host(ctx, "node2")
+    assert "node2" in str(e.value) and "aarch64" in str(e.value) and "linux-amd64" in str(e.value)
+
+
 def test_preflight_port_held_by_our_own_unit_is_fine(prepared):
     cp = prepared.inventory.host("cp1")
     facts = _with(ok_facts("cp1", "control"), listening={2379, 2380, 6443, 22},

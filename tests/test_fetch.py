@@ -19,7 +19,7 @@ import pytest
 from installer.core import inventory
 from installer.core.artifacts import (CNI_PLUGINS, CONTROL_BINARIES, WORKER_BINARIES, ArtifactError, add_files,
                                  read_sums)
-from installer.host.fetch import (ALL_BINARIES, MIRROR_ENV, arch_of, binary_files, cache_dir, component_versions,
+from installer.host.fetch import (ALL_BINARIES, MIRROR_ENV, binary_files, cache_dir, component_versions,
                              mirrored, resolve)
 
 K8S = "v1.36.4"
@@ -288,12 +288,6 @@ def test_versions_and_cache_location(example_doc, tmp_path, monkeypatch):
     assert cache_dir(inventory.parse(doc, "t", base_dir=tmp_path)) == tmp_path / "xdg/hiddenplane/artifacts"
     monkeypatch.delenv("XDG_CACHE_HOME")
     assert cache_dir(inventory.parse(doc, "t", base_dir=tmp_path)) == Path.home() / ".cache/hiddenplane/artifacts"
-
-
-def test_arch_of():
-    assert arch_of("x86_64") == "amd64" and arch_of("aarch64") == "arm64" and arch_of("arm64\n") == "arm64"
-    with pytest.raises(ArtifactError, match="unsupported machine architecture 'riscv64'"):
-        arch_of("riscv64")
 
 
 def test_arm64_fetches_arm64_files(example_doc, tmp_path, mirror):

@@ -21,7 +21,8 @@ from installer.host.fetch import ALL_BINARIES, IMAGE_DIR, ResolvedArtifact, bina
 from installer.lab.archives import build_image_archive
 from installer.engine.phases.join_workers import archive_images, import_script, normalize_ref
 from installer.engine.phases.select import binaries_part, phase_parts
-from installer.core.render.worker import SANDBOX_IMAGE, HostFacts, render_worker
+from installer.core.inventory_model import SANDBOX_IMAGE
+from installer.core.render.worker import HostFacts, render_worker
 
 REF = "localhost/hiddenplane/pause:lab"
 

@@ -530,7 +530,7 @@ def test_api_access_tunnels_through_the_control_host(prepared, tls_apiserver, ss
         assert url != inv.api_url and re.fullmatch(r"https://127\.0\.0\.1:\d+", url)
         with kube.api_client(url, prepared.material) as a:
             assert k8s.VersionApi(a).get_code().git_version == "v1.36.4"
-    assert [r.name for r in made] == ["cp1"] and made[0]._conn is None      # closed: we made it
+    assert [r.name for r in made] == ["cp1"] and not made[0].connected      # closed: we made it
     assert set(seen) == {("127.0.0.1", api_port)}
     assert seen_tls["cn"][-1] == "kubernetes-admin"
 
@@ -546,7 +546,7 @@ def test_api_access_reuses_a_given_remote_and_leaves_it_open(prepared, tls_apise
         with kube.api_access(inv, {"cp1": remote}, prepared.material, probe_timeout=0.5) as url:
             with kube.api_client(url, prepared.material) as a:
                 k8s.VersionApi(a).get_code()
-        assert remote._conn is not None and remote._conn.is_connected
+        assert remote.connected
     finally:
         remote.close()
 

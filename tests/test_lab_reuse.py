@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import stat
+import subprocess
 import time
 from pathlib import Path
 
@@ -20,6 +21,14 @@ from installer.lab.model import LabError, LabPaths, LabSpec
 
 from .labfixtures import require_lab_tools
 from .test_lab import leftovers
+
+
+def run_on(name: str, host: str, command: str) -> subprocess.CompletedProcess:
+    """``command`` on a lab host over SSH, as the lab's own key and known_hosts allow."""
+    paths = LabPaths.of(name)
+    spec = lab_mod.load_spec(paths)
+    return subprocess.run(lab_mod.ssh_command(paths, spec.host(host), command), capture_output=True, text=True)
+
 
 pytestmark = pytest.mark.lab
 
@@ -96,7 +105,7 @@ def test_down_then_up_of_the_same_name_back_to_back(lab_name, tmp_path):
             init = container_init(paths.host_dir(h.name))
             # a shared cgroup (nspawn's /payload) let the hosts' systemds break each other's units
             assert systemd_cgroup(init).startswith(f"/hiddenplane/{name}/{h.name}/"), (i, h.name)
-            failed = lab_mod.run_on(name, h.name, "systemctl --failed --no-legend --plain")
+            failed = run_on(name, h.name, "systemctl --failed --no-legend --plain")
             assert failed.returncode == 0 and failed.stdout.strip() == "", (i, h.name, failed.stdout)
         lab_mod.down(name, **QUIET)
         assert nothing_left(spec, paths) == EMPTY, i
@@ -111,7 +120,7 @@ def test_down_waits_for_a_host_whose_shutdown_hangs(lab_name, tmp_path):
     hang = ("mkdir -p /etc/systemd/system/systemd-halt.service.d && printf '[Service]\\nExecStart=\\n"
             "ExecStart=/bin/false\\n' > /etc/systemd/system/systemd-halt.service.d/fail.conf && "
             "systemctl daemon-reload")
-    assert lab_mod.run_on(name, "w1", hang).returncode == 0
+    assert run_on(name, "w1", hang).returncode == 0
     lab_mod.down(name, **QUIET)
     assert nothing_left(spec, paths) == EMPTY
 
@@ -131,7 +140,7 @@ def test_up_stops_what_an_earlier_boot_left_running(lab_name, tmp_path):
     lab_mod.up(name, 1, 1, 0, subnet, tmp_path / "orphan.inventory.yaml", **QUIET)
     assert nspawn._state(old_init) in (None, "Z")
     assert container_init(host_dir) != old_init
-    assert lab_mod.run_on(name, "w1", "hostname").stdout.strip() == "w1"
+    assert run_on(name, "w1", "hostname").stdout.strip() == "w1"
 
 
 def _whiteout(upper: Path, path: str) -> None:

@@ -39,7 +39,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from installer.core import versions
 
 from installer.core.render.addons import COREDNS_IMAGE
-from installer.core.render.worker import SANDBOX_IMAGE
+from installer.core.inventory_model import SANDBOX_IMAGE
 
 from .realcluster import BUSYBOX, DNS_LOG, OUTSIDE, run_installer, wait_for
 

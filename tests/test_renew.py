@@ -21,6 +21,7 @@ from installer.core.pki import issue
 from installer.core.pki.specs import CAS, CLUSTER_CA, ETCD_CA, FRONT_PROXY_CA, cert_specs
 from installer.core.state import state_for
 from installer.core.tlsfiles import write_private
+from installer.core.state import state_for
 
 from .conftest import EXAMPLE
 
@@ -188,12 +189,9 @@ def test_handshake_reads_the_presented_certificate(prepared, tmp_path):
     t = threading.Thread(target=serve, daemon=True)
     t.start()
 
-    class Transport:
-        @staticmethod
-        def open_channel(kind, dest, src, timeout):
-            assert kind == "direct-tcpip"
-            return socket.create_connection(dest, timeout=timeout)
-    remote = SimpleNamespace(open=lambda: None, _conn=SimpleNamespace(transport=Transport()))
+    remote = SimpleNamespace(open=lambda: None,
+                             open_channel=lambda address, port, timeout:
+                             socket.create_connection((address, port), timeout=timeout))
     with rollout._client_dir(m) as creds:
         der = rollout.handshake(remote, "127.0.0.1", port, creds.context("admin"))
     listener.close()

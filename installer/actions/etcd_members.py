@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 
 from installer.engine import runner
 from installer.core.errors import InstallerError
-from installer.actions.etcd_ops import _tls, control_remotes
+from installer.actions.etcd_ops import day2_etcdctl, control_remotes
 from installer.core.etcd_rules import (Change, EtcdOpError, Guard, Member, MembershipRefused, apply_guard,
                                        check_add, check_remove, member_label, named_members, names_list, parse_members,
                                        quorum)
@@ -67,7 +67,7 @@ def _health(r: Remote, members: list[Member]) -> dict[str, bool]:
     if not voting:
         return health
     endpoints = ",".join(u for m in voting for u in m.client_urls)
-    out = r.run(f"{_tls(endpoints)} endpoint health -w json", check=False, what="etcdctl endpoint health").stdout
+    out = r.run(f"{day2_etcdctl(endpoints)} endpoint health -w json", check=False, what="etcdctl endpoint health").stdout
     try:
         ok = {e.get("endpoint"): bool(e.get("health")) for e in json.loads(out)}
     except (ValueError, AttributeError, TypeError):
@@ -118,7 +118,7 @@ def _wait_healthy(via: Remote, members: list[Member], timeout: float) -> None:
 
 
 def _members(via: Remote, inv: Inventory) -> list[Member]:
-    out = via.run(f"{_tls(LOCAL)} member list -w json", what="etcdctl member list").stdout
+    out = via.run(f"{day2_etcdctl(LOCAL)} member list -w json", what="etcdctl member list").stdout
     return named_members(parse_members(out, via.name), inv.controls)
 
 
@@ -164,7 +164,7 @@ def _add(inv: Inventory, name: str, *, state_dir, allow_even: bool, wait_timeout
                 raise MembershipRefused(f"{name}: not added: it already holds etcd data in {ETCD_DATA_DIR} (from an "
                                         "earlier cluster?); move that directory aside first; nothing was changed")
             log(f"{name}: etcdctl member add {name} --learner --peer-urls={peer} (on {view.via.name})")
-            out = _retrying(view.via, f"{_tls(LOCAL)} member add {shlex.quote(name)} --learner "
+            out = _retrying(view.via, f"{day2_etcdctl(LOCAL)} member add {shlex.quote(name)} --learner "
                             f"--peer-urls={shlex.quote(peer)} -w json", "etcdctl member add", deadline)
             try:
                 member_id = f"{int(json.loads(out)['member']['ID']):x}"
@@ -181,7 +181,7 @@ def _add(inv: Inventory, name: str, *, state_dir, allow_even: bool, wait_timeout
 
     log(f"{name}: etcdctl member promote {member_id} once the learner is in sync")
     try:
-        _retrying(via, f"{_tls(LOCAL)} member promote {member_id}", "etcdctl member promote", deadline)
+        _retrying(via, f"{day2_etcdctl(LOCAL)} member promote {member_id}", "etcdctl member promote", deadline)
         members = _members(via, inv)
         _wait_healthy(via, members, max(10.0, deadline - time.monotonic()))
     finally:
@@ -259,7 +259,7 @@ def _remove(inv: Inventory, name: str, *, allow_even: bool, host_unreachable: bo
             log(f"{name}: stop and disable {units}")
             target.run(_stop_script(), what="stop the control plane and etcd")
         log(f"{name}: etcdctl member remove {member.id} (on {view.via.name})")
-        _retrying(view.via, f"{_tls(LOCAL)} member remove {member.id}", "etcdctl member remove", deadline)
+        _retrying(view.via, f"{day2_etcdctl(LOCAL)} member remove {member.id}", "etcdctl member remove", deadline)
         if not host_unreachable:
             log(f"{name}: move {ETCD_DATA_DIR} aside to {aside}")
             target.run(f"if [ -e {ETCD_DATA_DIR} ]; then mv -- {ETCD_DATA_DIR} {aside}; fi",

@@ -39,7 +39,7 @@ WORK_DIR = "/var/lib/hiddenplane"
 ETCDUTL = binary_path("etcdutl")
 
 
-def _tls(endpoints: str) -> str:
+def day2_etcdctl(endpoints: str) -> str:
     """etcdctl for a day-2 command (10 s per command)."""
     return etcdctl(endpoints, "10s")
 
@@ -73,7 +73,7 @@ def members(inventory_path) -> list[Member]:
     inv = load_inventory(inventory_path)
     with control_remotes(inv) as remotes:
         r = _first_reachable(inv, remotes)
-        out = r.run(f"{_tls(etcd_servers(inv))} member list -w json", what="etcdctl member list").stdout
+        out = r.run(f"{day2_etcdctl(etcd_servers(inv))} member list -w json", what="etcdctl member list").stdout
     return parse_members(out, r.name)
 
 
@@ -105,8 +105,8 @@ def snapshot_save(inventory_path, dest, force: bool = False) -> SnapshotInfo:
             # etcdctl writes FILE.part, then renames; umask 077 keeps both 0600. The output is
             # two JSON lines: the member's status just before the save, then the file's status.
             out = r.run(f"set -e; mkdir -p {WORK_DIR}; chmod 0700 {WORK_DIR}; umask 077; "
-                        f"{_tls(LOCAL)} endpoint status -w json; echo; "
-                        f"{_tls(LOCAL)} snapshot save {q} >/dev/null; chmod 0600 {q}; "
+                        f"{day2_etcdctl(LOCAL)} endpoint status -w json; echo; "
+                        f"{day2_etcdctl(LOCAL)} snapshot save {q} >/dev/null; chmod 0600 {q}; "
                         f"{shlex.join(snapshot_status_argv(tmp))}",
                         what="etcdctl snapshot save, etcdutl snapshot status", timeout=300).stdout
             data = r.get(tmp, what="copy the snapshot")

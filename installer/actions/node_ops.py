@@ -40,7 +40,6 @@ from installer.actions import teardown
 
 ApiFactory = Callable[[], ContextManager[k8s.ApiClient]]
 ROUTES_PATH = f"/etc/systemd/system/{ROUTES_UNIT}"
-API_STEPS = frozenset({"cluster-bootstrap", "addons"})
 
 
 class NodeOpError(InstallerError):
@@ -55,7 +54,7 @@ class Target:
     in_inventory: bool
 
 
-def _target(inventory, state_dir, name: str) -> tuple[Target, Ledger]:
+def node_target(inventory, state_dir, name: str) -> tuple[Target, Ledger]:
     inv = as_inventory(inventory)
     state = state_for(inv, state_dir)
     ledger = Ledger.load(state)
@@ -200,7 +199,7 @@ def add(inventory, name: str, state_dir=None, *, skip: frozenset[str] = frozense
 
 def drain(inventory, name: str, state_dir=None, *, timeout: float = 300.0, api_factory: ApiFactory | None = None,
           log=print) -> node_api.DrainResult:
-    t, _ = _target(inventory, state_dir, name)
+    t, _ = node_target(inventory, state_dir, name)
     if t.host.role == "control":
         raise NodeOpError(f"{name} is a control host: it is not a Node and runs no pods")
     with cluster_api(t.inv, t.state.load(t.inv), api_factory) as api:
@@ -290,7 +289,7 @@ def remove(inventory, name: str, state_dir=None, *, timeout: float = 300.0, skip
            api_factory: ApiFactory | None = None, refresh_others: bool = True, hold_lock: bool = True,
            log=print) -> Outcome:
     """``hold_lock=False``: for tests with no hosts at all (the apply lock lives on them)."""
-    t, ledger = _target(inventory, state_dir, name)
+    t, ledger = node_target(inventory, state_dir, name)
     with _lock(t, hold_lock, _gone(t, host_unreachable), log):
         return _remove(t, ledger, timeout=timeout, skip_cluster=skip_cluster, host_unreachable=host_unreachable,
                        allow_even=allow_even, accept_new_host_keys=accept_new_host_keys, api_factory=api_factory,
@@ -367,7 +366,7 @@ def revoke(inventory, name: str, state_dir=None, *, host_unreachable: bool = Fal
            policy_timeout: float = 60.0, hold_lock: bool = True, log=print) -> Outcome:
     """Shut ``system:node:<name>`` out for good: deny its writes, delete its way to renew or
     re-bootstrap, delete its Node, record it, wipe the host (when reachable)."""
-    t, ledger = _target(inventory, state_dir, name)
+    t, ledger = node_target(inventory, state_dir, name)
     if t.host.role == "control":
         raise NodeOpError(f"{name} is a control host: it has no node identity to revoke; use `installer node "
                           "remove` and, if its keys may be stolen, `installer ca rotate`")

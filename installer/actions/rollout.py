@@ -309,8 +309,7 @@ def handshake(remote: Remote, address: str, port: int, tls: ssl.SSLContext, time
     """A TLS handshake with ``address:port`` as seen from ``remote``'s host (an SSH direct-tcpip
     channel, so a loopback-only port is reached too); the DER certificate the server presented."""
     remote.open()
-    chan = remote._conn.transport.open_channel("direct-tcpip", (address, port), ("127.0.0.1", 0),
-                                                timeout=timeout)
+    chan = remote.open_channel(address, port, timeout)
     try:
         chan.settimeout(timeout)
         incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()

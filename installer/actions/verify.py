@@ -340,7 +340,7 @@ def _api_checks(inv: Inventory, state_dir) -> list[CheckResult]:
                 if e.status == 0:       # the client's way of reporting a TLS failure
                     raise VerifyError(f"TLS with the API at {via} failed: {e.reason}") from None
                 return [CheckResult("cluster", "no Node for a control host", False,
-                                    f"GET /api/v1/nodes on {via} answered {kube._status_message(e)}: "
+                                    f"GET /api/v1/nodes on {via} answered {kube.status_message(e)}: "
                                     "is the endpoint a kube-apiserver?")]
     except kube.KubeError as e:          # the SSH tunnel did not come up
         raise VerifyError(f"cannot reach the API at {inv.api_url}: {e}") from None

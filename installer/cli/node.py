@@ -31,7 +31,7 @@ def _err(line: str) -> None:
 
 
 def _refuse_without_yes(inventory, state_dir, name, what: str, **kw) -> None:
-    t, _ = node_ops._target(api.validate(inventory), state_dir, name)
+    t, _ = node_ops.node_target(api.validate(inventory), state_dir, name)
     nothing_without_yes(f"{what} {name}", "do it", node_ops.remove_plan(t, **kw))
 
 

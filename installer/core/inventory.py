@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from installer.core import yamlsafe
 from installer.core.errors import InventoryError
-from installer.core.inventory_fields import MAX_LINE, MAX_PROBLEMS, quoted
+from installer.core.inventory_fields import API_VERSION, MAX_LINE, MAX_PROBLEMS, quoted
 from installer.core.inventory_model import BastionSpec, HostSpec, Inventory, SSHSpec
 from installer.core.inventory_rules import cluster_problems
 
@@ -32,7 +32,7 @@ def json_schema() -> dict:
     schema = Inventory.model_json_schema()
     schema.get("properties", {}).pop("base_dir", None)
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
-    schema["title"] = "hiddenplane inventory (hiddenplane/v1alpha1, kind Cluster)"
+    schema["title"] = f"hiddenplane inventory ({API_VERSION}, kind Cluster)"
     return schema
 
 

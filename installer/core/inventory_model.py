@@ -12,11 +12,14 @@ from pydantic_core import PydanticCustomError
 
 from installer.core import versions
 
-from installer.core.inventory_fields import (CIDR, Bool, HostIP, Int, IP, IPOrName, Label, Login, PathText, Port,
+from installer.core.inventory_fields import (API_VERSION, CIDR, Bool, HostIP, Int, IP, IPOrName, Label, Login, PathText, Port,
                                             ReachableIPOrName, Role, StrictModel, Subdomain, quoted, semver,
                                             version_field)
 
 # --- the document --------------------------------------------------------------------------
+
+SANDBOX_IMAGE = "registry.k8s.io/pause:3.10.2"      # the default of spec.artifacts.sandboxImage
+
 
 class Metadata(StrictModel):
     name: Label = Field(description="Cluster name; also names the state directory.")
@@ -119,7 +122,7 @@ class ArtifactsSpec(StrictModel):
         default_factory=dict, description="Pinned sha256 per binary name (e.g. kube-apiserver); checked in "
         "addition to the published checksums, for both sources.")
     cacheDir: PathText | None = Field(None, description="Where downloads are kept. Default: $XDG_CACHE_HOME/hiddenplane/artifacts.")
-    sandboxImage: str = Field("registry.k8s.io/pause:3.10.2", pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$",
+    sandboxImage: str = Field(SANDBOX_IMAGE, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$",
                               description="containerd's "
                               "sandbox (pause) image; name the one an image-*.tar in the artifacts holds to "
                               "run without a registry.")
@@ -150,7 +153,7 @@ class ClusterSpec(StrictModel):
 
 
 class Inventory(StrictModel):
-    apiVersion: Literal["hiddenplane/v1alpha1"]
+    apiVersion: Literal[API_VERSION]
     kind: Literal["Cluster"]
     metadata: Metadata
     spec: ClusterSpec

@@ -84,7 +84,7 @@ def context(inventory, state_dir, options: Options, log: Callable[[str], None]) 
 
 
 def _resolve_artifacts(ctx: Context) -> None:
-    ctx.artifacts = resolve(ctx.inv, log=ctx.log)
+    ctx.artifacts = resolve(ctx.inv, log=ctx.log, arch=ctx.artifacts_arch)
     ctx.artifacts.update(resolve_images(ctx.inv))       # image-*.tar: uploaded to workers, imported
 
 

@@ -145,15 +145,6 @@ class ResolvedArtifact:
 
 # --- public API ----------------------------------------------------------------------------
 
-def arch_of(machine: str) -> str:
-    """``uname -m`` of a host (x86_64, aarch64) -> the release architecture (amd64, arm64)."""
-    try:
-        return ARCHES[machine.strip()]
-    except KeyError:
-        raise ArtifactError(f"unsupported machine architecture {machine!r}; "
-                            f"supported: {', '.join(sorted(set(ARCHES.values())))}") from None
-
-
 def cache_dir(inv) -> Path:
     """spec.artifacts.cacheDir (relative to the inventory), else $XDG_CACHE_HOME/hiddenplane/artifacts."""
     configured = inv.spec.artifacts.cacheDir

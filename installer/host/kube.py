@@ -114,7 +114,7 @@ def api_client(server_url: str, material: Material, *, credential: str = "admin"
 REQUEST_TIMEOUT = (10.0, 60.0)
 
 
-def _call(what: str, fn: Callable, *args, **kwargs):
+def api_call(what: str, fn: Callable, *args, **kwargs):
     """Run one API call; transport failures become KubeError (ApiException passes through)."""
     try:
         return fn(*args, _request_timeout=REQUEST_TIMEOUT, **kwargs)
@@ -126,7 +126,7 @@ def _call(what: str, fn: Callable, *args, **kwargs):
         raise
 
 
-def _status_message(e: ApiException) -> str:
+def status_message(e: ApiException) -> str:
     try:
         body = json.loads(e.body or "")
         return f"{e.status} {body.get('reason') or e.reason}: {body.get('message', '')}".rstrip(": ")
@@ -195,8 +195,7 @@ def api_access(inv: Inventory, remotes: RemoteSource, material: Material | None 
     try:
         remote.open()
         local = _free_local_port()
-        with remote._conn.forward_local(local, remote_port=port, remote_host="127.0.0.1",
-                                        local_host="127.0.0.1"):
+        with remote.forward_local(local, port):
             try:
                 # the forwarder binds in its own thread: wait until it listens
                 deadline = time.monotonic() + 5
@@ -454,26 +453,26 @@ def _read_if_exists(h, obj: dict):
 def _apply_one(api: k8s.ApiClient, obj: dict) -> str:
     h, what = _handler(api, obj), _ident(obj)
     try:
-        _call(what, h.create, obj)
+        api_call(what, h.create, obj)
         return "created"
     except ApiException as e:
         clash = e.status == 409 and _reason(e) == "AlreadyExists"
         found = None if clash or e.status != 422 else _read_if_exists(h, obj)
         if not clash and found is None:
-            raise KubeError(f"{what}: create refused: {_status_message(e)}") from None
+            raise KubeError(f"{what}: create refused: {status_message(e)}") from None
     try:
-        live = api.sanitize_for_serialization(found if found is not None else _call(what, h.read, obj))
+        live = api.sanitize_for_serialization(found if found is not None else api_call(what, h.read, obj))
         change = h.compare(obj, live)
         if change is None:
             return "unchanged"
         if change == "replace":
-            _call(what, h.replace, getattr(h, "for_update", _for_update)(obj, live))
+            api_call(what, h.replace, getattr(h, "for_update", _for_update)(obj, live))
         else:
-            _call(what, h.delete, obj)
-            _call(what, h.create, obj)
+            api_call(what, h.delete, obj)
+            api_call(what, h.create, obj)
         return "replaced"
     except ApiException as e:
-        raise KubeError(f"{what}: update refused: {_status_message(e)}") from None
+        raise KubeError(f"{what}: update refused: {status_message(e)}") from None
 
 
 def _plan_one(api: k8s.ApiClient, obj: dict) -> str:
@@ -482,7 +481,7 @@ def _plan_one(api: k8s.ApiClient, obj: dict) -> str:
     try:
         live = _read_if_exists(h, obj)
     except ApiException as e:
-        raise KubeError(f"{what}: read refused: {_status_message(e)}") from None
+        raise KubeError(f"{what}: read refused: {status_message(e)}") from None
     if live is None:
         return "created"
     return "unchanged" if h.compare(obj, api.sanitize_for_serialization(live)) is None else "replaced"
@@ -536,9 +535,9 @@ def wait_nodes_ready(api: k8s.ApiClient, names: Sequence[str], timeout: float, *
         if each_round is not None:
             each_round()
         try:
-            nodes = {n.metadata.name: n for n in _call("list nodes", core.list_node).items}
+            nodes = {n.metadata.name: n for n in api_call("list nodes", core.list_node).items}
         except ApiException as e:
-            raise KubeError(f"list nodes: {_status_message(e)}") from None
+            raise KubeError(f"list nodes: {status_message(e)}") from None
         waiting = {}
         for name in names:
             if name not in nodes:
@@ -566,9 +565,9 @@ def set_pod_cidr(api: k8s.ApiClient, node: str, cidr: str) -> str:
     is an error naming both (the Node must be deleted and re-registered to change it)."""
     core = k8s.CoreV1Api(api)
     try:
-        live = _call(f"Node/{node}", core.read_node, node)
+        live = api_call(f"Node/{node}", core.read_node, node)
     except ApiException as e:
-        raise KubeError(f"Node/{node}: {_status_message(e)}") from None
+        raise KubeError(f"Node/{node}: {status_message(e)}") from None
     have = live.spec.pod_cidr if live.spec else None
     if have == cidr:
         return "unchanged"
@@ -578,19 +577,19 @@ def set_pod_cidr(api: k8s.ApiClient, node: str, cidr: str) -> str:
                         "or put the node's allocation back in network.yaml")
     body = {"spec": {"podCIDR": cidr, "podCIDRs": [cidr]}}
     try:
-        _call(f"Node/{node}", core.patch_node, node, body,
+        api_call(f"Node/{node}", core.patch_node, node, body,
               _headers={"Content-Type": "application/strategic-merge-patch+json"})
     except ApiException as e:
-        raise KubeError(f"Node/{node}: setting spec.podCIDR refused: {_status_message(e)}") from None
+        raise KubeError(f"Node/{node}: setting spec.podCIDR refused: {status_message(e)}") from None
     return "set"
 
 
 def node_readiness(api: k8s.ApiClient) -> dict[str, bool]:
     """Every registered Node and whether it is Ready."""
     try:
-        return {n.metadata.name: _ready(n)[0] for n in _call("list nodes", k8s.CoreV1Api(api).list_node).items}
+        return {n.metadata.name: _ready(n)[0] for n in api_call("list nodes", k8s.CoreV1Api(api).list_node).items}
     except ApiException as e:
-        raise KubeError(f"list nodes: {_status_message(e)}") from None
+        raise KubeError(f"list nodes: {status_message(e)}") from None
 
 
 def node_names(api: k8s.ApiClient) -> list[str]:
@@ -614,12 +613,12 @@ def found(what: str, verb: str, fn: Callable, *args, **kwargs) -> bool:
     """Call ``fn`` on the object ``what``; False when it is not there (404: for a delete, what
     we wanted), KubeError naming it and ``verb`` on any other refusal."""
     try:
-        _call(what, fn, *args, **kwargs)
+        api_call(what, fn, *args, **kwargs)
         return True
     except ApiException as e:
         if e.status == 404:
             return False
-        raise KubeError(f"{what}: {verb} refused: {_status_message(e)}") from None
+        raise KubeError(f"{what}: {verb} refused: {status_message(e)}") from None
 
 
 def binding_exists(api: k8s.ApiClient, name: str) -> bool:

@@ -3,7 +3,7 @@
 Cordon and drain (evictions, so PodDisruptionBudgets are respected; a blocked eviction is retried
 until the timeout), delete the Node, the node's bootstrap token Secrets, its renewal binding and
 its pending CSRs, read the serials of client certificates issued to it, and keep the
-revoked-nodes admission policy current. Every call goes through ``kube._call`` (timeouts; a
+revoked-nodes admission policy current. Every call goes through ``kube.api_call`` (timeouts; a
 transport failure is a KubeError naming the object).
 """
 
@@ -19,7 +19,7 @@ from cryptography.x509.oid import NameOID
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from installer.host.kube import TOKEN_NAMESPACE, KubeError, _call, _status_message, apply_objects, found
+from installer.host.kube import TOKEN_NAMESPACE, KubeError, api_call, status_message, apply_objects, found
 from installer.core.render.manifests import node_renewal_binding
 from installer.core.render.revocation import identity, policy_objects
 
@@ -58,10 +58,10 @@ def _skipped(pod: k8s.V1Pod) -> str | None:
 
 def pods_on(api: k8s.ApiClient, name: str) -> list[k8s.V1Pod]:
     try:
-        return list(_call(f"pods on {name}", k8s.CoreV1Api(api).list_pod_for_all_namespaces,
+        return list(api_call(f"pods on {name}", k8s.CoreV1Api(api).list_pod_for_all_namespaces,
                           field_selector=f"spec.nodeName={name}").items)
     except ApiException as e:
-        raise KubeError(f"list the pods on {name}: {_status_message(e)}") from None
+        raise KubeError(f"list the pods on {name}: {status_message(e)}") from None
 
 
 def _referenced(pod: k8s.V1Pod) -> set[tuple[str, str, str]]:
@@ -103,10 +103,10 @@ def may_read(api: k8s.ApiClient, node: str, resource: str, namespace: str, name:
                      "resourceAttributes": {"verb": "get", "resource": resource, "namespace": namespace,
                                             "name": name}}}
     try:
-        r = _call(f"SubjectAccessReview for {identity(node)}", k8s.AuthorizationV1Api(api).create_subject_access_review,
+        r = api_call(f"SubjectAccessReview for {identity(node)}", k8s.AuthorizationV1Api(api).create_subject_access_review,
                   body)
     except ApiException as e:
-        raise KubeError(f"SubjectAccessReview for {identity(node)}: {_status_message(e)}") from None
+        raise KubeError(f"SubjectAccessReview for {identity(node)}: {status_message(e)}") from None
     return bool(r.status and r.status.allowed)
 
 
@@ -167,7 +167,7 @@ def drain(api: k8s.ApiClient, name: str, timeout: float, *, log: Callable[[str],
             body = k8s.V1Eviction(metadata=k8s.V1ObjectMeta(name=pod.metadata.name,
                                                             namespace=pod.metadata.namespace))
             try:
-                _call(f"Pod/{key}", core.create_namespaced_pod_eviction, pod.metadata.name,
+                api_call(f"Pod/{key}", core.create_namespaced_pod_eviction, pod.metadata.name,
                       pod.metadata.namespace, body)
                 result.evicted.append(key)
                 waiting[key] = "terminating"
@@ -176,9 +176,9 @@ def drain(api: k8s.ApiClient, name: str, timeout: float, *, log: Callable[[str],
                 if _gone(e):
                     continue
                 if e.status == 429:
-                    waiting[key] = f"eviction refused: {_status_message(e)}"
+                    waiting[key] = f"eviction refused: {status_message(e)}"
                     continue
-                raise KubeError(f"Pod/{key}: eviction refused: {_status_message(e)}") from None
+                raise KubeError(f"Pod/{key}: eviction refused: {status_message(e)}") from None
         if not pending:
             return result
         if time.monotonic() >= deadline:
@@ -199,10 +199,10 @@ def delete_tokens(api: k8s.ApiClient, name: str, token_ids: list[str]) -> list[s
     ``token_ids`` (from the state). Returns the Secrets deleted."""
     core = k8s.CoreV1Api(api)
     try:
-        labelled = _call("list token Secrets", core.list_namespaced_secret, TOKEN_NAMESPACE,
+        labelled = api_call("list token Secrets", core.list_namespaced_secret, TOKEN_NAMESPACE,
                          label_selector=f"{NODE_LABEL}={name}").items
     except ApiException as e:
-        raise KubeError(f"list the bootstrap token Secrets of {name}: {_status_message(e)}") from None
+        raise KubeError(f"list the bootstrap token Secrets of {name}: {status_message(e)}") from None
     names = sorted({s.metadata.name for s in labelled} | {f"bootstrap-token-{t}" for t in token_ids})
     return [s for s in names
             if found(f"Secret/{s}", "delete", core.delete_namespaced_secret, s, TOKEN_NAMESPACE)]
@@ -242,9 +242,9 @@ def node_csrs(api: k8s.ApiClient, name: str, token_ids: list[str]) -> NodeCSRs:
     """The node's CSRs: made by ``system:node:<name>`` or by one of its bootstrap tokens."""
     users = {identity(name)} | {f"system:bootstrap:{t}" for t in token_ids}
     try:
-        items = _call("list CSRs", k8s.CertificatesV1Api(api).list_certificate_signing_request).items
+        items = api_call("list CSRs", k8s.CertificatesV1Api(api).list_certificate_signing_request).items
     except ApiException as e:
-        raise KubeError(f"list CertificateSigningRequests: {_status_message(e)}") from None
+        raise KubeError(f"list CertificateSigningRequests: {status_message(e)}") from None
     out = NodeCSRs()
     for csr in items:
         serial = _issued_serial(csr, name)
@@ -278,10 +278,10 @@ def refuses(api: k8s.ApiClient, node: str) -> str | None:
     body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}
     headers = {"Impersonate-User": identity(node), "Impersonate-Group": "system:nodes"}
     try:
-        _call(f"Node/{node} (dry run as {identity(node)})", k8s.CoreV1Api(api).create_node, body,
+        api_call(f"Node/{node} (dry run as {identity(node)})", k8s.CoreV1Api(api).create_node, body,
               dry_run="All", _headers=headers)
     except ApiException as e:
-        message = _status_message(e)
+        message = status_message(e)
         if e.status == 403 and REVOKED_MESSAGE in (e.body or ""):
             return message
         if e.status == 409:          # admitted, then found existing: the policy is not active yet

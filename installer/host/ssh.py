@@ -306,6 +306,24 @@ class Remote:
             raise
         self._conn, self._gateway = conn, gateway
 
+    @property
+    def connected(self) -> bool:
+        """Whether the connection to the host is open (``open`` makes it)."""
+        return self._conn is not None and self._conn.is_connected
+
+    def forward_local(self, local_port: int, remote_port: int):
+        """A context manager: 127.0.0.1:``local_port`` here forwards to 127.0.0.1:``remote_port``
+        on the host, over the open connection."""
+        self.open()
+        return self._conn.forward_local(local_port, remote_port=remote_port, remote_host="127.0.0.1",
+                                        local_host="127.0.0.1")
+
+    def open_channel(self, address: str, port: int, timeout: float):
+        """A direct-tcpip channel to ``address:port`` as seen from the host (a socket-like object)."""
+        self.open()
+        return self._conn.transport.open_channel("direct-tcpip", (address, port), ("127.0.0.1", 0),
+                                                 timeout=timeout)
+
     def _lost_reason(self) -> str | None:
         return next((w.lost for w in self._watchdogs if w.lost), None)
 

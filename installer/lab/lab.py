@@ -22,6 +22,7 @@ from pathlib import Path
 import yaml
 
 from installer.core import versions
+from installer.core.inventory_fields import API_VERSION
 from installer.lab import debian_artifacts, images, net, nspawn, seed, vm, vm_image
 from installer.lab.model import DEFAULT_SUBNET, LabError, LabHost, LabPaths, LabSpec
 
@@ -80,7 +81,7 @@ def inventory_doc(spec: LabSpec, paths: LabPaths, k8s_version: str | None = None
     (Debian's containerd is 1.6, which reads another config format)."""
     cp1 = spec.hosts[0]
     doc = {
-        "apiVersion": "hiddenplane/v1alpha1",
+        "apiVersion": API_VERSION,
         "kind": "Cluster",
         "metadata": {"name": spec.name},
         "spec": {
@@ -426,12 +427,6 @@ def ssh_command(paths: LabPaths, host: LabHost, command: str) -> list[str]:
     return ["ssh", "-i", str(paths.ssh_key), "-o", f"UserKnownHostsFile={paths.known_hosts}",
             "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5",
             f"root@{host.address}", command]
-
-
-def run_on(name: str, host: str, command: str) -> subprocess.CompletedProcess:
-    paths = LabPaths.of(name)
-    spec = load_spec(paths)
-    return subprocess.run(ssh_command(paths, spec.host(host), command), capture_output=True, text=True)
 
 
 # --- down ----------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 from installer.core import versions                                   # noqa: E402
 from installer.core.artifacts import SUMS_FILE, read_sums, sha256_file, write_sums   # noqa: E402
 from installer.core.render.addons.coredns import COREDNS_IMAGE, COREDNS_VERSION  # noqa: E402
-from installer.core.render.worker import SANDBOX_IMAGE                # noqa: E402
+from installer.core.inventory_model import SANDBOX_IMAGE               # noqa: E402
 
 PINS = Path(__file__).resolve().parent
 RECIPE = 1                      # bump when how a component's binaries are built changes

@@ -24,7 +24,6 @@ KUBELET_DIR = "/var/lib/kubelet"
 BOOTSTRAP_KUBECONFIG = f"{K8S_DIR}/bootstrap-kubelet.conf"
 KUBE_PROXY_DIR = "/var/lib/kube-proxy"
 CONTAINERD_SOCK = "unix:///run/containerd/containerd.sock"
-SANDBOX_IMAGE = "registry.k8s.io/pause:3.10.2"      # the default of spec.artifacts.sandboxImage
 RESOLVED_RESOLV_CONF = "/run/systemd/resolve/resolv.conf"
 
 MODULES = ("overlay", "br_netfilter")

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from installer.core.diff import HostChanges, Selection, diff
+from installer.core.etcd_rules import Guard
 from installer.core.facts import HostFacts
 from installer.host.hostops import script, tarball
 from installer.core.inventory import HostSpec, Inventory
@@ -64,10 +65,16 @@ class Context:
     facts: dict[str, HostFacts] = field(default_factory=dict)
     plans: dict[str, HostPlan] = field(default_factory=dict)
     artifacts: dict = field(default_factory=dict)          # name -> fetch.ResolvedArtifact
+    # the release architecture the artifacts are for (one per run: a directory holds one arch);
+    # preflight refuses a host of another architecture
+    artifacts_arch: str = "amd64"
     events: list[Event] = field(default_factory=list)
     locked: list[str] = field(default_factory=list)
     run_id: str = ""
     bootstrap_ran: bool = False
+    # set by the etcd phase's prepare: the membership changes it may make (learners to add and
+    # promote); None before that phase ran
+    etcd_guard: Guard | None = None
 
     def settled(self, events: list[Event], units: tuple[str, ...]) -> bool:
         """Nothing changed and every unit was already active: no health wait needed. A unit

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from installer.core.facts import HostFacts
 from installer.core.inventory import HostSpec
+from installer.host.fetch import ARCHES
 from installer.host.ssh import HostError
 from installer.engine.phases.base import Context, Event, Phase
 from installer.engine.phases.select import CONTROL_UNITS, ETCD_UNIT, WORKER_UNITS
@@ -36,8 +37,9 @@ def load_script(modules: list[str]) -> str:
             f"{checks} || {{ echo 'still not loaded' >&2; exit 1; }}\n")
 
 
-def problems(host: HostSpec, facts: HostFacts) -> list[str]:
-    """Pure: why ``host`` cannot take its role, one line each (empty when fine)."""
+def problems(host: HostSpec, facts: HostFacts, artifacts_arch: str = "amd64") -> list[str]:
+    """Pure: why ``host`` cannot take its role, one line each (empty when fine).
+    ``artifacts_arch``: the release architecture (amd64, arm64) the binaries were resolved for."""
     out = []
     if facts.init != "systemd":
         out.append(f"PID 1 is {facts.init or 'unknown'}, not systemd: every component runs as a systemd unit")
@@ -47,6 +49,9 @@ def problems(host: HostSpec, facts: HostFacts) -> list[str]:
                    + ", ".join(f"{o} {v}" for o, v in sorted(SUPPORTED_OS)))
     if facts.arch not in SUPPORTED_ARCH:
         out.append(f"unsupported architecture {facts.arch!r} (supported: x86_64, aarch64)")
+    elif ARCHES[facts.arch] != artifacts_arch:
+        out.append(f"architecture is {facts.arch} ({ARCHES[facts.arch]}) but the artifacts are linux-{artifacts_arch}: "
+                   f"its binaries would not run there; use {artifacts_arch} hosts only")
     if host.role == "control":
         runtime = sorted({name for _, name in facts.runtime})
         if runtime:
@@ -91,7 +96,7 @@ class RunPreflight(Phase):
                 detail.append(f"loaded kernel modules {', '.join(missing)}")
             elif r.stdout.strip():
                 detail.append(f"modprobe: {r.stdout.strip()[-300:]}")
-        found = problems(spec, facts) + [d for d in detail if d.startswith("modprobe: ")]
+        found = problems(spec, facts, ctx.artifacts_arch) + [d for d in detail if d.startswith("modprobe: ")]
         if missing and ctx.options.dry_run:
             found = [f for f in found if not f.startswith("kernel modules not loaded")]
         if found:
