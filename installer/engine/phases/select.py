@@ -3,14 +3,15 @@ unit belongs to exactly one phase (a test checks the partition)."""
 
 from __future__ import annotations
 
+from installer.core import components
 from installer.core.diff import Selection
 from installer.core.render.control import ETCD_UNIT
 from installer.core.render.files import HostPlan
 from installer.host.fetch import binary_files
 from installer.engine.phases.base import Context, Event
 
-CONTROL_UNITS = ("kube-apiserver.service", "kube-controller-manager.service", "kube-scheduler.service")
-WORKER_UNITS = ("containerd.service", "kubelet.service", "kube-proxy.service")
+CONTROL_UNITS = components.units("kube-apiserver", "kube-controller-manager", "kube-scheduler")
+WORKER_UNITS = components.units("containerd", "kubelet", "kube-proxy")
 
 
 def _is_etcd(path: str) -> bool:
