@@ -10,8 +10,11 @@ from installer.core.render.files import HostPlan
 from installer.host.fetch import binary_files
 from installer.engine.phases.base import Context, Event
 
-CONTROL_UNITS = components.units("kube-apiserver", "kube-controller-manager", "kube-scheduler")
-WORKER_UNITS = components.units("containerd", "kubelet", "kube-proxy")
+# the units control-plane and workers start and wait for: the table's rows of each role, in
+# table order (etcd has a phase of its own; addons and hiddenplane-routes are not waited for)
+CONTROL_UNITS = tuple(c.unit for c in components.by_role(components.CONTROL)
+                      if c.role == components.CONTROL and c.name != "etcd" and not c.addon)
+WORKER_UNITS = tuple(c.unit for c in components.by_role(components.WORKER) if c.role == components.WORKER)
 
 
 def _is_etcd(path: str) -> bool:
