@@ -37,6 +37,7 @@ from cryptography import x509
 from installer.core.diff import HostChanges, Selection
 from installer.core.errors import InstallerError
 from installer.core.facts import PROBE, parse, probe_input
+from installer.core import components
 from installer.host.health import client_context, wait_ok
 from installer.core.inventory import Inventory
 from installer.engine.parallel import each
@@ -57,16 +58,12 @@ from installer.host.ssh import HostError, Remote
 from installer.core.state import StateDir
 from installer.core.tlsfiles import client_files
 
-ETCD = "etcd.service"
-APISERVER = "kube-apiserver.service"
-KONNECTIVITY = "konnectivity-server.service"
-CONTROLLER_MANAGER = "kube-controller-manager.service"
-SCHEDULER = "kube-scheduler.service"
-KUBELET = "kubelet.service"
-KUBE_PROXY = "kube-proxy.service"
-# restart order: lower first; units not named here (none today) go last
-RANK = {ETCD: 0, APISERVER: 1, KONNECTIVITY: 2, CONTROLLER_MANAGER: 3, SCHEDULER: 3, KUBELET: 4, KUBE_PROXY: 4}
-SECURE_PORTS = {CONTROLLER_MANAGER: 10257, SCHEDULER: 10259}
+ETCD, APISERVER, KONNECTIVITY, CONTROLLER_MANAGER, SCHEDULER, KUBELET, KUBE_PROXY = components.units(
+    "etcd", "kube-apiserver", "konnectivity-server", "kube-controller-manager", "kube-scheduler", "kubelet",
+    "kube-proxy")
+# restart order: lower first (the component table's ranks); units without one go last
+RANK = components.ranks()
+SECURE_PORTS = {u: components.by_unit(u).ports[0].number for u in (CONTROLLER_MANAGER, SCHEDULER)}
 
 
 class RenewError(InstallerError):
@@ -128,7 +125,7 @@ def hex_serial(serial: int) -> str:
 
 def restart_order(units) -> list[str]:
     """``units`` in the order ``roll`` restarts them (``RANK``, then by name)."""
-    return sorted(set(units), key=lambda u: (RANK.get(u, 9), u))
+    return sorted(set(units), key=lambda u: (components.rank(u), u))
 
 
 # --- hosts: connect, probe, push, restart ---------------------------------------------------
@@ -248,7 +245,7 @@ def roll(ctx: Context, pending: dict[str, list[str]], report: Report, etcd_toget
     the old ones) and the cluster's health is waited for once. With ``nodes_ready`` a restarted
     kubelet's Node must be Ready through the API before the next host."""
     order = [h.name for h in ctx.inv.spec.hosts]
-    for rank in sorted({RANK.get(u, 9) for units in pending.values() for u in units}):
+    for rank in sorted({components.rank(u) for units in pending.values() for u in units}):
         if rank == 0 and etcd_together:
             hosts = [h for h in order if ETCD in pending.get(h, ())]
             for h in hosts:
@@ -257,7 +254,7 @@ def roll(ctx: Context, pending: dict[str, list[str]], report: Report, etcd_toget
             _wait(ctx, hosts[0], ETCD)
             continue
         for h in order:
-            units = [u for u in pending.get(h, ()) if RANK.get(u, 9) == rank]
+            units = [u for u in pending.get(h, ()) if components.rank(u) == rank]
             for u in units:
                 _restart(ctx, h, u, report)
             for u in units:

@@ -46,7 +46,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Callable
 
-from installer.core import network
+from installer.core import components, network
 from installer.core.errors import InstallerError
 from installer.core.facts import MANIFEST, STATE_DIR
 from installer.host.fetch import CNI_BIN_DIR, binary_path, role_binaries
@@ -62,7 +62,7 @@ from installer.host.ssh import Remote
 
 Log = Callable[[str], None]
 
-KUBELET_UNIT, KUBE_PROXY_UNIT, CONTAINERD_UNIT = "kubelet.service", "kube-proxy.service", "containerd.service"
+KUBELET_UNIT, KUBE_PROXY_UNIT, CONTAINERD_UNIT = components.units("kubelet", "kube-proxy", "containerd")
 CTR = f"{BIN_DIR}/ctr"
 CONTAINERD_RUN = "/run/containerd"
 CONTAINERD_DATA = "/var/lib/containerd"

@@ -42,6 +42,7 @@ from installer.core.inventory import HostSpec, Inventory
 from installer.engine.phases.select import CONTROL_UNITS as CONTROL_PLANE_UNITS, ETCD_UNIT, WORKER_UNITS
 from installer.core.render.files import HostPlan
 from installer.core.render.worker import BOOTSTRAP_KUBECONFIG
+from installer.core import components
 from installer.core.inventory import load as load_inventory
 from installer.core.state import state_for
 from installer.core.pki.material import ensure
@@ -49,7 +50,7 @@ from installer.core.render.plan import render_cluster
 from installer.host.ssh import Remote
 
 RUNTIME_BINARIES = ("kubelet", "containerd", "crio", "dockerd")
-RUNTIME_UNITS = ("kubelet.service", "containerd.service", "crio.service", "docker.service")
+RUNTIME_UNITS = (*components.units("kubelet", "containerd"), "crio.service", "docker.service")
 UNIT_DIRS = ("/etc/systemd/system", "/run/systemd/system", "/lib/systemd/system", "/usr/lib/systemd/system")
 CONTAINERD_SOCKET = "/run/containerd/containerd.sock"
 NODE_CREDENTIALS = ("/etc/kubernetes/kubelet.conf", BOOTSTRAP_KUBECONFIG, "/var/lib/kubelet")
@@ -286,7 +287,7 @@ def check_host(host, h: HostSpec, plan: HostPlan) -> list[CheckResult]:
         units, commands = CONTROL_UNITS, RUNTIME_BINARIES
     else:
         absent = {"no etcd binary": (("/usr/local/bin/etcd",), ("etcd",)),
-                  "no etcd.service unit": (tuple(f"{d}/etcd.service" for d in UNIT_DIRS), ())}
+                  f"no {ETCD_UNIT} unit": (tuple(f"{d}/{ETCD_UNIT}" for d in UNIT_DIRS), ())}
         absent |= {f"no signing key {p}": ((p,), ()) for p in SIGNING_KEYS}
         units, commands = WORKER_UNITS, ("etcd",)
 

@@ -31,13 +31,14 @@ import ipaddress
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from installer.core import components
 from installer.core.errors import StateError
 
 ROUTE_PROTO = 199                      # marks our routes: `ip route flush proto 199`
 NETWORK_NAME = "hiddenplane"           # CNI network name; host-local keeps leases in /var/lib/cni/networks/<name>
 BRIDGE = "cni0"
 CONFLIST = "/etc/cni/net.d/10-hiddenplane.conflist"
-ROUTES_UNIT = "hiddenplane-routes.service"
+ROUTES_UNIT = components.unit("hiddenplane-routes")
 MASQ_CHAIN = "HIDDENPLANE-MASQ"
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network

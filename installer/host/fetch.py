@@ -53,7 +53,7 @@ from installer.core.artifacts import (CNI_PLUGINS, CONTROL_BINARIES, SUMS_FILE, 
                         read_sums, sha256_file, verify)
 from installer.core.render.addons.konnectivity import KONNECTIVITY_VERSION
 from installer.core.render.addons.konnectivity import SERVER_BINARY as KONNECTIVITY_SERVER
-from installer.core.render.addons.konnectivity import UNIT as KONNECTIVITY_UNIT
+from installer.core import components
 from installer.core.egress import egress_mode
 from installer.core.render.files import BIN_DIR, CNI_BIN_DIR, HostFile
 
@@ -66,16 +66,7 @@ KUBERNETES_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-schedu
 ARCHES = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
 
 # the unit to restart when a binary changes (others are picked up on next use)
-RESTARTS = {
-    "etcd": "etcd.service",
-    KONNECTIVITY_SERVER: KONNECTIVITY_UNIT,
-    "kube-apiserver": "kube-apiserver.service",
-    "kube-controller-manager": "kube-controller-manager.service",
-    "kube-scheduler": "kube-scheduler.service",
-    "containerd": "containerd.service",
-    "kubelet": "kubelet.service",
-    "kube-proxy": "kube-proxy.service",
-}
+RESTARTS = components.restarts()
 
 Log = Callable[[str], None]
 _HEX64 = re.compile(r"[0-9a-f]{64}")

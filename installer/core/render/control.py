@@ -17,6 +17,7 @@ from installer.core.render.addons.konnectivity import apiserver_egress_flags, re
 from installer.core.render.files import (BIN_DIR, K8S_DIR, PKI_DIR, HostDir, HostFile, HostPlan, SystemUser, flags, to_yaml,
                     unit_file)
 from installer.core.render.kubeconfig import kubeconfig
+from installer.core import components
 from installer.core.render.ciphers import CIPHER_SUITES
 from installer.core.render.network import add_control_network, egress
 
@@ -24,7 +25,7 @@ ETCD_DATA_DIR = "/var/lib/etcd"
 # where a data dir is moved aside (never deleted) by a snapshot restore and a member removal
 ETCD_RESTORE_ASIDE = f"{ETCD_DATA_DIR}.pre-restore-"
 ETCD_REMOVED_ASIDE = f"{ETCD_DATA_DIR}.removed-"
-ETCD_UNIT = "etcd.service"
+ETCD_UNIT = components.unit("etcd")
 # etcd runs as its own user and must read its member pairs: they live outside
 # /etc/kubernetes/pki so that directory stays entirely root:root (CIS 1.1.19).
 ETCD_PKI_DIR = "/etc/etcd/pki"
@@ -296,8 +297,7 @@ def render_control(inv: Inventory, host: HostSpec, material: Material) -> HostPl
               HostDir(AUDIT_DIR, 0o700)):
         plan.mkdir(d)
 
-    api, cm, sched, etcd = ("kube-apiserver.service", "kube-controller-manager.service",
-                            "kube-scheduler.service", ETCD_UNIT)
+    api, cm, sched, etcd = components.units("kube-apiserver", "kube-controller-manager", "kube-scheduler", "etcd")
     ca = material.pair(CLUSTER_CA)
     plan.add(HostFile(P["ca.crt"], issue.cert_pem(ca.cert), 0o644, restarts=(api, cm, sched), trust=True))
     # the controller-manager signs kubelet client certificates with the cluster CA

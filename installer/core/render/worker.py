@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from installer.core import components
 from installer.core.inventory import HostSpec, Inventory
 from installer.core.pki import issue
 from installer.core.pki.material import Material
@@ -121,7 +122,7 @@ def render_worker(inv: Inventory, host: HostSpec, material: Material, facts: Hos
               HostDir(f"{KUBELET_DIR}/pki", 0o700), HostDir(KUBE_PROXY_DIR, 0o700),
               HostDir("/etc/containerd", 0o755)):
         plan.mkdir(d)
-    containerd, kubelet, proxy = "containerd.service", "kubelet.service", "kube-proxy.service"
+    containerd, kubelet, proxy = components.units("containerd", "kubelet", "kube-proxy")
 
     ca = material.pair(CLUSTER_CA)
     ca_pem = issue.cert_pem(ca.cert)

@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
+from installer.core import components
 from installer.core.facts import HostFacts
 from installer.core.inventory import HostSpec
 from installer.host.fetch import ARCHES
 from installer.host.ssh import HostError
 from installer.engine.phases.base import Context, Event, Phase
-from installer.engine.phases.select import CONTROL_UNITS, ETCD_UNIT, WORKER_UNITS
 
 SUPPORTED_OS = {("debian", "12"), ("debian", "13"), ("ubuntu", "22.04"), ("ubuntu", "24.04")}
 SUPPORTED_ARCH = {"x86_64", "aarch64"}
-PORTS = {
-    "control": {2379: ETCD_UNIT, 2380: ETCD_UNIT, 6443: CONTROL_UNITS[0], 10257: CONTROL_UNITS[1],
-                10259: CONTROL_UNITS[2]},
-    "worker": {10248: WORKER_UNITS[1], 10250: WORKER_UNITS[1], 10249: WORKER_UNITS[2], 10256: WORKER_UNITS[2]},
-}
+PORTS = {role: components.preflight_ports(role) for role in (components.CONTROL, components.WORKER)}
 WORKER_MODULES = ("overlay", "br_netfilter")
 # kube-proxy (mode iptables) runs iptables-restore/-save; hiddenplane-routes runs iptables.
 # kube-proxy cleans conntrack entries over netlink since 1.31: no `conntrack` command needed.

@@ -3,14 +3,18 @@ unit belongs to exactly one phase (a test checks the partition)."""
 
 from __future__ import annotations
 
+from installer.core import components
 from installer.core.diff import Selection
 from installer.core.render.control import ETCD_UNIT
 from installer.core.render.files import HostPlan
 from installer.host.fetch import binary_files
 from installer.engine.phases.base import Context, Event
 
-CONTROL_UNITS = ("kube-apiserver.service", "kube-controller-manager.service", "kube-scheduler.service")
-WORKER_UNITS = ("containerd.service", "kubelet.service", "kube-proxy.service")
+# the units control-plane and workers start and wait for: the table's rows of each role, in
+# table order (etcd has a phase of its own; addons and hiddenplane-routes are not waited for)
+CONTROL_UNITS = tuple(c.unit for c in components.by_role(components.CONTROL)
+                      if c.role == components.CONTROL and c.name != "etcd" and not c.addon)
+WORKER_UNITS = tuple(c.unit for c in components.by_role(components.WORKER) if c.role == components.WORKER)
 
 
 def _is_etcd(path: str) -> bool:

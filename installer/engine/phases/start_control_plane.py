@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import threading
 
+from installer.core import components
 from installer.host.health import client_context, wait_ok
 from installer.host.ssh import HostError
 from installer.engine.phases.base import Context, Event, Phase
 from installer.engine.phases.select import CONTROL_UNITS, control_plane_part
 
-LOCAL_PORTS = (10257, 10259)
-APISERVER_UNIT = "kube-apiserver.service"
+LOCAL_PORTS = components.ports("kube-controller-manager") + components.ports("kube-scheduler")
+APISERVER_UNIT = components.unit("kube-apiserver")
 # the apiserver restarts of one process's runs, one host at a time
 _restart_lock = threading.Lock()
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from installer.core import components
 from installer.core.inventory import HostSpec, Inventory
 from installer.core.pki import issue
 from installer.core.pki.material import Material
@@ -42,8 +43,8 @@ from installer.core.render.ciphers import CIPHER_SUITES
 KONNECTIVITY_VERSION = "v0.35.0"
 AGENT_IMAGE = f"registry.k8s.io/kas-network-proxy/proxy-agent:{KONNECTIVITY_VERSION}"
 SERVER_BINARY = "konnectivity-server"
-UNIT = "konnectivity-server.service"
-APISERVER_UNIT = "kube-apiserver.service"
+UNIT = components.unit("konnectivity-server")
+APISERVER_UNIT = components.unit("kube-apiserver")
 
 SERVER_USER = "system:konnectivity-server"     # CN of its client certificate
 CERT_NAME = "konnectivity-server"              # the PKI table row (installer/core/pki/specs.py)

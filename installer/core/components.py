@@ -1,0 +1,114 @@
+"""The component table: every systemd-run component of a cluster, declared once.
+
+One row per component (role, binaries, unit, restart rank, ports, health check, version
+source), in the style of the certificate table (core/pki/specs.py): declarative, pure, no
+I/O. Preflight (ports), fetch (which unit a binary restarts), select (the phases' units),
+rollout (restart order) and teardown/verify (unit names) read it instead of lists of their own.
+
+Adding a worker component: one row here, its render function (core/render/worker.py) and its
+unit template.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+CONTROL, WORKER, ANY = "control", "worker", "any"
+LAST_RANK = 9                      # rollout restarts units without a rank last
+
+
+@dataclass(frozen=True)
+class Port:
+    number: int
+    what: str
+    preflight: bool = True         # preflight refuses a host where something else listens on it
+
+
+@dataclass(frozen=True)
+class Component:
+    name: str
+    role: str                      # control | worker | any (both kinds of host)
+    unit: str
+    binaries: tuple[str, ...] = ()  # a changed one restarts ``unit``
+    rank: int | None = None        # restart order in a rollout, lower first; None: last
+    ports: tuple[Port, ...] = ()
+    health: str = ""               # what the code waits for after a (re)start
+    version: str = ""              # inventory field the version comes from
+    addon: bool = False            # rendered only when its addon is enabled
+
+
+COMPONENTS = (
+    Component("etcd", CONTROL, "etcd.service", ("etcd",), rank=0,
+              ports=(Port(2379, "client"), Port(2380, "peer")),
+              health="etcdctl endpoint health", version="spec.components.etcd"),
+    Component("kube-apiserver", CONTROL, "kube-apiserver.service", ("kube-apiserver",), rank=1,
+              ports=(Port(6443, "secure"),), health="https /livez, /readyz", version="spec.version"),
+    Component("konnectivity-server", CONTROL, "konnectivity-server.service", ("konnectivity-server",), rank=2,
+              ports=(Port(8132, "agent", preflight=False), Port(8133, "admin", preflight=False),
+                     Port(8134, "health", preflight=False)),
+              health="https agent port presents the apiserver certificate",
+              version="versions: KONNECTIVITY_VERSION (render/addons/konnectivity.py)", addon=True),
+    Component("kube-controller-manager", CONTROL, "kube-controller-manager.service", ("kube-controller-manager",),
+              rank=3, ports=(Port(10257, "secure"),), health="listens on 10257", version="spec.version"),
+    Component("kube-scheduler", CONTROL, "kube-scheduler.service", ("kube-scheduler",), rank=3,
+              ports=(Port(10259, "secure"),), health="listens on 10259", version="spec.version"),
+    Component("hiddenplane-routes", ANY, "hiddenplane-routes.service",
+              health="oneshot: systemctl is-active"),
+    Component("containerd", WORKER, "containerd.service", ("containerd",),
+              health="systemctl is-active", version="spec.components.containerd"),
+    Component("kubelet", WORKER, "kubelet.service", ("kubelet",), rank=4,
+              ports=(Port(10248, "healthz"), Port(10250, "secure")),
+              health="systemctl is-active, listens on 10250", version="spec.version"),
+    Component("kube-proxy", WORKER, "kube-proxy.service", ("kube-proxy",), rank=4,
+              ports=(Port(10249, "metrics"), Port(10256, "healthz")),
+              health="systemctl is-active", version="spec.version"),
+)
+
+# binaries installed next to a component that restart nothing when they change
+HELPER_BINARIES = {
+    "etcdctl": "etcd", "etcdutl": "etcd",
+    "containerd-shim-runc-v2": "containerd", "ctr": "containerd", "runc": "containerd",
+}
+
+
+def by_name(name: str) -> Component:
+    return next(c for c in COMPONENTS if c.name == name)
+
+
+def by_unit(unit: str) -> Component | None:
+    return next((c for c in COMPONENTS if c.unit == unit), None)
+
+
+def by_role(role: str) -> tuple[Component, ...]:
+    return tuple(c for c in COMPONENTS if c.role in (role, ANY))
+
+
+def unit(name: str) -> str:
+    return by_name(name).unit
+
+
+def units(*names: str) -> tuple[str, ...]:
+    return tuple(unit(n) for n in names)
+
+
+def restarts() -> dict[str, str]:
+    """binary -> the unit to restart when it changes."""
+    return {b: c.unit for c in COMPONENTS for b in c.binaries}
+
+
+def ranks() -> dict[str, int]:
+    """unit -> restart rank, for the units that have one."""
+    return {c.unit: c.rank for c in COMPONENTS if c.rank is not None}
+
+
+def rank(unit_name: str) -> int:
+    return ranks().get(unit_name, LAST_RANK)
+
+
+def preflight_ports(role: str) -> dict[int, str]:
+    """port -> the unit allowed to listen on it, for the ports preflight checks on a ``role`` host."""
+    return {p.number: c.unit for c in by_role(role) for p in c.ports if p.preflight}
+
+
+def ports(name: str) -> tuple[int, ...]:
+    return tuple(p.number for p in by_name(name).ports)

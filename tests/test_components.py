@@ -1,0 +1,123 @@
+"""The component table (installer/core/components.py) is the one place a component's identity
+lives: the renderers, preflight, fetch, select and rollout agree with it."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+
+import pytest
+
+from installer import api
+from installer.actions import rollout, teardown
+from installer.core import components
+from installer.core.artifacts import CONTROL_BINARIES, WORKER_BINARIES
+from installer.core.components import COMPONENTS, HELPER_BINARIES
+from installer.engine.phases import run_preflight, select, start_control_plane
+from installer.host import fetch
+from tests.conftest import write_inventory
+
+
+@pytest.fixture(scope="module")
+def konnectivity(tmp_path_factory, example_doc):
+    d = copy.deepcopy(example_doc)
+    d["spec"]["network"].update({"egress": "konnectivity"})
+    tmp = tmp_path_factory.mktemp("components-k")
+    return api.prepare(write_inventory(tmp, d), tmp / "state")
+
+
+def test_rows_are_unique():
+    names = [c.name for c in COMPONENTS]
+    units = [c.unit for c in COMPONENTS]
+    binaries = [b for c in COMPONENTS for b in c.binaries]
+    assert len(set(names)) == len(names) == 9
+    assert len(set(units)) == len(units)
+    assert len(set(binaries)) == len(binaries)
+    assert all(c.unit.endswith(".service") and c.role in ("control", "worker", "any") for c in COMPONENTS)
+    assert not set(binaries) & set(HELPER_BINARIES)
+    assert all(owner in names for owner in HELPER_BINARIES.values())
+
+
+def test_every_planned_unit_belongs_to_exactly_one_row(prepared, konnectivity):
+    seen = set()
+    for p in (prepared, konnectivity):
+        for plan in p.plans.values():
+            for unit in plan.units:
+                rows = [c for c in COMPONENTS if c.unit == unit]
+                assert len(rows) == 1, unit
+                assert rows[0].role in (plan.role, "any"), (plan.role, unit)
+                seen.add(unit)
+            for f in plan.files.values():
+                for unit in f.restarts:
+                    assert components.by_unit(unit) is not None, (f.path, unit)
+    # and every row is planned by some cluster: the table has no dead rows
+    assert seen == {c.unit for c in COMPONENTS}
+
+
+def test_every_shipped_binary_is_a_component_or_a_declared_helper():
+    for b in CONTROL_BINARIES + WORKER_BINARIES:
+        owners = [c for c in COMPONENTS if b in c.binaries]
+        assert len(owners) == 1 or b in HELPER_BINARIES, b
+    role_of = {**{b: "control" for b in CONTROL_BINARIES}, **{b: "worker" for b in WORKER_BINARIES}}
+    for c in COMPONENTS:
+        for b in c.binaries:
+            if b in role_of:
+                assert role_of[b] == c.role, (c.name, b)
+
+
+def test_ranks_are_the_order_rollout_needs():
+    rank = {c.name: c.rank for c in COMPONENTS}
+    # etcd first, then the apiserver, then what talks to it; workers last; routes/containerd unranked
+    assert rank["etcd"] < rank["kube-apiserver"] < rank["konnectivity-server"] < rank["kube-controller-manager"]
+    assert rank["kube-controller-manager"] == rank["kube-scheduler"] < rank["kubelet"] == rank["kube-proxy"]
+    assert rank["containerd"] is None and rank["hiddenplane-routes"] is None
+    assert components.rank("no-such.service") == components.LAST_RANK > max(r for r in rank.values() if r is not None)
+    assert rollout.RANK == components.ranks()
+    assert rollout.restart_order(["kube-proxy.service", "etcd.service", "kube-scheduler.service",
+                                  "kube-apiserver.service"]) == ["etcd.service", "kube-apiserver.service",
+                                                                  "kube-scheduler.service", "kube-proxy.service"]
+
+
+def test_preflight_ports_derive_from_the_rows():
+    for role in ("control", "worker"):
+        want = {p.number: c.unit for c in COMPONENTS if c.role == role for p in c.ports if p.preflight}
+        assert run_preflight.PORTS[role] == want
+    assert run_preflight.PORTS["control"] == {2379: "etcd.service", 2380: "etcd.service",
+                                              6443: "kube-apiserver.service",
+                                              10257: "kube-controller-manager.service",
+                                              10259: "kube-scheduler.service"}
+    assert run_preflight.PORTS["worker"] == {10248: "kubelet.service", 10250: "kubelet.service",
+                                             10249: "kube-proxy.service", 10256: "kube-proxy.service"}
+    # konnectivity is an addon: its ports are not refused before it is chosen
+    assert not set(components.ports("konnectivity-server")) & set(run_preflight.PORTS["control"])
+    assert start_control_plane.LOCAL_PORTS == (10257, 10259)
+    assert rollout.SECURE_PORTS == {"kube-controller-manager.service": 10257, "kube-scheduler.service": 10259}
+
+
+def test_the_consumers_read_the_table():
+    assert fetch.RESTARTS == components.restarts()
+    assert fetch.RESTARTS["etcd"] == "etcd.service" and "etcdctl" not in fetch.RESTARTS
+    assert select.CONTROL_UNITS == tuple(c.unit for c in components.by_role("control")
+                                         if c.name.startswith("kube-"))
+    assert select.WORKER_UNITS == tuple(c.unit for c in COMPONENTS if c.role == "worker")
+    assert (teardown.KUBELET_UNIT, teardown.KUBE_PROXY_UNIT, teardown.CONTAINERD_UNIT) == components.units(
+        "kubelet", "kube-proxy", "containerd")
+
+
+def test_lookups():
+    assert components.by_name("kubelet").unit == "kubelet.service"
+    assert components.by_unit("etcd.service").name == "etcd"
+    assert components.by_unit("crio.service") is None
+    assert components.by_name("hiddenplane-routes") in components.by_role("worker")
+    assert components.by_name("hiddenplane-routes") in components.by_role("control")
+    with pytest.raises(StopIteration):
+        components.by_name("nope")
+
+
+def test_the_table_is_pure():
+    # core/components imports nothing of the installer but itself
+    out = subprocess.run([sys.executable, "-c", "import sys, installer.core.components; "
+                          "print(sorted(m for m in sys.modules if m.startswith('installer')))"],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['installer', 'installer.core', 'installer.core.components']"
