@@ -12,6 +12,7 @@ import hashlib
 import re
 from pathlib import Path
 
+from installer.core.components import CONTROL, WORKER, installed_binaries
 from installer.core.errors import InstallerError
 
 SUMS_FILE = "SHA256SUMS"
@@ -19,8 +20,8 @@ _LINE = re.compile(r"^([0-9a-f]{64}) [ *]([^/\s][^/]*)$")
 
 # what each role needs on its hosts (control hosts: no container runtime, by design; etcdutl
 # because etcd 3.6's etcdctl no longer checks or restores snapshots)
-CONTROL_BINARIES = ("etcd", "etcdctl", "etcdutl", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
-WORKER_BINARIES = ("containerd", "containerd-shim-runc-v2", "ctr", "runc", "kubelet", "kube-proxy")
+CONTROL_BINARIES = installed_binaries(CONTROL)
+WORKER_BINARIES = installed_binaries(WORKER)
 CNI_PLUGINS = ("bridge", "host-local", "loopback", "portmap")
 
 
