@@ -347,19 +347,19 @@ class Endpoint:
 def endpoints(inv: Inventory) -> list[Endpoint]:
     out = []
     for h in inv.controls:
-        out += [Endpoint(h.name, "etcd client", h.address, 2379, f"etcd/server-{h.name}", "etcd/healthcheck-client", ETCD,
+        out += [Endpoint(h.name, "etcd client", h.address, components.port("etcd", "client"), f"etcd/server-{h.name}", "etcd/healthcheck-client", ETCD,
                          ETCD_CA),
-                Endpoint(h.name, "etcd peer", h.address, 2380, f"etcd/peer-{h.name}", "etcd/healthcheck-client", ETCD,
+                Endpoint(h.name, "etcd peer", h.address, components.port("etcd", "peer"), f"etcd/peer-{h.name}", "etcd/healthcheck-client", ETCD,
                          ETCD_CA),
                 Endpoint(h.name, "kube-apiserver", h.address, inv.spec.apiServer.port, "apiserver", "admin", APISERVER)]
         if konnectivity_enabled(inv):
             out.append(Endpoint(h.name, "konnectivity-server", h.address, AGENT_PORT, "apiserver", None, KONNECTIVITY))
         # no --tls-cert-file: they serve a self-signed certificate made at each start; what we
         # renew for them is the client certificate in their kubeconfig
-        out += [Endpoint(h.name, "kube-controller-manager", "127.0.0.1", 10257, None, None, CONTROLLER_MANAGER),
-                Endpoint(h.name, "kube-scheduler", "127.0.0.1", 10259, None, None, SCHEDULER)]
+        out += [Endpoint(h.name, "kube-controller-manager", "127.0.0.1", components.port("kube-controller-manager", "secure"), None, None, CONTROLLER_MANAGER),
+                Endpoint(h.name, "kube-scheduler", "127.0.0.1", components.port("kube-scheduler", "secure"), None, None, SCHEDULER)]
     for h in inv.workers:
-        out.append(Endpoint(h.name, "kubelet", h.address, 10250, f"kubelet/{h.name}-serving",
+        out.append(Endpoint(h.name, "kubelet", h.address, components.port("kubelet", "secure"), f"kubelet/{h.name}-serving",
                             "apiserver-kubelet-client", KUBELET))
     return out
 

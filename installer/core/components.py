@@ -119,3 +119,8 @@ def installed_binaries(role: str) -> tuple[str, ...]:
 
 def ports(name: str) -> tuple[int, ...]:
     return tuple(p.number for p in by_name(name).ports)
+
+
+def port(name: str, what: str) -> int:
+    """The port ``name`` serves ``what`` on (e.g. ``port("etcd", "peer")``)."""
+    return next(p.number for p in by_name(name).ports if p.what == what)

@@ -61,12 +61,12 @@ ETCD_RESTART_KEY = "/etc/etcd/etcd.service.restart-key"
 
 def peer_url(address: str) -> str:
     """The etcd member's peer URL on ``address``."""
-    return f"https://{_url_host(address)}:2380"
+    return f"https://{_url_host(address)}:{components.port('etcd', 'peer')}"
 
 
 def client_url(address: str) -> str:
     """The etcd member's client URL on ``address``."""
-    return f"https://{_url_host(address)}:2379"
+    return f"https://{_url_host(address)}:{components.port('etcd', 'client')}"
 
 
 def initial_cluster(hosts: list[HostSpec]) -> str:
@@ -82,7 +82,7 @@ def etcd_flags(inv: Inventory, host: HostSpec, join: str | None = None) -> list[
     return flags({
         "--name": host.name,
         "--data-dir": ETCD_DATA_DIR,
-        "--listen-client-urls": f"{client},https://127.0.0.1:2379",
+        "--listen-client-urls": f"{client},{client_url('127.0.0.1')}",
         "--advertise-client-urls": client,
         "--listen-peer-urls": peer,
         "--initial-advertise-peer-urls": peer,

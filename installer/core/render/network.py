@@ -19,6 +19,7 @@ from installer.core.inventory import HostSpec, Inventory
 from installer.core.pki.material import Material
 from installer.core.egress import egress_mode
 from installer.core.render.files import HostDir, HostFile, HostPlan, unit_file
+from installer.core import components
 
 CNI_DIR = "/etc/cni"
 CNI_CONF_DIR = f"{CNI_DIR}/net.d"
@@ -70,7 +71,7 @@ def routes_unit(inv: Inventory, host: HostSpec, material: Material) -> HostFile:
     return unit_file(
         network.ROUTES_UNIT, "hiddenplane-routes.service.j2",
         purpose=purpose, summary=summary,
-        before=["containerd.service", "kubelet.service"] if worker else ["kube-apiserver.service"],
+        before=list(components.units("containerd", "kubelet") if worker else components.units("kube-apiserver")),
         sysctl_file=SYSCTL_FILE if worker else None, sysctl_bin=SYSCTL_BIN,
         ip=IP_BIN, family=pod_net.version, proto=network.ROUTE_PROTO, routes=routes,
         iptables=IPTABLES[pod_net.version],

@@ -23,6 +23,7 @@ from installer.core.render.files import HostPlan
 from installer.host.ssh import Remote
 from installer.core.state import StateDir
 from installer.core.facts import DirFact, FileFact
+from installer.core import components
 
 
 @dataclass
@@ -148,7 +149,7 @@ def _ident(obj: dict) -> str:
 
 def api_live(ctx: Context) -> bool:
     """Whether a kube-apiserver already runs (per the facts): then a dry run can ask it."""
-    return any(ctx.facts.get(h.name) and ctx.facts[h.name].units.get("kube-apiserver.service", ("",))[0] == "active"
+    return any(ctx.facts.get(h.name) and ctx.facts[h.name].units.get(components.unit("kube-apiserver"), ("",))[0] == "active"
                for h in ctx.inv.controls)
 
 

@@ -31,8 +31,9 @@ from installer.engine.phases.base import Context, Event, Phase
 from installer.engine.phases.select import WORKER_UNITS, worker_part
 from installer.engine.phases.start_control_plane import listening_script
 from installer.host import csr_approval
+from installer.core import components
 
-KUBELET_PORTS = (10250,)
+KUBELET_PORTS = (components.port("kubelet", "secure"),)
 
 
 def active_script(units: tuple[str, ...], timeout: float) -> str:

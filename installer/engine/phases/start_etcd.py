@@ -25,7 +25,7 @@ from installer.engine.phases.select import ETCD_UNIT, etcd_part
 
 PKI = "/etc/kubernetes/pki"
 ETCDCTL = "/usr/local/bin/etcdctl"     # API v3 is the default since 3.4; 3.6 warns about the variable
-LOCAL = "https://127.0.0.1:2379"
+LOCAL = client_url("127.0.0.1")
 # the restarts of one process's runs, one member at a time
 _restart_lock = threading.Lock()
 
