@@ -17,7 +17,7 @@ import pytest
 
 from installer.host import hostops
 
-from installer.actions import reset, teardown
+from installer.actions import reset, teardown, teardown_script
 from installer.core.facts import MANIFEST, STATE_DIR
 from installer.host.fetch import binary_path, role_binaries
 from installer.core.inventory import HostSpec
@@ -46,7 +46,7 @@ def binaries(role: str) -> list[str]:
 # --- pure: what is removed, and in which order -----------------------------------------------
 
 def test_backup_naming_is_the_one_hostops_uses():
-    assert f'"$2{teardown.BACKUP_INFIX}$STAMP"' in hostops._PRELUDE
+    assert f'"$2{teardown_script.BACKUP_INFIX}$STAMP"' in hostops._PRELUDE
 
 
 @pytest.mark.parametrize("name", [WORKER, CONTROL])
@@ -170,7 +170,7 @@ def test_human_plan_says_what_and_in_which_order(inv, plans):
 
 
 def test_kernel_defaults_cover_every_sysctl_the_installer_sets():
-    assert set(teardown.KERNEL_DEFAULTS) == set(SYSCTLS)
+    assert set(teardown_script.KERNEL_DEFAULTS) == set(SYSCTLS)
 
 
 # --- wipe_host and reset without hosts ---------------------------------------------------------
@@ -377,8 +377,8 @@ def test_worker_script_for_real(worker_root, inv, plans):
     h.installed(t)
     # a foreign file apply replaced: its original is in the oldest backup, a newer one is foreign too
     conf = "/etc/containerd/config.toml"
-    h.put(conf + teardown.BACKUP_INFIX + STAMP_OLD, b"the admin's original\n")
-    h.put(conf + teardown.BACKUP_INFIX + STAMP_NEW, b"an edit made after apply\n")
+    h.put(conf + teardown_script.BACKUP_INFIX + STAMP_OLD, b"the admin's original\n")
+    h.put(conf + teardown_script.BACKUP_INFIX + STAMP_NEW, b"an edit made after apply\n")
     # things that are not ours and must survive
     foreign = ["/usr/local/bin/helm", "/opt/cni/bin/macvlan", "/etc/sysctl.d/99-admin.conf",
                "/etc/systemd/system/admin.service", "/etc/modules-load.d/admin.conf", "/var/lib/other/data",
@@ -453,7 +453,7 @@ def test_worker_script_for_real(worker_root, inv, plans):
         if f != conf:
             assert not h.exists(f), f
     assert (h.r / conf.lstrip("/")).read_bytes() == b"the admin's original\n"
-    assert h.exists(conf + teardown.BACKUP_INFIX + STAMP_NEW)
+    assert h.exists(conf + teardown_script.BACKUP_INFIX + STAMP_NEW)
     assert f"kept 1 newer backup(s) of {conf} (not written by hiddenplane)" in out
     assert not h.exists("/etc/systemd/system/old-extra.service")
     assert not list((h.r / "etc/systemd/system").glob("*.wants/*"))
@@ -501,7 +501,7 @@ def test_control_script_for_real_with_and_without_data(tmp_path, inv, plans):
     for kept in ("/var/lib/etcd/member/wal/0.wal", "/var/lib/etcd.pre-restore-20250101T000000/member/snap/db",
                  "/var/lib/etcd.removed-20250101T000000/member/snap/db", "/var/log/kubernetes/audit/audit.log"):
         assert h.exists(kept), kept
-    assert (h.r / teardown.KEPT_DATA.lstrip("/")).read_text() == "/var/lib/etcd\n/var/log/kubernetes\n"
+    assert (h.r / teardown_script.KEPT_DATA.lstrip("/")).read_text() == "/var/lib/etcd\n/var/log/kubernetes\n"
     assert sorted(p.name for p in (h.r / STATE_DIR.lstrip("/")).iterdir()) == ["kept-data"]
     assert not any(c.startswith("userdel") for c in h.calls())
     calls = h.calls()
@@ -583,7 +583,7 @@ def test_a_put_back_original_survives_a_later_teardown_with_data(tmp_path, inv, 
     h = Root(tmp_path, inv, plans, WORKER)
     h.installed(teardown.host_teardown(inv, WORKER, plans, data=True))
     conf = "/etc/containerd/config.toml"
-    h.put(conf + teardown.BACKUP_INFIX + STAMP_OLD, b"the admin's original\n")
+    h.put(conf + teardown_script.BACKUP_INFIX + STAMP_OLD, b"the admin's original\n")
     h.put("/var/lib/containerd/io.containerd.content.v1.content/blobs/x")
     assert h.run(data=False).returncode == 0
     assert (h.r / conf.lstrip("/")).read_bytes() == b"the admin's original\n"
