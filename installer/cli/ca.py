@@ -37,8 +37,8 @@ def rotate(inventory, state_dir, which, yes, no_api, wait_timeout, fmt):
 
     Without --yes: print the plan, change nothing, exit 2. The old CA material is kept in
     <state>/backups/ca-rotate-<time>/ (0700). The service-account key is kept."""
-    from installer.actions import rotate as rotate_mod
-    report = rotate_mod.rotate_ca(inventory, state_dir=state_dir, which=which, yes=yes, use_api=not no_api,
+    from installer.api import certs as certs_api
+    report = certs_api.rotate_ca(inventory, state_dir=state_dir, which=which, yes=yes, use_api=not no_api,
                                   wait_timeout=wait_timeout, log=lambda m: click.echo(m, err=True))
     if not yes:
         nothing_without_yes("the rotation", "rotate", report.steps)

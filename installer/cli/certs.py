@@ -33,8 +33,8 @@ def check(inventory, state_dir, within, offline, fmt):
 
     Exit 0 when none expires within --within days, 1 when one does (or has expired),
     2/3 when the state or a host cannot be read. Read-only."""
-    from installer.actions import certs as certs_mod
-    rows = certs_mod.check(inventory, state_dir, offline=offline, log=lambda m: click.echo(m, err=True))
+    from installer.api import certs as certs_api
+    rows = certs_api.check(inventory, state_dir, offline=offline, log=lambda m: click.echo(m, err=True))
     now = dt.datetime.now(dt.timezone.utc)
     expiring = [r for r in rows if r.expiring(now, within)]
     if fmt == "json":
@@ -103,8 +103,8 @@ def renew(inventory, state_dir, only, dry_run, wait_timeout, no_api, fmt):
     The hosts must match the state (run `installer apply` first). The old files are kept in
     <state>/backups/renew-<time>/. Kubelet client certificates are the kubelets' own (TLS
     bootstrapping): not renewed here. Exit 0 when every endpoint presents the new certificate."""
-    from installer.actions import renew as renew_mod
-    report = renew_mod.renew(inventory, state_dir=state_dir, only=only, dry_run=dry_run,
+    from installer.api import certs as certs_api
+    report = certs_api.renew(inventory, state_dir=state_dir, only=only, dry_run=dry_run,
                              wait_timeout=wait_timeout, use_api=not no_api, log=lambda m: click.echo(m, err=True))
     print_report(report, fmt)
     if fmt == "text":

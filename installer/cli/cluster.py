@@ -8,9 +8,8 @@ import click
 
 from installer import api
 
-from installer.engine import runner
-from installer.engine.phases import PHASE_NAMES
-from installer.engine.phases.base import Options
+from installer.api import cluster as cluster_api
+from installer.api.cluster import PHASE_NAMES, Options
 from installer.cli.errors import domain_errors
 from installer.cli.options import STATE_DEFAULT
 from installer.cli.output import Progress
@@ -51,7 +50,7 @@ def apply(inventory, state_dir, only, skip, parallel, accept_new_host_keys, fmt,
           dry_run, force_unlock):
     """Converge every host of INVENTORY: hidden control plane, joined workers. Idempotent."""
     progress = Progress(fmt, verbose or dry_run)
-    report = runner.run(inventory, state_dir, _options(dry_run, only, skip, parallel, accept_new_host_keys,
+    report = cluster_api.run(inventory, state_dir, _options(dry_run, only, skip, parallel, accept_new_host_keys,
                                                        wait_timeout, force_unlock),
                         log=progress.log, on_event=progress.event, on_upload=progress.upload)
     progress.done(report, "plan" if dry_run else "apply")
@@ -79,7 +78,7 @@ def plan(inventory, render_dir, check, state_dir, only, skip, parallel, accept_n
         click.echo(f"rendered to {render_dir}/<host>/ (see MANIFEST in each)")
         return
     progress = Progress(fmt, verbose=True)
-    report = runner.run(inventory, state_dir, _options(True, only, skip, parallel, accept_new_host_keys,
+    report = cluster_api.run(inventory, state_dir, _options(True, only, skip, parallel, accept_new_host_keys,
                                                        wait_timeout),
                         log=progress.log, on_event=progress.event)
     progress.done(report, "plan")
@@ -111,8 +110,7 @@ def verify(inventory, state_dir, fmt, use_api):
     every secret is private. Read-only; rerun any time.
 
     Exit 0 when every check passes, 1 when any fails, 2/3 when a host cannot be checked."""
-    from installer.actions import verify as verify_mod
-    results = verify_mod.verify(inventory, state_dir, log=lambda m: click.echo(m, err=True), api=use_api)
+    results = cluster_api.verify(inventory, state_dir, log=lambda m: click.echo(m, err=True), api=use_api)
     failed = [r for r in results if not r.ok]
     if fmt == "json":
         click.echo(json.dumps({"ok": not failed, "failed": len(failed), "checks": [r.as_dict() for r in results]},

@@ -12,7 +12,6 @@ import sys
 import click
 
 from installer import api
-from installer.core.errors import InstallerError
 
 
 def domain_errors(fn):
@@ -27,7 +26,7 @@ def domain_errors(fn):
                 with api.state_for(inv, kwargs["state_dir"]).locked(create=False):
                     return fn(*args, **kwargs)
             return fn(*args, **kwargs)
-        except InstallerError as e:
+        except api.InstallerError as e:
             click.echo(f"error: {e}", err=True)
             sys.exit(e.exit_code)
     return wrapper

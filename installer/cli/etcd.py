@@ -6,7 +6,7 @@ import click
 
 from installer import api
 
-from installer.actions import etcd_members, etcd_ops
+from installer.api import etcd as etcd_api
 from installer.cli.errors import domain_errors
 from installer.cli.output import human_size, nothing_without_yes, table
 
@@ -22,7 +22,7 @@ def etcd():
 def members(inventory):
     """List the etcd members (asked on the first reachable control host)."""
     rows = [("NAME", "ID", "PEER URL", "CLIENT URL", "LEARNER")]
-    for m in etcd_ops.members(inventory):
+    for m in etcd_api.members(inventory):
         rows.append((m.name, m.id, ",".join(m.peer_urls), ",".join(m.client_urls), "yes" if m.learner else "no"))
     table(rows)
 
@@ -44,7 +44,7 @@ def snapshot():
 def save(inventory, file, force):
     """Take a snapshot (etcdctl snapshot save) and write it to FILE (mode 0600). An existing
     FILE is refused unless --force."""
-    info = etcd_ops.snapshot_save(inventory, file, force=force)
+    info = etcd_api.snapshot_save(inventory, file, force=force)
     click.echo(f"{info.path}: snapshot from {info.host}, {human_size(info.size)}, hash {info.hash}, "
                f"revision {info.revision}, {info.total_keys} keys (mode 0600)")
 
@@ -58,8 +58,8 @@ def save(inventory, file, force):
 def restore(inventory, file, yes, wait_timeout):
     """Restore FILE on every etcd member (the control plane is stopped meanwhile)."""
     if not yes:
-        nothing_without_yes("the restore", "restore", etcd_ops.restore_plan(api.validate(inventory), file, "<time>"))
-    hosts = etcd_ops.snapshot_restore(inventory, file, wait_timeout=wait_timeout, log=_progress)
+        nothing_without_yes("the restore", "restore", etcd_api.restore_plan(api.validate(inventory), file, "<time>"))
+    hosts = etcd_api.snapshot_restore(inventory, file, wait_timeout=wait_timeout, log=_progress)
     click.echo(f"restored {file} on {', '.join(hosts)}; etcd healthy, control plane started")
 
 
@@ -90,7 +90,7 @@ def member_add(inventory, name, state_dir, allow_even, wait_timeout):
     """Join control host NAME (already in INVENTORY) to etcd: registered as a learner, its member
     started with --initial-cluster-state=existing, promoted once in sync; then every control
     host is converged so the apiservers name the new member."""
-    change = etcd_members.add(inventory, name, state_dir=state_dir, allow_even=allow_even,
+    change = etcd_api.member_add(inventory, name, state_dir=state_dir, allow_even=allow_even,
                               wait_timeout=wait_timeout, log=_progress)
     click.echo(f"{name}: etcd member {change.member_id} added and promoted; "
                f"{len(change.members)} voting members, all healthy")
@@ -110,7 +110,7 @@ def member_remove(inventory, name, state_dir, allow_even, host_unreachable, yes,
     """Remove etcd member NAME: stop its control plane and etcd, `etcdctl member remove` through
     another member, move its /var/lib/etcd aside, check the others healthy. NAME may already be
     deleted from INVENTORY. Afterwards, delete NAME from the inventory and run `installer apply`."""
-    change = etcd_members.remove(inventory, name, state_dir=state_dir, allow_even=allow_even,
+    change = etcd_api.member_remove(inventory, name, state_dir=state_dir, allow_even=allow_even,
                                  host_unreachable=host_unreachable, wait_timeout=wait_timeout,
                                  log=_progress, dry_run=not yes)
     if not yes:

@@ -6,20 +6,9 @@ from pathlib import Path
 
 import click
 
-from installer.core import versions
 from installer.lab import lab as lab_mod
-from installer.lab.model import DEFAULT_SUBNET, cache_root
+from installer.lab.model import DEFAULT_SUBNET, built_artifacts
 from installer.cli.errors import domain_errors
-
-
-def built_artifacts() -> Path | None:
-    """What scripts/build-kubernetes (and scripts/try, scripts/test) leave for the default
-    version, when present: a newcomer's `lab up` then runs the real binaries without a flag."""
-    path = cache_root() / "build" / f"artifacts-{versions.DEFAULT_KUBERNETES_VERSION}"
-    try:
-        return path if (path / "SHA256SUMS").is_file() else None
-    except OSError:
-        return None
 
 
 @click.group()

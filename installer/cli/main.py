@@ -11,7 +11,6 @@ import json
 import click
 
 from installer import __version__, api
-from installer.core.inventory import json_schema
 from installer.cli.errors import domain_errors
 
 # name -> (module, attribute, one-line help for `installer --help`)
@@ -65,7 +64,7 @@ def validate(inventory):
 @cli.command()
 def schema():
     """Print the inventory's JSON Schema (for editors)."""
-    click.echo(json.dumps(json_schema(), indent=2))
+    click.echo(json.dumps(api.json_schema(), indent=2))
 
 
 def main():

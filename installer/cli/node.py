@@ -8,7 +8,7 @@ import click
 
 from installer.cli.options import STATE_DEFAULT
 from installer import api
-from installer.actions import node_ops
+from installer.api import nodes as nodes_api
 from installer.cli.errors import domain_errors
 from installer.cli.output import Progress, nothing_without_yes, table
 
@@ -31,11 +31,11 @@ def _err(line: str) -> None:
 
 
 def _refuse_without_yes(inventory, state_dir, name, what: str, **kw) -> None:
-    t, _ = node_ops.node_target(api.validate(inventory), state_dir, name)
-    nothing_without_yes(f"{what} {name}", "do it", node_ops.remove_plan(t, **kw))
+    t, _ = nodes_api.node_target(api.validate(inventory), state_dir, name)
+    nothing_without_yes(f"{what} {name}", "do it", nodes_api.remove_plan(t, **kw))
 
 
-def _outcome(out: node_ops.Outcome, verb: str) -> None:
+def _outcome(out: nodes_api.Outcome, verb: str) -> None:
     for line in out.done:
         click.echo(f"  {line}")
     for w in out.warnings:
@@ -57,7 +57,7 @@ def node():
 @domain_errors
 def list_(inventory, state_dir, use_api, fmt):
     """Every host with its state: active, removed or revoked (inventory + node ledger)."""
-    nodes = node_ops.list_nodes(inventory, state_dir, use_api=use_api)
+    nodes = nodes_api.list_nodes(inventory, state_dir, use_api=use_api)
     if fmt == "json":
         click.echo(json.dumps([r.as_dict() for r in nodes], indent=2))
         return
@@ -82,7 +82,7 @@ def add(inventory, name, state_dir, skip, allow_even, accept_new_host_keys, wait
     inventory holds other pending changes (run `installer apply` for those). A control host
     joins etcd as a learner and is promoted."""
     progress = Progress(fmt, verbose=True)
-    report = node_ops.add(inventory, name, state_dir, skip=frozenset(skip), allow_even=allow_even,
+    report = nodes_api.add(inventory, name, state_dir, skip=frozenset(skip), allow_even=allow_even,
                           accept_new_host_keys=accept_new_host_keys, wait_timeout=wait_timeout,
                           log=progress.log)
     if report is None:
@@ -100,7 +100,7 @@ def add(inventory, name, state_dir, skip, allow_even, accept_new_host_keys, wait
 def drain(inventory, name, state_dir, timeout):
     """Cordon NAME and evict its pods (PodDisruptionBudgets respected; mirror and DaemonSet pods
     stay). Fails, leaving the node cordoned, when pods remain after --timeout."""
-    res = node_ops.drain(inventory, name, state_dir, timeout=timeout, log=_err)
+    res = nodes_api.drain(inventory, name, state_dir, timeout=timeout, log=_err)
     click.echo(f"{name}: drained, {len(res.evicted)} pod(s) evicted"
                + (f"; left to the node: {', '.join(res.skipped)}" if res.skipped else ""))
 
@@ -125,7 +125,7 @@ def remove(inventory, name, state_dir, timeout, host_unreachable, skip_cluster, 
     if not yes:
         _refuse_without_yes(inventory, state_dir, name, "node remove",
                             skip_cluster=skip_cluster, host_unreachable=host_unreachable)
-    out = node_ops.remove(inventory, name, state_dir, timeout=timeout, skip_cluster=skip_cluster,
+    out = nodes_api.remove(inventory, name, state_dir, timeout=timeout, skip_cluster=skip_cluster,
                           host_unreachable=host_unreachable, allow_even=allow_even,
                           accept_new_host_keys=accept_new_host_keys, log=_err)
     _outcome(out, "removed")
@@ -145,6 +145,6 @@ def revoke(inventory, name, state_dir, host_unreachable, accept_new_host_keys, y
     if not yes:
         _refuse_without_yes(inventory, state_dir, name, "node revoke", skip_cluster=False,
                             host_unreachable=host_unreachable, revoke=True)
-    out = node_ops.revoke(inventory, name, state_dir, host_unreachable=host_unreachable,
+    out = nodes_api.revoke(inventory, name, state_dir, host_unreachable=host_unreachable,
                           accept_new_host_keys=accept_new_host_keys, log=_err)
     _outcome(out, "revoked")

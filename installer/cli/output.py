@@ -7,13 +7,14 @@ import sys
 import threading
 import time
 from datetime import datetime, timezone
-from typing import Callable, TextIO
+from typing import TYPE_CHECKING, Callable, TextIO
 
 import click
 from rich.console import Console
 
-from installer.engine.phases.base import Event
-from installer.engine.runner import Report
+if TYPE_CHECKING:          # annotations only: the engine is not imported for the output module
+    from installer.api.cluster import Event, Report
+
 
 SYMBOL = {"changed": "[yellow]~[/]", "unchanged": "[green]=[/]", "checked": "[green]✓[/]",
           "waited": "[green]✓[/]", "skipped": "[dim]-[/]", "failed": "[red]✗[/]"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from installer.cli.options import STATE_DEFAULT
-from installer.actions import reset as reset_mod
+from installer.api import reset as reset_api
 from installer.cli.errors import domain_errors
 
 STATE_HELP = ("Local state directory (kept unless --purge). "
@@ -31,7 +31,7 @@ def reset(inventory, state_dir, yes, keep_data, purge, hosts, ignore_unreachable
 
     Exit 0 when done; 2 when not (no --yes, a host unreachable, an apply running: nothing done;
     a host that failed: rerun to finish)."""
-    report = reset_mod.reset(inventory, state_dir=state_dir, yes=yes, keep_data=keep_data, purge=purge,
+    report = reset_api.reset(inventory, state_dir=state_dir, yes=yes, keep_data=keep_data, purge=purge,
                              hosts=hosts, ignore_unreachable=ignore_unreachable,
                              log=lambda m: click.echo(m, err=True))
     for name, done in report.hosts.items():

@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from installer.core import versions
 from installer.core.errors import InstallerError
 
 LAB_NAME = re.compile(r"^[a-z][a-z0-9]{0,7}$")
@@ -149,3 +150,13 @@ class LabPaths:
 
     def host_dir(self, host: str) -> Path:
         return self.root / "hosts" / host
+
+
+def built_artifacts() -> Path | None:
+    """What scripts/build-kubernetes (and scripts/try, scripts/test) leave for the default
+    version, when present: a newcomer's `lab up` then runs the real binaries without a flag."""
+    path = cache_root() / "build" / f"artifacts-{versions.DEFAULT_KUBERNETES_VERSION}"
+    try:
+        return path if (path / "SHA256SUMS").is_file() else None
+    except OSError:
+        return None

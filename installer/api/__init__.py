@@ -1,4 +1,9 @@
-"""The Python API the CLI is a thin layer over."""
+"""The Python API the CLI is a thin layer over (the CLI imports nothing else of the package).
+
+This module is light (inventory, PKI, rendering: no SSH, no Kubernetes client), so `installer
+validate` stays fast; the commands that reach hosts are in its submodules, imported only by the
+commands that need them: ``api.cluster`` (apply, plan, verify), ``api.nodes``, ``api.etcd``,
+``api.certs`` (check, renew, CA rotation) and ``api.reset``."""
 
 from __future__ import annotations
 
@@ -7,12 +12,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from installer.core import inventory as inventory_mod
-from installer.core.inventory import Inventory
+from installer.core.errors import InstallerError
+from installer.core.inventory import Inventory, as_inventory, json_schema
 from installer.core.pki.material import Changes, Material, ensure
 from installer.core.render.files import HostPlan
 from installer.core.render.plan import render_cluster, write_tree
-from installer.core.inventory import as_inventory  # noqa: F401  (part of the API: day-2 callers pass an Inventory or a path)
 from installer.core.state import StateDir, state_for, write_admin_kubeconfig
+
+
+# part of the API: every domain error (its exit_code is the CLI's), day-2 callers passing an
+# Inventory or a path, the inventory's JSON schema, the state directory of an inventory
+__all__ = ["InstallerError", "Prepared", "admin_kubeconfig", "as_inventory", "json_schema", "prepare", "render",
+           "state_for", "validate", "write_admin_kubeconfig"]
 
 
 @dataclass

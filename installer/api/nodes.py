@@ -1,0 +1,5 @@
+"""Nodes on day 2: list, add, drain, remove, revoke."""
+
+from installer.actions.node_ops import Outcome, add, drain, list_nodes, node_target, remove, remove_plan, revoke
+
+__all__ = ["Outcome", "add", "drain", "list_nodes", "node_target", "remove", "remove_plan", "revoke"]
