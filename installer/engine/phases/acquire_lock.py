@@ -167,7 +167,8 @@ class AcquireLock(Phase):
     def prepare(self, ctx: Context) -> list[str]:
         if ctx.options.dry_run:
             return []
-        if not pending_work(ctx):
+        ctx.changes_pending = pending_work(ctx)
+        if not ctx.changes_pending:
             # nothing to change: only clear stale locks this run may break (the facts saw them)
             return [h.name for h in ctx.inv.controls if h.name in ctx.facts and self._breakable(ctx, h.name)]
         return [h.name for h in ctx.inv.controls]      # also in a run limited to some hosts
@@ -179,7 +180,7 @@ class AcquireLock(Phase):
         return bool(why) and (ctx.options.force_unlock or why.startswith("process "))
 
     def run_host(self, ctx: Context, host: str) -> Event:
-        if not pending_work(ctx):
+        if not ctx.changes_pending:
             # a stale lock left by a killed run would block every other machine for an hour
             why = stale_reason(ctx.facts[host].lock or "", time.time())
             ctx.log(f"{host}: clearing a stale apply lock ({why}); nothing else to do")

@@ -73,6 +73,8 @@ class Context:
     locked: list[str] = field(default_factory=list)
     run_id: str = ""
     bootstrap_ran: bool = False
+    # set by the lock phase's prepare: whether any phase that runs changes a host (from the facts)
+    changes_pending: bool = False
     # set by the etcd phase's prepare: the membership changes it may make (learners to add and
     # promote); None before that phase ran
     etcd_guard: Guard | None = None
