@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -27,6 +28,18 @@ from .builtfixtures import artifacts_dir, binaries_only
 
 ROOT = Path(__file__).resolve().parent.parent
 LAB_NAME = "ci"
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def pytest_configure(config):
+    # a run stopped with SIGTERM or SIGHUP (`timeout`, `kill`, a closed terminal) ends like
+    # Ctrl-C: pytest tears its fixtures down, so the labs it started (nspawn hosts, qemu VMs,
+    # network namespaces) are taken down instead of left running
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
 LAB_SUBNET = "10.213.200.0/24"
 
 

@@ -83,6 +83,11 @@ def etcd(rendered, prepared, tmp_path_factory, built_artifacts):
         yield server
     finally:
         server.proc.terminate()
+        try:
+            server.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:      # an etcd that ignores SIGTERM must not outlive the run
+            server.proc.kill()
+            server.proc.wait(timeout=10)
 
 
 def localized_argv(tree: HostTree, component: str, bin_dir: Path, etcd_url: str | None = None) -> list[str]:
