@@ -121,3 +121,18 @@ def test_the_table_is_pure():
                           "print(sorted(m for m in sys.modules if m.startswith('installer')))"],
                          capture_output=True, text=True, check=True).stdout
     assert out.strip() == "['installer', 'installer.core', 'installer.core.components']"
+
+
+def test_each_row_names_the_inventory_field_its_version_comes_from(doc, tmp_path):
+    doc["spec"]["kubernetes"]["version"] = "v1.36.2"
+    doc["spec"].setdefault("artifacts", {}).setdefault("versions", {}).update(etcd="3.6.11", containerd="2.2.3")
+    inv = api.validate(write_inventory(tmp_path, doc))
+    released = fetch.component_versions(inv)
+    got = {c.name: components.version_of(c.name, inv.spec) for c in COMPONENTS}
+    assert got == {"etcd": "3.6.11", "kube-apiserver": "v1.36.2", "konnectivity-server": None,
+                   "kube-controller-manager": "v1.36.2", "kube-scheduler": "v1.36.2", "hiddenplane-routes": None,
+                   "containerd": "2.2.3", "kubelet": "v1.36.2", "kube-proxy": "v1.36.2"}
+    # the same values fetch downloads (release URLs spell them with or without the v)
+    assert released["kubernetes"].removeprefix("v") == got["kubelet"].removeprefix("v")
+    assert released["etcd"].removeprefix("v") == got["etcd"]
+    assert released["containerd"].removeprefix("v") == got["containerd"]

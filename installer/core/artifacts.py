@@ -23,6 +23,8 @@ _LINE = re.compile(r"^([0-9a-f]{64}) [ *]([^/\s][^/]*)$")
 CONTROL_BINARIES = installed_binaries(CONTROL)
 WORKER_BINARIES = installed_binaries(WORKER)
 CNI_PLUGINS = ("bridge", "host-local", "loopback", "portmap")
+# the release architecture binaries are resolved for; preflight refuses hosts of another
+ARTIFACTS_ARCH = "amd64"
 
 
 class ArtifactError(InstallerError):

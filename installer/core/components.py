@@ -32,36 +32,36 @@ class Component:
     binaries: tuple[str, ...] = ()  # a changed one restarts ``unit``
     rank: int | None = None        # restart order in a rollout, lower first; None: last
     ports: tuple[Port, ...] = ()
-    health: str = ""               # what the code waits for after a (re)start
-    version: str = ""              # inventory field the version comes from
+    health: str = ""               # what the phases wait for after a (re)start (words: the waits are theirs)
+    version: tuple[str, ...] = ()  # the field of the inventory's spec its version comes from; () pinned here
     addon: bool = False            # rendered only when its addon is enabled
 
 
 COMPONENTS = (
     Component("etcd", CONTROL, "etcd.service", ("etcd",), rank=0,
               ports=(Port(2379, "client"), Port(2380, "peer")),
-              health="etcdctl endpoint health", version="spec.components.etcd"),
+              health="etcdctl endpoint health", version=("artifacts", "versions", "etcd")),
     Component("kube-apiserver", CONTROL, "kube-apiserver.service", ("kube-apiserver",), rank=1,
-              ports=(Port(6443, "secure"),), health="https /livez, /readyz", version="spec.version"),
+              ports=(Port(6443, "secure"),), health="https /livez, /readyz", version=("kubernetes", "version")),
     Component("konnectivity-server", CONTROL, "konnectivity-server.service", ("konnectivity-server",), rank=2,
               ports=(Port(8132, "agent", preflight=False), Port(8133, "admin", preflight=False),
                      Port(8134, "health", preflight=False)),
               health="https agent port presents the apiserver certificate",
-              version="versions: KONNECTIVITY_VERSION (render/addons/konnectivity.py)", addon=True),
+              addon=True),
     Component("kube-controller-manager", CONTROL, "kube-controller-manager.service", ("kube-controller-manager",),
-              rank=3, ports=(Port(10257, "secure"),), health="listens on 10257", version="spec.version"),
+              rank=3, ports=(Port(10257, "secure"),), health="listens on 10257", version=("kubernetes", "version")),
     Component("kube-scheduler", CONTROL, "kube-scheduler.service", ("kube-scheduler",), rank=3,
-              ports=(Port(10259, "secure"),), health="listens on 10259", version="spec.version"),
+              ports=(Port(10259, "secure"),), health="listens on 10259", version=("kubernetes", "version")),
     Component("hiddenplane-routes", ANY, "hiddenplane-routes.service",
               health="oneshot: systemctl is-active"),
     Component("containerd", WORKER, "containerd.service", ("containerd",),
-              health="systemctl is-active", version="spec.components.containerd"),
+              health="systemctl is-active", version=("artifacts", "versions", "containerd")),
     Component("kubelet", WORKER, "kubelet.service", ("kubelet",), rank=4,
               ports=(Port(10248, "healthz"), Port(10250, "secure")),
-              health="systemctl is-active, listens on 10250", version="spec.version"),
+              health="systemctl is-active, listens on 10250", version=("kubernetes", "version")),
     Component("kube-proxy", WORKER, "kube-proxy.service", ("kube-proxy",), rank=4,
               ports=(Port(10249, "metrics"), Port(10256, "healthz")),
-              health="systemctl is-active", version="spec.version"),
+              health="systemctl is-active", version=("kubernetes", "version")),
 )
 
 # binaries installed next to a component that restart nothing when they change
@@ -124,3 +124,15 @@ def ports(name: str) -> tuple[int, ...]:
 def port(name: str, what: str) -> int:
     """The port ``name`` serves ``what`` on (e.g. ``port("etcd", "peer")``)."""
     return next(p.number for p in by_name(name).ports if p.what == what)
+
+
+def version_of(name: str, spec) -> str | None:
+    """The version the inventory's ``spec`` asks for ``name`` (None: pinned by the installer,
+    e.g. konnectivity's KONNECTIVITY_VERSION)."""
+    path = by_name(name).version
+    if not path:
+        return None
+    value = spec
+    for attr in path:
+        value = getattr(value, attr)
+    return value

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Callable
 from urllib.parse import urlsplit, urlunsplit
 
-from installer.core.artifacts import (CNI_PLUGINS, CONTROL_BINARIES, SUMS_FILE, WORKER_BINARIES, ArtifactError,
+from installer.core.artifacts import (ARTIFACTS_ARCH, CNI_PLUGINS, CONTROL_BINARIES, SUMS_FILE, WORKER_BINARIES, ArtifactError,
                         read_sums, sha256_file, verify)
 from installer.core.render.addons.konnectivity import KONNECTIVITY_VERSION
 from installer.core.render.addons.konnectivity import SERVER_BINARY as KONNECTIVITY_SERVER
@@ -164,7 +164,7 @@ def cluster_binaries(inv) -> tuple[str, ...]:
     return ALL_BINARIES + ((KONNECTIVITY_SERVER,) if konnectivity(inv) else ())
 
 
-def resolve(inv, log: Log = print, arch: str = "amd64") -> dict[str, ResolvedArtifact]:
+def resolve(inv, log: Log = print, arch: str = ARTIFACTS_ARCH) -> dict[str, ResolvedArtifact]:
     """Every binary the cluster needs (control, worker and CNI; konnectivity-server with
     ``egress: konnectivity``), verified, as local files."""
     if arch not in ARCHES.values():

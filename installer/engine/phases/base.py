@@ -24,6 +24,7 @@ from installer.host.ssh import Remote
 from installer.core.state import StateDir
 from installer.core.facts import DirFact, FileFact
 from installer.core import components
+from installer.core.artifacts import ARTIFACTS_ARCH
 
 
 @dataclass
@@ -68,7 +69,7 @@ class Context:
     artifacts: dict = field(default_factory=dict)          # name -> fetch.ResolvedArtifact
     # the release architecture the artifacts are for (one per run: a directory holds one arch);
     # preflight refuses a host of another architecture
-    artifacts_arch: str = "amd64"
+    artifacts_arch: str = ARTIFACTS_ARCH
     events: list[Event] = field(default_factory=list)
     locked: list[str] = field(default_factory=list)
     run_id: str = ""

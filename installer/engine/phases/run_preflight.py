@@ -8,6 +8,7 @@ from installer.core.inventory import HostSpec
 from installer.host.fetch import ARCHES
 from installer.host.ssh import HostError
 from installer.engine.phases.base import Context, Event, Phase
+from installer.core.artifacts import ARTIFACTS_ARCH
 
 SUPPORTED_OS = {("debian", "12"), ("debian", "13"), ("ubuntu", "22.04"), ("ubuntu", "24.04")}
 SUPPORTED_ARCH = {"x86_64", "aarch64"}
@@ -33,7 +34,7 @@ def load_script(modules: list[str]) -> str:
             f"{checks} || {{ echo 'still not loaded' >&2; exit 1; }}\n")
 
 
-def problems(host: HostSpec, facts: HostFacts, artifacts_arch: str = "amd64") -> list[str]:
+def problems(host: HostSpec, facts: HostFacts, artifacts_arch: str = ARTIFACTS_ARCH) -> list[str]:
     """Pure: why ``host`` cannot take its role, one line each (empty when fine).
     ``artifacts_arch``: the release architecture (amd64, arm64) the binaries were resolved for."""
     out = []
