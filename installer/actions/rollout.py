@@ -63,7 +63,7 @@ ETCD, APISERVER, KONNECTIVITY, CONTROLLER_MANAGER, SCHEDULER, KUBELET, KUBE_PROX
     "kube-proxy")
 # restart order: lower first (the component table's ranks); units without one go last
 RANK = components.ranks()
-SECURE_PORTS = {u: components.by_unit(u).ports[0].number for u in (CONTROLLER_MANAGER, SCHEDULER)}
+SECURE_PORTS = {components.unit(n): components.port(n, "secure") for n in ("kube-controller-manager", "kube-scheduler")}
 
 
 class RenewError(InstallerError):

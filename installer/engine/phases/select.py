@@ -12,9 +12,9 @@ from installer.engine.phases.base import Context, Event
 
 # the units control-plane and workers start and wait for: the table's rows of each role, in
 # table order (etcd has a phase of its own; addons and hiddenplane-routes are not waited for)
-CONTROL_UNITS = tuple(c.unit for c in components.by_role(components.CONTROL)
+CONTROL_UNITS = tuple(c.unit for c in components.COMPONENTS
                       if c.role == components.CONTROL and c.name != "etcd" and not c.addon)
-WORKER_UNITS = tuple(c.unit for c in components.by_role(components.WORKER) if c.role == components.WORKER)
+WORKER_UNITS = tuple(c.unit for c in components.COMPONENTS if c.role == components.WORKER)
 
 
 def _is_etcd(path: str) -> bool:
