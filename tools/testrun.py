@@ -29,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 REAL = ("tests/test_real_cluster.py", "tests/test_real_day2.py")
 COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)\b")
+CLOSING = re.compile(r"\bin [\d.]+s\b")
 NO_TESTS = 5
 
 
@@ -38,9 +39,9 @@ def explicit_selection(args: list[str]) -> bool:
 
 
 def counts(log: str) -> dict[str, int]:
-    """The numbers on pytest's closing line (the last line of ``=`` with a count in it)."""
+    """The numbers on pytest's closing line ("== 3 passed, 1 skipped in 2.1s ==", or bare with -q)."""
     for line in reversed(log.splitlines()):
-        if line.startswith("=") and COUNT.search(line):
+        if CLOSING.search(line) and COUNT.search(line):
             found: dict[str, int] = {}
             for n, word in COUNT.findall(line):
                 word = "errors" if word.startswith("error") else word
