@@ -10,6 +10,7 @@ import shutil
 import tarfile
 from pathlib import Path
 
+from installer.lab.images import cache_lock
 from installer.lab.model import LabError
 from installer.lab.debian_artifacts import debs_dir, download
 from installer.lab.vm_image import run_checked
@@ -101,6 +102,13 @@ def deb_tree(package: str, log=print) -> Path:
     tree = debs_dir() / "unpacked" / deb.name.removesuffix(".deb")
     if (tree / ".complete").is_file():
         return tree
+    with cache_lock("deb-trees"):
+        if (tree / ".complete").is_file():
+            return tree
+        return _unpack(deb, tree)
+
+
+def _unpack(deb: Path, tree: Path) -> Path:
     tmp = tree.with_name(tree.name + ".building")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

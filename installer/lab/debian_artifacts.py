@@ -18,6 +18,7 @@ from pathlib import Path
 
 from installer.core.artifacts import (CNI_PLUGINS, SUMS_FILE, ArtifactError, add_files, read_sums, sha256_file,
                          verify, write_sums)
+from installer.lab.images import cache_lock
 from installer.lab.model import LabError, cache_root
 
 # Debian package -> (path inside the package, name in the artifacts directory)
@@ -40,6 +41,11 @@ def download(packages: list[str], log=print) -> dict[str, Path]:
     """The .deb of each package, downloaded once into the cache."""
     dest = debs_dir()
     dest.mkdir(parents=True, exist_ok=True)
+    with cache_lock("debs"):
+        return _download(packages, dest, log)
+
+
+def _download(packages: list[str], dest: Path, log) -> dict[str, Path]:
     have = {p: next(iter(sorted(dest.glob(f"{p}_*.deb"))), None) for p in packages}
     missing = [p for p, deb in have.items() if deb is None]
     if missing:

@@ -6,6 +6,8 @@ place only when complete, so an interrupted build never leaves a half base behin
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import shutil
 import subprocess
 from pathlib import Path
@@ -34,11 +36,30 @@ def base_ready(path: Path | None = None) -> bool:
     return stamp.is_file() and stamp.read_text() == _stamp_text()
 
 
+@contextlib.contextmanager
+def cache_lock(name: str):
+    """Hold the lab cache's lock ``name`` (an flock, released when the process dies): two test
+    processes or two `lab up` on a fresh machine build a cache entry once, and neither replaces
+    a base the other's running hosts sit on."""
+    path = cache_root() / "lab" / f".{name}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
 def ensure_base(log=print) -> Path:
     """Return the cached base root, building it first if missing or built with other packages."""
     target = base_dir()
     if base_ready(target):
         return target
+    with cache_lock("base"):
+        if base_ready(target):          # built by another process while this one waited
+            return target
+        return _build_base(target, log)
+
+
+def _build_base(target: Path, log) -> Path:
     tmp = target.with_name(target.name + ".building")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.parent.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,6 @@ the files in the upper layer, fed to ``mkfs.ext4 -d``).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import shutil
 import subprocess
@@ -124,15 +123,6 @@ def _chroot_mounts(root: Path):
         _umount_all_under(root)
 
 
-@contextlib.contextmanager
-def _lock(name: str):
-    path = cache_root() / "lab" / f".{name}.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        yield
-
-
 def _enable(root: Path, target: str, unit: str, source: str | None = None) -> None:
     """What ``systemctl enable`` does, as a symlink (works on a root that is not running)."""
     wants = root / "etc/systemd/system" / f"{target}.wants"
@@ -180,7 +170,7 @@ def ensure_vm_image(log=print) -> VMImage:
     """The cached bootable VM root (built on first use: about 15 s once the base is cached)."""
     target = vm_image_dir()
     base = images.ensure_base(log).resolve()      # copy the tree, never a symlink to it
-    with _lock("vm-image"):
+    with images.cache_lock("vm-image"):
         if vm_image_ready():
             return _image(target)
         tmp = target.with_name(target.name + ".building")
