@@ -25,7 +25,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from installer import api
 
-from installer.host import kube
+from installer.host import kube, kube_objects
 
 from installer.core import versions
 from installer.core.pki import issue
@@ -142,7 +142,7 @@ def test_every_addon_object_validates_strictly_for_the_target_version(any_cluste
     inv = any_cluster.inventory
     objects = addon_objects(inv)
     assert objects
-    version = kube.target_version(inv.spec.kubernetes.version)
+    version = kube_objects.target_version(inv.spec.kubernetes.version)
     failures = []
     for o in objects:
         try:
@@ -150,17 +150,17 @@ def test_every_addon_object_validates_strictly_for_the_target_version(any_cluste
         except kubernetes_validate.ValidationError as e:
             failures.append(f"{o['kind']}/{o['metadata']['name']}: {'/'.join(map(str, e.path))}: {e.message}")
     assert not failures, f"against Kubernetes {version}:\n" + "\n".join(failures)
-    kube.validate_objects(objects, inv.spec.kubernetes.version)    # the check apply runs
+    kube_objects.validate_objects(objects, inv.spec.kubernetes.version)    # the check apply runs
 
 
 @pytest.mark.parametrize("minor", range(versions.MIN_SUPPORTED[1], versions.MAX_SUPPORTED[1] + 1))
 def test_addon_objects_validate_for_every_supported_minor(cilium3, minor):
-    kube.validate_objects(addon_objects(cilium3.inventory), f"v1.{minor}.0")
+    kube_objects.validate_objects(addon_objects(cilium3.inventory), f"v1.{minor}.0")
 
 
 def test_strict_validation_sees_inside_the_pod_templates(cilium):
     """A typo deep in a pod template is caught: the schema check is not a vacuous pass."""
-    version = kube.target_version(cilium.inventory.spec.kubernetes.version)
+    version = kube_objects.target_version(cilium.inventory.spec.kubernetes.version)
     for kind in ("Deployment", "DaemonSet"):
         obj = copy.deepcopy(_one(addon_objects(cilium.inventory), kind))
         obj["spec"]["template"]["spec"]["containers"][0]["readOnlyRootFilesytem"] = True

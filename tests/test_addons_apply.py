@@ -14,7 +14,7 @@ import yaml
 
 from installer import api
 
-from installer.host import kube
+from installer.host import kube, kube_objects
 
 from installer.engine import runner
 from installer.core.artifacts import ArtifactError, add_files
@@ -98,7 +98,7 @@ def test_first_run_sends_exactly_the_coredns_objects_in_order(prepared, client, 
     assert objs == coredns_objects(prepared.inventory)          # egress: routes: no agents
     assert [o["kind"] for o in objs] == ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap",
                                          "Deployment", "Service"]
-    done = kube.apply_objects(client, addon_objects(prepared.inventory), version(prepared))
+    done = kube_objects.apply_objects(client, addon_objects(prepared.inventory), version(prepared))
     assert done == [(o["kind"], o["metadata"]["name"], "created") for o in objs]
     assert fake.requests == [("POST", post_path(o), o) for o in objs]
     assert all(h.get("Content-Type") == "application/json" for h in fake.headers)
@@ -109,7 +109,7 @@ def test_konnectivity_agents_follow_coredns(cilium, fake):
     objs = addon_objects(cilium.inventory)
     assert [o["kind"] for o in objs[6:]] == ["ServiceAccount", "ClusterRoleBinding", "DaemonSet"]
     with _client(cilium.material, fake) as a:
-        done = kube.apply_objects(a, objs, version(cilium))
+        done = kube_objects.apply_objects(a, objs, version(cilium))
     assert [x[2] for x in done] == ["created"] * len(objs)
     assert fake.requests == [("POST", post_path(o), o) for o in objs]
 
@@ -132,10 +132,10 @@ def _add_server_defaults(fake: AddonApiServer) -> None:
 
 
 def test_second_run_changes_nothing(prepared, client, fake):
-    kube.apply_objects(client, addon_objects(prepared.inventory), version(prepared))
+    kube_objects.apply_objects(client, addon_objects(prepared.inventory), version(prepared))
     _add_server_defaults(fake)
     fake.requests.clear()
-    done = kube.apply_objects(client, addon_objects(prepared.inventory), version(prepared))
+    done = kube_objects.apply_objects(client, addon_objects(prepared.inventory), version(prepared))
     objs = addon_objects(prepared.inventory)
     assert done == [(o["kind"], o["metadata"]["name"], "unchanged") for o in objs]
     # per object: the create (409 AlreadyExists) and one GET; no PUT, no DELETE, nothing created
@@ -150,7 +150,7 @@ def test_changed_configmap_is_replaced_with_the_live_resource_version(prepared, 
     old["metadata"]["labels"]["team"] = "dns"
     fake.put(old)
     rv = fake.store[item_path(old)]["metadata"]["resourceVersion"]
-    done = kube.apply_objects(client, objs, version(prepared))
+    done = kube_objects.apply_objects(client, objs, version(prepared))
     assert done[3] == ("ConfigMap", "coredns", "replaced")
     assert [a for _, _, a in done[:3] + done[4:]] == ["created"] * 5
     puts = [(p, b) for m, p, b in fake.requests if m == "PUT"]
@@ -169,7 +169,7 @@ def test_service_with_another_cluster_ip_is_deleted_and_created(prepared, client
     old = copy.deepcopy(svc)
     old["spec"]["clusterIP"] = "10.96.0.99"
     fake.put(old)
-    done = kube.apply_objects(client, objs, version(prepared))
+    done = kube_objects.apply_objects(client, objs, version(prepared))
     assert done[5] == ("Service", "kube-dns", "replaced")
     assert [(m, p) for m, p, _ in fake.requests[-4:]] == [
         ("POST", post_path(svc)), ("GET", item_path(svc)), ("DELETE", item_path(svc)), ("POST", post_path(svc))]
@@ -183,7 +183,7 @@ def test_service_port_change_is_a_replace_keeping_the_cluster_ip(prepared, clien
     old = copy.deepcopy(objs[5])
     old["spec"]["ports"] = old["spec"]["ports"][:2]
     fake.put(old)
-    done = kube.apply_objects(client, objs, version(prepared))
+    done = kube_objects.apply_objects(client, objs, version(prepared))
     assert done[5] == ("Service", "kube-dns", "replaced")
     [(path, body)] = [(p, b) for m, p, b in fake.requests if m == "PUT"]
     assert path == item_path(objs[5]) and body["spec"]["clusterIP"] == "10.96.0.10"
@@ -196,7 +196,7 @@ def test_workload_with_another_selector_is_deleted_and_created(prepared, client,
     old["spec"]["selector"] = {"matchLabels": {"app": "old-dns"}}
     old["spec"]["template"]["metadata"]["labels"] = {"app": "old-dns"}
     fake.put(old)
-    done = kube.apply_objects(client, objs, version(prepared))
+    done = kube_objects.apply_objects(client, objs, version(prepared))
     assert done[4] == ("Deployment", "coredns", "replaced")
     methods = [(m, p) for m, p, _ in fake.requests if p.startswith(PATHS["Deployment"])]
     assert methods == [("POST", post_path(objs[4])), ("GET", item_path(objs[4])),
@@ -209,7 +209,7 @@ def test_changed_image_is_replaced_and_foreign_annotations_stay(prepared, client
     old["spec"]["template"]["spec"]["containers"][0]["image"] = "registry.k8s.io/coredns/coredns:v1.11.1"
     old["metadata"]["annotations"] = {"deployment.kubernetes.io/revision": "3"}
     fake.put(old)
-    done = kube.apply_objects(client, objs, version(prepared))
+    done = kube_objects.apply_objects(client, objs, version(prepared))
     assert done[4] == ("Deployment", "coredns", "replaced")
     [(_, body)] = [(p, b) for m, p, b in fake.requests if m == "PUT"]
     assert body["spec"] == objs[4]["spec"]
@@ -221,7 +221,7 @@ def test_unknown_kind_and_missing_namespace_are_refused_before_any_request(prepa
     no_ns = copy.deepcopy(objs[3])
     del no_ns["metadata"]["namespace"]
     with pytest.raises(ValueError, match="ConfigMap/coredns: a namespaced kind needs metadata.namespace"):
-        kube.apply_objects(client, objs[:3] + [no_ns], version(prepared))
+        kube_objects.apply_objects(client, objs[:3] + [no_ns], version(prepared))
     assert fake.requests == []
 
 

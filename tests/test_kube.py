@@ -38,7 +38,7 @@ from kubernetes.client.exceptions import ApiException
 
 from installer.core import inventory
 
-from installer.host import kube
+from installer.host import kube, kube_objects
 from installer.cli.main import cli
 from installer.core.pki import issue
 from installer.host.ssh import Remote
@@ -138,7 +138,7 @@ def test_first_run_sends_exactly_the_bootstrap_objects_in_order(prepared, api, f
     for o in want[4:]:
         if o["kind"] == "Secret":
             assert RFC3339.match(o["stringData"]["expiration"])
-    done = kube.apply_objects(api, bootstrap(prepared), prepared.inventory.spec.kubernetes.version)
+    done = kube_objects.apply_objects(api, bootstrap(prepared), prepared.inventory.spec.kubernetes.version)
     assert done == [(o["kind"], o["metadata"]["name"], "created") for o in want]
     assert fake.requests == [("POST", post_path(o), o) for o in want]
     assert all(h.get("Content-Type") == "application/json" for h in fake.headers)
@@ -151,9 +151,9 @@ def test_first_run_sends_exactly_the_bootstrap_objects_in_order(prepared, api, f
 
 def test_second_run_changes_nothing(prepared, api, fake):
     version = prepared.inventory.spec.kubernetes.version
-    kube.apply_objects(api, bootstrap(prepared), version)
+    kube_objects.apply_objects(api, bootstrap(prepared), version)
     fake.requests.clear()
-    done = kube.apply_objects(api, bootstrap(prepared), version)
+    done = kube_objects.apply_objects(api, bootstrap(prepared), version)
     want = expected_objects(prepared)
     assert done == [(o["kind"], o["metadata"]["name"], "unchanged") for o in want]
     # per object: the create (answered 409 AlreadyExists) and one GET; no PUT, no DELETE
@@ -166,7 +166,7 @@ def test_changed_role_ref_is_deleted_and_created(prepared, api, fake):
     old = copy.deepcopy(want[0])
     old["roleRef"]["name"] = "system:basic-user"
     fake.put(old)
-    done = kube.apply_objects(api, bootstrap(prepared), prepared.inventory.spec.kubernetes.version)
+    done = kube_objects.apply_objects(api, bootstrap(prepared), prepared.inventory.spec.kubernetes.version)
     assert done[0] == ("ClusterRoleBinding", "hiddenplane:kubelet-bootstrap", "replaced")
     assert all(a == "created" for _, _, a in done[1:])
     assert fake.requests[:4] == [("POST", CRB, want[0]), ("GET", f"{CRB}/hiddenplane:kubelet-bootstrap", None),
@@ -182,7 +182,7 @@ def test_changed_subjects_are_replaced_keeping_foreign_labels(prepared, api, fak
     old["metadata"]["labels"] = {"team": "infra"}
     fake.put(old)
     rv = fake.store[item_path(old)]["metadata"]["resourceVersion"]
-    done = kube.apply_objects(api, bootstrap(prepared), prepared.inventory.spec.kubernetes.version)
+    done = kube_objects.apply_objects(api, bootstrap(prepared), prepared.inventory.spec.kubernetes.version)
     assert done[1] == ("ClusterRoleBinding", "hiddenplane:apiserver-kubelet-api-admin", "replaced")
     puts = [(p, b) for m, p, b in fake.requests if m == "PUT"]
     assert len(puts) == 1 and not any(m == "DELETE" for m, _, _ in fake.requests)
@@ -199,7 +199,7 @@ def test_token_secret_left_when_equal_and_replaced_when_expiry_differs(prepared,
     changed["stringData"]["expiration"] = "2020-01-01T00:00:00Z"
     fake.put(same)
     fake.put(changed)
-    done = kube.apply_objects(api, bootstrap(prepared), prepared.inventory.spec.kubernetes.version)
+    done = kube_objects.apply_objects(api, bootstrap(prepared), prepared.inventory.spec.kubernetes.version)
     assert done[4] == ("Secret", same["metadata"]["name"], "unchanged")
     assert done[6] == ("Secret", changed["metadata"]["name"], "replaced")
     puts = [(p, b) for m, p, b in fake.requests if m == "PUT"]
@@ -214,7 +214,7 @@ def test_invalid_manifest_is_refused_before_any_request(prepared, api, fake):
     objs[2]["roleReff"] = objs[2].pop("roleRef")
     objs[4]["stringData"]["token-id"] = 123          # not a string
     with pytest.raises(kube.KubeError) as e:
-        kube.apply_objects(api, objs, "v1.36.4")
+        kube_objects.apply_objects(api, objs, "v1.36.4")
     assert fake.requests == []
     msg = str(e.value)
     assert "2 object(s) invalid for Kubernetes 1.36.0" in msg
@@ -222,9 +222,9 @@ def test_invalid_manifest_is_refused_before_any_request(prepared, api, fake):
 
 
 def test_target_version():
-    assert kube.target_version("v1.36.4") == "1.36.0" == kube.target_version("1.36.9")
+    assert kube_objects.target_version("v1.36.4") == "1.36.0" == kube_objects.target_version("1.36.9")
     with pytest.raises(ValueError):
-        kube.target_version("1.36")
+        kube_objects.target_version("1.36")
 
 
 def test_refusal_names_the_object_and_the_reason(prepared, api, fake):
@@ -232,7 +232,7 @@ def test_refusal_names_the_object_and_the_reason(prepared, api, fake):
                                             'resource "clusterrolebindings"'))
     with pytest.raises(kube.KubeError, match=r"ClusterRoleBinding/hiddenplane:kubelet-bootstrap: create refused: "
                                              r"403 Forbidden: User \"kubernetes-admin\" cannot"):
-        kube.apply_objects(api, bootstrap(prepared), "v1.36.4")
+        kube_objects.apply_objects(api, bootstrap(prepared), "v1.36.4")
     assert len(fake.requests) == 1
 
 
@@ -615,12 +615,12 @@ def test_wait_for_registration_only(api, fake):
 
 def test_plan_objects_reads_only_and_tells_what_apply_would_do(prepared, api, fake):
     objs = bootstrap(prepared)
-    assert {a for _, _, a in kube.plan_objects(api, objs, "v1.36.5")} == {"created"}
+    assert {a for _, _, a in kube_objects.plan_objects(api, objs, "v1.36.5")} == {"created"}
     assert all(m == "GET" for m, _, _ in fake.requests)
-    kube.apply_objects(api, objs, "v1.36.5")
+    kube_objects.apply_objects(api, objs, "v1.36.5")
     fake.requests.clear()
-    assert {a for _, _, a in kube.plan_objects(api, objs, "v1.36.5")} == {"unchanged"}
+    assert {a for _, _, a in kube_objects.plan_objects(api, objs, "v1.36.5")} == {"unchanged"}
     changed = copy.deepcopy(objs)
     changed[0]["subjects"][0]["name"] = "someone-else"
-    assert kube.plan_objects(api, changed, "v1.36.5")[0][2] == "replaced"
+    assert kube_objects.plan_objects(api, changed, "v1.36.5")[0][2] == "replaced"
     assert all(m == "GET" for m, _, _ in fake.requests)

@@ -22,7 +22,7 @@ from cryptography.x509.oid import NameOID
 
 from installer import api
 
-from installer.host import kube, node_api
+from installer.host import kube, kube_objects, node_api
 
 from installer.actions import node_ops
 
@@ -82,7 +82,7 @@ def test_policy_names_are_quoted_not_spliced():
 
 def test_policy_is_schema_valid_and_matches_every_write():
     policy, binding = revocation.policy_objects(["w1"])
-    kube.validate_objects([policy, binding], "v1.36.4")
+    kube_objects.validate_objects([policy, binding], "v1.36.4")
     rule = policy["spec"]["matchConstraints"]["resourceRules"][0]
     assert set(rule["operations"]) == {"CREATE", "UPDATE", "DELETE", "CONNECT"}
     # "*/*" is every resource and subresource; the apiserver rejects it beside others (422)

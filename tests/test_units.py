@@ -22,7 +22,7 @@ import yaml
 
 from installer.core.render.files import HostPlan
 from installer.core.render.plan import CLUSTER_DIR, write_tree
-from installer.host import kube
+from installer.host import kube, kube_objects
 
 from . import reference as ref
 
@@ -174,14 +174,14 @@ def _bootstrap_docs(tree: Path) -> list[dict]:
 
 def _check_manifests(p, tree: Path) -> None:
     docs = _bootstrap_docs(tree)
-    kube.validate_objects(docs, p.inventory.spec.kubernetes.version)     # what the bootstrap phase runs
+    kube_objects.validate_objects(docs, p.inventory.spec.kubernetes.version)     # what the bootstrap phase runs
     # each worker's bootstrap token is among them
     secrets = {d["metadata"]["name"] for d in docs if d["kind"] == "Secret"}
     assert secrets == {f"bootstrap-token-{p.material.tokens[h.name].id}" for h in p.inventory.workers}
 
 
 def test_bootstrap_manifests_validate_for_the_target_version(prepared, rendered):
-    assert kube.target_version(prepared.inventory.spec.kubernetes.version) == "1.36.0"
+    assert kube_objects.target_version(prepared.inventory.spec.kubernetes.version) == "1.36.0"
     _check_manifests(prepared, rendered)
 
 
@@ -194,4 +194,4 @@ def test_strict_validation_rejects_unknown_fields(prepared, rendered):
     doc = dict(_bootstrap_docs(rendered)[0])
     doc["roleReff"] = doc["roleRef"]                 # an unknown field, the known one still there
     with pytest.raises(kube.KubeError, match="roleReff"):
-        kube.validate_objects([doc], prepared.inventory.spec.kubernetes.version)
+        kube_objects.validate_objects([doc], prepared.inventory.spec.kubernetes.version)

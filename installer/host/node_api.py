@@ -19,7 +19,8 @@ from cryptography.x509.oid import NameOID
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from installer.host.kube import TOKEN_NAMESPACE, KubeError, api_call, status_message, apply_objects, found
+from installer.host.kube import TOKEN_NAMESPACE, KubeError, api_call, status_message, found
+from installer.host.kube_objects import apply_objects
 from installer.core.render.manifests import node_renewal_binding
 from installer.core.render.revocation import identity, policy_objects
 

@@ -6,7 +6,7 @@ certificate its rights) and before workers, so the CoreDNS objects exist when th
 the pods schedule once nodes are Ready. The objects (``render.addons.addon_objects``) go through
 the Kubernetes client from the operator machine, like cluster-bootstrap's (directly, or over an
 SSH tunnel via a control host), schema-validated before anything is sent, then created or
-brought back to what we set (``kube.apply_objects``).
+brought back to what we set (``kube_objects.apply_objects``).
 
 With ``cni: cilium`` the phase then runs ``helm upgrade --install`` on this machine, with the
 chart from the artifacts directory (``spec.artifacts.path`` with ``source: dir``, the cache

@@ -159,27 +159,27 @@ def api_live(ctx: Context) -> bool:
 def apply_api_objects(ctx: Context, phase: str, objects: list[dict], credential: str,
                       then: Callable[[str], list[str]] | None = None,
                       retired_bindings: tuple[str, ...] = ()) -> Event:
-    """Send ``objects`` through the API (``kube.apply_objects``), or in a dry run say what that
+    """Send ``objects`` through the API (``kube_objects.apply_objects``), or in a dry run say what that
     would do: by reading them from the running apiserver (so a converged cluster plans
     nothing), or, before any apiserver runs, that every object would be applied. ``then(url)``
     runs after the objects, with the API still reachable at ``url`` (not in a dry run); its
     lines join the event's. ``retired_bindings``: ClusterRoleBindings of earlier releases,
     deleted when they exist."""
-    from installer.host import kube   # lazy: the kubernetes client takes 1-2 s to import
+    from installer.host import kube, kube_objects   # lazy: the kubernetes client takes 1-2 s to import
     version = ctx.inv.spec.kubernetes.version
     if ctx.options.dry_run and not api_live(ctx):
-        kube.validate_objects(objects, version)
+        kube_objects.validate_objects(objects, version)
         return Event(phase, "(api)", "changed", detail=[f"would apply {_ident(o)}" for o in objects])
     with kube.api_access(ctx.inv, ctx.remotes, ctx.material) as url, \
             kube.api_client(url, ctx.material, credential=credential) as api:
         if ctx.options.dry_run:
-            done = kube.plan_objects(api, objects, version)
+            done = kube_objects.plan_objects(api, objects, version)
             changed = [f"would {'create' if a == 'created' else 'replace'} {k} {n}" for k, n, a in done
                        if a != "unchanged"]
             changed += [f"would delete ClusterRoleBinding {b}" for b in retired_bindings
                         if kube.binding_exists(api, b)]
         else:
-            done = kube.apply_objects(api, objects, version)
+            done = kube_objects.apply_objects(api, objects, version)
             changed = [f"{action} {kind} {name}" for kind, name, action in done if action != "unchanged"]
             changed += [f"deleted ClusterRoleBinding {b}" for b in retired_bindings if kube.delete_binding(api, b)]
         if then is not None and not ctx.options.dry_run:
