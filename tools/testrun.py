@@ -17,6 +17,7 @@ process ran a test, since a selection like ``-k pki`` leaves the real lab empty.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import signal
@@ -61,7 +62,7 @@ def main(args: list[str]) -> int:
         rest = subprocess.Popen([*pytest, "--basetemp", str(work / "rest"), *args, *ignore], cwd=ROOT,
                                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     real = subprocess.Popen([*pytest, "--basetemp", str(work / "real"), *args, *REAL], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
     def forward(signum, _frame):
         # the tests tear their labs down on SIGTERM as on Ctrl-C (tests/labfixtures.py)
@@ -73,12 +74,13 @@ def main(args: list[str]) -> int:
         signal.signal(sig, forward)
     print(f"==> the real-cluster lab ({', '.join(REAL)}) below; the rest of the suite runs beside it "
           f"(its output follows at the end; live in {rest_log})", flush=True)
-    real_lines: list[str] = []
+    real_out: list[bytes] = []
 
     def pump() -> None:
-        for line in real.stdout:
-            real_lines.append(line)
-            sys.stdout.write(line)
+        # chunks, not lines: pytest's progress dots stay on one line until a test file ends
+        while chunk := os.read(real.stdout.fileno(), 65536):
+            real_out.append(chunk)
+            sys.stdout.buffer.write(chunk)
             sys.stdout.flush()
 
     reader = threading.Thread(target=pump, daemon=True)
@@ -92,7 +94,7 @@ def main(args: list[str]) -> int:
     print("\n==> the rest of the suite\n" + rest_text, end="", flush=True)
 
     total: dict[str, int] = {}
-    for part in (counts("".join(real_lines)), counts(rest_text)):
+    for part in (counts(b"".join(real_out).decode(errors="replace")), counts(rest_text)):
         for k, v in part.items():
             total[k] = total.get(k, 0) + v
     failed = total.get("failed", 0) + total.get("errors", 0)
