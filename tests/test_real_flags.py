@@ -1,6 +1,7 @@
 """Every flag and config field the installer renders, checked by the real binaries (Kubernetes
 v1.36, etcd 3.6, built from their Go modules: the ``built_artifacts`` fixture), for the example
-cluster and the 3-control variant.
+cluster and the 3-control variant; the kubelet's and kube-proxy's configs also for workers with
+``spec.workerHosts`` all true (``container_workers``: failCgroupV1, conntrack).
 
 What the binaries told us, and what each check relies on:
 
