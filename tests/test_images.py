@@ -254,3 +254,26 @@ def test_containerd_1x_gets_the_version_2_format(prepared, example_doc, tmp_path
     cri = got["plugins"]["io.containerd.grpc.v1.cri"]
     assert cri["sandbox_image"] == SANDBOX_IMAGE
     assert cri["containerd"]["runtimes"]["runc"]["options"]["SystemdCgroup"] is True
+
+
+def test_real_containerd_reads_restrict_oom_score_adj_of_a_container_worker(prepared, built_artifacts, example_doc,
+                                                                          tmp_path):
+    """spec.workerHosts.inContainer: true puts restrict_oom_score_adj where each real containerd
+    reads it: 2.x (built) in the CRI runtime plugin, Debian's 1.6 in the one CRI plugin (both
+    default it to false, so the rendered line is what sets it)."""
+    from installer.lab.archives import deb_tree
+    debian = deb_tree("containerd", log=lambda *_: None) / "usr/bin/containerd"
+    for binary, versions, plugin in (
+            (built_artifacts / "containerd", None, "io.containerd.cri.v1.runtime"),
+            (debian, {"containerd": "1.6.20"}, "io.containerd.grpc.v1.cri")):
+        doc = copy.deepcopy(example_doc)
+        doc["spec"]["workerHosts"] = {"inContainer": True}
+        if versions:
+            doc["spec"]["artifacts"] = {"versions": versions}
+        inv = inventory.parse(doc, "t", base_dir=tmp_path)
+        conf = render_worker(inv, inv.workers[0], prepared.material, HostFacts()).files["/etc/containerd/config.toml"]
+        got = _containerd_dump(binary, conf.content, tmp_path)["plugins"][plugin]
+        default = _containerd_dump(binary, conf.content.replace(b"restrict_oom_score_adj = true", b""),
+                                   tmp_path)["plugins"][plugin]
+        assert (got["restrict_oom_score_adj"], default["restrict_oom_score_adj"]) == (True, False), binary
+        assert got["containerd"]["runtimes"]["runc"]["options"]["SystemdCgroup"] is True, binary

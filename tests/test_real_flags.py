@@ -1,6 +1,7 @@
 """Every flag and config field the installer renders, checked by the real binaries (Kubernetes
 v1.36, etcd 3.6, built from their Go modules: the ``built_artifacts`` fixture), for the example
-cluster and the 3-control variant.
+cluster and the 3-control variant; the kubelet's and kube-proxy's configs also for workers with
+``spec.workerHosts`` all true (``container_workers``: failCgroupV1, conntrack).
 
 What the binaries told us, and what each check relies on:
 
@@ -61,6 +62,7 @@ konnectivity-server (see NOT_CHECKED).
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -76,9 +78,11 @@ from typing import Callable
 import pytest
 import yaml
 
+from installer import api
 from installer.core.render.files import HostPlan
 
 from . import reference as ref
+from .conftest import write_inventory
 from .rendered import Cluster, write
 
 UNIT_DIR = "/etc/systemd/system"
@@ -464,6 +468,28 @@ def test_the_real_component_decodes_and_validates_the_rendered_config(cluster, b
                                                                       tmp_path):
     problems = []
     for plan, root, result in run_decoders(cluster, built_artifacts, component, tmp_path):
+        problems += decoder_problems(component, plan, root, result)
+    assert not problems, "\n".join(problems)
+
+
+@pytest.fixture(scope="module")
+def container_workers(example_doc, tmp_path_factory) -> Cluster:
+    """The example with spec.workerHosts all true (the lab's nspawn workers on cgroup v1): only
+    the worker configs differ, so only the worker components are run for it."""
+    doc = copy.deepcopy(example_doc)
+    doc["spec"]["workerHosts"] = {"cgroupV1": True, "inContainer": True}
+    tmp = tmp_path_factory.mktemp("container-workers")
+    return write("container_workers", api.prepare(write_inventory(tmp, doc), tmp / "state"), tmp_path_factory)
+
+
+@pytest.mark.parametrize("component", ("kubelet", "kube-proxy"))
+def test_the_real_component_decodes_the_config_of_container_workers(container_workers, built_artifacts, component,
+                                                                     tmp_path):
+    problems = []
+    for plan, root, result in run_decoders(container_workers, built_artifacts, component, tmp_path):
+        rendered = yaml.safe_load(plan.files[config_path(plan, component)].content)
+        # not vacuous: the fields' keys are in the file the binary reads (and misplaced checks each)
+        assert "failCgroupV1" in rendered if component == "kubelet" else "conntrack" in rendered
         problems += decoder_problems(component, plan, root, result)
     assert not problems, "\n".join(problems)
 

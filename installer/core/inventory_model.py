@@ -139,6 +139,23 @@ class PKISpec(StrictModel):
         "(--cluster-signing-duration); short, so a stolen one dies soon.")
 
 
+class WorkerHostsSpec(StrictModel):
+    """What the worker hosts are (cluster-wide: every worker), for hosts that need it; the
+    defaults describe an ordinary machine and render nothing extra."""
+
+    cgroupV1: Bool = Field(
+        False, description="true: the workers run cgroup v1. The kubelet (1.35+) refuses cgroup v1 "
+        "unless its KubeletConfiguration says failCgroupV1: false, which this sets; cgroup v1 support "
+        "is deprecated upstream and will be removed. Only for hosts that need it (the local lab's "
+        "systemd-nspawn workers on a cgroup v1 machine), not a default. Changing it restarts the kubelet.")
+    inContainer: Bool = Field(
+        False, description="true: each worker is itself a container (e.g. systemd-nspawn) that may not "
+        "lower oom_score_adj nor set nf_conntrack_max: containerd gets restrict_oom_score_adj = true "
+        "and kube-proxy conntrack {maxPerCore: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s} "
+        "(leaves the host's conntrack sysctls alone, as kind does). Only for hosts that need it (the "
+        "local lab's nspawn workers), not a default. Changing it restarts containerd and kube-proxy.")
+
+
 class ClusterSpec(StrictModel):
     kubernetes: KubernetesSpec = Field(default_factory=KubernetesSpec)
     network: NetworkSpec = Field(default_factory=NetworkSpec)
@@ -150,6 +167,9 @@ class ClusterSpec(StrictModel):
         "`installer etcd member remove --allow-even` (3 -> 2), then `installer etcd member add` (2 -> 3).")
     artifacts: ArtifactsSpec = Field(default_factory=ArtifactsSpec)
     pki: PKISpec = Field(default_factory=PKISpec)
+    workerHosts: WorkerHostsSpec = Field(
+        default_factory=WorkerHostsSpec, description="The worker hosts' environment (every worker): "
+        "only for workers that need it, such as the local lab's systemd-nspawn containers.")
 
 
 class Inventory(StrictModel):

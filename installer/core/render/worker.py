@@ -59,7 +59,7 @@ def resolv_conf(inv: Inventory, facts: HostFacts) -> str:
 
 def kubelet_config(inv: Inventory, facts: HostFacts) -> dict:
     net = inv.spec.network
-    return {
+    cfg = {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
         "authentication": {
@@ -91,6 +91,11 @@ def kubelet_config(inv: Inventory, facts: HostFacts) -> dict:
         # no podCIDR: it is read only in standalone mode. The pod range is in the CNI config
         # (render/network.py) and the workers phase sets Node.spec.podCIDR to the same slice.
     }
+    if inv.spec.workerHosts.cgroupV1:
+        # 1.35+ refuses to start on cgroup v1 unless told not to (deprecated upstream): only for
+        # workers declared to need it, never by default
+        cfg["failCgroupV1"] = False
+    return cfg
 
 
 def kubelet_flags(host: HostSpec) -> list[str]:
@@ -104,8 +109,13 @@ def kubelet_flags(host: HostSpec) -> list[str]:
     })
 
 
+# kube-proxy in a container (spec.workerHosts.inContainer): 0 makes it leave nf_conntrack_max and
+# the two TCP timeouts as the host has them instead of writing sysctls the container may not set
+CONNTRACK_IN_CONTAINER = {"maxPerCore": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"}
+
+
 def kube_proxy_config(inv: Inventory) -> dict:
-    return {
+    cfg = {
         "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
         "kind": "KubeProxyConfiguration",
         "clientConnection": {"kubeconfig": f"{K8S_DIR}/kube-proxy.conf"},
@@ -114,6 +124,9 @@ def kube_proxy_config(inv: Inventory) -> dict:
         "metricsBindAddress": "127.0.0.1:10249",
         "healthzBindAddress": "0.0.0.0:10256",
     }
+    if inv.spec.workerHosts.inContainer:
+        cfg["conntrack"] = dict(CONNTRACK_IN_CONTAINER)
+    return cfg
 
 
 def render_worker(inv: Inventory, host: HostSpec, material: Material, facts: HostFacts) -> HostPlan:
@@ -150,7 +163,8 @@ def render_worker(inv: Inventory, host: HostSpec, material: Material, facts: Hos
     plan.add(HostFile("/etc/containerd/config.toml",
                       render_template("containerd-config.toml.j2", sandbox_image=inv.spec.artifacts.sandboxImage,
                                       cni_bin_dir=CNI_BIN_DIR, cni_conf_dir=CNI_CONF_DIR, runc=f"{BIN_DIR}/runc",
-                                      version=containerd_config_version(inv)),
+                                      version=containerd_config_version(inv),
+                                      restrict_oom_score_adj=inv.spec.workerHosts.inContainer),
                       0o644, restarts=(containerd,)))
     # loaded at boot; preflight requires them loaded already (containers cannot load modules)
     plan.add(HostFile("/etc/modules-load.d/hiddenplane.conf", "".join(f"{m}\n" for m in MODULES).encode(), 0o644))
