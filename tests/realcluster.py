@@ -1,8 +1,10 @@
 """One real cluster on the local lab, shared by every test that needs real Kubernetes.
 
-The hosts: ``cp1``, ``cp2``, ``cp3``, systemd-nspawn machines (the hidden control plane needs no
-runtime; three, so that etcd membership and every apiserver's view of a revocation are real),
-``w1`` and ``w2`` qemu VMs (real containers need a real kernel view of cgroups). The binaries: the
+The hosts: ``cp1``, ``cp2``, ``cp3`` (three, so that etcd membership and every apiserver's view
+of a revocation are real), ``w1`` and ``w2``, all systemd-nspawn machines; the workers with what a
+kubelet and runc need of nspawn (``installer.lab.nspawn.POD_HOST_ARGS``: writable cgroup
+controllers of their own, /dev/kmsg, the keyring syscalls) and the lab inventory's
+``spec.workerHosts`` (cgroup v1, in a container). The binaries: the
 real Kubernetes components, etcd 3.6, containerd 2.x, runc and the CNI plugins, built from their
 Go modules (tests/builtfixtures.py), and the image archives pause, CoreDNS and busybox, imported
 from the artifacts (no registry). ``installer apply`` runs whole: no phase skipped.
@@ -35,7 +37,7 @@ NAME, SUBNET = "real", "10.213.230.0/24"
 BUSYBOX = "localhost/hiddenplane/busybox:lab"
 OUTSIDE = {"outside.example.": "192.0.2.53"}
 DNS_LOG = "/var/log/hp-test-dns.log"
-WAIT = "900"          # seconds: TCG VMs start a kubelet and pull nothing, slowly
+WAIT = "900"          # seconds: a bound, not a wait (a loaded 2-core machine starts kubelets slowly)
 
 # A DNS server for the lab's upstream (test scaffolding on cp1): A records for OUTSIDE,
 # NXDOMAIN for everything else (CoreDNS's loop probe among them), each question logged.
@@ -159,9 +161,9 @@ def real_cluster(tmp_path_factory, built_artifacts, kubectl) -> RealCluster:
         yield _reuse(Path(os.environ[REUSE]), kubectl)
         return
     tmp = tmp_path_factory.mktemp("real")
-    lab = start_lab(NAME, SUBNET, tmp, controls=3, workers=2, vm_workers=2, images=True)
+    lab = start_lab(NAME, SUBNET, tmp, controls=3, workers=2, images=True)
     try:
-        assert [h.kind for h in lab.spec.hosts] == ["nspawn"] * 3 + ["vm", "vm"]
+        assert [h.kind for h in lab.spec.hosts] == ["nspawn"] * 5
         cp1 = lab.spec.host("cp1").address
         doc = yaml.safe_load(lab.inventory.read_text())
         doc["spec"]["network"] = {"upstreamDNS": [cp1]}

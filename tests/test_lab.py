@@ -13,11 +13,13 @@ from installer.core import inventory
 from installer.core.artifacts import verify
 from installer.cli.main import cli
 from installer.lab import lab as lab_mod
-from installer.lab import nspawn
+from installer.lab import archives, nspawn
 from installer.lab.debian_artifacts import PACKAGES
 from installer.lab.model import LabError, LabPaths, LabSpec
 
 from .labfixtures import start_lab
+
+IMAGE = "localhost/hiddenplane/busybox:lab"
 
 pytestmark = pytest.mark.lab
 
@@ -124,6 +126,44 @@ def test_etcd_from_artifacts_runs_under_systemd_in_a_host(lab):
                                                      "print(urllib.request.urlopen('http://127.0.0.1:2399/health').read().decode())\"")
     finally:
         cp1.run("systemctl stop hp-lab-etcd; rm -rf /tmp/hp-lab-etcd /usr/local/bin/etcd")
+
+
+def test_a_worker_runs_a_container_with_its_limits_in_its_own_cgroup(lab, tmp_path):
+    """runc in an nspawn worker (nspawn.POD_HOST_ARGS): the built containerd runs a container from
+    a locally built image, and the memory limit asked for lands in a cgroup of that worker's
+    own tree on the machine (cgroup v1 here), not in another host's or the machine's root."""
+    busybox = archives.deb_tree("busybox-static", log=lambda *_: None) / "bin" / "busybox"
+    archive = tmp_path / "busybox.tar"
+    archives.busybox_image_archive(archive, IMAGE, busybox.read_bytes())
+    unit = tmp_path / "containerd.service"
+    unit.write_text("[Service]\nExecStart=/usr/local/bin/containerd\nType=notify\nDelegate=yes\nKillMode=process\n")
+    art = lab.paths.artifacts
+    scp = ["scp", "-F", str(lab.ssh_config)]
+    subprocess.run([*scp, *(str(art / b) for b in ("containerd", "ctr", "containerd-shim-runc-v2", "runc")),
+                    "w1:/usr/local/bin/"], check=True, capture_output=True, timeout=120)
+    subprocess.run([*scp, str(unit), "w1:/etc/systemd/system/hp-lab-containerd.service"], check=True,
+                   capture_output=True, timeout=60)
+    subprocess.run([*scp, str(archive), "w1:/root/busybox.tar"], check=True, capture_output=True, timeout=60)
+    w1 = lab.host("w1")
+    try:
+        w1.run_expect([0], "systemctl daemon-reload && systemctl start hp-lab-containerd")
+        w1.run_expect([0], "ctr -n k8s.io images import /root/busybox.tar")
+        out = w1.run(f"ctr -n k8s.io run --rm {IMAGE} hp-lab-pod /bin/busybox echo hiddenplane-lab-ok")
+        assert out.rc == 0 and out.stdout.strip() == "hiddenplane-lab-ok", out.stdout + out.stderr
+        # a container kept running while its cgroup is read from the machine's side
+        host_tree = Path("/sys/fs/cgroup/memory") / nspawn.CGROUP_DIR / lab.spec.name / "w1"
+        held = w1.run(f"ctr -n k8s.io run -d --memory-limit 67108864 {IMAGE} hp-lab-held /bin/busybox sleep 60")
+        assert held.rc == 0, held.stderr
+        pid = w1.check_output("ctr -n k8s.io tasks ls | awk '$1==\"hp-lab-held\" {print $2}'").strip()
+        inside = w1.check_output(f"cat /proc/{pid}/cgroup")
+        path = next(line.split(":", 2)[2] for line in inside.splitlines() if ":memory:" in line)
+        limit = host_tree / path.lstrip("/") / "memory.limit_in_bytes"
+        assert limit.read_text().strip() == "67108864", limit
+        assert not list(Path("/sys/fs/cgroup/memory").glob("hp-lab-*")), "a container cgroup at the machine's root"
+    finally:
+        w1.run("ctr -n k8s.io tasks kill -s KILL hp-lab-held; sleep 1; ctr -n k8s.io tasks rm hp-lab-held; "
+               "ctr -n k8s.io containers rm hp-lab-held; systemctl stop hp-lab-containerd; "
+               "rm -f /etc/systemd/system/hp-lab-containerd.service /root/busybox.tar; systemctl daemon-reload")
 
 
 def test_up_again_keeps_running_hosts(lab):

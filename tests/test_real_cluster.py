@@ -43,7 +43,7 @@ from installer.core.inventory_model import SANDBOX_IMAGE
 
 from .realcluster import BUSYBOX, DNS_LOG, OUTSIDE, run_installer, wait_for
 
-pytestmark = [pytest.mark.lab, pytest.mark.vm, pytest.mark.real]
+pytestmark = [pytest.mark.lab, pytest.mark.real]
 
 KUBELET_CLIENT = "/var/lib/kubelet/pki/kubelet-client-current.pem"
 BOOTSTRAP_KUBECONFIG = "/etc/kubernetes/bootstrap-kubelet.conf"
@@ -84,7 +84,7 @@ def test_apply_ran_every_phase_and_converged(rc):
     assert not [e for e in rc.apply_report["events"] if e["action"] in ("skipped", "failed")]
     joined = [d for e in rc.apply_report["events"] if e["phase"] == "workers" for d in e["detail"]]
     assert {f"node {w} Ready" for w in rc.workers} <= set(joined)
-    print(f"\ncold apply of {len(rc.controls)} control + {len(rc.workers)} VM workers: {rc.apply_seconds:.0f} s")
+    print(f"\ncold apply of {len(rc.controls)} control + {len(rc.workers)} nspawn workers: {rc.apply_seconds:.0f} s")
 
 
 def apply(rc) -> dict:

@@ -44,7 +44,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from .realcluster import BUSYBOX, run_installer, wait_for
 
-pytestmark = [pytest.mark.lab, pytest.mark.vm, pytest.mark.real]
+pytestmark = [pytest.mark.lab, pytest.mark.real]
 
 KUBELET_CLIENT = "/var/lib/kubelet/pki/kubelet-client-current.pem"
 PROCESSES = ("containerd", "containerd-shim-runc-v2", "runc", "kubelet", "kube-proxy")

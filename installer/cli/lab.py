@@ -20,9 +20,9 @@ def lab():
 @click.option("--name", required=True, help="Lab name: 1-8 lower-case letters/digits.")
 @click.option("--control", "controls", default=1, show_default=True, help="Control hosts (1, 3 or 5).")
 @click.option("--workers", default=2, show_default=True, help="Workers.")
-@click.option("--vm-workers", type=click.IntRange(min=0),
-              help="How many of the workers are qemu VMs (real containers run there). Default: all of "
-                   "them when the artifacts hold a real kubelet (it cannot run in an nspawn host here), else 0.")
+@click.option("--vm-workers", type=click.IntRange(min=0), default=0, show_default=True,
+              help="How many of the workers are qemu VMs (software emulation, about 10x slower) instead "
+                   "of systemd-nspawn hosts; both run real pods.")
 @click.option("--subnet", default=DEFAULT_SUBNET, show_default=True, help="Private /24 for the lab.")
 @click.option("--inventory", "inventory_out", type=click.Path(dir_okay=False, path_type=Path),
               help="Where to write the lab's inventory. Default: ./<name>.inventory.yaml")
@@ -40,10 +40,6 @@ def up(name, controls, workers, vm_workers, subnet, inventory_out, artifacts, no
         artifacts = built_artifacts()
         if artifacts:
             click.echo(f"artifacts: {artifacts} (built by scripts/build-kubernetes; --no-artifacts for Debian's only)")
-    if vm_workers is None:
-        vm_workers = workers if artifacts and lab_mod.binaries_version(artifacts) else 0
-        if vm_workers:
-            click.echo(f"workers: all {vm_workers} are qemu VMs (a real kubelet needs one here; --vm-workers 0 for none)")
     out = lab_mod.up(name, controls, workers, vm_workers, subnet, inventory_out, log=click.echo,
                      artifacts=artifacts)
     click.echo(f"lab {name} is up; inventory: {out}")

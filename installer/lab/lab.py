@@ -91,6 +91,11 @@ def inventory_doc(spec: LabSpec, paths: LabPaths, k8s_version: str | None = None
             "artifacts": {"source": "dir", "path": str(paths.artifacts)},
         },
     }
+    if any(h.role == "worker" and h.kind == "nspawn" for h in spec.hosts):
+        # an nspawn worker is a container on this cgroup v1 machine: the kubelet must accept
+        # cgroup v1, containerd may not lower oom_score_adj, kube-proxy may not set conntrack
+        # limits (nspawn.POD_HOST_ARGS gives it the rest)
+        doc["spec"]["workerHosts"] = {"cgroupV1": True, "inContainer": True}
     if k8s_version:
         doc["spec"]["kubernetes"] = {"version": k8s_version}
     if containerd_version and containerd_version != versions.DEFAULT_COMPONENTS["containerd"]:
@@ -320,9 +325,15 @@ def _start_host(spec: LabSpec, paths: LabPaths, base: Path, h: LabHost, files, l
             vm.start_vm(spec, h, host_dir, files, log=log)
         return
     net.ensure_host_net(spec, h)
-    root = nspawn.mount_root(base, host_dir, files)
+    pods = h.role == "worker"           # a worker runs a real kubelet, containerd and runc
+    root = nspawn.mount_root(base, host_dir, {**files, **nspawn.pod_host_files()} if pods else files)
     binds = []
-    if h.role == "worker":
+    if pods:
+        for link, target in nspawn.POD_HOST_LINKS.items():
+            path = root / link.lstrip("/")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if not path.is_symlink():
+                path.symlink_to(target)
         # containerd's overlayfs snapshotter cannot work on an overlayfs root: give it a plain dir
         state = host_dir / "containerd"
         state.mkdir(exist_ok=True)
@@ -333,7 +344,7 @@ def _start_host(spec: LabSpec, paths: LabPaths, base: Path, h: LabHost, files, l
             log(f"  {h.name}: stopping {len(leftover)} processes left from an earlier boot")
             nspawn.stop(host_dir)
         log(f"  {h.name}: booting ({h.address})")
-    nspawn.boot(h, host_dir, root, binds)
+    nspawn.boot(h, host_dir, root, binds, pods=pods)
 
 
 def up(name: str, controls: int = 1, workers: int = 2, vm_workers: int = 0, subnet: str | None = None,

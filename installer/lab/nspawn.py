@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -80,21 +81,50 @@ CGROUP_DIR = "hiddenplane"
 
 
 def _cgroup_mounts() -> list[Path]:
-    """The hierarchies a container's systemd uses: name=systemd (cgroup v1) and cgroup2."""
+    """Every cgroup hierarchy of the machine: each cgroup v1 controller, name=systemd and cgroup2.
+    A host gets its own cgroup in each: nspawn's cgroup namespace then roots the host's view of
+    every controller there, so a kubelet's ``kubepods`` of one host is not another's."""
     found = []
     with open("/proc/self/mountinfo") as f:
         for line in f:
             pre, _, post = line.partition(" - ")
-            fstype, _, options = (post.split() + ["", "", ""])[:3]
-            if fstype == "cgroup2" or (fstype == "cgroup" and "name=systemd" in options.split(",")):
+            fstype = (post.split() + [""])[0]
+            if fstype in ("cgroup", "cgroup2"):
                 found.append(Path(pre.split()[4]))
     return found
+
+
+_CGROUP_MAKING = threading.Lock()      # hosts boot in parallel threads and share parents
+
+
+def _make_cgroup(top: Path, path: Path) -> None:
+    """mkdir the cgroup ``path`` and its parents below the hierarchy's mount ``top``; a new
+    cpuset cgroup holds no CPU and no memory node until given its parent's (no process could be
+    moved into it)."""
+    with _CGROUP_MAKING:
+        d = top
+        for part in path.relative_to(top).parts:
+            d = d / part
+            d.mkdir(exist_ok=True)
+            for name in ("cpuset.cpus", "cpuset.mems"):
+                f = d / name
+                if f.exists() and not f.read_text().strip():
+                    f.write_text((d.parent / name).read_text())
 
 
 def cgroup_dirs(host_dir: Path) -> list[Path]:
     """The host's own cgroup in each hierarchy (``host_dir`` is <labs>/<lab>/hosts/<host>)."""
     lab, host = host_dir.parent.parent.name, host_dir.name
     return [m / CGROUP_DIR / lab / host for m in _cgroup_mounts()]
+
+
+def _make_cgroups(host_dir: Path) -> list[Path]:
+    made = []
+    for m in _cgroup_mounts():
+        d = m / CGROUP_DIR / host_dir.parent.parent.name / host_dir.name
+        _make_cgroup(m, d)
+        made.append(d)
+    return made
 
 
 def _state(pid: int) -> str | None:
@@ -151,7 +181,53 @@ def _enter_cgroups(procs_files: list[bytes]):
     return enter
 
 
-def boot(host: LabHost, host_dir: Path, root: Path, binds: list[tuple[Path, str]] = ()) -> int:
+# What a host that runs pods needs of nspawn (a worker: kubelet, containerd, runc):
+# - runc joins a session keyring for each container; nspawn's seccomp filter refuses keyctl
+#   ("unable to join session keyring") unless the @keyring set is allowed;
+# - the kubelet opens /dev/kmsg (its OOM watcher) and fails without it; reading it takes
+#   CAP_SYSLOG where dmesg_restrict is 1;
+# - the kubelet writes the kernel tunables it wants (vm.overcommit_memory=1, kernel.panic=10,
+#   kernel.panic_on_oops=1) when they differ, and /proc/sys is read-only here: the host sees
+#   files of its own holding those values (SYSCTL_FILES, seeded; the machine's stay as they are);
+# - the cgroup v1 controllers are mounted read-only: POD_HOST_UNITS remounts them writable.
+POD_HOST_SYSCTLS = {"vm/overcommit_memory": "1", "kernel/panic": "10", "kernel/panic_on_oops": "1"}
+SYSCTL_FILES = "/etc/hiddenplane-lab/sysctl"
+POD_HOST_ARGS = ("--system-call-filter=@keyring", "--capability=CAP_SYSLOG", "--bind=/dev/kmsg",
+                 *(f"--bind-ro={SYSCTL_FILES}/{k.replace('/', '.')}:/proc/sys/{k}" for k in POD_HOST_SYSCTLS))
+CGROUP_RW_UNIT = """[Unit]
+Description=hiddenplane lab: make the cgroup v1 controllers writable (nspawn mounts them read-only)
+DefaultDependencies=no
+Before=sysinit.target containerd.service kubelet.service
+ConditionPathIsMountPoint=/sys/fs/cgroup/memory
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/bin/sh -c 'for c in /sys/fs/cgroup/*; do case "$(stat -f -c %%T "$c")" in cgroupfs) mount -o remount,bind,rw "$c" || exit 1;; esac; done'
+
+[Install]
+WantedBy=sysinit.target
+"""
+
+
+def pod_host_files() -> dict[str, tuple[bytes, int]]:
+    """Seed files of a host that runs pods: the sysctl files and the unit remounting the
+    controllers (enabled by its symlink)."""
+    files = {f"{SYSCTL_FILES}/{k.replace('/', '.')}": (f"{v}\n".encode(), 0o444) for k, v in POD_HOST_SYSCTLS.items()}
+    files["/etc/systemd/system/hiddenplane-lab-cgroup-rw.service"] = (CGROUP_RW_UNIT.encode(), 0o644)
+    # a pod's process that ignores SIGTERM (a shell) would hold the host's shutdown for the
+    # default 90 s; `lab down` kills what is left after its own timeout anyway
+    files["/etc/systemd/system.conf.d/hiddenplane-lab.conf"] = (b"[Manager]\nDefaultTimeoutStopSec=10s\n", 0o644)
+    return files
+
+
+POD_HOST_LINKS = {"/etc/systemd/system/sysinit.target.wants/hiddenplane-lab-cgroup-rw.service":
+                  "/etc/systemd/system/hiddenplane-lab-cgroup-rw.service"}
+
+
+def boot(host: LabHost, host_dir: Path, root: Path, binds: list[tuple[Path, str]] = (), *,
+         pods: bool = False) -> int:
+    """Start the host's nspawn; ``pods``: with what a kubelet, containerd and runc need (above)."""
     if (pid := pid_of(host_dir)) is not None:
         return pid
     cmd = ["systemd-nspawn", "-D", str(root), "--register=no", "--keep-unit", "-b",
@@ -159,6 +235,8 @@ def boot(host: LabHost, host_dir: Path, root: Path, binds: list[tuple[Path, str]
            # routes, the CNI bridge and iptables of the pod network, like any real host: the
            # capability acts on the host's own network namespace (the machine's is out of reach)
            "--capability=CAP_NET_ADMIN"]
+    if pods:
+        cmd += POD_HOST_ARGS
     cmd += [f"--bind={src}:{dst}" for src, dst in binds]
     # /proc/sys/net is per network namespace: writable for the host's own forwarding and
     # bridge settings, harmless to the machine; the rest of /proc/sys stays read-only
@@ -166,8 +244,7 @@ def boot(host: LabHost, host_dir: Path, root: Path, binds: list[tuple[Path, str]
     if leftover := cgroup_pids(host_dir):
         raise LabError(f"{host.name}: processes {leftover} of an earlier boot are still alive in its cgroup")
     procs = []
-    for d in cgroup_dirs(host_dir):
-        d.mkdir(parents=True, exist_ok=True)
+    for d in _make_cgroups(host_dir):
         procs.append(bytes(d / "cgroup.procs"))
     with open(host_dir / "console.log", "ab") as console, open(os.devnull, "rb") as devnull:
         proc = subprocess.Popen(cmd, stdin=devnull, stdout=console, stderr=subprocess.STDOUT, env=env,
