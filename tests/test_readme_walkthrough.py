@@ -7,7 +7,7 @@ its arguments: as root it changes nothing else, and a real sudo's secure_path wo
 whatever /usr/local/bin/installer points at instead of this checkout. Each line must exit 0, and
 the outputs the README promises are checked: the second apply changes nothing, ``plan --check``
 is clean, ``kubectl get nodes`` lists only the workers, cp1 runs the control plane. The lab is
-"demo" on its default subnet, real binaries, qemu VM workers: the README's own lab.
+"demo" on its default subnet, real binaries, nspawn workers running real pods: the README's own lab.
 
 ``scripts/try`` (cheap, no lab: ``--no-lab``) is run from a scratch copy to check what the
 README builds on: it links ``installer`` into the bin directory and keeps no state of its own.
@@ -157,7 +157,6 @@ PROMISES = {   # a walkthrough line -> what its output must show
 
 
 @pytest.mark.lab
-@pytest.mark.vm
 @pytest.mark.real
 def test_readme_walkthrough_runs_verbatim(tmp_path, built_artifacts):
     require_lab_tools()
