@@ -1,9 +1,8 @@
 """Run the test suite as two pytest processes side by side: the real-cluster lab and the rest.
 
 The real-cluster lab (tests/test_real_cluster.py and tests/test_real_day2.py: one session
-fixture, three control hosts and two qemu VM workers) is the long pole of the suite, and most
-of its time is spent waiting for emulated VMs and restarted components, not on this machine's
-two cores. Everything else (pure tests, stand-in labs, the README walkthrough) runs in a second
+fixture, three control hosts and two workers) is the long pole of the suite, and most of its
+time is spent waiting for restarted components, not on this machine's two cores. Everything else (pure tests, stand-in labs, the README walkthrough) runs in a second
 process meanwhile. Each gets its own --basetemp: pytest prunes old numbered temp directories,
 and two processes sharing /tmp/pytest-of-root would prune each other's.
 
