@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from installer.lab import lab as lab_mod
-from installer.lab import nspawn
+from installer.lab import nspawn, watch
 from installer.lab.model import LabError, LabPaths, LabSpec
 
 from .labfixtures import require_lab_tools
@@ -175,7 +175,7 @@ def test_a_host_whose_sshd_never_starts_is_named_with_what_was_seen(lab_name, tm
     unit = paths.host_dir("w1") / "upper" / "etc/systemd/system/ssh.service"
     unit.parent.mkdir(parents=True)
     unit.symlink_to("/dev/null")
-    monkeypatch.setitem(lab_mod.SSH_TIMEOUT, "nspawn", 30)
+    monkeypatch.setitem(watch.SSH_TIMEOUT, "nspawn", 30)
     with pytest.raises(LabError) as err:
         lab_mod.up(name, 1, 2, 0, subnet, tmp_path / "nossh.inventory.yaml", **QUIET)
     text = str(err.value)
