@@ -19,8 +19,9 @@ import pytest
 from installer.core import inventory
 from installer.core.artifacts import (CNI_PLUGINS, CONTROL_BINARIES, WORKER_BINARIES, ArtifactError, add_files,
                                  read_sums)
-from installer.host.fetch import (ALL_BINARIES, MIRROR_ENV, binary_files, cache_dir, component_versions,
-                             mirrored, resolve)
+from installer.host.download import MIRROR_ENV, mirrored
+from installer.host.fetch import (ALL_BINARIES, binary_files, cache_dir, component_versions,
+                             resolve)
 
 K8S = "v1.36.4"
 VERSIONS = {"etcd": "v3.6.7", "containerd": "2.2.3", "runc": "v1.4.2", "cni": "v1.8.0"}

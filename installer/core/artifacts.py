@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from installer.core.components import CONTROL, WORKER, installed_binaries
@@ -88,3 +89,11 @@ def verify(directory: Path, names: list[str] | tuple[str, ...]) -> dict[str, str
     if problems:
         raise ArtifactError("artifacts: " + "; ".join(problems))
     return out
+
+
+@dataclass(frozen=True)
+class ResolvedArtifact:
+    """A binary or image archive verified against its checksum, as a local file."""
+    name: str
+    path: Path
+    sha256: str
