@@ -14,14 +14,13 @@ from types import SimpleNamespace
 import pytest
 from click.testing import CliRunner
 
-from installer.actions import renew, rollout, rotate
+from installer.actions import endpoints, renew, rotate
 from installer.cli.main import cli
 from installer.core.errors import InstallerError, StateError
 from installer.core.pki import issue
 from installer.core.pki.specs import CAS, CLUSTER_CA, ETCD_CA, FRONT_PROXY_CA, cert_specs
 from installer.core.state import state_for
 from installer.core.tlsfiles import write_private
-from installer.core.state import state_for
 
 from .conftest import EXAMPLE
 
@@ -192,8 +191,8 @@ def test_handshake_reads_the_presented_certificate(prepared, tmp_path):
     remote = SimpleNamespace(open=lambda: None,
                              open_channel=lambda address, port, timeout:
                              socket.create_connection((address, port), timeout=timeout))
-    with rollout._client_dir(m) as creds:
-        der = rollout.handshake(remote, "127.0.0.1", port, creds.context("admin"))
+    with endpoints.client_dir(m) as creds:
+        der = endpoints.handshake(remote, "127.0.0.1", port, creds.context("admin"))
     listener.close()
     t.join(5)
     from cryptography import x509
@@ -203,14 +202,14 @@ def test_handshake_reads_the_presented_certificate(prepared, tmp_path):
 def test_judge_names_a_wrong_serial_and_an_old_ca(prepared):
     inv, old = prepared.inventory, prepared.material
     new = rotate.rotated(inv, old, rotate.which_cas(["all"]))
-    ep = next(e for e in rollout.endpoints(inv) if e.name == "kube-apiserver")
-    assert rollout._judge(ep, new.certs["apiserver"].cert, new, None, True, old.cas) == (
+    ep = next(e for e in endpoints.endpoints(inv) if e.name == "kube-apiserver")
+    assert endpoints.judge(ep, new.certs["apiserver"].cert, new, None, True, old.cas) == (
         True, "apiserver, signed by ca")
-    ok, why = rollout._judge(ep, old.certs["apiserver"].cert, new, None, True, old.cas)
+    ok, why = endpoints.judge(ep, old.certs["apiserver"].cert, new, None, True, old.cas)
     assert not ok and "the state's apiserver is" in why
-    etcd = next(e for e in rollout.endpoints(inv) if e.name == "etcd peer")
+    etcd = next(e for e in endpoints.endpoints(inv) if e.name == "etcd peer")
     assert etcd.ca == ETCD_CA and etcd.credential == "etcd/healthcheck-client"
-    sched = next(e for e in rollout.endpoints(inv) if e.name == "kube-scheduler")
+    sched = next(e for e in endpoints.endpoints(inv) if e.name == "kube-scheduler")
     same = old.certs["admin"].cert
-    assert rollout._judge(sched, same, new, same, True, {})[0] is False      # restarted: must change
-    assert rollout._judge(sched, same, new, same, False, {})[0] is True
+    assert endpoints.judge(sched, same, new, same, True, {})[0] is False      # restarted: must change
+    assert endpoints.judge(sched, same, new, same, False, {})[0] is True

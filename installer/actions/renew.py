@@ -39,8 +39,9 @@ from installer.core.pki.issue import Pair
 from installer.core.pki.material import Material, ensure
 from installer.core.pki.specs import CAS, CLUSTER_CA, ETCD_CA, FRONT_PROXY_CA, cert_specs
 from installer.core.render.plan import render_cluster
-from installer.actions.rollout import (Reissued, RenewError, Report, Rollout, endpoints, hex_serial, push, read_endpoints,
-                      restart_order, roll, session, verify)
+from installer.actions.endpoints import endpoints, read_endpoints, verify
+from installer.actions.rollout import (Reissued, RenewError, Report, Rollout, hex_serial, push, restart_order, roll,
+                      session)
 from installer.core.state import StateDir, write_atomic
 from installer.core.inventory import as_inventory
 from installer.core.state import write_admin_kubeconfig

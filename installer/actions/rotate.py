@@ -39,9 +39,9 @@ from installer.core.pki.specs import CAS, ETCD_CA, cert_specs
 from installer.core.render.addons.konnectivity import enabled as konnectivity_enabled
 from installer.actions.renew import (CA_CHOICES, NOT_OURS, backup, copy_material, pki_paths, reissue, reissued_rows,
                     resumable, save_state)
+from installer.actions.endpoints import endpoints, read_endpoints, verify
 from installer.actions.rollout import (APISERVER, CONTROLLER_MANAGER, ETCD, KONNECTIVITY, KUBE_PROXY, KUBELET, SCHEDULER, Reissued,
-                      Report, endpoints, hex_serial, push, read_endpoints, restart_order, roll, session,
-                      stop_units, verify)
+                      Report, hex_serial, push, restart_order, roll, session, stop_units)
 from installer.core.inventory import as_inventory
 from installer.host import csr_approval
 from installer.core.render.addons import addon_objects
