@@ -5,6 +5,8 @@ hosts, and drain/remove/revoke through the real Kubernetes client over a fake tr
 
 from __future__ import annotations
 
+import json
+
 import base64
 import contextlib
 import datetime as dt
@@ -24,7 +26,7 @@ from installer import api
 
 from installer.host import kube, kube_objects, node_api
 
-from installer.actions import node_ops
+from installer.actions import node_ops, node_retire
 
 from installer.engine import runner
 from installer.cli.main import cli
@@ -285,7 +287,7 @@ def state_copy(prepared, tmp_path):
 
 def test_revoke_sends_policy_first_then_deletes_the_way_back(prepared, cluster, fake_api, state_copy):
     tid = seed_node_objects(cluster, prepared, "node3")
-    out = node_ops.revoke(EXAMPLE, "node3", state_copy, hold_lock=False, host_unreachable=True, api_factory=fake_api,
+    out = node_retire.revoke(EXAMPLE, "node3", state_copy, hold_lock=False, host_unreachable=True, api_factory=fake_api,
                           refresh_others=False, log=lambda m: None)
     writes = [(m, p) for m, p, _ in cluster.requests if m in ("POST", "PUT", "DELETE", "PATCH")]
     assert writes[0] == ("POST", VAP) and writes[1] == ("POST", VAPB)      # the policy before anything else
@@ -306,7 +308,7 @@ def test_revoke_sends_policy_first_then_deletes_the_way_back(prepared, cluster, 
 
     # a second revocation keeps the first name in the policy (replaced, not recreated)
     seed_node_objects(cluster, prepared, "node2")
-    node_ops.revoke(EXAMPLE, "node2", state_copy, hold_lock=False, host_unreachable=True, api_factory=fake_api,
+    node_retire.revoke(EXAMPLE, "node2", state_copy, hold_lock=False, host_unreachable=True, api_factory=fake_api,
                     refresh_others=False, log=lambda m: None)
     expr = cluster.store[f"{VAP}/{revocation.POLICY}"]["spec"]["validations"][0]["expression"]
     assert expr == revocation.expression(["node2", "node3"])
@@ -319,7 +321,7 @@ def test_revoke_sends_policy_first_then_deletes_the_way_back(prepared, cluster, 
 
 def test_revoke_refuses_a_control_host(prepared, state_copy, fake_api, cluster):
     with pytest.raises(node_ops.NodeOpError, match="control host"):
-        node_ops.revoke(EXAMPLE, "cp1", state_copy, hold_lock=False, host_unreachable=True, api_factory=fake_api,
+        node_retire.revoke(EXAMPLE, "cp1", state_copy, hold_lock=False, host_unreachable=True, api_factory=fake_api,
                         refresh_others=False)
     assert cluster.requests == []
 
@@ -327,7 +329,7 @@ def test_revoke_refuses_a_control_host(prepared, state_copy, fake_api, cluster):
 def test_remove_with_host_unreachable_does_the_cluster_side(prepared, cluster, fake_api, state_copy):
     tid = seed_node_objects(cluster, prepared, "node2")
     cluster.add("/api/v1/namespaces/default/pods", pod("web", "node2"))
-    out = node_ops.remove(EXAMPLE, "node2", state_copy, hold_lock=False, host_unreachable=True, api_factory=fake_api,
+    out = node_retire.remove(EXAMPLE, "node2", state_copy, hold_lock=False, host_unreachable=True, api_factory=fake_api,
                           refresh_others=False, timeout=10, log=lambda m: None)
     paths = [(m, p) for m, p, _ in cluster.requests]
     assert ("PATCH", f"{NODES}/node2") in paths
@@ -345,7 +347,7 @@ def test_remove_stops_when_the_drain_is_blocked(prepared, cluster, fake_api, sta
     cluster.add("/api/v1/namespaces/db/pods", pod("primary", "node2", "db"))
     cluster.block_evictions["db/primary"] = 10**6
     with pytest.raises(node_ops.NodeOpError, match="stays cordoned and nothing else was done"):
-        node_ops.remove(EXAMPLE, "node2", state_copy, hold_lock=False, api_factory=fake_api, refresh_others=False, timeout=0.05,
+        node_retire.remove(EXAMPLE, "node2", state_copy, hold_lock=False, api_factory=fake_api, refresh_others=False, timeout=0.05,
                         log=lambda m: None)
     assert f"{NODES}/node2" in cluster.store and cluster.store[f"{NODES}/node2"]["spec"]["unschedulable"]
     assert not Ledger.path(api.state_for(prepared.inventory, state_copy)).exists()
@@ -374,6 +376,35 @@ def test_remove_without_yes_prints_the_plan_and_changes_nothing(state_copy):
     assert res.exit_code == 2, res.output
     assert "cordon and drain Node node2" in res.output and "pass --yes" in res.output
     assert not (state_copy / "nodes.yaml").exists()
+
+
+def test_dry_run_prints_the_same_steps_and_exits_0_in_text_and_json(state_copy):
+    base = ["node", "revoke", str(EXAMPLE), "node2", "--state", str(state_copy)]
+    text = CliRunner().invoke(cli, [*base, "--dry-run"])
+    assert text.exit_code == 0, text.output
+    doc = json.loads(CliRunner().invoke(cli, [*base, "--dry-run", "--output", "json"]).output)
+    assert doc["dryRun"] is True and doc["name"] == "node2"
+    assert [f"  - {s}" for s in doc["steps"]] == text.output.splitlines()[1:]
+    assert doc["steps"][0].startswith("deny every write by system:node:node2")
+    assert not (state_copy / "nodes.yaml").exists()
+    # --dry-run wins over --yes: still nothing done
+    assert CliRunner().invoke(cli, [*base, "--dry-run", "--yes"]).exit_code == 0
+    assert not (state_copy / "nodes.yaml").exists()
+
+
+def test_a_run_goes_through_exactly_the_steps_its_plan_lists(prepared, cluster, fake_api, state_copy):
+    """The plan (without --yes) and the run come from one list: a run's steps are the plan's
+    lines, in the plan's order (here without the other hosts' routes: no hosts in this test)."""
+    seed_node_objects(cluster, prepared, "node2")
+    seen: list[str] = []
+    out = node_retire.remove(EXAMPLE, "node2", state_copy, hold_lock=False, host_unreachable=True,
+                             api_factory=fake_api, refresh_others=False, timeout=10, log=seen.append)
+    t, _ = node_ops.node_target(EXAMPLE, state_copy, "node2")
+    plan = node_retire.remove_plan(t, skip_cluster=False, host_unreachable=True)
+    routes = [p for p in plan if p.startswith("drop the routes")]
+    assert out.steps == [p for p in plan if p not in routes][:len(out.steps)] and len(out.steps) == 3
+    assert [line for line in seen if "] " in line] == [f"node2: [{i}/3] {s}" for i, s in enumerate(out.steps, 1)]
+    assert out.as_dict()["state"] == "removed" and "deleted Node node2" in out.as_dict()["done"]
 
 
 def test_list_shows_inventory_and_ledger(prepared, state_copy, tmp_path):

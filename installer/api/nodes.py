@@ -1,5 +1,6 @@
 """Nodes on day 2: list, add, drain, remove, revoke."""
 
-from installer.actions.node_ops import Outcome, add, drain, list_nodes, node_target, remove, remove_plan, revoke
+from installer.actions.node_ops import add, drain, list_nodes, node_target
+from installer.actions.node_retire import Outcome, remove, remove_plan, revoke
 
 __all__ = ["Outcome", "add", "drain", "list_nodes", "node_target", "remove", "remove_plan", "revoke"]

@@ -30,18 +30,39 @@ def _err(line: str) -> None:
     click.echo(line, err=True)
 
 
-def _refuse_without_yes(inventory, state_dir, name, what: str, **kw) -> None:
+def _plan_first(inventory, state_dir, name, what: str, yes: bool, dry_run: bool, fmt: str, **kw) -> bool:
+    """Without --yes (exit 2) or with --dry-run (exit 0): the steps it would run, nothing done.
+    True when the command is to go on."""
+    if yes and not dry_run:
+        return True
     t, _ = nodes_api.node_target(api.validate(inventory), state_dir, name)
-    nothing_without_yes(f"{what} {name}", "do it", nodes_api.remove_plan(t, **kw))
+    plan = nodes_api.remove_plan(t, **kw)
+    if not dry_run:
+        nothing_without_yes(f"{what} {name}", "do it", plan)
+    if fmt == "json":
+        click.echo(json.dumps({"name": name, "dryRun": True, "steps": plan}, indent=2))
+    else:
+        click.echo(f"{what} {name} would:")
+        for step in plan:
+            click.echo(f"  - {step}")
+    return False
 
 
-def _outcome(out: nodes_api.Outcome, verb: str) -> None:
-    for line in out.done:
-        click.echo(f"  {line}")
+def _outcome(out: nodes_api.Outcome, verb: str, fmt: str) -> None:
     for w in out.warnings:
         _err(f"warning: {w}")
+    if fmt == "json":
+        click.echo(json.dumps({**out.as_dict(), "dryRun": False}, indent=2))
+        return
+    for line in out.done:
+        click.echo(f"  {line}")
     e = out.entry
     click.echo(f"{out.name}: {verb}" + (f" ({e.state} since {e.since}; delete it from the inventory)" if e else ""))
+
+
+OUTPUT = click.option("--output", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
+                      help="json: the result on stdout as one JSON document (progress stays on stderr).")
+DRY_RUN = click.option("--dry-run", is_flag=True, help="Print the steps it would run, in order; change nothing (exit 0).")
 
 
 @click.group()
@@ -96,11 +117,15 @@ def add(inventory, name, state_dir, skip, allow_even, accept_new_host_keys, wait
 @node.command()
 @_common
 @click.option("--timeout", default=300.0, show_default=True, help="Seconds to wait for evictions.")
+@OUTPUT
 @domain_errors
-def drain(inventory, name, state_dir, timeout):
+def drain(inventory, name, state_dir, timeout, fmt):
     """Cordon NAME and evict its pods (PodDisruptionBudgets respected; mirror and DaemonSet pods
     stay). Fails, leaving the node cordoned, when pods remain after --timeout."""
     res = nodes_api.drain(inventory, name, state_dir, timeout=timeout, log=_err)
+    if fmt == "json":
+        click.echo(json.dumps({"name": name, "evicted": res.evicted, "skipped": res.skipped}, indent=2))
+        return
     click.echo(f"{name}: drained, {len(res.evicted)} pod(s) evicted"
                + (f"; left to the node: {', '.join(res.skipped)}" if res.skipped else ""))
 
@@ -115,20 +140,23 @@ def drain(inventory, name, state_dir, timeout):
 @click.option("--allow-even", is_flag=True, help="Control host: allow an even etcd member count (a replacement step).")
 @click.option("--accept-new-host-keys", is_flag=True, help="Trust and record the host's key if not yet known.")
 @click.option("--yes", is_flag=True, help="Really do it (without: print what would be done, change nothing).")
+@DRY_RUN
+@OUTPUT
 @domain_errors
-def remove(inventory, name, state_dir, timeout, host_unreachable, skip_cluster, allow_even, accept_new_host_keys, yes):
+def remove(inventory, name, state_dir, timeout, host_unreachable, skip_cluster, allow_even, accept_new_host_keys, yes,
+           dry_run, fmt):
     """Decommission NAME: cordon, drain, delete the Node, its token, renewal binding and pending
     CSRs; on the host stop everything, kill every container and shim, remove credentials, CNI
     state, routes and data; drop its routes on the other hosts; mark it removed."""
     if host_unreachable and skip_cluster:
         raise click.UsageError("--host-unreachable and --skip-cluster together leave nothing to do")
-    if not yes:
-        _refuse_without_yes(inventory, state_dir, name, "node remove",
-                            skip_cluster=skip_cluster, host_unreachable=host_unreachable)
+    if not _plan_first(inventory, state_dir, name, "node remove", yes, dry_run, fmt,
+                       skip_cluster=skip_cluster, host_unreachable=host_unreachable):
+        return
     out = nodes_api.remove(inventory, name, state_dir, timeout=timeout, skip_cluster=skip_cluster,
                           host_unreachable=host_unreachable, allow_even=allow_even,
                           accept_new_host_keys=accept_new_host_keys, log=_err)
-    _outcome(out, "removed")
+    _outcome(out, "removed", fmt)
 
 
 @node.command()
@@ -136,15 +164,17 @@ def remove(inventory, name, state_dir, timeout, host_unreachable, skip_cluster, 
 @click.option("--host-unreachable", is_flag=True, help="The host is gone or untrusted: do not try to wipe it.")
 @click.option("--accept-new-host-keys", is_flag=True, help="Trust and record the host's key if not yet known.")
 @click.option("--yes", is_flag=True, help="Really do it (without: print what would be done, change nothing).")
+@DRY_RUN
+@OUTPUT
 @domain_errors
-def revoke(inventory, name, state_dir, host_unreachable, accept_new_host_keys, yes):
+def revoke(inventory, name, state_dir, host_unreachable, accept_new_host_keys, yes, dry_run, fmt):
     """Revoke NAME for good, even against a stolen certificate: deny every write by
     system:node:NAME (ValidatingAdmissionPolicy), delete its renewal binding, bootstrap token,
     pending CSRs and Node, record it in the ledger, wipe the host when reachable. The name can
     never join again. See README "Day 2" for what this cannot do (no CRL in Kubernetes)."""
-    if not yes:
-        _refuse_without_yes(inventory, state_dir, name, "node revoke", skip_cluster=False,
-                            host_unreachable=host_unreachable, revoke=True)
+    if not _plan_first(inventory, state_dir, name, "node revoke", yes, dry_run, fmt, skip_cluster=False,
+                       host_unreachable=host_unreachable, revoke=True):
+        return
     out = nodes_api.revoke(inventory, name, state_dir, host_unreachable=host_unreachable,
                           accept_new_host_keys=accept_new_host_keys, log=_err)
-    _outcome(out, "revoked")
+    _outcome(out, "revoked", fmt)

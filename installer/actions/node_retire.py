@@ -1,0 +1,300 @@
+"""Taking a node out for good: ``node remove`` (decommission) and ``node revoke`` (even against a
+stolen certificate). Each is an ordered list of ``Step``s; a step's words are both the plan
+printed without ``--yes`` and the progress line when it runs, so the two cannot drift. The
+steps share one ``_Run``: the target, its outcome, one API client.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Callable, ContextManager
+
+from kubernetes import client as k8s
+
+from installer.actions import etcd_members, teardown
+from installer.actions.node_ops import (ApiFactory, NodeOpError, Target, cluster_api, converge, material_for,
+                                        node_target, with_host, without)
+from installer.core.errors import InstallerError
+from installer.core.inventory import Inventory
+from installer.core.ledger import Entry, Ledger
+from installer.core.pki.material import Material
+from installer.core.render.revocation import POLICY
+from installer.engine.phases.acquire_lock import cluster_lock
+from installer.host import kube, node_api
+from installer.host.ssh import HostError, Remote
+
+
+@dataclass
+class Outcome:
+    name: str
+    done: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    entry: Entry | None = None
+    steps: list[str] = field(default_factory=list)      # what was run, in order (Step.says)
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "steps": self.steps, "done": self.done, "warnings": self.warnings,
+                "state": self.entry.state if self.entry else None, "since": self.entry.since if self.entry else None}
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of ``node remove`` or ``node revoke``: ``says`` is both the line of the plan
+    printed without --yes and the progress line when it runs, so the two cannot drift."""
+    says: str
+    run: Callable[["_Run"], None]
+
+
+@dataclass
+class _Run:
+    """What the steps of one remove or revoke share: the target, its outcome, one API client
+    (opened by the first step that needs it, closed after the last)."""
+    t: Target
+    ledger: Ledger
+    out: Outcome
+    log: Callable[[str], None]
+    stack: contextlib.ExitStack
+    api_factory: ApiFactory | None = None
+    accept_new_host_keys: bool = False
+    serials: list[str] = field(default_factory=list)
+    _material: Material | None = None
+    _api: k8s.ApiClient | None = None
+
+    @property
+    def material(self) -> Material:
+        if self._material is None:
+            self._material = material_for(with_host(self.t.inv, self.t.host), self.t.state)
+        return self._material
+
+    @property
+    def api(self) -> k8s.ApiClient:
+        if self._api is None:
+            self._api = self.stack.enter_context(cluster_api(self.t.inv, self.material, self.api_factory))
+        return self._api
+
+
+def _run_steps(run: _Run, steps: list[Step]) -> Outcome:
+    for i, step in enumerate(steps, 1):
+        run.log(f"{run.t.host.name}: [{i}/{len(steps)}] {step.says}")
+        step.run(run)
+        run.out.steps.append(step.says)
+    return run.out
+
+
+def _wipe_step(t: Target) -> Step:
+    what = ("stop and wipe the control plane" if t.host.role == "control" else
+            "stop and disable kubelet, kube-proxy, containerd; kill every container and shim; remove "
+            "credentials, CNI state, routes, units, binaries, data")
+    return Step(f"on {t.host.name} ({t.host.address}): {what}",
+                lambda r: r.out.done.extend(_wipe(r.t, r.log, r.accept_new_host_keys)))
+
+
+def _mark_step(t: Target, state: str) -> Step:
+    def mark(r: _Run) -> None:
+        if state == "revoked":
+            r.out.entry = r.ledger.mark_revoked(r.t.host, r.serials, "installer node revoke")
+        else:
+            r.out.entry = r.ledger.mark_removed(r.t.host, "installer node remove")
+        r.ledger.save(r.t.state)
+        r.log(f"{r.t.host.name}: recorded as {state} in {Ledger.path(r.t.state)}"
+              + (f" (certificate serials {', '.join(r.serials)})" if r.serials else ""))
+    return Step(f"mark {t.host.name} {state} in the node ledger", mark)
+
+
+def _refresh_step(t: Target, skip: frozenset[str]) -> Step:
+    return Step(f"drop the routes to {t.host.name}'s pods on the other hosts",
+                lambda r: _refresh_others(r.t, skip, r.log, r.out, r.accept_new_host_keys))
+
+
+def remove_steps(t: Target, *, skip_cluster: bool = False, host_unreachable: bool = False, timeout: float = 300.0,
+                 allow_even: bool = False, refresh_others: bool = True) -> list[Step]:
+    n = t.host.name
+    if t.host.role == "control":
+        def leave_etcd(r: _Run) -> None:
+            etcd_members.remove(r.t.inv, n, state_dir=r.t.state.root, allow_even=allow_even,
+                                host_unreachable=host_unreachable, log=r.log)
+            r.out.done.append("removed from etcd")
+        return [Step(f"remove {n} from etcd (one member at a time; refused when unsafe)", leave_etcd),
+                *([] if host_unreachable else [_wipe_step(t)]), _mark_step(t, "removed")]
+
+    def drain(r: _Run) -> None:
+        if not node_api.cordon(r.api, n):
+            r.log(f"{n}: no Node {n} in the cluster: nothing to drain")
+            return
+        r.log(f"{n}: cordoned")
+        try:
+            res = node_api.drain(r.api, n, timeout, log=r.log)
+            left = f"; left to the node: {', '.join(res.skipped)}" if res.skipped else ""
+            r.out.done.append(f"drained ({len(res.evicted)} pod(s) evicted{left})")
+        except node_api.DrainError as e:
+            if not host_unreachable:
+                raise NodeOpError(f"{e}; the node stays cordoned and nothing else was done (retry with "
+                                  "a longer --timeout, or fix the blocking PodDisruptionBudget)") from None
+            # a dead kubelet never confirms: deleting the Node lets the pod GC clean up
+            r.out.warnings.append(str(e))
+
+    def delete(r: _Run) -> None:
+        if node_api.delete_node(r.api, n):
+            r.out.done.append(f"deleted Node {n}")
+            r.log(f"{n}: deleted Node")
+        r.serials = _cluster_cleanup(r.api, r.t, r.material, r.out, r.log)
+
+    steps = []
+    if not skip_cluster:
+        steps += [Step(f"cordon and drain Node {n} (evictions respect PodDisruptionBudgets)", drain),
+                  Step(f"delete Node {n}, its bootstrap token Secrets, its renewal binding and pending CSRs", delete)]
+    if not host_unreachable:
+        steps.append(_wipe_step(t))
+    steps.append(_mark_step(t, "removed"))
+    if refresh_others:
+        steps.append(_refresh_step(t, frozenset({"cluster-bootstrap"}) if skip_cluster else frozenset()))
+    return steps
+
+
+def revoke_steps(t: Target, *, host_unreachable: bool = False, refresh_others: bool = True,
+                 refresh_skip: frozenset[str] = frozenset(), policy_timeout: float = 60.0) -> list[Step]:
+    n = t.host.name
+
+    def deny(r: _Run) -> None:
+        revoked = sorted(set(r.ledger.revoked_names()) | {n})
+        for kind, obj, action in node_api.apply_revocations(r.api, revoked, r.t.inv.spec.kubernetes.version):
+            r.out.done.append(f"{action} {kind} {obj} (denies {', '.join('system:node:' + x for x in revoked)})")
+        if r.api_factory is None:
+            # each apiserver loads the policy on its own: see every one refuse before going on
+            for host, seconds in _wait_enforced(r.t.inv, r.material, n, policy_timeout).items():
+                r.out.done.append(f"the apiserver on {host} refuses system:node:{n} ({seconds:.2f} s after the policy)")
+
+    def cleanup(r: _Run) -> None:
+        r.serials = _cluster_cleanup(r.api, r.t, r.material, r.out, r.log)
+
+    def delete(r: _Run) -> None:
+        if node_api.delete_node(r.api, n):
+            r.out.done.append(f"deleted Node {n}")
+        # its pods, at once: while one is bound to it the Node authorizer lets the identity read
+        # what the pod uses (seen on the real lab: the pod garbage collector comes 40 s+ later)
+        pods, seconds = node_api.delete_pods_and_their_reads(r.api, n, policy_timeout)
+        if pods:
+            r.out.done.append(f"deleted its {len(pods)} pod(s) ({', '.join(pods)}); system:node:{n} may read none "
+                              f"of their Secrets and ConfigMaps ({seconds:.2f} s)")
+
+    def wipe(r: _Run) -> None:
+        try:
+            r.out.done += _wipe(r.t, r.log, r.accept_new_host_keys)
+        except HostError as e:
+            r.out.warnings.append(f"the host was not wiped ({e}); the revocation stands. Wipe or re-image it before "
+                                  "it is used again")
+
+    steps = [Step(f"deny every write by system:node:{n} (ValidatingAdmissionPolicy {POLICY}), and wait until "
+                  "every control host's apiserver refuses it", deny),
+             Step("delete its renewal binding, bootstrap token Secrets and pending CSRs", cleanup),
+             Step(f"delete Node {n} and its pods (the Node authorizer then lets it read none of their Secrets)",
+                  delete),
+             _mark_step(t, "revoked")]
+    if not host_unreachable:
+        steps.append(Step(_wipe_step(t).says + " (a failed wipe does not undo the revocation)", wipe))
+    if refresh_others:
+        steps.append(_refresh_step(t, refresh_skip))
+    return steps
+
+
+def remove_plan(t: Target, *, skip_cluster: bool, host_unreachable: bool, revoke: bool = False) -> list[str]:
+    """The plain-English plan of ``node remove`` / ``node revoke``: the steps' own words."""
+    steps = revoke_steps(t, host_unreachable=host_unreachable) if revoke else \
+        remove_steps(t, skip_cluster=skip_cluster, host_unreachable=host_unreachable)
+    plan = [s.says for s in steps]
+    if t.in_inventory:
+        plan.append(f"then delete {t.host.name} from the inventory (apply refuses it from now on)")
+    return plan
+
+
+def _wipe(t: Target, log, accept_new_host_keys: bool) -> list[str]:
+    inv = with_host(t.inv, t.host)
+    remote = Remote(t.host, inv, accept_new_host_keys)
+    try:
+        # no plans given: teardown derives the host's paths, users and units from the inventory
+        return teardown.wipe_host(inv, t.host, {}, remote, data=True, log=log)
+    finally:
+        remote.close()
+
+
+def _cluster_cleanup(api, t: Target, material: Material, out: Outcome, log) -> list[str]:
+    """Delete the Node's way back in: token Secrets, renewal binding, pending CSRs. Returns the
+    serials of client certificates seen issued to it."""
+    n = t.host.name
+    token_ids = [material.tokens[n].id] if n in material.tokens else []
+    done = []
+    if node_api.delete_renewal_binding(api, n):
+        done.append(f"deleted ClusterRoleBinding hiddenplane:node-renewal:{n}")
+    done += [f"deleted Secret kube-system/{s}" for s in node_api.delete_tokens(api, n, token_ids)]
+    csrs = node_api.node_csrs(api, n, token_ids)
+    done += [f"deleted pending CertificateSigningRequest {c}" for c in node_api.delete_csrs(api, csrs.pending)]
+    for line in done:
+        log(f"{n}: {line}")
+    out.done += done
+    return csrs.serials
+
+
+def _refresh_others(t: Target, skip: frozenset[str], log, out: Outcome, accept_new_host_keys: bool) -> None:
+    others = without(t.inv, t.host.name)
+    if not others.controls:
+        return
+    try:
+        report = converge(others, t.state.root, None, skip, log, "refresh the other hosts' routes",
+                           accept_new_host_keys)
+    except (InstallerError, HostError) as e:
+        out.warnings.append(f"the other hosts' routes were not refreshed: {e}; run `installer apply` once "
+                            f"{t.host.name} is out of the inventory")
+        return
+    hosts = sorted({e.host for e in report.changed if not e.host.startswith("(")}) if report else []
+    if hosts:
+        out.done.append("dropped its routes on " + ", ".join(hosts))
+
+
+def remove(inventory, name: str, state_dir=None, *, timeout: float = 300.0, skip_cluster: bool = False,
+           host_unreachable: bool = False, allow_even: bool = False, accept_new_host_keys: bool = False,
+           api_factory: ApiFactory | None = None, refresh_others: bool = True, hold_lock: bool = True,
+           log=print) -> Outcome:
+    """``hold_lock=False``: for tests with no hosts at all (the apply lock lives on them)."""
+    t, ledger = node_target(inventory, state_dir, name)
+    steps = remove_steps(t, skip_cluster=skip_cluster, host_unreachable=host_unreachable, timeout=timeout,
+                         allow_even=allow_even, refresh_others=refresh_others)
+    with _lock(t, hold_lock, _gone(t, host_unreachable), log), contextlib.ExitStack() as stack:
+        return _run_steps(_Run(t, ledger, Outcome(name), log, stack, api_factory, accept_new_host_keys), steps)
+
+
+def _lock(t: Target, hold: bool, skip: frozenset[str], log) -> ContextManager:
+    return cluster_lock(t.inv, skip=skip, log=log) if hold else contextlib.nullcontext()
+
+
+def _gone(t: Target, host_unreachable: bool) -> frozenset[str]:
+    """The hosts whose lock cannot be taken: the target itself when it is gone."""
+    return frozenset({t.host.name}) if host_unreachable else frozenset()
+
+
+# --- revoke -----------------------------------------------------------------------------------
+
+def _wait_enforced(inv: Inventory, material: Material, name: str, timeout: float) -> dict[str, float]:
+    """Every control host's own apiserver refuses ``system:node:<name>`` (node_api)."""
+    with contextlib.ExitStack() as stack:
+        clients = {}
+        for h in inv.controls:
+            url = stack.enter_context(kube.api_access(inv, lambda x: Remote(x, inv), material, apiserver=h))
+            clients[h.name] = stack.enter_context(kube.api_client(url, material, credential="admin"))
+        return node_api.wait_refused_everywhere(clients, [name], timeout)
+
+
+def revoke(inventory, name: str, state_dir=None, *, host_unreachable: bool = False,
+           accept_new_host_keys: bool = False, api_factory: ApiFactory | None = None,
+           refresh_others: bool = True, refresh_skip: frozenset[str] = frozenset(),
+           policy_timeout: float = 60.0, hold_lock: bool = True, log=print) -> Outcome:
+    """Shut ``system:node:<name>`` out for good: deny its writes, delete its way to renew or
+    re-bootstrap, delete its Node, record it, wipe the host (when reachable)."""
+    t, ledger = node_target(inventory, state_dir, name)
+    if t.host.role == "control":
+        raise NodeOpError(f"{name} is a control host: it has no node identity to revoke; use `installer node "
+                          "remove` and, if its keys may be stolen, `installer ca rotate`")
+    steps = revoke_steps(t, host_unreachable=host_unreachable, refresh_others=refresh_others,
+                         refresh_skip=refresh_skip, policy_timeout=policy_timeout)
+    with _lock(t, hold_lock, frozenset(), log), contextlib.ExitStack() as stack:
+        return _run_steps(_Run(t, ledger, Outcome(name), log, stack, api_factory, accept_new_host_keys), steps)
