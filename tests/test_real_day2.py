@@ -119,9 +119,16 @@ def test_node_remove_evicts_deletes_wipes_and_drops_the_routes(rc):
     cidr = rc.get("node", "w2")["spec"]["podCIDR"]
     assert all(cidr in proto199(rc, h) for h in ("cp1", "w1")), "routes to w2's pods before"
     assert processes(rc, "w2")
+    dry = json.loads(run_installer("node", "remove", str(rc.inventory), "w2", "--state", str(rc.state), "--dry-run",
+                                   "--output", "json").stdout)
+    assert dry["dryRun"] is True and dry["steps"][0].startswith("cordon and drain Node w2"), dry
+    assert ready_nodes(rc).get("w2") is True and running_pods(rc, "leaving")       # a dry run changes nothing
     proc = run_installer("node", "remove", str(rc.inventory), "w2", "--state", str(rc.state), "--yes",
-                         "--timeout", "300", timeout=1800)
+                         "--timeout", "300", "--output", "json", timeout=1800)
     print("\n" + proc.stdout)
+    done = json.loads(proc.stdout)
+    # it ran what the dry run listed, in that order (the plan's last line is the operator's part)
+    assert done["steps"] == dry["steps"][:-1] and done["state"] == "removed", (done, dry)
     assert "w2" not in ready_nodes(rc)
     left = processes(rc, "w2")
     print(f"w2 processes of the node after remove: {left or 'none'}")
@@ -464,12 +471,19 @@ def test_etcd_snapshot_restore_brings_back_the_cluster_objects(rc, tmp_path):
     inv = no_w2(rc)
     rc.kubectl("create", "configmap", "before-snapshot", "--from-literal=k=1")
     snap = tmp_path / "etcd.snapshot"
-    print("\n" + run_installer("etcd", "snapshot", "save", str(inv), str(snap)).stdout)
+    saved = json.loads(run_installer("etcd", "snapshot", "save", str(inv), str(snap), "--output", "json").stdout)
+    print(f"\n{saved}")
+    assert Path(saved["path"]).resolve() == snap.resolve() and saved["revision"] > 0 and saved["total_keys"] > 0
     assert snap.stat().st_mode & 0o777 == 0o600
+    members = json.loads(run_installer("etcd", "members", str(inv), "--output", "json").stdout)
+    assert sorted(m["name"] for m in members) == sorted(rc.controls) and not any(m["learner"] for m in members)
     rc.kubectl("create", "configmap", "after-snapshot", "--from-literal=k=2")
     data_dirs = rc.ssh("cp1", "ls -d /var/lib/etcd*").stdout
     proc = run_installer("etcd", "snapshot", "restore", str(inv), str(snap), check_rc=2)
     assert "--yes" in proc.stderr and "stop kube-apiserver" in proc.stderr, proc.stderr
+    dry = json.loads(run_installer("etcd", "snapshot", "restore", str(inv), str(snap), "--dry-run",
+                                   "--output", "json").stdout)
+    assert dry["dryRun"] is True and any("stop kube-apiserver" in step for step in dry["steps"]), dry
     assert rc.ssh("cp1", "ls -d /var/lib/etcd*").stdout == data_dirs and api_answers(rc)
     out = run_installer("etcd", "snapshot", "restore", str(inv), str(snap), "--yes", "--wait-timeout", "600",
                         timeout=1800).stdout

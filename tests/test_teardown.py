@@ -6,6 +6,7 @@ ctr and a fake /proc, and real processes (sleep) listed in a fake cgroup that mu
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import socket
@@ -14,6 +15,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import yaml
 
 from installer.host import hostops
 
@@ -231,6 +233,30 @@ def test_reset_without_yes_prints_the_plan_and_touches_nothing(inv, prepared, mo
         reset.reset(inv, state_dir=prepared.state.root, log=logged.append)
     assert logged.index(f"{WORKER} (worker):") < logged.index(f"{CONTROL} (control):")   # workers first
     assert f"local state {prepared.state.root}: kept" in logged
+    assert prepared.state.root.is_dir()
+
+
+def test_reset_dry_run_lists_the_same_plan_and_exits_0_touching_no_host(inv, prepared, monkeypatch, tmp_path):
+    def no_ssh(*a, **kw):
+        raise AssertionError("reset --dry-run connected to a host")
+    monkeypatch.setattr(reset, "Remote", no_ssh)
+    from click.testing import CliRunner
+    from installer.cli.main import cli
+    path = tmp_path / "inventory.yaml"
+    path.write_text(yaml.safe_dump(inv.model_dump(mode="json", exclude={"base_dir"}), sort_keys=False))
+    base = ["reset", str(path), "--state", str(prepared.state.root), "--dry-run"]
+    text = CliRunner().invoke(cli, base)
+    doc = json.loads(CliRunner().invoke(cli, [*base, "--output", "json"]).output)
+    assert text.exit_code == 0, text.output
+    assert doc["dryRun"] is True and list(doc["hosts"]) == [WORKER, *[n for n in doc["hosts"] if n != WORKER]]
+    assert list(doc["hosts"])[-1] == CONTROL                                        # workers first
+    logged = []
+    with pytest.raises(reset.NotConfirmed):
+        reset.reset(inv, state_dir=prepared.state.root, log=logged.append)
+    # the plan without --yes and the dry run are one list
+    assert [f"  - {step}" for step in doc["hosts"][WORKER]] == \
+        logged[logged.index(f"{WORKER} (worker):") + 1:logged.index(f"{WORKER} (worker):") + 1 + len(doc["hosts"][WORKER])]
+    assert f"  - {doc['hosts'][CONTROL][0]}" in text.output
     assert prepared.state.root.is_dir()
 
 

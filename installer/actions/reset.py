@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from installer.core.errors import InstallerError
-from installer.core.inventory import Inventory
+from installer.core.inventory import HostSpec, Inventory
 from installer.engine.parallel import each
 from installer.engine.phases.acquire_lock import break_stale, drop, stale_reason, take
 from installer.core.pki.material import Material, ensure
@@ -39,6 +39,10 @@ class ResetReport:
     unreachable: list[str] = field(default_factory=list)         # skipped (--ignore-unreachable)
     state: Path | None = None
     purged: bool = False
+
+    def as_dict(self) -> dict:
+        return {"dryRun": False, "hosts": self.hosts, "unreachable": self.unreachable,
+                "state": str(self.state) if self.state else None, "purged": self.purged}
 
 
 def cluster_plans(inv: Inventory, state_dir=None) -> dict[str, HostPlan]:
@@ -63,6 +67,30 @@ def _take_lock(remote: Remote, run_id: str) -> str | None:
     return held
 
 
+def _chosen(inv: Inventory, hosts: Iterable[str], purge: bool) -> list[HostSpec]:
+    """The hosts to reset, workers first; refused before anything else when a name is unknown
+    or --purge comes with --host."""
+    names = list(dict.fromkeys(hosts))
+    unknown = [n for n in names if n not in {h.name for h in inv.spec.hosts}]
+    if unknown:
+        raise TeardownError(f"no host named {', '.join(unknown)} in the inventory")
+    if purge and names:
+        raise TeardownError("--purge deletes the whole cluster's state: it cannot go with --host")
+    chosen = [h for h in inv.spec.hosts if not names or h.name in names]
+    return [h for h in chosen if h.role == "worker"] + [h for h in chosen if h.role == "control"]
+
+
+def plan(inventory, *, state_dir=None, keep_data: bool = False, purge: bool = False,
+         hosts: Iterable[str] = ()) -> dict:
+    """What ``reset`` would do, touching no host: each chosen host's steps in the order they
+    run (workers first), and what becomes of the local state."""
+    inv = as_inventory(inventory)
+    chosen = _chosen(inv, hosts, purge)
+    plans = cluster_plans(inv, state_dir)
+    return {"hosts": {h.name: host_plan(inv, h, plans, data=not keep_data) for h in chosen},
+            "state": str(state_for(inv, state_dir).root), "purge": purge}
+
+
 def reset(inventory, *, state_dir=None, yes: bool = False, keep_data: bool = False, purge: bool = False,
           hosts: Iterable[str] = (), ignore_unreachable: bool = False, log: Log = print) -> ResetReport:
     """Take off every host (or only ``hosts``) what the installer put there: workers first,
@@ -74,21 +102,14 @@ def reset(inventory, *, state_dir=None, yes: bool = False, keep_data: bool = Fal
     (``ignore_unreachable`` resets the others and names the skipped ones). A live apply lock on
     a control host also stops the reset before anything is done."""
     inv = as_inventory(inventory)
-    names = list(dict.fromkeys(hosts))
-    unknown = [n for n in names if n not in {h.name for h in inv.spec.hosts}]
-    if unknown:
-        raise TeardownError(f"no host named {', '.join(unknown)} in the inventory")
-    if purge and names:
-        raise TeardownError("--purge deletes the whole cluster's state: it cannot go with --host")
-    chosen = [h for h in inv.spec.hosts if not names or h.name in names]
-    chosen = [h for h in chosen if h.role == "worker"] + [h for h in chosen if h.role == "control"]
+    chosen = _chosen(inv, hosts, purge)
     state = state_for(inv, state_dir)
     plans = cluster_plans(inv, state_dir)
     data = not keep_data
     if not yes:
-        for h in chosen:
-            log(f"{h.name} ({h.role}):")
-            for line in host_plan(inv, h, plans, data=data):
+        for name, steps in plan(inv, state_dir=state_dir, keep_data=keep_data, purge=purge, hosts=hosts)["hosts"].items():
+            log(f"{name} ({inv.host(name).role}):")
+            for line in steps:
                 log(f"  - {line}")
         log(f"local state {state.root}: " + ("delete it (--purge)" if purge else "kept"))
         raise NotConfirmed("nothing done; pass --yes to reset these hosts")

@@ -1,5 +1,5 @@
 """`installer reset`: take off every host what the installer put there."""
 
-from installer.actions.reset import reset
+from installer.actions.reset import plan, reset
 
-__all__ = ["reset"]
+__all__ = ["plan", "reset"]

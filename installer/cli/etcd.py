@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import click
 
 from installer import api
 
 from installer.api import etcd as etcd_api
 from installer.cli.errors import domain_errors
+from installer.cli.options import DRY_RUN, OUTPUT, echo_json, echo_plan
 from installer.cli.output import human_size, nothing_without_yes, table
+
 
 
 @click.group()
@@ -18,17 +22,23 @@ def etcd():
 
 @etcd.command()
 @click.argument("inventory", type=click.Path(dir_okay=False))
+@OUTPUT
 @domain_errors
-def members(inventory):
+def members(inventory, fmt):
     """List the etcd members (asked on the first reachable control host)."""
+    found = etcd_api.members(inventory)
+    if fmt == "json":
+        echo_json([dataclasses.asdict(m) for m in found])
+        return
     rows = [("NAME", "ID", "PEER URL", "CLIENT URL", "LEARNER")]
-    for m in etcd_api.members(inventory):
+    for m in found:
         rows.append((m.name, m.id, ",".join(m.peer_urls), ",".join(m.client_urls), "yes" if m.learner else "no"))
     table(rows)
 
 
 def _progress(message: str) -> None:
     click.echo(message, err=True)
+
 
 
 @etcd.group()
@@ -40,11 +50,15 @@ def snapshot():
 @click.argument("inventory", type=click.Path(dir_okay=False))
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--force", is_flag=True, help="Replace FILE if it exists (without: refused, exit 2).")
+@OUTPUT
 @domain_errors
-def save(inventory, file, force):
+def save(inventory, file, force, fmt):
     """Take a snapshot (etcdctl snapshot save) and write it to FILE (mode 0600). An existing
     FILE is refused unless --force."""
     info = etcd_api.snapshot_save(inventory, file, force=force)
+    if fmt == "json":
+        echo_json(dataclasses.asdict(info))
+        return
     click.echo(f"{info.path}: snapshot from {info.host}, {human_size(info.size)}, hash {info.hash}, "
                f"revision {info.revision}, {info.total_keys} keys (mode 0600)")
 
@@ -54,12 +68,21 @@ def save(inventory, file, force):
 @click.argument("file", type=click.Path(dir_okay=False, exists=True))
 @click.option("--yes", is_flag=True, help="Really do it: the control plane is down during the restore.")
 @click.option("--wait-timeout", default=120.0, show_default=True, help="Seconds to wait for etcd health.")
+@DRY_RUN
+@OUTPUT
 @domain_errors
-def restore(inventory, file, yes, wait_timeout):
+def restore(inventory, file, yes, wait_timeout, dry_run, fmt):
     """Restore FILE on every etcd member (the control plane is stopped meanwhile)."""
-    if not yes:
-        nothing_without_yes("the restore", "restore", etcd_api.restore_plan(api.validate(inventory), file, "<time>"))
+    if dry_run or not yes:
+        plan = etcd_api.restore_plan(api.validate(inventory), file, "<time>")
+        if not dry_run:
+            nothing_without_yes("the restore", "restore", plan)
+        echo_plan("the restore", plan, fmt)
+        return
     hosts = etcd_api.snapshot_restore(inventory, file, wait_timeout=wait_timeout, log=_progress)
+    if fmt == "json":
+        echo_json({"dryRun": False, "snapshot": file, "hosts": hosts})
+        return
     click.echo(f"restored {file} on {', '.join(hosts)}; etcd healthy, control plane started")
 
 
@@ -85,13 +108,17 @@ ALLOW_EVEN_HELP = ("Allow an even member count: only as one step of replacing a 
 @click.option("--allow-even", is_flag=True, help=ALLOW_EVEN_HELP)
 @click.option("--wait-timeout", default=180.0, show_default=True,
               help="Seconds to wait for the learner to catch up and for health.")
+@OUTPUT
 @domain_errors
-def member_add(inventory, name, state_dir, allow_even, wait_timeout):
+def member_add(inventory, name, state_dir, allow_even, wait_timeout, fmt):
     """Join control host NAME (already in INVENTORY) to etcd: registered as a learner, its member
     started with --initial-cluster-state=existing, promoted once in sync; then every control
     host is converged so the apiservers name the new member."""
     change = etcd_api.member_add(inventory, name, state_dir=state_dir, allow_even=allow_even,
                               wait_timeout=wait_timeout, log=_progress)
+    if fmt == "json":
+        echo_json({"dryRun": False, **dataclasses.asdict(change)})
+        return
     click.echo(f"{name}: etcd member {change.member_id} added and promoted; "
                f"{len(change.members)} voting members, all healthy")
 
@@ -105,15 +132,23 @@ def member_add(inventory, name, state_dir, allow_even, wait_timeout):
               help="NAME is gone: only remove its member (nothing is stopped or moved on it).")
 @click.option("--yes", is_flag=True, help="Really do it (without: check, print the steps, exit 2).")
 @click.option("--wait-timeout", default=180.0, show_default=True, help="Seconds to wait for health.")
+@DRY_RUN
+@OUTPUT
 @domain_errors
-def member_remove(inventory, name, state_dir, allow_even, host_unreachable, yes, wait_timeout):
+def member_remove(inventory, name, state_dir, allow_even, host_unreachable, yes, wait_timeout, dry_run, fmt):
     """Remove etcd member NAME: stop its control plane and etcd, `etcdctl member remove` through
     another member, move its /var/lib/etcd aside, check the others healthy. NAME may already be
     deleted from INVENTORY. Afterwards, delete NAME from the inventory and run `installer apply`."""
     change = etcd_api.member_remove(inventory, name, state_dir=state_dir, allow_even=allow_even,
                                  host_unreachable=host_unreachable, wait_timeout=wait_timeout,
-                                 log=_progress, dry_run=not yes)
+                                 log=_progress, dry_run=dry_run or not yes)
+    if dry_run:
+        echo_plan("the removal", change.steps, fmt)
+        return
     if not yes:
         nothing_without_yes("the removal", "remove", change.steps)
+    if fmt == "json":
+        echo_json({"dryRun": False, **dataclasses.asdict(change)})
+        return
     click.echo(f"{name}: etcd member {change.member_id} removed; {len(change.members)} members healthy: "
                f"{', '.join(m.name for m in change.members)}. Next: {change.next}.")

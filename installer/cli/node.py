@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
-from installer.cli.options import STATE_DEFAULT
+from installer.cli.options import DRY_RUN, OUTPUT, STATE_DEFAULT, echo_json, echo_plan
 from installer import api
 from installer.api import nodes as nodes_api
 from installer.cli.errors import domain_errors
@@ -39,12 +37,7 @@ def _plan_first(inventory, state_dir, name, what: str, yes: bool, dry_run: bool,
     plan = nodes_api.remove_plan(t, **kw)
     if not dry_run:
         nothing_without_yes(f"{what} {name}", "do it", plan)
-    if fmt == "json":
-        click.echo(json.dumps({"name": name, "dryRun": True, "steps": plan}, indent=2))
-    else:
-        click.echo(f"{what} {name} would:")
-        for step in plan:
-            click.echo(f"  - {step}")
+    echo_plan(f"{what} {name}", plan, fmt, name=name)
     return False
 
 
@@ -52,17 +45,13 @@ def _outcome(out: nodes_api.Outcome, verb: str, fmt: str) -> None:
     for w in out.warnings:
         _err(f"warning: {w}")
     if fmt == "json":
-        click.echo(json.dumps({**out.as_dict(), "dryRun": False}, indent=2))
+        echo_json({**out.as_dict(), "dryRun": False})
         return
     for line in out.done:
         click.echo(f"  {line}")
     e = out.entry
     click.echo(f"{out.name}: {verb}" + (f" ({e.state} since {e.since}; delete it from the inventory)" if e else ""))
 
-
-OUTPUT = click.option("--output", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
-                      help="json: the result on stdout as one JSON document (progress stays on stderr).")
-DRY_RUN = click.option("--dry-run", is_flag=True, help="Print the steps it would run, in order; change nothing (exit 0).")
 
 
 @click.group()
@@ -80,7 +69,7 @@ def list_(inventory, state_dir, use_api, fmt):
     """Every host with its state: active, removed or revoked (inventory + node ledger)."""
     nodes = nodes_api.list_nodes(inventory, state_dir, use_api=use_api)
     if fmt == "json":
-        click.echo(json.dumps([r.as_dict() for r in nodes], indent=2))
+        echo_json([r.as_dict() for r in nodes])
         return
     rows = [("NAME", "ROLE", "ADDRESS", "STATE", "SINCE", "IN INVENTORY") + (("API",) if use_api else ())]
     for r in nodes:
@@ -124,7 +113,7 @@ def drain(inventory, name, state_dir, timeout, fmt):
     stay). Fails, leaving the node cordoned, when pods remain after --timeout."""
     res = nodes_api.drain(inventory, name, state_dir, timeout=timeout, log=_err)
     if fmt == "json":
-        click.echo(json.dumps({"name": name, "evicted": res.evicted, "skipped": res.skipped}, indent=2))
+        echo_json({"name": name, "evicted": res.evicted, "skipped": res.skipped})
         return
     click.echo(f"{name}: drained, {len(res.evicted)} pod(s) evicted"
                + (f"; left to the node: {', '.join(res.skipped)}" if res.skipped else ""))

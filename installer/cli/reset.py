@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from installer.cli.options import STATE_DEFAULT
+from installer.cli.options import DRY_RUN, OUTPUT, STATE_DEFAULT, echo_json
 from installer.api import reset as reset_api
 from installer.cli.errors import domain_errors
 
@@ -22,8 +22,10 @@ STATE_HELP = ("Local state directory (kept unless --purge). "
 @click.option("--host", "hosts", multiple=True, metavar="NAME", help="Only this host (repeatable).")
 @click.option("--ignore-unreachable", is_flag=True,
               help="Reset the reachable hosts even when some cannot be reached (they are named; not with --purge).")
+@DRY_RUN
+@OUTPUT
 @domain_errors
-def reset(inventory, state_dir, yes, keep_data, purge, hosts, ignore_unreachable):
+def reset(inventory, state_dir, yes, keep_data, purge, hosts, ignore_unreachable, dry_run, fmt):
     """Remove everything the installer put on the hosts of INVENTORY: units, binaries, files
     (an original it replaced is put back), credentials, container and CNI state, routes,
     rules, sysctls, the users it created and, unless --keep-data, etcd's data. Workers first,
@@ -31,9 +33,22 @@ def reset(inventory, state_dir, yes, keep_data, purge, hosts, ignore_unreachable
 
     Exit 0 when done; 2 when not (no --yes, a host unreachable, an apply running: nothing done;
     a host that failed: rerun to finish)."""
+    if dry_run:
+        would = reset_api.plan(inventory, state_dir=state_dir, keep_data=keep_data, purge=purge, hosts=hosts)
+        if fmt == "json":
+            echo_json({"dryRun": True, **would})
+            return
+        for name, steps in would["hosts"].items():
+            click.echo(f"{name}:")
+            click.echo("".join(f"  - {line}\n" for line in steps), nl=False)
+        click.echo(f"local state {would['state']}: " + ("delete it (--purge)" if purge else "kept"))
+        return
     report = reset_api.reset(inventory, state_dir=state_dir, yes=yes, keep_data=keep_data, purge=purge,
                              hosts=hosts, ignore_unreachable=ignore_unreachable,
                              log=lambda m: click.echo(m, err=True))
+    if fmt == "json":
+        echo_json(report.as_dict())
+        return
     for name, done in report.hosts.items():
         click.echo(f"{name}: {'reset, ' + str(len(done)) + ' change(s)' if done else 'nothing to remove'}")
     if report.unreachable:
