@@ -10,7 +10,7 @@ STATE_DEFAULT = "Default: .hiddenplane/<cluster> next to the inventory file."
 OUTPUT = click.option("--output", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
                       help="json: the result on stdout as one JSON document (progress stays on stderr).")
 DRY_RUN = click.option("--dry-run", is_flag=True,
-                       help="Check and print the steps it would run, in order; change nothing (exit 0).")
+                       help="Print the steps it would run, in order; change nothing (exit 0).")
 
 
 def echo_json(doc) -> None:
