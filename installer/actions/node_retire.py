@@ -82,12 +82,15 @@ def _run_steps(run: _Run, steps: list[Step]) -> Outcome:
     return run.out
 
 
-def _wipe_step(t: Target) -> Step:
+def _wipe_words(t: Target) -> str:
     what = ("stop and wipe the control plane" if t.host.role == "control" else
             "stop and disable kubelet, kube-proxy, containerd; kill every container and shim; remove "
             "credentials, CNI state, routes, units, binaries, data")
-    return Step(f"on {t.host.name} ({t.host.address}): {what}",
-                lambda r: r.out.done.extend(_wipe(r.t, r.log, r.accept_new_host_keys)))
+    return f"on {t.host.name} ({t.host.address}): {what}"
+
+
+def _wipe_step(t: Target) -> Step:
+    return Step(_wipe_words(t), lambda r: r.out.done.extend(_wipe(r.t, r.log, r.accept_new_host_keys)))
 
 
 def _mark_step(t: Target, state: str) -> Step:
@@ -192,7 +195,7 @@ def revoke_steps(t: Target, *, host_unreachable: bool = False, refresh_others: b
                   delete),
              _mark_step(t, "revoked")]
     if not host_unreachable:
-        steps.append(Step(_wipe_step(t).says + " (a failed wipe does not undo the revocation)", wipe))
+        steps.append(Step(_wipe_words(t) + " (a failed wipe does not undo the revocation)", wipe))
     if refresh_others:
         steps.append(_refresh_step(t, refresh_skip))
     return steps

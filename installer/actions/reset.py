@@ -85,10 +85,14 @@ def plan(inventory, *, state_dir=None, keep_data: bool = False, purge: bool = Fa
     """What ``reset`` would do, touching no host: each chosen host's steps in the order they
     run (workers first), and what becomes of the local state."""
     inv = as_inventory(inventory)
-    chosen = _chosen(inv, hosts, purge)
-    plans = cluster_plans(inv, state_dir)
-    return {"hosts": {h.name: host_plan(inv, h, plans, data=not keep_data) for h in chosen},
-            "state": str(state_for(inv, state_dir).root), "purge": purge}
+    return _plan(inv, _chosen(inv, hosts, purge), cluster_plans(inv, state_dir), state_for(inv, state_dir),
+                 not keep_data, purge)
+
+
+def _plan(inv: Inventory, chosen: list[HostSpec], plans: dict[str, HostPlan], state, data: bool,
+          purge: bool) -> dict:
+    return {"hosts": {h.name: host_plan(inv, h, plans, data=data) for h in chosen},
+            "state": str(state.root), "purge": purge}
 
 
 def reset(inventory, *, state_dir=None, yes: bool = False, keep_data: bool = False, purge: bool = False,
@@ -107,7 +111,7 @@ def reset(inventory, *, state_dir=None, yes: bool = False, keep_data: bool = Fal
     plans = cluster_plans(inv, state_dir)
     data = not keep_data
     if not yes:
-        for name, steps in plan(inv, state_dir=state_dir, keep_data=keep_data, purge=purge, hosts=hosts)["hosts"].items():
+        for name, steps in _plan(inv, chosen, plans, state, data, purge)["hosts"].items():
             log(f"{name} ({inv.host(name).role}):")
             for line in steps:
                 log(f"  - {line}")

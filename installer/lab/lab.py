@@ -177,14 +177,10 @@ def _start_host(spec: LabSpec, paths: LabPaths, base: Path, h: LabHost, files, l
         return
     net.ensure_host_net(spec, h)
     pods = h.role == "worker"           # a worker runs a real kubelet, containerd and runc
-    root = nspawn.mount_root(base, host_dir, {**files, **nspawn.pod_host_files()} if pods else files)
+    root = nspawn.mount_root(base, host_dir, {**files, **nspawn.pod_host_files()} if pods else files,
+                             nspawn.POD_HOST_LINKS if pods else None)
     binds = []
     if pods:
-        for link, target in nspawn.POD_HOST_LINKS.items():
-            path = root / link.lstrip("/")
-            path.parent.mkdir(parents=True, exist_ok=True)
-            if not path.is_symlink():
-                path.symlink_to(target)
         # containerd's overlayfs snapshotter cannot work on an overlayfs root: give it a plain dir
         state = host_dir / "containerd"
         state.mkdir(exist_ok=True)

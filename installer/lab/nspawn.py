@@ -40,12 +40,19 @@ def mounts_under(path: Path) -> list[str]:
     return [m for m in _mount_points() if m.startswith(prefix)]
 
 
-def mount_root(base: Path, host_dir: Path, files: dict[str, tuple[bytes, int]]) -> Path:
+def mount_root(base: Path, host_dir: Path, files: dict[str, tuple[bytes, int]],
+               links: dict[str, str] | None = None) -> Path:
+    """The host's root, an overlay over ``base``; ``files`` and symlinks ``links`` (path ->
+    target) laid into the upper layer before the mount, so they shadow the base's."""
     upper, work, root = host_dir / "upper", host_dir / "work", host_dir / "root"
     for d in (upper, work, root):
         d.mkdir(parents=True, exist_ok=True)
-    # seed files go into the upper layer before the mount: they shadow the base's
     write_files(upper, files)
+    for link, target in (links or {}).items():
+        path = upper / link.lstrip("/")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.is_symlink():
+            path.symlink_to(target)
     if not _mounted(root):
         proc = subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
                                f"lowerdir={base},upperdir={upper},workdir={work}", str(root)],
@@ -119,12 +126,10 @@ def cgroup_dirs(host_dir: Path) -> list[Path]:
 
 
 def _make_cgroups(host_dir: Path) -> list[Path]:
-    made = []
-    for m in _cgroup_mounts():
-        d = m / CGROUP_DIR / host_dir.parent.parent.name / host_dir.name
-        _make_cgroup(m, d)
-        made.append(d)
-    return made
+    dirs = cgroup_dirs(host_dir)
+    for d in dirs:
+        _make_cgroup(d.parents[2], d)          # <mount>/hiddenplane/<lab>/<host>
+    return dirs
 
 
 def _state(pid: int) -> str | None:
@@ -189,7 +194,7 @@ def _enter_cgroups(procs_files: list[bytes]):
 # - the kubelet writes the kernel tunables it wants (vm.overcommit_memory=1, kernel.panic=10,
 #   kernel.panic_on_oops=1) when they differ, and /proc/sys is read-only here: the host sees
 #   files of its own holding those values (SYSCTL_FILES, seeded; the machine's stay as they are);
-# - the cgroup v1 controllers are mounted read-only: POD_HOST_UNITS remounts them writable.
+# - the cgroup v1 controllers are mounted read-only: CGROUP_RW_UNIT remounts them writable.
 POD_HOST_SYSCTLS = {"vm/overcommit_memory": "1", "kernel/panic": "10", "kernel/panic_on_oops": "1"}
 SYSCTL_FILES = "/etc/hiddenplane-lab/sysctl"
 POD_HOST_ARGS = ("--system-call-filter=@keyring", "--capability=CAP_SYSLOG", "--bind=/dev/kmsg",
