@@ -25,7 +25,9 @@ from installer.core import inventory
 from installer.core.facts import LOCK
 from installer.lab import net
 from installer.engine.phases.acquire_lock import break_stale, drop, take
-from installer.host.ssh import DEAD_AFTER, KEEPALIVE_INTERVAL, HostError, Remote, stop_scopes
+from installer.host.liveness import DEAD_AFTER, KEEPALIVE_INTERVAL
+from installer.host.runmark import stop_scopes
+from installer.host.ssh import HostError, Remote
 
 from .labfixtures import standin_lab, wait_for
 

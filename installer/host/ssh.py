@@ -25,8 +25,6 @@ keepalive and ``TCP_USER_TIMEOUT`` back it up. A command may run as long as its 
 
 from __future__ import annotations
 
-import errno
-import itertools
 import logging
 import math
 import os
@@ -43,6 +41,8 @@ from fabric import Config, Connection
 
 from installer.core.errors import InstallerError
 from installer.core.inventory import BastionSpec, HostSpec, Inventory, SSHSpec
+from installer.host.liveness import DEAD_AFTER, KEEPALIVE_INTERVAL, Lost, Watchdog, tcp_liveness, why_dead
+from installer.host.runmark import shell_command
 
 
 class HostError(InstallerError):
@@ -97,97 +97,6 @@ logging.getLogger("paramiko").addHandler(logging.NullHandler())
 _SUDO_REFUSED = ("a password is required", "is not in the sudoers file", "is not allowed to",
                  "may not run sudo", "must have a tty", "no tty present")
 _OWNER = re.compile(r"[A-Za-z0-9._-]+(:[A-Za-z0-9._-]+)?")
-
-
-# seconds between liveness probes on every connection; a host is lost when a probe stays
-# unanswered for Remote.dead_after (default DEAD_AFTER): a lost host fails within about
-# KEEPALIVE_INTERVAL + DEAD_AFTER seconds, whatever it was doing
-KEEPALIVE_INTERVAL = 5.0
-DEAD_AFTER = 15.0
-# a unit name systemd accepts, without the escaping backslash
-_UNIT_PREFIX = re.compile(r"[A-Za-z0-9:_.-]{1,200}")
-# one counter for the process: two Remotes to one host with one scope never pick the same unit
-_scope_counter = itertools.count(1)
-
-
-class _Lost(Exception):
-    """The connection died under a command (the watchdog's or the kernel's verdict)."""
-
-
-class _Watchdog:
-    """Prove every ``interval`` that the peer's sshd still answers (a global request that
-    wants a reply); close the transport when an answer takes longer than ``dead_after``.
-    paramiko's own keepalive wants no reply (it detects nothing) and ``global_request(wait=True)``
-    waits forever, so the probe runs in a thread of its own and is timed from here."""
-
-    def __init__(self, transport: paramiko.Transport, label: str, interval: float, dead_after: float):
-        self.transport, self.interval, self.dead_after = transport, interval, dead_after
-        self.stopped = threading.Event()
-        self.lost: str | None = None
-        self.thread = threading.Thread(target=self._watch, daemon=True, name=f"ssh-watchdog {label}")
-        self.thread.start()
-
-    def _watch(self) -> None:
-        t = self.transport
-        while not self.stopped.wait(self.interval) and t.is_active():
-            answered = threading.Event()
-
-            def probe() -> None:
-                try:
-                    t.global_request("keepalive@openssh.com", wait=True)   # a refusal is an answer too
-                except Exception:      # noqa: BLE001 - a dying transport: the loop sees it inactive
-                    pass
-                answered.set()
-            threading.Thread(target=probe, daemon=True, name="ssh-keepalive").start()
-            if not answered.wait(self.dead_after) and not self.stopped.is_set():
-                self.lost = f"no answer to an SSH keepalive within {self.dead_after:g} s"
-                t.close()          # wakes every thread blocked on this connection
-                return
-
-    def stop(self) -> None:
-        self.stopped.set()
-
-
-def _tcp_liveness(sock, dead_after: float) -> None:
-    """Kernel-side backup on a direct TCP socket: keepalive probes on an idle link, and
-    TCP_USER_TIMEOUT so that data left unacknowledged (an upload into a dead link) errors out
-    after about the watchdog's bound instead of after ~15 minutes of retransmissions. It is a
-    little longer than the watchdog's, whose message says more."""
-    if not isinstance(sock, socket.socket):
-        return                     # a channel through the bastion: the watchdog covers it
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    step = max(1, int(dead_after // 3))
-    for opt, value in (("TCP_KEEPIDLE", step), ("TCP_KEEPINTVL", step), ("TCP_KEEPCNT", 3),
-                       ("TCP_USER_TIMEOUT", int((dead_after + KEEPALIVE_INTERVAL) * 1000))):
-        if hasattr(socket, opt):
-            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
-
-
-def _why_dead(e: BaseException | None) -> str:
-    if isinstance(e, OSError) and e.errno == errno.ETIMEDOUT:
-        return "no TCP acknowledgement from the host within the bound"
-    if isinstance(e, OSError) and e.strerror:
-        return e.strerror
-    return str(e) if e is not None and str(e) else "the connection closed"
-
-
-RUN_MARK = "HIDDENPLANE_RUN"
-
-# the scope of the run whose apply lock this process holds (set by the lock code for a day-2
-# command's whole length): a Remote without a scope of its own uses it
-_process_scope: str | None = None
-
-
-def set_process_scope(prefix: str | None) -> None:
-    global _process_scope
-    _process_scope = None if prefix is None else check_unit_prefix(prefix)
-
-
-def check_unit_prefix(value: str, what: str = "scope") -> str:
-    if not isinstance(value, str) or not _UNIT_PREFIX.fullmatch(value):
-        raise ValueError(f"{what}: {value!r:.80} is not a systemd unit name prefix "
-                         "(letters, digits, ':', '_', '.', '-'; at most 200)")
-    return value
 
 
 def _hostport(address: str, port: int) -> str:
@@ -281,8 +190,8 @@ class Remote:
             raise fail(f"cannot reach {where}{via}: {e.strerror or e}") from None
         except EOFError:
             raise fail(f"{where}{via} closed the connection during the SSH handshake") from None
-        _tcp_liveness(conn.transport.sock, self.dead_after)
-        self._watchdogs.append(_Watchdog(conn.transport, f"{self.name} {label}{where}",
+        tcp_liveness(conn.transport.sock, self.dead_after)
+        self._watchdogs.append(Watchdog(conn.transport, f"{self.name} {label}{where}",
                                          KEEPALIVE_INTERVAL, self.dead_after))
 
     def open(self) -> None:
@@ -339,18 +248,7 @@ class Remote:
     # --- commands --------------------------------------------------------------------------
 
     def _command(self, script: str, scoped: bool) -> str:
-        scope = self.scope if self.scope is not None else _process_scope
-        if scope is not None and scoped:
-            # the mark every process of this command inherits (RUN_MARK=<scope>-<n>); a later run
-            # finds and ends a killed run's processes by it (stop_scopes). An environment variable
-            # costs nothing per command: a systemd scope per command cost 24 ms on an nspawn host
-            # and 0.4-1 s on an emulated VM
-            # (env, not an export inside the script: /proc/PID/environ shows what a process was
-            # started with, and the shell running a wait loop must carry the mark too)
-            mark = f"{check_unit_prefix(scope)}-{next(_scope_counter)}"
-            command = f"env {RUN_MARK}={mark} sh -c {shlex.quote(script)}"
-        else:
-            command = f"sh -c {shlex.quote(script)}"
+        command = shell_command(script, self.scope, scoped)
         if self.inventory.ssh_for(self.host).user != "root":
             command = f"sudo -n {command}"
         return command
@@ -374,10 +272,10 @@ class Remote:
         except (socket.timeout, TimeoutError):
             raise HostError(self.name, f"{what}: no answer within {timeout} s (it may still be "
                             "running on the host)") from None
-        except (_Lost, paramiko.SSHException, OSError, EOFError) as e:
+        except (Lost, paramiko.SSHException, OSError, EOFError) as e:
             lost = self._lost_reason()
             self.close()
-            if lost or isinstance(e, _Lost):
+            if lost or isinstance(e, Lost):
                 raise HostError(self.name, f"{what}: lost the connection ({lost or e}); the command "
                                 "may have run in part") from None
             raise HostError(self.name, f"{what}: connection failed: {e}") from None
@@ -432,13 +330,13 @@ class Remote:
         """One channel: binary-safe stdin, stdout and stderr read concurrently (no deadlock).
         ``timeout`` bounds the whole command from the exec request on: when it passes, the
         channel is closed and socket.timeout raised. A connection that dies meanwhile (closed
-        by the watchdog, or by the kernel) raises _Lost."""
+        by the watchdog, or by the kernel) raises Lost."""
         transport = self._conn.client.get_transport()
         try:
             chan = transport.open_session(timeout=self.connect_timeout)
         except paramiko.SSHException as e:
             if "Timeout opening channel" in str(e):
-                raise _Lost(f"no answer to opening a channel within {self.connect_timeout:g} s") from None
+                raise Lost(f"no answer to opening a channel within {self.connect_timeout:g} s") from None
             raise
         expired = threading.Event()
 
@@ -482,7 +380,7 @@ class Remote:
                 raise socket.timeout(f"no answer within {timeout} s")
             if rc == -1 and not transport.is_active():
                 # no exit status and a dead connection: not the command's verdict
-                raise _Lost(self._lost_reason() or _why_dead(transport.get_exception()))
+                raise Lost(self._lost_reason() or why_dead(transport.get_exception()))
             return out, b"".join(err), rc
         finally:
             if timer is not None:
@@ -494,34 +392,3 @@ class Remote:
 
     def __exit__(self, *exc):
         self.close()
-
-
-# PATTERN: a grep -z pattern of the marks; $$ (this script) is never one of them
-_STOP_MARKED = r"""
-marked() {
-  for e in /proc/[0-9]*/environ; do
-    p=${e#/proc/}; p=${p%/environ}
-    [ "$p" = "$$" ] && continue
-    m=$(grep -az -m1 -e PATTERN "$e" 2>/dev/null | tr -d '\000') || continue
-    [ -n "$m" ] && printf '%s %s\n' "$p" "${m#*=}"
-  done
-}
-found=$(marked)
-[ -n "$found" ] || exit 0
-printf '%s\n' "$found" | while read -r p m; do kill -9 "$p" 2>/dev/null; done
-i=0
-while [ $i -lt 50 ] && [ -n "$(marked)" ]; do sleep 0.1; i=$((i + 1)); done
-left=$(marked)
-if [ -n "$left" ]; then echo "still running: $left" >&2; exit 1; fi
-printf '%s\n' "$found" | awk '{ print $2 }' | sort -u
-"""
-
-
-def stop_scopes(remote: Remote, prefix: str) -> list[str]:
-    """End every process that commands run with ``scope=prefix`` left on ``remote`` (SIGKILL:
-    their run is gone), found by the mark they inherited, in one round trip. The marks of the
-    commands ended (``<prefix>-<n>``); a process still alive afterwards is a HostError."""
-    pattern = shlex.quote(f"^{RUN_MARK}={check_unit_prefix(prefix, 'stop_scopes prefix')}-[0-9]*$")
-    r = remote.run(_STOP_MARKED.replace("PATTERN", pattern), what=f"end the commands of {prefix}",
-                   scoped=False)
-    return r.stdout.split()
