@@ -19,7 +19,7 @@ import yaml
 
 from installer.host import hostops
 
-from installer.actions import reset, teardown, teardown_script
+from installer.actions import reset, teardown, teardown_script, teardown_shell
 from installer.core.facts import MANIFEST, STATE_DIR
 from installer.host.fetch import binary_path, role_binaries
 from installer.core.inventory import HostSpec
@@ -48,7 +48,9 @@ def binaries(role: str) -> list[str]:
 # --- pure: what is removed, and in which order -----------------------------------------------
 
 def test_backup_naming_is_the_one_hostops_uses():
-    assert f'"$2{teardown_script.BACKUP_INFIX}$STAMP"' in hostops._PRELUDE
+    # hostops writes backups named <file><infix><stamp>; the teardown's shell looks for that infix
+    assert f'"$2{teardown_shell.BACKUP_INFIX}$STAMP"' in hostops._PRELUDE
+    assert teardown_shell.BACKUP_INFIX in teardown_shell.PRELUDE
 
 
 @pytest.mark.parametrize("name", [WORKER, CONTROL])
@@ -403,8 +405,8 @@ def test_worker_script_for_real(worker_root, inv, plans):
     h.installed(t)
     # a foreign file apply replaced: its original is in the oldest backup, a newer one is foreign too
     conf = "/etc/containerd/config.toml"
-    h.put(conf + teardown_script.BACKUP_INFIX + STAMP_OLD, b"the admin's original\n")
-    h.put(conf + teardown_script.BACKUP_INFIX + STAMP_NEW, b"an edit made after apply\n")
+    h.put(conf + teardown_shell.BACKUP_INFIX + STAMP_OLD, b"the admin's original\n")
+    h.put(conf + teardown_shell.BACKUP_INFIX + STAMP_NEW, b"an edit made after apply\n")
     # things that are not ours and must survive
     foreign = ["/usr/local/bin/helm", "/opt/cni/bin/macvlan", "/etc/sysctl.d/99-admin.conf",
                "/etc/systemd/system/admin.service", "/etc/modules-load.d/admin.conf", "/var/lib/other/data",
@@ -479,7 +481,7 @@ def test_worker_script_for_real(worker_root, inv, plans):
         if f != conf:
             assert not h.exists(f), f
     assert (h.r / conf.lstrip("/")).read_bytes() == b"the admin's original\n"
-    assert h.exists(conf + teardown_script.BACKUP_INFIX + STAMP_NEW)
+    assert h.exists(conf + teardown_shell.BACKUP_INFIX + STAMP_NEW)
     assert f"kept 1 newer backup(s) of {conf} (not written by hiddenplane)" in out
     assert not h.exists("/etc/systemd/system/old-extra.service")
     assert not list((h.r / "etc/systemd/system").glob("*.wants/*"))
@@ -609,7 +611,7 @@ def test_a_put_back_original_survives_a_later_teardown_with_data(tmp_path, inv, 
     h = Root(tmp_path, inv, plans, WORKER)
     h.installed(teardown.host_teardown(inv, WORKER, plans, data=True))
     conf = "/etc/containerd/config.toml"
-    h.put(conf + teardown_script.BACKUP_INFIX + STAMP_OLD, b"the admin's original\n")
+    h.put(conf + teardown_shell.BACKUP_INFIX + STAMP_OLD, b"the admin's original\n")
     h.put("/var/lib/containerd/io.containerd.content.v1.content/blobs/x")
     assert h.run(data=False).returncode == 0
     assert (h.r / conf.lstrip("/")).read_bytes() == b"the admin's original\n"
