@@ -180,9 +180,17 @@ def test_5_apply_refuses_a_control_host_without_etcd_data(lab):
 
 
 def test_6_add_cp3_back_as_a_learner_then_promoted(lab):
+    # --dry-run: the checks and the four steps, nothing registered
+    proc = run_installer("etcd", "member", "add", str(lab.inventory), "cp3", "--state", str(lab.state),
+                         "--dry-run", "--output", "json")
+    doc = json.loads(proc.stdout)
+    assert doc["dryRun"] is True and len(doc["steps"]) == 4, doc
+    assert doc["steps"][0] == "etcdctl member add cp3 --learner --peer-urls=https://10.213.242.13:2380 (on cp1)"
+    assert names(members(lab)) == ["cp1", "cp2"]
+
     proc = run_installer("etcd", "member", "add", str(lab.inventory), "cp3", "--state", str(lab.state),
                          "--wait-timeout", "120", timeout=900)
-    assert "cp3: etcdctl member add cp3 --learner --peer-urls=https://10.213.242.13:2380" in proc.stderr
+    assert "cp3: [1/4] etcdctl member add cp3 --learner --peer-urls=https://10.213.242.13:2380" in proc.stderr
     assert "added and promoted; 3 voting members, all healthy" in proc.stdout
 
     ms = members(lab)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import shlex
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 from urllib.parse import urlsplit
 
@@ -39,6 +39,7 @@ from installer.core.inventory import HostSpec, Inventory
 from installer.engine.phases.acquire_lock import cluster_lock
 from installer.engine.phases.base import Event, Options
 from installer.engine.phases.select import CONTROL_UNITS, ETCD_UNIT
+from installer.engine.steps import Step, plan, run_steps
 from installer.engine.phases.start_etcd import LOCAL, endpoint_health_script, error_line, member_list
 from installer.core.render.control import ETCD_DATA_DIR, ETCD_REMOVED_ASIDE, peer_url
 from installer.host.ssh import HostError, Remote
@@ -132,18 +133,68 @@ def _converge(inv: Inventory, state_dir, options: Options, log: Callable[[str], 
 # --- add ---------------------------------------------------------------------------------------
 
 def add(inventory, name: str, *, state_dir=None, allow_even: bool = False, wait_timeout: float = 180.0,
-        log: Callable[[str], None] = print) -> Change:
+        log: Callable[[str], None] = print, dry_run: bool = False) -> Change:
     """Add control host ``name`` (in the inventory, not yet a member) to etcd: as a learner,
     then promoted; then converge the control hosts. Resumes an add that stopped after
     registering the learner. Holds the apply lock throughout, on the members (the new host may
-    not answer yet: the checks name it)."""
+    not answer yet: the checks name it). ``dry_run``: check, and return the steps undone."""
     inv = as_inventory(inventory)
+    if dry_run:
+        return _add(inv, name, state_dir=state_dir, allow_even=allow_even, wait_timeout=wait_timeout, log=log,
+                    dry_run=True)
     with cluster_lock(inv, skip=frozenset({name}), log=log):
-        return _add(inv, name, state_dir=state_dir, allow_even=allow_even, wait_timeout=wait_timeout, log=log)
+        return _add(inv, name, state_dir=state_dir, allow_even=allow_even, wait_timeout=wait_timeout, log=log,
+                    dry_run=False)
+
+
+@dataclass
+class _Joining:
+    """What the steps of one ``add`` pass each other."""
+    via: Remote
+    member_id: str = ""
+    members: list[Member] = field(default_factory=list)
+
+
+def _add_steps(inv: Inventory, host: HostSpec, member: Member | None, via: Remote, state_dir, deadline: float,
+               wait_timeout: float, log: Callable[[str], None]) -> list[Step[_Joining]]:
+    name, peer = host.name, peer_url(host.address)
+
+    def register(j: _Joining) -> None:
+        out = _retrying(j.via, f"{day2_etcdctl(LOCAL)} member add {shlex.quote(name)} --learner "
+                        f"--peer-urls={shlex.quote(peer)} -w json", "etcdctl member add", deadline)
+        try:
+            j.member_id = f"{int(json.loads(out)['member']['ID']):x}"
+        except (ValueError, KeyError, TypeError):
+            raise EtcdOpError(f"{j.via.name}: etcdctl member add printed no member ID: {out[:200]}") from None
+
+    def promote(j: _Joining) -> None:
+        _retrying(j.via, f"{day2_etcdctl(LOCAL)} member promote {j.member_id}", "etcdctl member promote", deadline)
+        j.members = _members(j.via, inv)
+        _wait_healthy(j.via, j.members, max(10.0, deadline - time.monotonic()))
+
+    if member is None:
+        first = Step(f"etcdctl member add {name} --learner --peer-urls={peer} (on {via.name})", register)
+    else:
+        def resume(j: _Joining) -> None:
+            j.member_id = member.id
+        first = Step(f"resume: {name} is already registered as a learner ({member.id})", resume)
+    return [
+        first,
+        Step(f"install and start etcd on {name} (--initial-cluster-state=existing); it joins as a learner",
+             lambda j: _converge(inv, state_dir, Options(hosts=frozenset({name}), wait_timeout=wait_timeout,
+                                                         only=frozenset({"preflight", "pki", "artifacts", "etcd"})),
+                                 log)),
+        Step(f"etcdctl member promote {member.id if member else '<its ID>'} once the learner is in sync; "
+             "wait for every member healthy", promote),
+        Step("converge the control hosts (every apiserver's --etcd-servers names the new member)",
+             lambda j: _converge(inv, state_dir, Options(hosts=frozenset(h.name for h in inv.controls),
+                                                         skip=frozenset({"cluster-bootstrap"}),
+                                                         wait_timeout=wait_timeout), log)),
+    ]
 
 
 def _add(inv: Inventory, name: str, *, state_dir, allow_even: bool, wait_timeout: float,
-         log: Callable[[str], None]) -> Change:
+         log: Callable[[str], None], dry_run: bool) -> Change:
     try:
         host = inv.host(name)
     except KeyError:
@@ -154,7 +205,6 @@ def _add(inv: Inventory, name: str, *, state_dir, allow_even: bool, wait_timeout
     with control_remotes(inv) as remotes:
         view = _checked(inv, remotes, name, check_add, allow_even, "added")
         member = next((m for m in view.members if m.name == name), None)
-        peer = peer_url(host.address)
         if member is None:
             # the host must be reachable and empty before it is registered: a learner that can
             # never start would block every later change
@@ -163,35 +213,19 @@ def _add(inv: Inventory, name: str, *, state_dir, allow_even: bool, wait_timeout
             if has_data:
                 raise MembershipRefused(f"{name}: not added: it already holds etcd data in {ETCD_DATA_DIR} (from an "
                                         "earlier cluster?); move that directory aside first; nothing was changed")
-            log(f"{name}: etcdctl member add {name} --learner --peer-urls={peer} (on {view.via.name})")
-            out = _retrying(view.via, f"{day2_etcdctl(LOCAL)} member add {shlex.quote(name)} --learner "
-                            f"--peer-urls={shlex.quote(peer)} -w json", "etcdctl member add", deadline)
-            try:
-                member_id = f"{int(json.loads(out)['member']['ID']):x}"
-            except (ValueError, KeyError, TypeError):
-                raise EtcdOpError(f"{view.via.name}: etcdctl member add printed no member ID: {out[:200]}") from None
-        else:
-            member_id = member.id
-            log(f"{name}: already registered as a learner ({member_id}): resuming")
-        via = view.via
-
-    log(f"{name}: install and start etcd (--initial-cluster-state=existing); it joins as a learner")
-    _converge(inv, state_dir, Options(hosts=frozenset({name}), only=frozenset({"preflight", "pki", "artifacts", "etcd"}),
-                                      wait_timeout=wait_timeout), log)
-
-    log(f"{name}: etcdctl member promote {member_id} once the learner is in sync")
+        # the member that answered stays open for the promotion, after the others are closed
+        remotes.pop(view.via.name, None)
+    via = view.via
+    steps = _add_steps(inv, host, member, via, state_dir, deadline, wait_timeout, log)
+    if dry_run:
+        via.close()
+        return Change(name, member.id if member else "", plan(steps), view.members)
+    joining = _Joining(via)
     try:
-        _retrying(via, f"{day2_etcdctl(LOCAL)} member promote {member_id}", "etcdctl member promote", deadline)
-        members = _members(via, inv)
-        _wait_healthy(via, members, max(10.0, deadline - time.monotonic()))
+        done = run_steps(name, steps, joining, log)
     finally:
         via.close()
-    log(f"{name}: promoted; {len(members)} members healthy")
-
-    log("converge the control hosts (every apiserver's --etcd-servers names the new member)")
-    _converge(inv, state_dir, Options(hosts=frozenset(h.name for h in inv.controls),
-                                      skip=frozenset({"cluster-bootstrap"}), wait_timeout=wait_timeout), log)
-    return Change(name, member_id, [], members)
+    return Change(name, joining.member_id, done, joining.members)
 
 
 # --- remove ------------------------------------------------------------------------------------
@@ -220,6 +254,30 @@ def remove(inventory, name: str, *, state_dir=None, allow_even: bool = False, ho
                        wait_timeout=wait_timeout, log=log, dry_run=False)
 
 
+def _remove_steps(inv: Inventory, member: Member, target: Remote, via: Remote, host_unreachable: bool,
+                  rest: list[Member], deadline: float) -> list[Step[dict]]:
+    name = target.host.name
+    units = ", ".join(u.removesuffix(".service") for u in CONTROL_UNITS + (ETCD_UNIT,))
+    aside = f"{ETCD_REMOVED_ASIDE}{time.strftime('%Y%m%d%H%M%S', time.gmtime())}"
+
+    def healthy(out: dict) -> None:
+        out["members"] = _members(via, inv)
+        _wait_healthy(via, out["members"], max(10.0, deadline - time.monotonic()))
+
+    steps = [] if host_unreachable else [
+        Step(f"stop and disable {units} on {name} ({target.host.address})",
+             lambda _: target.run(_stop_script(), what="stop the control plane and etcd"))]
+    steps.append(Step(f"etcdctl member remove {member.id} ({name}) on {via.name}",
+                      lambda _: _retrying(via, f"{day2_etcdctl(LOCAL)} member remove {member.id}",
+                                          "etcdctl member remove", deadline)))
+    if not host_unreachable:
+        steps.append(Step(f"move {ETCD_DATA_DIR} on {name} aside to {aside}",
+                          lambda _: target.run(f"if [ -e {ETCD_DATA_DIR} ]; then mv -- {ETCD_DATA_DIR} {aside}; fi",
+                                               what="move the etcd data aside")))
+    steps.append(Step(f"check the remaining members healthy: {names_list(member_label(m) for m in rest)}", healthy))
+    return steps
+
+
 def _remove(inv: Inventory, name: str, *, allow_even: bool, host_unreachable: bool, wait_timeout: float,
             log: Callable[[str], None], dry_run: bool) -> Change:
     in_inventory = {h.name: h for h in inv.spec.hosts}
@@ -237,15 +295,8 @@ def _remove(inv: Inventory, name: str, *, allow_even: bool, host_unreachable: bo
                 raise EtcdOpError(f"{name}: not in the inventory and its member has no peer URL to reach it by; "
                                   "pass --host-unreachable; nothing was changed")
             target = remotes[name] = Remote(HostSpec(name=name, address=address, role="control"), inv)
-        stamp = time.strftime("%Y%m%d%H%M%S", time.gmtime())
-        aside = f"{ETCD_REMOVED_ASIDE}{stamp}"
-        units = ", ".join(u.removesuffix(".service") for u in CONTROL_UNITS + (ETCD_UNIT,))
-        steps = ([] if host_unreachable else [f"stop and disable {units} on {name} ({target.host.address})"])
-        steps.append(f"etcdctl member remove {member.id} ({name}) on {view.via.name}")
-        if not host_unreachable:
-            steps.append(f"move {ETCD_DATA_DIR} on {name} aside to {ETCD_REMOVED_ASIDE}<time>")
         rest = [m for m in view.members if m.id != member.id]
-        steps.append(f"check the remaining members healthy: {names_list(member_label(m) for m in rest)}")
+        steps = _remove_steps(inv, member, target, view.via, host_unreachable, rest, deadline)
         if not host_unreachable:
             try:
                 target.open()
@@ -253,22 +304,13 @@ def _remove(inv: Inventory, name: str, *, allow_even: bool, host_unreachable: bo
                 raise EtcdOpError(f"{e}; nothing was changed (if {name} is gone for good, pass --host-unreachable)") \
                     from None
         if dry_run:
-            return Change(name, member.id, steps, view.members)
-
-        if not host_unreachable:
-            log(f"{name}: stop and disable {units}")
-            target.run(_stop_script(), what="stop the control plane and etcd")
-        log(f"{name}: etcdctl member remove {member.id} (on {view.via.name})")
-        _retrying(view.via, f"{day2_etcdctl(LOCAL)} member remove {member.id}", "etcdctl member remove", deadline)
-        if not host_unreachable:
-            log(f"{name}: move {ETCD_DATA_DIR} aside to {aside}")
-            target.run(f"if [ -e {ETCD_DATA_DIR} ]; then mv -- {ETCD_DATA_DIR} {aside}; fi",
-                       what="move the etcd data aside")
-        members = _members(view.via, inv)
-        _wait_healthy(view.via, members, max(10.0, deadline - time.monotonic()))
+            return Change(name, member.id, plan(steps), view.members)
+        out: dict = {}
+        done = run_steps(name, steps, out, log)
+        members = out["members"]
         log(f"{name}: removed; {len(members)} members healthy: {names_list(member_label(m) for m in members)}")
     voting = len([m for m in members if not m.learner])
     even = " (with spec.allowEvenControlHosts: true)" if voting % 2 == 0 else ""
     then = f"run `installer apply` with {voting} control host{'s' if voting != 1 else ''}{even}"
     nxt = f"delete {name} from the inventory, then {then}" if name in in_inventory else then
-    return Change(name, member.id, steps, members, next=nxt)
+    return Change(name, member.id, done, members, next=nxt)

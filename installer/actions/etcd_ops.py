@@ -30,6 +30,7 @@ from installer.engine.phases.acquire_lock import cluster_lock
 from installer.engine.phases.select import CONTROL_UNITS, ETCD_UNIT
 from installer.engine.phases.start_control_plane import LOCAL_PORTS, listening_script
 from installer.engine.phases.start_etcd import LOCAL, endpoint_health_script, etcdctl
+from installer.engine.steps import Step, plan, run_steps
 from installer.core.render.control import ETCD_DATA_DIR, ETCD_RESTORE_ASIDE, etcd_servers, initial_cluster, peer_url
 from installer.host.ssh import HostError, Remote
 from installer.core.state import write_atomic
@@ -152,16 +153,8 @@ def snapshot_info(status: dict, path: str, host: str, size: int, revision_before
 # --- snapshot restore ----------------------------------------------------------------------
 
 def restore_plan(inv: Inventory, snapshot: str, stamp: str) -> list[str]:
-    hosts = ", ".join(h.name for h in inv.controls)
-    return [
-        f"upload {snapshot} to {WORK_DIR}/ on {hosts} (0600)",
-        f"stop {', '.join(u.removesuffix('.service') for u in CONTROL_UNITS)} on {hosts}",
-        f"stop etcd on {hosts}",
-        f"on each member: move {ETCD_DATA_DIR} to {ETCD_RESTORE_ASIDE}{stamp}, "
-        f"restore the snapshot into {ETCD_DATA_DIR} with cluster token {restore_token(inv, stamp)}",
-        "start etcd on every member, wait for a healthy cluster",
-        "start the control plane again",
-    ]
+    """The restore's steps in words (nothing is read or reached)."""
+    return plan(_restore_steps(inv, str(snapshot), b"", stamp, {}, 0))
 
 
 def restore_token(inv: Inventory, stamp: str) -> str:
@@ -198,54 +191,39 @@ def snapshot_restore(inventory_path, snapshot, wait_timeout: float = 120,
         return _snapshot_restore(inv, snapshot, wait_timeout, log)
 
 
-def _snapshot_restore(inv: Inventory, snapshot, wait_timeout: float, log: Callable[[str], None]) -> list[str]:
-    snapshot = Path(snapshot)
-    try:
-        data = snapshot.read_bytes()
-    except OSError as e:
-        raise EtcdOpError(f"cannot read {snapshot}: {e.strerror or e}") from None
-    if not data:
-        raise EtcdOpError(f"{snapshot} is empty")
-    stamp = time.strftime("%Y%m%d%H%M%S", time.gmtime())
-    remote_snap = f"{WORK_DIR}/etcd-restore-{stamp}.db"
+def _restore_steps(inv: Inventory, snapshot: str, data: bytes, stamp: str, remotes: dict[str, Remote],
+                   wait_timeout: float) -> list[Step[None]]:
     names = [h.name for h in inv.controls]
-    with control_remotes(inv) as remotes:
-        for n in names:                     # every host must be reachable before we stop anything
-            remotes[n].open()
+    hosts = ", ".join(names)
+    remote_snap = f"{WORK_DIR}/etcd-restore-{stamp}.db"
+    units = " ".join(CONTROL_UNITS)
+
+    def on_each(command: str, what: str, **kw) -> Callable[[None], None]:
+        def run(_) -> None:
+            for n in names:
+                remotes[n].run(command, what=what, **kw)
+        return run
+
+    def upload(_) -> None:
         for n in names:
-            log(f"{n}: upload {snapshot}")
             remotes[n].put(remote_snap, data, mode=0o600, what="upload the snapshot")
-        # first every apiserver (nothing may write to etcd while it is replaced) ...
-        units = " ".join(CONTROL_UNITS)
-        for n in names:
-            log(f"{n}: stop {units}")
-            remotes[n].run(f"systemctl stop {units}", what="stop the control plane")
-        # ... then every etcd member
-        for n in names:
-            log(f"{n}: stop etcd")
-            remotes[n].run(f"systemctl stop {ETCD_UNIT}", what="stop etcd")
-        # the same snapshot on every member, with a new cluster token. The unit still says
-        # --initial-cluster-token=<cluster>-etcd: that flag (like --initial-cluster-state) only
-        # matters when bootstrapping an empty data dir; a restored data dir carries its own
-        # membership and token, so the unit needs no change.
+
+    def restore(_) -> None:
         for h in inv.controls:
-            log(f"{h.name}: restore into {ETCD_DATA_DIR}")
             remotes[h.name].run(_restore_script(inv, h, remote_snap, stamp), what="etcdutl snapshot restore",
                                 timeout=300)
-        for n in names:
-            log(f"{n}: start etcd")
-            # a member waits for its peers before it reports ready: never block on it
-            remotes[n].run(f"systemctl start --no-block {ETCD_UNIT}", what="start etcd")
-        first = names[0]
-        r = remotes[first].run(endpoint_health_script(etcd_servers(inv), wait_timeout), check=False,
-                               what="wait for etcd health", timeout=wait_timeout + 30)
+
+    def start_etcd(_) -> None:
+        # a member waits for its peers before it reports ready: never block on one
+        on_each(f"systemctl start --no-block {ETCD_UNIT}", "start etcd")(None)
+        r = remotes[names[0]].run(endpoint_health_script(etcd_servers(inv), wait_timeout), check=False,
+                                  what="wait for etcd health", timeout=wait_timeout + 30)
         if r.rc != 0:
-            raise EtcdOpError(f"{first}: etcd did not become healthy after the restore "
-                              f"(the old data is in {ETCD_RESTORE_ASIDE}{stamp}): "
-                              f"{r.stderr.strip()[-500:]}")
-        for n in names:
-            log(f"{n}: start {units}")
-            remotes[n].run(f"systemctl start {units}", what="start the control plane")
+            raise EtcdOpError(f"{names[0]}: etcd did not become healthy after the restore "
+                              f"(the old data is in {ETCD_RESTORE_ASIDE}{stamp}): {r.stderr.strip()[-500:]}")
+
+    def start_control_plane(_) -> None:
+        on_each(f"systemctl start {units}", "start the control plane")(None)
         # the units are simple services: wait until the apiserver, controller-manager and
         # scheduler listen again (the apiserver only does once it reaches etcd)
         ports = (inv.spec.apiServer.port, *LOCAL_PORTS)
@@ -255,6 +233,38 @@ def _snapshot_restore(inv: Inventory, snapshot, wait_timeout: float, log: Callab
             if r.rc != 0:
                 raise EtcdOpError(f"{n}: the control plane did not come back after the restore: "
                                   f"{r.stderr.strip()[-600:]}")
-        for n in names:
-            remotes[n].run(f"rm -f -- {shlex.quote(remote_snap)}", check=False, what="remove the snapshot copy")
+        on_each(f"rm -f -- {shlex.quote(remote_snap)}", "remove the snapshot copy", check=False)(None)
+
+    # first every apiserver (nothing may write to etcd while it is replaced), then every member.
+    # The same snapshot on every member, with a new cluster token. The unit still says
+    # --initial-cluster-token=<cluster>-etcd: that flag (like --initial-cluster-state) only
+    # matters when bootstrapping an empty data dir; a restored data dir carries its own
+    # membership and token, so the unit needs no change.
+    return [
+        Step(f"upload {snapshot} to {WORK_DIR}/ on {hosts} (0600)", upload),
+        Step(f"stop {', '.join(u.removesuffix('.service') for u in CONTROL_UNITS)} on {hosts}",
+             on_each(f"systemctl stop {units}", "stop the control plane")),
+        Step(f"stop etcd on {hosts}", on_each(f"systemctl stop {ETCD_UNIT}", "stop etcd")),
+        Step(f"on each member: move {ETCD_DATA_DIR} to {ETCD_RESTORE_ASIDE}{stamp}, "
+             f"restore the snapshot into {ETCD_DATA_DIR} with cluster token {restore_token(inv, stamp)}", restore),
+        Step("start etcd on every member, wait for a healthy cluster", start_etcd),
+        Step("start the control plane again, wait until it listens; remove the snapshot copies", start_control_plane),
+    ]
+
+
+def _snapshot_restore(inv: Inventory, snapshot, wait_timeout: float, log: Callable[[str], None]) -> list[str]:
+    snapshot = Path(snapshot)
+    try:
+        data = snapshot.read_bytes()
+    except OSError as e:
+        raise EtcdOpError(f"cannot read {snapshot}: {e.strerror or e}") from None
+    if not data:
+        raise EtcdOpError(f"{snapshot} is empty")
+    stamp = time.strftime("%Y%m%d%H%M%S", time.gmtime())
+    names = [h.name for h in inv.controls]
+    with control_remotes(inv) as remotes:
+        for n in names:                     # every host must be reachable before we stop anything
+            remotes[n].open()
+        run_steps("etcd snapshot restore", _restore_steps(inv, str(snapshot), data, stamp, remotes, wait_timeout),
+                  None, log)
     return names

@@ -1,6 +1,6 @@
 """Taking a node out for good: ``node remove`` (decommission) and ``node revoke`` (even against a
-stolen certificate). Each is an ordered list of ``Step``s; a step's words are both the plan
-printed without ``--yes`` and the progress line when it runs, so the two cannot drift. The
+stolen certificate). Each is an ordered list of ``Step``s (engine/steps.py): a step's words are
+both the plan printed without ``--yes`` and the progress line when it runs. The
 steps share one ``_Run``: the target, its outcome, one API client.
 """
 
@@ -21,6 +21,7 @@ from installer.core.ledger import Entry, Ledger
 from installer.core.pki.material import Material
 from installer.core.render.revocation import POLICY
 from installer.engine.phases.acquire_lock import cluster_lock
+from installer.engine.steps import Step, run_steps
 from installer.host import kube, node_api
 from installer.host.ssh import HostError, Remote
 
@@ -36,14 +37,6 @@ class Outcome:
     def as_dict(self) -> dict:
         return {"name": self.name, "steps": self.steps, "done": self.done, "warnings": self.warnings,
                 "state": self.entry.state if self.entry else None, "since": self.entry.since if self.entry else None}
-
-
-@dataclass(frozen=True)
-class Step:
-    """One step of ``node remove`` or ``node revoke``: ``says`` is both the line of the plan
-    printed without --yes and the progress line when it runs, so the two cannot drift."""
-    says: str
-    run: Callable[["_Run"], None]
 
 
 @dataclass
@@ -75,10 +68,7 @@ class _Run:
 
 
 def _run_steps(run: _Run, steps: list[Step]) -> Outcome:
-    for i, step in enumerate(steps, 1):
-        run.log(f"{run.t.host.name}: [{i}/{len(steps)}] {step.says}")
-        step.run(run)
-        run.out.steps.append(step.says)
+    run.out.steps = run_steps(run.t.host.name, steps, run, run.log)
     return run.out
 
 

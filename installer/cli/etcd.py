@@ -108,14 +108,18 @@ ALLOW_EVEN_HELP = ("Allow an even member count: only as one step of replacing a 
 @click.option("--allow-even", is_flag=True, help=ALLOW_EVEN_HELP)
 @click.option("--wait-timeout", default=180.0, show_default=True,
               help="Seconds to wait for the learner to catch up and for health.")
+@DRY_RUN
 @OUTPUT
 @domain_errors
-def member_add(inventory, name, state_dir, allow_even, wait_timeout, fmt):
+def member_add(inventory, name, state_dir, allow_even, wait_timeout, dry_run, fmt):
     """Join control host NAME (already in INVENTORY) to etcd: registered as a learner, its member
     started with --initial-cluster-state=existing, promoted once in sync; then every control
     host is converged so the apiservers name the new member."""
     change = etcd_api.member_add(inventory, name, state_dir=state_dir, allow_even=allow_even,
-                              wait_timeout=wait_timeout, log=_progress)
+                              wait_timeout=wait_timeout, log=_progress, dry_run=dry_run)
+    if dry_run:
+        echo_plan("the addition", change.steps, fmt)
+        return
     if fmt == "json":
         echo_json({"dryRun": False, **dataclasses.asdict(change)})
         return
