@@ -211,6 +211,11 @@ def test_ca_rotate_keeps_etcd_data_and_every_endpoint_chains_to_the_new_ca(renew
     state_before = state_files(lab)
     proc = run_installer("ca", "rotate", str(lab.inventory), "--state", str(lab.state), check_rc=2)
     assert "--yes" in proc.stderr and "stop etcd" in proc.stderr
+    dry = json.loads(run_installer("ca", "rotate", str(lab.inventory), "--state", str(lab.state), "--no-api",
+                                   "--dry-run", "--output", "json").stdout)
+    assert dry["dryRun"] is True and dry["steps"][0].startswith("connect to every host"), dry
+    assert any(s.startswith("stop etcd on cp1") for s in dry["steps"]), dry
+    assert any("--no-api" in n for n in dry["notes"]), dry
     assert state_files(lab) == state_before
 
     etcdctl(cp1, "put", "rotate-b", "2")

@@ -26,14 +26,17 @@ import datetime as dt
 import fnmatch
 import os
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
 from installer.actions.certs import existing_state
 from installer.core.errors import InstallerError, StateError
 from installer.core.inventory import Inventory
+from installer.engine.phases.base import Context
 from installer.engine.phases.connect_hosts import ConnectHosts
+from installer.engine.steps import Step, plan, run_steps
 from installer.core.pki import issue
 from installer.core.pki.issue import Pair
 from installer.core.pki.material import Material, ensure
@@ -178,7 +181,80 @@ def save_state(state: StateDir, inv: Inventory, material: Material) -> None:
     write_admin_kubeconfig(inv, state, material)
 
 
+# --- the steps renew and rotate share --------------------------------------------------------
+
+CONNECT = ("connect to every host, check that it matches the state, take the apply lock; read every "
+           "endpoint's certificate")
+
+
+@dataclass
+class Roll:
+    """What the steps of one renewal or rotation pass each other."""
+    inv: Inventory
+    state: StateDir | None = None
+    old: Material | None = None
+    new: Material | None = None
+    report: Report | None = None
+    wait_timeout: float = 180.0
+    log: Callable[[str], None] = print
+    stack: ExitStack | None = None         # the session and, once the state is saved, resumable()
+    ctx: Context | None = None
+    before: dict = field(default_factory=dict)
+    pending: dict[str, list[str]] = field(default_factory=dict)
+
+
+def connect(r: Roll) -> None:
+    r.ctx = r.stack.enter_context(session(r.inv, r.state, r.old, r.wait_timeout, r.log))
+    r.before = read_endpoints(r.ctx, endpoints(r.inv))
+
+
+def keep_and_save(r: Roll, label: str, paths: list[Path], finish: str) -> None:
+    """The old files backed up, the new material saved; from here a failure says how to finish."""
+    r.report.backup = str(backup(r.state, label, paths))
+    r.log(f"old certificates kept in {r.report.backup}")
+    save_state(r.state, r.inv, r.new)
+    r.stack.enter_context(resumable(r.report.backup, finish))
+    r.ctx.material = r.new
+
+
+def run_roll(subject: str, steps: list[Step[Roll]], r: Roll) -> None:
+    with ExitStack() as stack:
+        r.stack = stack
+        run_steps(subject, steps, r, r.log)
+
+
 # --- certs renew -------------------------------------------------------------------------------
+
+def _push_all(r: Roll) -> None:
+    ConnectHosts().finish(r.ctx, [])       # every host's plan with the new material and its facts
+    r.report.rollout = {}
+    for h in r.inv.spec.hosts:
+        pushed = push(r.ctx, h.name)
+        if pushed.files:
+            r.report.rollout[h.name] = pushed
+            r.log(f"{h.name}: pushed {len(pushed.files)} file(s); to restart: {', '.join(pushed.units) or 'none'}")
+        r.pending[h.name] = pushed.units
+
+
+def renew_steps(names: list[str], use_api: bool) -> list[Step[Roll]]:
+    def save(r: Roll) -> None:
+        paths = pki_paths(r.state, names) + ([r.state.admin_kubeconfig] if "admin" in names else [])
+        keep_and_save(r, "renew", paths, "after fixing the cause, `installer apply` pushes what is missing and "
+                                         "restarts what each host's pending-restart ledger names")
+    nodes = ", the workers' kubelet and kube-proxy (each Node Ready before the next)" if use_api else \
+        ", the workers' kubelet and kube-proxy"
+    return [
+        Step(CONNECT, connect),
+        Step(f"save {len(names)} re-issued leaf certificate(s) (new keys, the same CAs); the old files kept in "
+             "<state>/backups/renew-<time>/ (0700)", save),
+        Step("push the new files to every host that holds one", _push_all),
+        Step("restart what uses them, in order: etcd one member at a time (healthy before the next), "
+             f"kube-apiserver one host at a time (/livez, /readyz), then the rest of the control plane{nodes}",
+             lambda r: roll(r.ctx, r.pending, r.report, nodes_ready=use_api)),
+        Step("check by TLS handshake that every endpoint presents its new certificate",
+             lambda r: verify(r.ctx, r.before, r.report)),
+    ]
+
 
 def renew(inventory, *, state_dir=None, only=(), dry_run: bool = False, wait_timeout: float = 180.0,
           use_api: bool = True, log: Callable[[str], None] = print) -> Report:
@@ -186,26 +262,10 @@ def renew(inventory, *, state_dir=None, only=(), dry_run: bool = False, wait_tim
     state, old = load_state(inv, state_dir)
     names = leaf_names(inv, old, only)
     new = reissue(inv, old, names)
-    report = Report("renew", dry_run, reissued_rows(inv, old, new, names), rollout(inv, old, new), notes=[NOT_OURS])
+    steps = renew_steps(names, use_api)
+    report = Report("renew", dry_run, reissued_rows(inv, old, new, names), rollout(inv, old, new), notes=[NOT_OURS],
+                    steps=plan(steps) if dry_run else [])
     if dry_run:
         return report
-    with session(inv, state, old, wait_timeout, log) as ctx:
-        before = read_endpoints(ctx, endpoints(inv))
-        paths = pki_paths(state, names) + ([state.admin_kubeconfig] if "admin" in names else [])
-        report.backup = str(backup(state, "renew", paths))
-        log(f"old certificates kept in {report.backup}")
-        save_state(state, inv, new)
-        with resumable(report.backup, "after fixing the cause, `installer apply` pushes what is missing and "
-                                      "restarts what each host's pending-restart ledger names"):
-            ctx.material = new
-            ConnectHosts().finish(ctx, [])       # every host's plan with the new material and its facts
-            report.rollout, pending = {}, {}
-            for h in inv.spec.hosts:
-                r = push(ctx, h.name)
-                if r.files:
-                    report.rollout[h.name] = r
-                    log(f"{h.name}: pushed {len(r.files)} file(s); to restart: {', '.join(r.units) or 'none'}")
-                pending[h.name] = r.units
-            roll(ctx, pending, report, nodes_ready=use_api)
-            verify(ctx, before, report)
+    run_roll("certs renew", steps, Roll(inv, state, old, new, report, wait_timeout, log))
     return report

@@ -23,6 +23,7 @@ bootstrapping) and the kubelet renews them itself.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 import datetime as dt
 from typing import Callable
@@ -32,16 +33,17 @@ from installer.core.errors import InstallerError, StateError
 from installer.core.inventory import Inventory
 from installer.engine.phases.base import Context
 from installer.engine.phases.connect_hosts import ConnectHosts
+from installer.engine.steps import Step, plan
 from installer.core.pki import issue
 from installer.core.pki.issue import Pair
 from installer.core.pki.material import Material, new_token
 from installer.core.pki.specs import CAS, ETCD_CA, cert_specs
 from installer.core.render.addons.konnectivity import enabled as konnectivity_enabled
-from installer.actions.renew import (CA_CHOICES, NOT_OURS, backup, copy_material, pki_paths, reissue, reissued_rows,
-                    resumable, save_state)
-from installer.actions.endpoints import endpoints, read_endpoints, verify
+from installer.actions.renew import (CA_CHOICES, CONNECT, NOT_OURS, Roll, connect, copy_material, keep_and_save, pki_paths,
+                                     reissue, reissued_rows, run_roll)
+from installer.actions.endpoints import verify
 from installer.actions.rollout import (APISERVER, CONTROLLER_MANAGER, ETCD, KONNECTIVITY, KUBE_PROXY, KUBELET, SCHEDULER, Reissued,
-                      Report, hex_serial, push, restart_order, roll, session, stop_units)
+                      Report, hex_serial, push, restart_order, roll, stop_units)
 from installer.core.inventory import as_inventory
 from installer.host import csr_approval
 from installer.core.render.addons import addon_objects
@@ -79,39 +81,8 @@ def rotated(inv: Inventory, material: Material, which, now: dt.datetime | None =
 
 
 def rotate_plan(inv: Inventory, cas: list[str], use_api: bool) -> list[str]:
-    controls = ", ".join(h.name for h in inv.controls)
-    stop = "kube-scheduler, kube-controller-manager" + (", konnectivity-server" if konnectivity_enabled(inv) else "")
-    etcd_rotates = ETCD_CA in cas
-    steps = [
-        f"new CA(s): {', '.join(cas)}; every leaf certificate re-issued with a new key; a new bootstrap token "
-        "per worker; the service-account key and the encryption key kept",
-        "old CA material, leaves, tokens and admin.conf kept in <state>/backups/ca-rotate-<time>/ (0700)",
-        f"stop {stop}, kube-apiserver on {controls} (the API is down from here)",
-    ]
-    if etcd_rotates:
-        steps += [f"stop etcd on {controls} (members of different CAs cannot talk; the data directory stays)",
-                  f"push the new files to {controls}",
-                  "start etcd on every member, wait for a healthy cluster"]
-    else:
-        steps += [f"push the new files to {controls}",
-                  "restart etcd one member at a time, waiting for a healthy cluster after each"]
-    steps += ["start kube-apiserver on each control host in turn, wait for /livez and /readyz",
-              "start the rest of the control plane"]
-    if use_api:
-        steps.append("through the API: create the new bootstrap token Secrets, delete the old ones")
-    else:
-        steps.append("no API calls (--no-api): the new bootstrap token Secrets must be created by "
-                     "`installer apply --only cluster-bootstrap` before the workers can join")
-    if inv.workers:
-        steps.append(f"each worker in turn ({', '.join(h.name for h in inv.workers)}): stop kubelet and kube-proxy, "
-                     f"remove {' and '.join(KUBELET_CLIENT_FILES)}, push the new CA, serving pair, kube-proxy "
-                     "and bootstrap kubeconfigs, start them: the kubelet bootstraps again against the new CA")
-    if use_api and "ca" in cas:
-        names = ", ".join(f"{ns}/{n}" for _, ns, n in api_client_workloads(inv))
-        steps.append(f"restart the add-ons whose pods call the API ({names}): they read the CA once, at start")
-    steps.append("check by TLS handshake that every endpoint presents its new certificate, signed by the new CA")
-    steps.append("kubeconfigs handed out before (installer kubeconfig) trust the old CA: write them again")
-    return steps
+    """The rotation's steps in words (nothing is read or reached)."""
+    return plan(_rotate_steps(_Rotation(inv, cas=cas, use_api=use_api)))
 
 
 # --- ca rotate ---------------------------------------------------------------------------------
@@ -179,8 +150,119 @@ def _rebootstrap_worker(ctx: Context, host: str, report: Report, use_api: bool) 
     roll(ctx, {host: restart_order({*r.units, KUBELET, KUBE_PROXY})}, report, nodes_ready=use_api)
 
 
+RESUME = ("after fixing the cause, `installer apply` finishes the control plane (it starts what is stopped and "
+          "pushes what is missing); a worker whose kubelet still holds its old client certificate needs "
+          "/var/lib/kubelet/pki/kubelet-client-*.pem and /etc/kubernetes/kubelet.conf removed, then `installer apply`")
+
+
+@dataclass
+class _Rotation(Roll):
+    cas: list[str] = field(default_factory=list)
+    use_api: bool = True
+
+    @property
+    def etcd_together(self) -> bool:
+        return ETCD_CA in self.cas
+
+    @property
+    def controls(self) -> list[str]:
+        return [h.name for h in self.inv.controls]
+
+
+def _save(r: _Rotation) -> None:
+    paths = (pki_paths(r.state, r.cas + [s.name for s in cert_specs(r.inv)])
+             + [r.state.tokens_path, r.state.admin_kubeconfig])
+    keep_and_save(r, "ca-rotate", paths, RESUME)
+
+
+def _stop_control_plane(r: _Rotation) -> None:
+    for h in r.controls:
+        stop_units(r.ctx, h, [SCHEDULER, CONTROLLER_MANAGER, KONNECTIVITY, APISERVER])
+
+
+def _stop_etcd(r: _Rotation) -> None:
+    for h in r.controls:
+        stop_units(r.ctx, h, [ETCD])
+
+
+def _push_controls(r: _Rotation) -> None:
+    ConnectHosts().finish(r.ctx, [])
+    r.report.rollout = {}
+    for h in r.controls:
+        rollout = push(r.ctx, h)
+        r.report.rollout[h] = rollout
+        # a stopped unit is started even when none of its files changed
+        stopped = {u for u in (ETCD, APISERVER, KONNECTIVITY, CONTROLLER_MANAGER, SCHEDULER)
+                   if u in r.ctx.plans[h].units and (u != ETCD or r.etcd_together)}
+        r.pending[h] = restart_order({*rollout.units, *stopped})
+
+
+def _start_control_plane(r: _Rotation) -> None:
+    roll(r.ctx, r.pending, r.report, etcd_together=r.etcd_together)
+    # every worker bootstraps again, with a new token: none counts as joined any more
+    for w in r.inv.workers:
+        r.ctx.facts[w.name].kubelet_joined = False
+
+
+def _rebootstrap_workers(r: _Rotation) -> None:
+    for w in r.inv.workers:
+        if r.use_api:
+            # the kubelet waits for its certificate before it serves :10250, which the
+            # restart waits for: approve beside the restart
+            with ThreadPoolExecutor(max_workers=1) as pool:
+                approval = pool.submit(_approve_rebootstrap, r.ctx, w.name, r.report, r.wait_timeout)
+                _rebootstrap_worker(r.ctx, w.name, r.report, r.use_api)
+                approval.result()
+        else:
+            _rebootstrap_worker(r.ctx, w.name, r.report, r.use_api)
+
+
+def _rotate_steps(r: _Rotation) -> list[Step[_Rotation]]:
+    controls = ", ".join(r.controls)
+    stop = "kube-scheduler, kube-controller-manager" + (", konnectivity-server" if konnectivity_enabled(r.inv) else "")
+    steps = [
+        Step(CONNECT, connect),
+        Step(f"new CA(s): {', '.join(r.cas)}; every leaf certificate re-issued with a new key; a new bootstrap "
+             "token per worker; the service-account key and the encryption key kept; the old CA material, leaves, "
+             "tokens and admin.conf kept in <state>/backups/ca-rotate-<time>/ (0700)", _save),
+        Step(f"stop {stop}, kube-apiserver on {controls} (the API is down from here)", _stop_control_plane),
+    ]
+    if r.etcd_together:
+        steps.append(Step(f"stop etcd on {controls} (members of different CAs cannot talk; the data directory "
+                          "stays)", _stop_etcd))
+    steps.append(Step(f"push the new files to {controls}", _push_controls))
+    etcd = ("start etcd on every member, wait for a healthy cluster" if r.etcd_together else
+            "restart etcd one member at a time, waiting for a healthy cluster after each")
+    steps.append(Step(f"{etcd}; then start kube-apiserver on each control host in turn (wait for /livez and "
+                      "/readyz), then the rest of the control plane", _start_control_plane))
+    if r.use_api:
+        steps.append(Step("through the API: create the new bootstrap token Secrets, delete the old ones",
+                          lambda r: _api_tokens(r.ctx, r.old, r.report)))
+    if r.inv.workers:
+        steps.append(Step(f"each worker in turn ({', '.join(h.name for h in r.inv.workers)}): stop kubelet and "
+                          f"kube-proxy, remove {' and '.join(KUBELET_CLIENT_FILES)}, push the new CA, serving "
+                          "pair, kube-proxy and bootstrap kubeconfigs, start them: the kubelet bootstraps again "
+                          "against the new CA", _rebootstrap_workers))
+    if r.use_api and "ca" in r.cas:
+        names = ", ".join(f"{ns}/{n}" for _, ns, n in api_client_workloads(r.inv))
+        steps.append(Step(f"restart the add-ons whose pods call the API ({names}): they read the CA once, at start",
+                          lambda r: _restart_api_clients(r.ctx, r.report)))
+    steps.append(Step("check by TLS handshake that every endpoint presents its new certificate, signed by the "
+                      "new CA", lambda r: verify(r.ctx, r.before, r.report, old_cas=r.old.cas)))
+    return steps
+
+
+def _notes(use_api: bool) -> list[str]:
+    notes = [NOT_OURS, "kubeconfigs handed out before (installer kubeconfig) trust the old CA: write them again"]
+    if not use_api:
+        notes.append("no API calls (--no-api): the new bootstrap token Secrets must be created by "
+                     "`installer apply --only cluster-bootstrap` before the workers can join")
+    return notes
+
+
 def rotate_ca(inventory, *, state_dir=None, which=("all",), yes: bool = False, use_api: bool = True,
               wait_timeout: float = 180.0, log: Callable[[str], None] = print) -> Report:
+    """Without ``yes``: the report of a dry run (its steps); nothing is read but the state."""
     inv = as_inventory(inventory)
     cas = which_cas(which)
     state = existing_state(inv, state_dir)
@@ -188,61 +270,17 @@ def rotate_ca(inventory, *, state_dir=None, which=("all",), yes: bool = False, u
     missing = [c.name for c in CAS if c.name not in old.cas] + [s.name for s in cert_specs(inv) if s.name not in old.certs]
     if missing:
         raise StateError(f"{state.root} lacks {', '.join(missing)}; run `installer apply` first")
-    report = Report("rotate", not yes, steps=rotate_plan(inv, cas, use_api), notes=[NOT_OURS])
+    r = _Rotation(inv, state, old, wait_timeout=wait_timeout, log=log, cas=cas, use_api=use_api)
+    steps = _rotate_steps(r)
+    report = Report("rotate", not yes, steps=plan(steps), notes=_notes(use_api))
     if not yes:
         return report
-    new = rotated(inv, old, cas)
+    r.new = rotated(inv, old, cas)
     report.steps = []
     report.reissued = [Reissued(c, c, hex_serial(old.cas[c].cert.serial_number),
-                                hex_serial(new.cas[c].cert.serial_number),
-                                new.cas[c].cert.not_valid_after_utc.isoformat()) for c in cas]
-    report.reissued += reissued_rows(inv, old, new, [s.name for s in cert_specs(inv)])
-    with session(inv, state, old, wait_timeout, log) as ctx:
-        before = read_endpoints(ctx, endpoints(inv))
-        paths = (pki_paths(state, cas + [s.name for s in cert_specs(inv)])
-                 + [state.tokens_path, state.admin_kubeconfig])
-        report.backup = str(backup(state, "ca-rotate", paths))
-        log(f"old CA material kept in {report.backup}")
-        save_state(state, inv, new)
-        with resumable(report.backup, "after fixing the cause, `installer apply` finishes the control plane "
-                                      "(it starts what is stopped and pushes what is missing); a worker whose "
-                                      "kubelet still holds its old client certificate needs /var/lib/kubelet/pki/"
-                                      "kubelet-client-*.pem and /etc/kubernetes/kubelet.conf removed, then "
-                                      "`installer apply`"):
-            ctx.material = new
-            controls = [h.name for h in inv.controls]
-            for h in controls:
-                stop_units(ctx, h, [SCHEDULER, CONTROLLER_MANAGER, KONNECTIVITY, APISERVER])
-            etcd_together = ETCD_CA in cas
-            if etcd_together:
-                for h in controls:
-                    stop_units(ctx, h, [ETCD])
-            ConnectHosts().finish(ctx, [])
-            report.rollout, pending = {}, {}
-            for h in controls:
-                r = push(ctx, h)
-                report.rollout[h] = r
-                # a stopped unit is started even when none of its files changed
-                stopped = {u for u in (ETCD, APISERVER, KONNECTIVITY, CONTROLLER_MANAGER, SCHEDULER)
-                           if u in ctx.plans[h].units and (u != ETCD or etcd_together)}
-                pending[h] = restart_order({*r.units, *stopped})
-            roll(ctx, pending, report, etcd_together=etcd_together)
-            # every worker bootstraps again, with a new token: none counts as joined any more
-            for w in inv.workers:
-                ctx.facts[w.name].kubelet_joined = False
-            if use_api:
-                _api_tokens(ctx, old, report)
-            for w in inv.workers:
-                if use_api:
-                    # the kubelet waits for its certificate before it serves :10250, which the
-                    # restart waits for: approve beside the restart
-                    with ThreadPoolExecutor(max_workers=1) as pool:
-                        approval = pool.submit(_approve_rebootstrap, ctx, w.name, report, wait_timeout)
-                        _rebootstrap_worker(ctx, w.name, report, use_api)
-                        approval.result()
-                else:
-                    _rebootstrap_worker(ctx, w.name, report, use_api)
-            if use_api and "ca" in cas:
-                _restart_api_clients(ctx, report)
-            verify(ctx, before, report, old_cas=old.cas)
+                                hex_serial(r.new.cas[c].cert.serial_number),
+                                r.new.cas[c].cert.not_valid_after_utc.isoformat()) for c in cas]
+    report.reissued += reissued_rows(inv, old, r.new, [s.name for s in cert_specs(inv)])
+    r.report = report
+    run_roll("ca rotate", steps, r)
     return report

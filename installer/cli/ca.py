@@ -6,6 +6,7 @@ import click
 
 from installer.cli.certs import STATE_HELP, print_report
 from installer.cli.errors import domain_errors
+from installer.cli.options import DRY_RUN, OUTPUT, echo_plan
 from installer.cli.output import nothing_without_yes
 
 
@@ -28,18 +29,22 @@ def ca():
                    "bootstrap token Secrets are then created by `installer apply`.")
 @click.option("--wait-timeout", default=180.0, show_default=True, type=click.FloatRange(min=1),
               help="Seconds to wait for each component after its start.")
-@click.option("--output", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@DRY_RUN
+@OUTPUT
 @domain_errors
-def rotate(inventory, state_dir, which, yes, no_api, wait_timeout, fmt):
+def rotate(inventory, state_dir, which, yes, no_api, wait_timeout, dry_run, fmt):
     """New certificate authorities and every certificate re-issued under them, rolled out without
     losing etcd data: the complete cure for a stolen certificate (kube-apiserver has no
     revocation list). Workers bootstrap their kubelet client certificate again.
 
-    Without --yes: print the plan, change nothing, exit 2. The old CA material is kept in
+    Without --yes: print the plan, change nothing, exit 2 (--dry-run: the same, exit 0). The old CA material is kept in
     <state>/backups/ca-rotate-<time>/ (0700). The service-account key is kept."""
     from installer.api import certs as certs_api
-    report = certs_api.rotate_ca(inventory, state_dir=state_dir, which=which, yes=yes, use_api=not no_api,
-                                  wait_timeout=wait_timeout, log=lambda m: click.echo(m, err=True))
+    report = certs_api.rotate_ca(inventory, state_dir=state_dir, which=which, yes=yes and not dry_run,
+                                  use_api=not no_api, wait_timeout=wait_timeout, log=lambda m: click.echo(m, err=True))
+    if dry_run:
+        echo_plan("the rotation", report.steps, fmt, notes=report.notes)
+        return
     if not yes:
         nothing_without_yes("the rotation", "rotate", report.steps)
     print_report(report, fmt)
