@@ -13,11 +13,14 @@ import shutil
 import time
 import uuid
 from collections.abc import Iterable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
+from typing import Callable
 from pathlib import Path
 
 from installer.core.errors import InstallerError
 from installer.core.inventory import HostSpec, Inventory
+from installer.engine import steps
 from installer.engine.parallel import each
 from installer.engine.phases.acquire_lock import break_stale, drop, stale_reason, take
 from installer.core.pki.material import Material, ensure
@@ -26,7 +29,7 @@ from installer.core.render.plan import render_cluster
 from installer.host.ssh import Remote
 from installer.actions.teardown import Log, TeardownError, host_plan, wipe_host
 from installer.core.inventory import as_inventory
-from installer.core.state import state_for
+from installer.core.state import StateDir, state_for
 
 
 class NotConfirmed(InstallerError):
@@ -82,17 +85,118 @@ def _chosen(inv: Inventory, hosts: Iterable[str], purge: bool) -> list[HostSpec]
 
 def plan(inventory, *, state_dir=None, keep_data: bool = False, purge: bool = False,
          hosts: Iterable[str] = ()) -> dict:
-    """What ``reset`` would do, touching no host: each chosen host's steps in the order they
-    run (workers first), and what becomes of the local state."""
+    """What ``reset`` would do, touching no host: its steps, each chosen host's teardown in the
+    order they run (workers first), and what becomes of the local state."""
     inv = as_inventory(inventory)
-    return _plan(inv, _chosen(inv, hosts, purge), cluster_plans(inv, state_dir), state_for(inv, state_dir),
-                 not keep_data, purge)
+    chosen = _chosen(inv, hosts, purge)
+    state = state_for(inv, state_dir)
+    return _plan(inv, chosen, cluster_plans(inv, state_dir), state, not keep_data, purge,
+                 steps.plan(_steps(_Reset(inv, chosen, {}, state, not keep_data, purge))))
 
 
 def _plan(inv: Inventory, chosen: list[HostSpec], plans: dict[str, HostPlan], state, data: bool,
-          purge: bool) -> dict:
-    return {"hosts": {h.name: host_plan(inv, h, plans, data=data) for h in chosen},
+          purge: bool, words: list[str]) -> dict:
+    return {"steps": words, "hosts": {h.name: host_plan(inv, h, plans, data=data) for h in chosen},
             "state": str(state.root), "purge": purge}
+
+
+@dataclass
+class _Reset:
+    """What the steps of one reset pass each other."""
+    inv: Inventory
+    chosen: list[HostSpec]
+    plans: dict[str, HostPlan]
+    state: StateDir
+    data: bool
+    purge: bool
+    ignore_unreachable: bool = False
+    log: Log = print
+    report: ResetReport = field(default_factory=ResetReport)
+    remotes: dict[str, Remote] = field(default_factory=dict)
+    stack: ExitStack | None = None
+    run_id: str = field(default_factory=lambda: f"reset-{uuid.uuid4().hex}")
+    failed: dict[str, Exception] = field(default_factory=dict)
+
+    def of(self, role: str) -> list[HostSpec]:
+        return [h for h in self.chosen if h.role == role and h.name not in self.failed]
+
+
+def _connect(r: _Reset) -> None:
+    """Every chosen host, before anything is done on any."""
+    r.remotes.update({h.name: Remote(h, r.inv) for h in r.chosen})
+    r.stack.callback(lambda: [x.close() for x in r.remotes.values()])
+    opened = each(lambda n: r.remotes[n].open(), [h.name for h in r.chosen])
+    r.failed = {n: e for n, e in opened.items() if isinstance(e, Exception)}
+    if r.failed and not r.ignore_unreachable:
+        raise TeardownError("cannot reach " + "; ".join(str(e) for e in r.failed.values())
+                            + ": nothing was done on any host (--ignore-unreachable resets the others)")
+    r.report.unreachable = sorted(r.failed)
+    for name in r.report.unreachable:
+        r.log(f"{name}: unreachable, skipped")
+    if r.purge and r.failed:
+        raise TeardownError(f"--purge: {', '.join(r.failed)} could not be reset; the state is kept")
+
+
+def _lock(r: _Reset) -> None:
+    controls = [h.name for h in r.of("control")]
+
+    def drop_all() -> None:
+        for n in controls:
+            drop(r.remotes[n], r.run_id)
+
+    locks = each(lambda n: _take_lock(r.remotes[n], r.run_id), controls)
+    held = {n: v for n, v in locks.items() if v is not None}
+    if held:
+        drop_all()
+        raise TeardownError("; ".join(
+            f"{n}: another command holds the apply lock: {v}" if isinstance(v, str) else str(v) for n, v in held.items())
+            + ": nothing was done")
+
+    def on_failure(exc_type, exc, tb) -> bool:
+        # a successful wipe takes the lock away with /var/lib/hiddenplane; a failed one must
+        # not leave it behind to refuse the next apply for an hour
+        if exc_type is not None:
+            drop_all()
+        return False
+    r.stack.push(on_failure)
+
+
+def _wipe(role: str) -> Callable[[_Reset], None]:
+    def wipe(r: _Reset) -> None:
+        specs = {h.name: h for h in r.of(role)}
+        results = each(lambda n: wipe_host(r.inv, specs[n], r.plans, r.remotes[n], data=r.data, log=r.log),
+                       list(specs))
+        errors = [e for e in results.values() if isinstance(e, Exception)]
+        for name, done in results.items():
+            if not isinstance(done, Exception):
+                r.report.hosts[name] = done
+                if not done:
+                    r.log(f"{name}: nothing of hiddenplane there")
+        if errors:
+            later = " (control hosts not touched)" if role == "worker" and r.of("control") else ""
+            raise TeardownError("; ".join(str(e) for e in errors) + later)
+    return wipe
+
+
+def _purge(r: _Reset) -> None:
+    if r.state.root.exists():
+        shutil.rmtree(r.state.root)
+        r.report.purged = True
+
+
+def _steps(r: _Reset) -> list[steps.Step[_Reset]]:
+    names = lambda role: ", ".join(h.name for h in r.chosen if h.role == role)    # noqa: E731
+    out = [steps.Step(f"connect to {', '.join(h.name for h in r.chosen)} (one unreachable: nothing is done"
+                      + (", unless --ignore-unreachable)" if not r.purge else ")"), _connect)]
+    if names("control"):
+        out.append(steps.Step(f"take the apply lock on {names('control')}", _lock))
+    for role, what in (("worker", "the workers"), ("control", "the control hosts")):
+        if names(role):
+            out.append(steps.Step(f"tear down {what} ({names(role)}), in parallel: the steps listed per host",
+                                  _wipe(role)))
+    if r.purge:
+        out.append(steps.Step(f"delete the local state {r.state.root}", _purge))
+    return out
 
 
 def reset(inventory, *, state_dir=None, yes: bool = False, keep_data: bool = False, purge: bool = False,
@@ -108,67 +212,20 @@ def reset(inventory, *, state_dir=None, yes: bool = False, keep_data: bool = Fal
     inv = as_inventory(inventory)
     chosen = _chosen(inv, hosts, purge)
     state = state_for(inv, state_dir)
-    plans = cluster_plans(inv, state_dir)
-    data = not keep_data
+    r = _Reset(inv, chosen, cluster_plans(inv, state_dir), state, not keep_data, purge, ignore_unreachable, log,
+               ResetReport(state=state.root))
+    todo = _steps(r)
     if not yes:
-        for name, steps in _plan(inv, chosen, plans, state, data, purge)["hosts"].items():
+        would = _plan(inv, chosen, r.plans, state, r.data, purge, steps.plan(todo))
+        for line in would["steps"]:
+            log(f"- {line}")
+        for name, lines in would["hosts"].items():
             log(f"{name} ({inv.host(name).role}):")
-            for line in steps:
+            for line in lines:
                 log(f"  - {line}")
         log(f"local state {state.root}: " + ("delete it (--purge)" if purge else "kept"))
         raise NotConfirmed("nothing done; pass --yes to reset these hosts")
-
-    report = ResetReport(state=state.root)
-    remotes = {h.name: Remote(h, inv) for h in chosen}
-    try:
-        opened = each(lambda n: remotes[n].open(), [h.name for h in chosen])
-        failed = {n: e for n, e in opened.items() if isinstance(e, Exception)}
-        if failed and not ignore_unreachable:
-            raise TeardownError("cannot reach " + "; ".join(str(e) for e in failed.values())
-                                + ": nothing was done on any host (--ignore-unreachable resets the others)")
-        report.unreachable = sorted(failed)
-        for name in report.unreachable:
-            log(f"{name}: unreachable, skipped")
-        if purge and failed:
-            raise TeardownError(f"--purge: {', '.join(failed)} could not be reset; the state is kept")
-        reachable = [h for h in chosen if h.name not in failed]
-        controls = [h for h in reachable if h.role == "control"]
-        run_id = f"reset-{uuid.uuid4().hex}"
-        locks = each(lambda n: _take_lock(remotes[n], run_id), [h.name for h in controls])
-        held = {n: v for n, v in locks.items() if v is not None}
-        if held:
-            for h in controls:
-                drop(remotes[h.name], run_id)
-            raise TeardownError("; ".join(
-                f"{n}: another command holds the apply lock: {v}" if isinstance(v, str) else str(v) for n, v in held.items())
-                + ": nothing was done")
-        try:
-            for role in ("worker", "control"):
-                group = [h for h in reachable if h.role == role]
-                specs = {h.name: h for h in group}
-                results = each(lambda n: wipe_host(inv, specs[n], plans, remotes[n], data=data, log=log),
-                                    list(specs))
-                errors = [e for e in results.values() if isinstance(e, Exception)]
-                for name, done in results.items():
-                    if not isinstance(done, Exception):
-                        report.hosts[name] = done
-                        if not done:
-                            log(f"{name}: nothing of hiddenplane there")
-                if errors:
-                    later = " (control hosts not touched)" if role == "worker" and controls else ""
-                    raise TeardownError("; ".join(str(e) for e in errors) + later)
-        except BaseException:
-            # a successful wipe takes the lock away with /var/lib/hiddenplane; a failed one must
-            # not leave it behind to refuse the next apply for an hour
-            for h in controls:
-                drop(remotes[h.name], run_id)
-            raise
-    finally:
-        for r in remotes.values():
-            r.close()
-    if purge:
-        if state.root.exists():
-            shutil.rmtree(state.root)
-            report.purged = True
-            log(f"deleted the local state {state.root}")
-    return report
+    with ExitStack() as stack:
+        r.stack = stack
+        steps.run_steps("reset", todo, r, log)
+    return r.report

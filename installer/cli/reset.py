@@ -38,6 +38,7 @@ def reset(inventory, state_dir, yes, keep_data, purge, hosts, ignore_unreachable
         if fmt == "json":
             echo_json({"dryRun": True, **would})
             return
+        click.echo("".join(f"- {line}\n" for line in would["steps"]), nl=False)
         for name, steps in would["hosts"].items():
             click.echo(f"{name}:")
             click.echo("".join(f"  - {line}\n" for line in steps), nl=False)
