@@ -143,6 +143,11 @@ def test_apply_refuses_an_inventory_with_retired_hosts(prepared, tmp_path):
     msg = str(e.value)
     assert "node2 was removed" in msg and "installer node add INVENTORY node2" in msg
     assert "node3 was revoked" in msg and "can never join again" in msg
+    # `node add --dry-run` plans a removed host coming back (the ledger is written only by the
+    # real add); a revoked one is refused even then
+    with pytest.raises(NodeRetiredError) as e:
+        check_inventory(prepared.inventory, Ledger.load(state), returning=frozenset({"node2", "node3"}))
+    assert "node2" not in str(e.value) and "node3 was revoked" in str(e.value)
     res = CliRunner().invoke(cli, ["plan", str(EXAMPLE), "--state", str(st)])
     assert res.exit_code == 2 and "node3 was revoked" in res.output
     before = sorted(p.name for p in st.rglob("*"))

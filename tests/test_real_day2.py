@@ -159,6 +159,11 @@ def test_node_add_brings_it_back_and_restarts_nothing_elsewhere(rc, tmp_path):
     proc = run_installer("node", "add", str(other), "w2", "--state", str(rc.state), check_rc=None)
     assert proc.returncode != 0 and "other pending changes" in proc.stderr, proc.stderr[-2000:]
     assert rc.ssh("w2", "test -e /etc/systemd/system/kubelet.service").returncode != 0
+    # --dry-run: w2's changes planned (the ledger still says removed), nothing done
+    dry = json.loads(run_installer("node", "add", str(rc.inventory), "w2", "--state", str(rc.state), "--dry-run",
+                                   "--output", "json", timeout=600).stdout)
+    assert dry["dryRun"] is True and any(e["host"] == "w2" and e["action"] == "changed" for e in dry["events"]), dry
+    assert rc.ssh("w2", "test -e /etc/systemd/system/kubelet.service").returncode != 0
 
     report = json.loads(run_installer("node", "add", str(rc.inventory), "w2", "--state", str(rc.state),
                                       "--wait-timeout", "900", "--output", "json", timeout=2400).stdout)

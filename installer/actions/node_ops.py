@@ -23,6 +23,7 @@ from kubernetes import client as k8s
 from installer.host import kube, node_api
 from installer.engine import runner
 from installer.core.errors import InstallerError
+from installer.core.etcd_rules import Change
 from installer.core.inventory import HostSpec, Inventory
 from installer.core.ledger import Ledger, NodeRetiredError, check_inventory, revoked_message
 from installer.core.network import ROUTES_UNIT
@@ -109,16 +110,18 @@ def foreign_changes(report: runner.Report, allowed_host: str | None) -> list[str
 
 
 def converge(inv: Inventory, state_dir, name: str | None, skip: frozenset[str], log, what: str,
-              accept_new_host_keys: bool = False, wait_timeout: float = 180.0) -> runner.Report | None:
-    """Apply ``inv``, refusing (before the lock and any change) when the facts show it would
-    change more than ``name`` and the routes. None when nothing changed."""
+              accept_new_host_keys: bool = False, wait_timeout: float = 180.0,
+              dry_run: bool = False, returning: frozenset[str] = frozenset()) -> runner.Report | None:
+    """Apply ``inv`` (``dry_run``: plan it), refusing (before the lock and any change) when the
+    facts show it would change more than ``name`` and the routes. None when nothing changed."""
     def only_name_and_routes(ctx) -> None:
         extra = foreign_changes(runner.Report(events=planned_changes(ctx)), name)
         if extra:
             raise NodeOpError(f"{what}: the inventory has other pending changes; run `installer apply` for them "
                               "first (nothing was changed):\n" + "\n".join(f"  {x}" for x in extra))
 
-    opts = Options(skip=skip, accept_new_host_keys=accept_new_host_keys, wait_timeout=wait_timeout)
+    opts = Options(skip=skip, accept_new_host_keys=accept_new_host_keys, wait_timeout=wait_timeout, dry_run=dry_run,
+                   returning=returning)
     report = runner.run(inv, state_dir, opts, log=log, check=only_name_and_routes)
     return report if report.changed else None
 
@@ -165,9 +168,12 @@ def list_nodes(inventory, state_dir=None, *, use_api: bool = False, api_factory:
 # --- add --------------------------------------------------------------------------------------
 
 def add(inventory, name: str, state_dir=None, *, skip: frozenset[str] = frozenset(), allow_even: bool = False,
-        accept_new_host_keys: bool = False, wait_timeout: float = 180.0, log=print) -> runner.Report | None:
+        accept_new_host_keys: bool = False, wait_timeout: float = 180.0, log=print,
+        dry_run: bool = False) -> runner.Report | Change | None:
     """Join the inventory's host ``name``: only its certificates and token are issued, only it
-    is changed (plus the routes on the other hosts)."""
+    is changed (plus the routes on the other hosts). A worker: the apply's report (None when
+    nothing changed); a control host: its etcd membership change. ``dry_run``: the same
+    checks and plan, nothing changed."""
     inv = as_inventory(inventory)
     host = next((h for h in inv.spec.hosts if h.name == name), None)
     if host is None:
@@ -178,18 +184,22 @@ def add(inventory, name: str, state_dir=None, *, skip: frozenset[str] = frozense
     if e is not None and e.state == "revoked":
         raise NodeRetiredError(revoked_message(e))
     if host.role == "control":
-        etcd_members.add(inv, name, state_dir=state_dir, allow_even=allow_even, wait_timeout=wait_timeout, log=log)
+        change = etcd_members.add(inv, name, state_dir=state_dir, allow_even=allow_even, wait_timeout=wait_timeout,
+                                  log=log, dry_run=dry_run)
+        if dry_run:
+            return change
         ledger = Ledger.load(state)
         ledger.reactivate(host)
         ledger.save(state)
-        return None
+        return change
     others = without(inv, name)
     check_inventory(others, ledger)        # other retired hosts: say so before anything else
-    if e is not None and e.state == "removed":
+    if e is not None and e.state == "removed" and not dry_run:
         log(f"{name}: was removed on {e.since}; adding it back")
         ledger.reactivate(host)
         ledger.save(state)
-    return converge(inv, state_dir, name, skip, log, f"node add {name}", accept_new_host_keys, wait_timeout)
+    return converge(inv, state_dir, name, skip, log, f"node add {name}", accept_new_host_keys, wait_timeout, dry_run,
+                    returning=frozenset({name}) if dry_run else frozenset())
 
 
 # --- drain ------------------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import click
 
 from installer.cli.options import DRY_RUN, OUTPUT, STATE_DEFAULT, echo_json, echo_plan
@@ -84,23 +86,34 @@ def list_(inventory, state_dir, use_api, fmt):
 @click.option("--allow-even", is_flag=True, help="Control host: allow an even etcd member count (a replacement step).")
 @click.option("--accept-new-host-keys", is_flag=True, help="Trust and record the new host's key if not yet known.")
 @click.option("--wait-timeout", default=180.0, show_default=True, help="Seconds to wait for health.")
-@click.option("--output", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@DRY_RUN
+@OUTPUT
 @domain_errors
-def add(inventory, name, state_dir, skip, allow_even, accept_new_host_keys, wait_timeout, fmt):
+def add(inventory, name, state_dir, skip, allow_even, accept_new_host_keys, wait_timeout, dry_run, fmt):
     """Join NAME (already added to INVENTORY): only its certificates and bootstrap token are
     issued, only it is changed, plus the pod routes on the other hosts. Refused when the
     inventory holds other pending changes (run `installer apply` for those). A control host
-    joins etcd as a learner and is promoted."""
+    joins etcd as a learner and is promoted. --dry-run: a worker's planned changes (as
+    `installer plan` shows them), a control host's steps."""
     progress = Progress(fmt, verbose=True)
-    report = nodes_api.add(inventory, name, state_dir, skip=frozenset(skip), allow_even=allow_even,
-                          accept_new_host_keys=accept_new_host_keys, wait_timeout=wait_timeout,
-                          log=progress.log)
-    if report is None:
+    result = nodes_api.add(inventory, name, state_dir, skip=frozenset(skip), allow_even=allow_even,
+                           accept_new_host_keys=accept_new_host_keys, wait_timeout=wait_timeout,
+                           log=progress.log, dry_run=dry_run)
+    if isinstance(result, nodes_api.Change):
+        if dry_run:
+            echo_plan(f"node add {name}", result.steps, fmt)
+        elif fmt == "json":
+            echo_json({"dryRun": False, **dataclasses.asdict(result)})
+        else:
+            click.echo(f"{name}: etcd member {result.member_id} added and promoted; "
+                       f"{len(result.members)} voting members, all healthy")
+        return
+    if result is None:
         click.echo(f"{name}: nothing to change (already joined)" if fmt == "text" else "{}")
         return
-    for ev in report.events:
+    for ev in result.events:
         progress.event(ev)
-    progress.done(report, f"node add {name}")
+    progress.done(result, f"node add {name}" + (" (dry run)" if dry_run else ""))
 
 
 @node.command()

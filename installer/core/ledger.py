@@ -153,12 +153,13 @@ def revoked_message(e: Entry) -> str:
             "by admission policy and can never join again; give the machine a new name")
 
 
-def check_inventory(inv: Inventory, ledger: Ledger) -> None:
-    """Refuse an inventory that still lists a removed or revoked host (one message for all)."""
+def check_inventory(inv: Inventory, ledger: Ledger, returning: frozenset[str] = frozenset()) -> None:
+    """Refuse an inventory that still lists a removed or revoked host (one message for all);
+    ``returning``: removed hosts being added back (never a revoked one)."""
     problems = []
     for h in inv.spec.hosts:
         e = ledger.entries.get(h.name)
-        if e is None or e.state == "active":
+        if e is None or e.state == "active" or (e.state == "removed" and h.name in returning):
             continue
         if e.state == "revoked":
             problems.append(revoked_message(e) + "; delete it from the inventory")

@@ -39,6 +39,8 @@ class Options:
     # limit the run to these hosts (empty: every host). The control hosts are still connected
     # (the lock lives there and the API is reached through them) but not changed.
     hosts: frozenset[str] = frozenset()
+    # removed hosts `node add` brings back: the ledger still says removed in its dry run
+    returning: frozenset[str] = frozenset()
 
 
 @dataclass
