@@ -200,11 +200,16 @@ def test_drain_evicts_respecting_budgets_and_skips_daemonsets(cluster, fake_api)
     cluster.add("/api/v1/namespaces/default/pods", pod("done", "node2", phase="Succeeded"))
     cluster.block_evictions["default/web-2"] = 2              # a PDB refuses twice, then allows
     with fake_api() as a:
+        # --dry-run's answer, read-only: the same pods evicted and left as the drain below
+        would = node_api.drain_plan(a, "node2")
+        assert cluster.calls("POST") == [] and cluster.calls("PATCH") == []
+        assert node_api.node_exists(a, "node2") and not node_api.node_exists(a, "node9")
         assert node_api.cordon(a, "node2")
         res = node_api.drain(a, "node2", timeout=30, interval=0.01, log=lambda m: None)
     assert sorted(res.evicted) == ["default/web-1", "default/web-2"]
     assert sorted(res.skipped) == ["default/done (finished)", "kube-system/agent (DaemonSet)",
                                    "kube-system/static (mirror pod)"]
+    assert (sorted(would.evicted), sorted(would.skipped)) == (sorted(res.evicted), sorted(res.skipped))
     assert cluster.store[f"{NODES}/node2"]["spec"]["unschedulable"] is True
     assert "/api/v1/namespaces/default/pods/other" in cluster.store
     evictions = [p for p in cluster.calls("POST") if p.endswith("/eviction")]

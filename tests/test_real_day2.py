@@ -100,6 +100,10 @@ def test_drain_blocked_by_a_pdb_stops_after_its_timeout_naming_the_pod(rc):
     rc.kubectl("apply", "-f", "-", stdin=json.dumps(pdb))
     [pod] = wait_for("guarded pod running", lambda: running_pods(rc, "guarded"), timeout=300)
     try:
+        dry = json.loads(run_installer("node", "drain", str(rc.inventory), "w2", "--state", str(rc.state),
+                                       "--dry-run", "--output", "json").stdout)
+        assert dry["dryRun"] is True and f"default/{pod['metadata']['name']}" in dry["evicted"], dry
+        assert not rc.get("node", "w2")["spec"].get("unschedulable"), "a dry run cordons nothing"
         proc = run_installer("node", "drain", str(rc.inventory), "w2", "--state", str(rc.state), "--timeout", "20",
                              check_rc=None, timeout=300)
         print("\n" + proc.stderr.strip().splitlines()[-1])

@@ -205,11 +205,16 @@ def add(inventory, name: str, state_dir=None, *, skip: frozenset[str] = frozense
 # --- drain ------------------------------------------------------------------------------------
 
 def drain(inventory, name: str, state_dir=None, *, timeout: float = 300.0, api_factory: ApiFactory | None = None,
-          log=print) -> node_api.DrainResult:
+          log=print, dry_run: bool = False) -> node_api.DrainResult:
+    """Cordon and drain ``name``; ``dry_run``: what it would evict and leave, nothing changed."""
     t, _ = node_target(inventory, state_dir, name)
     if t.host.role == "control":
         raise NodeOpError(f"{name} is a control host: it is not a Node and runs no pods")
     with cluster_api(t.inv, t.state.load(t.inv), api_factory) as api:
+        if dry_run:
+            if not node_api.node_exists(api, name):
+                raise NodeOpError(f"there is no Node {name} in the cluster")
+            return node_api.drain_plan(api, name)
         if not node_api.cordon(api, name):
             raise NodeOpError(f"there is no Node {name} in the cluster")
         log(f"{name}: cordoned")

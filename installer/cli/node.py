@@ -119,14 +119,20 @@ def add(inventory, name, state_dir, skip, allow_even, accept_new_host_keys, wait
 @node.command()
 @_common
 @click.option("--timeout", default=300.0, show_default=True, help="Seconds to wait for evictions.")
+@DRY_RUN
 @OUTPUT
 @domain_errors
-def drain(inventory, name, state_dir, timeout, fmt):
+def drain(inventory, name, state_dir, timeout, dry_run, fmt):
     """Cordon NAME and evict its pods (PodDisruptionBudgets respected; mirror and DaemonSet pods
-    stay). Fails, leaving the node cordoned, when pods remain after --timeout."""
-    res = nodes_api.drain(inventory, name, state_dir, timeout=timeout, log=_err)
+    stay). Fails, leaving the node cordoned, when pods remain after --timeout. --dry-run: the
+    pods it would evict and leave now."""
+    res = nodes_api.drain(inventory, name, state_dir, timeout=timeout, log=_err, dry_run=dry_run)
+    if dry_run:
+        echo_plan(f"draining {name}", [f"cordon Node {name}"] + [f"evict {p}" for p in res.evicted]
+                  + [f"leave {p}" for p in res.skipped], fmt, name=name, evicted=res.evicted, skipped=res.skipped)
+        return
     if fmt == "json":
-        echo_json({"name": name, "evicted": res.evicted, "skipped": res.skipped})
+        echo_json({"dryRun": False, "name": name, "evicted": res.evicted, "skipped": res.skipped})
         return
     click.echo(f"{name}: drained, {len(res.evicted)} pod(s) evicted"
                + (f"; left to the node: {', '.join(res.skipped)}" if res.skipped else ""))

@@ -143,6 +143,23 @@ class DrainResult:
     skipped: list[str] = field(default_factory=list)
 
 
+def node_exists(api: k8s.ApiClient, name: str) -> bool:
+    return found(f"Node/{name}", "read", k8s.CoreV1Api(api).read_node, name)
+
+
+def drain_plan(api: k8s.ApiClient, name: str) -> DrainResult:
+    """What ``drain`` would do now, read-only: the pods it would evict (``evicted``) and those it
+    leaves (``skipped``, with why)."""
+    result = DrainResult()
+    for pod in pods_on(api, name):
+        key, why = f"{pod.metadata.namespace}/{pod.metadata.name}", _skipped(pod)
+        if why:
+            result.skipped.append(f"{key} ({why})")
+        else:
+            result.evicted.append(key)
+    return result
+
+
 def drain(api: k8s.ApiClient, name: str, timeout: float, *, log: Callable[[str], None] = print,
           interval: float = 5.0) -> DrainResult:
     """Evict every pod on ``name`` except mirror and DaemonSet pods, then wait until they are
