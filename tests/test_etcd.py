@@ -38,6 +38,9 @@ from typing import Callable, Iterator
 import pytest
 import yaml
 
+from installer.core.etcd_rules import EtcdOpError
+from installer.host import probes
+
 from installer import api
 from installer.actions.etcd_ops import ETCDUTL, snapshot_info, snapshot_restore_argv, snapshot_status_argv
 from installer.core.inventory import Inventory
@@ -240,6 +243,22 @@ def test_healthcheck_client_cert_works(etcd):
     assert r.returncode == 0 and "is healthy" in r.stdout + r.stderr, r.stderr
     r = etcdctl(etcd, "get", "--prefix", "/", "--keys-only", "--limit=1", endpoints=loopback, cert=cert, key=key)
     assert r.returncode == 0, r.stderr
+
+
+def test_the_day2_probes_parse_what_the_real_etcdctl_prints(etcd):
+    """host/probes.py's parsers on the real etcdctl's JSON: the member list, and endpoint health
+    with one endpoint answering and one (a closed port) not, which etcdctl reports with exit 1."""
+    creds = _apiserver_creds(etcd)
+    listed = etcdctl(etcd, "member", "list", "-w", "json", **creds)
+    [m] = probes.parse_member_list(probes.Answer("cp1", listed.stdout, listed.stderr, listed.returncode))
+    assert m.name == "cp1" and not m.learner and m.client_urls, listed.stdout
+    live, dead = f"https://127.0.0.1:{etcd.client_port}", f"https://127.0.0.1:{_free_ports(1)[0]}"
+    r = etcdctl(etcd, "endpoint", "health", "-w", "json", **{**creds, "endpoints": f"{live},{dead}"})
+    assert r.returncode != 0
+    assert probes.parse_health(probes.Answer("cp1", r.stdout, r.stderr, r.returncode)) == {live: True, dead: False}
+    failed = etcdctl(etcd, "member", "list", "-w", "json", **{**creds, "endpoints": dead}, timeout="1s")
+    with pytest.raises(EtcdOpError, match="cp1: etcdctl member list failed"):
+        probes.parse_member_list(probes.Answer("cp1", failed.stdout, failed.stderr, failed.returncode))
 
 
 def _secret_value(etcd: Etcd) -> tuple[str, str]:

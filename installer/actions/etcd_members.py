@@ -42,6 +42,7 @@ from installer.engine.phases.select import CONTROL_UNITS, ETCD_UNIT
 from installer.engine.steps import Step, plan, run_steps
 from installer.engine.phases.start_etcd import LOCAL, endpoint_health_script, error_line, member_list
 from installer.core.render.control import ETCD_DATA_DIR, ETCD_REMOVED_ASIDE, peer_url
+from installer.host import probes
 from installer.host.ssh import HostError, Remote
 from installer.core.inventory import as_inventory
 
@@ -67,12 +68,7 @@ def _health(r: Remote, members: list[Member]) -> dict[str, bool]:
     health = {m.name: False for m in members if not m.learner}
     if not voting:
         return health
-    endpoints = ",".join(u for m in voting for u in m.client_urls)
-    out = r.run(f"{day2_etcdctl(endpoints)} endpoint health -w json", check=False, what="etcdctl endpoint health").stdout
-    try:
-        ok = {e.get("endpoint"): bool(e.get("health")) for e in json.loads(out)}
-    except (ValueError, AttributeError, TypeError):
-        ok = {}
+    ok = probes.ask(r, probes.endpoint_health(day2_etcdctl(",".join(u for m in voting for u in m.client_urls))))
     for m in voting:
         health[m.name] = any(ok.get(u) for u in m.client_urls)
     return health
@@ -119,8 +115,7 @@ def _wait_healthy(via: Remote, members: list[Member], timeout: float) -> None:
 
 
 def _members(via: Remote, inv: Inventory) -> list[Member]:
-    out = via.run(f"{day2_etcdctl(LOCAL)} member list -w json", what="etcdctl member list").stdout
-    return named_members(parse_members(out, via.name), inv.controls)
+    return named_members(probes.ask(via, probes.member_list(day2_etcdctl(LOCAL))), inv.controls)
 
 
 def _converge(inv: Inventory, state_dir, options: Options, log: Callable[[str], None]) -> None:
@@ -208,9 +203,7 @@ def _add(inv: Inventory, name: str, *, state_dir, allow_even: bool, wait_timeout
         if member is None:
             # the host must be reachable and empty before it is registered: a learner that can
             # never start would block every later change
-            has_data = remotes[name].run(f"test -d {ETCD_DATA_DIR}/member", check=False,
-                                         what="look for etcd data").rc == 0
-            if has_data:
+            if probes.ask(remotes[name], probes.holds_etcd_data()):
                 raise MembershipRefused(f"{name}: not added: it already holds etcd data in {ETCD_DATA_DIR} (from an "
                                         "earlier cluster?); move that directory aside first; nothing was changed")
         # the member that answered stays open for the promotion, after the others are closed

@@ -43,6 +43,7 @@ from installer.engine.phases.start_control_plane import listening_script
 from installer.engine.phases.start_etcd import health_script
 from installer.core.pki.material import Changes, Material
 from installer.core.render.plan import render_cluster
+from installer.host import probes
 from installer.host.ssh import HostError, Remote
 from installer.core.state import StateDir
 
@@ -208,13 +209,11 @@ def _wait(ctx: Context, host: str, unit: str, nodes_ready: bool = False) -> None
         _run(ctx, host, listening_script((SECURE_PORTS[unit],), t), f"wait for {unit}", t)
     elif unit == KUBELET:
         # the kubelet's start, on its own clock (whole seconds, as its heartbeats)
-        started = ctx.remotes[host].run(f"date -d \"$(systemctl show -p ActiveEnterTimestamp --value {unit})\" +%s",
-                                        check=False, what="read the kubelet's start time")
+        started = probes.ask(ctx.remotes[host], probes.unit_started(unit))
         _run(ctx, host, active_script((unit,), t) + " && " + listening_script(KUBELET_PORTS, t, ("kubelet",)),
              "wait for the kubelet", 2 * t)
         if nodes_ready:
-            since = float(started.stdout.strip()) if started.rc == 0 and started.stdout.strip().isdigit() else None
-            _wait_node_ready(ctx, host, since, t)
+            _wait_node_ready(ctx, host, started, t)
     else:
         _run(ctx, host, active_script((unit,), t), f"wait for {unit}", t)
 
