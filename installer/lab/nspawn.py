@@ -244,8 +244,11 @@ def boot(host: LabHost, host_dir: Path, root: Path, binds: list[tuple[Path, str]
         cmd += POD_HOST_ARGS
     cmd += [f"--bind={src}:{dst}" for src, dst in binds]
     # /proc/sys/net is per network namespace: writable for the host's own forwarding and
-    # bridge settings, harmless to the machine; the rest of /proc/sys stays read-only
-    env = {**os.environ, "SYSTEMD_NSPAWN_API_VFS_WRITABLE": "network"}
+    # bridge settings, harmless to the machine; the rest of /proc/sys stays read-only.
+    # nspawn's own messages go to the console log too: with stderr not a terminal it would
+    # otherwise log to the machine's journal (or kmsg), and a host that dies at once leaves an
+    # empty console log
+    env = {**os.environ, "SYSTEMD_NSPAWN_API_VFS_WRITABLE": "network", "SYSTEMD_LOG_TARGET": "console"}
     if leftover := cgroup_pids(host_dir):
         raise LabError(f"{host.name}: processes {leftover} of an earlier boot are still alive in its cgroup")
     procs = []
@@ -256,6 +259,40 @@ def boot(host: LabHost, host_dir: Path, root: Path, binds: list[tuple[Path, str]
                                 start_new_session=True, preexec_fn=_enter_cgroups(procs))
     (host_dir / "pid").write_text(f"{proc.pid}\n")
     return proc.pid
+
+
+def exit_status(host_dir: Path) -> str | None:
+    """How this host's nspawn ended, when this process started it and it has ended (its zombie
+    is reaped here); None otherwise."""
+    try:
+        pid = int((host_dir / "pid").read_text())
+        got, status = os.waitpid(pid, os.WNOHANG)
+    except (FileNotFoundError, ValueError, ChildProcessError):
+        return None
+    if got == 0:
+        return None
+    if os.WIFSIGNALED(status):
+        return f"killed by signal {signal.Signals(os.WTERMSIG(status)).name}"
+    return f"exited with status {os.WEXITSTATUS(status)}"
+
+
+def describe_pids(pids: list[int]) -> list[str]:
+    """``pid state command line`` of each (for a report on a host that did not come up)."""
+    out = []
+    for pid in pids:
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            cmd = "?"
+        out.append(f"{pid} {_state(pid) or '?'} {cmd[:160] or '[' + _comm(pid) + ']'}")
+    return out
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return "?"
 
 
 def _kill_all(host_dir: Path) -> None:

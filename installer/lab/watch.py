@@ -121,8 +121,10 @@ def host_report(paths: LabPaths, h: LabHost) -> str:
     else:
         pid = nspawn.pid_of(host_dir)
         procs = nspawn.cgroup_pids(host_dir)
-        lines.append(f"  nspawn: {f'running (pid {pid})' if pid else 'not running'}, "
-                     f"{len(procs)} processes in its cgroup")
+        ended = None if pid else nspawn.exit_status(host_dir)
+        lines.append(f"  nspawn: {f'running (pid {pid})' if pid else 'not running'}"
+                     f"{f' ({ended})' if ended else ''}, {len(procs)} processes in its cgroup")
+        lines += [f"    {line}" for line in nspawn.describe_pids(procs[:8])]
         inner = _link_state("eth0", h.netns) if net.netns_exists(h.netns) else f"netns {h.netns} missing"
         lines.append(f"  link: {h.veth} {_link_state(h.veth)}; eth0 in {h.netns}: {inner}")
     bridge = LabSpec.create(h.lab).bridge
