@@ -18,7 +18,7 @@ from installer.actions.etcd_ops import Member, parse_members
 from installer.core.facts import PROBE, DirFact, FileFact, HostFacts, parse
 from installer.engine.phases.base import Context, Options
 from installer.engine.phases.select import ETCD_UNIT, etcd_part
-from installer.engine.phases.start_etcd import StartEtcd
+from installer.engine.phases.start_etcd import ReadEtcdMembership, StartEtcd
 from installer.core.render.control import ETCD_RESTART_KEY, etcd_unit_files
 from installer.core.render.plan import render_cluster
 from installer.host.ssh import Result
@@ -302,6 +302,16 @@ def context(prepared, facts: dict[str, HostFacts], members) -> Context:
     return ctx
 
 
+def read_membership(ctx: Context) -> list[str]:
+    """The etcd phase's membership read as the runner drives it: prepare (facts only), run_host
+    on the hosts it chose, finish. The hosts it asked."""
+    phase = ReadEtcdMembership()
+    hosts = phase.prepare(ctx)
+    if hosts:                       # the runner skips a phase that chose no host
+        phase.finish(ctx, [phase.run_host(ctx, h) for h in hosts])
+    return hosts
+
+
 def running(plan) -> HostFacts:
     return facts_holding(plan, [f.path for f in etcd_part(plan).files])
 
@@ -311,16 +321,18 @@ def test_phase_refuses_before_touching_a_host(three_controls):
     facts = {"cp1": running(plans["cp1"]), "cp2": running(plans["cp2"]), "cp3": HostFacts()}
     ctx = context(three_controls, facts, cluster("cp1", "cp2"))
     with pytest.raises(MembershipRefused) as err:
-        StartEtcd().prepare(ctx)
+        read_membership(ctx)
     assert "cp3: has no etcd data while cp1, cp2 run an etcd cluster" in str(err.value)
     assert "installer etcd member add <inventory> cp3" in str(err.value)
-    assert ctx.remotes["cp1"].calls == ["etcd member list"] and ctx.remotes["cp3"].calls == []
+    # only the running members were asked (a read: prepare itself reaches no host)
+    assert [ctx.remotes[h].calls for h in ("cp1", "cp2", "cp3")] == [["etcd member list"]] * 2 + [[]]
 
 
 def test_phase_renders_the_registered_learner_as_joining(three_controls):
     plans = three_controls.plans
     facts = {"cp1": running(plans["cp1"]), "cp2": running(plans["cp2"]), "cp3": HostFacts()}
     ctx = context(three_controls, facts, cluster("cp1", "cp2") + [member("cp3", learner=True, started=False)])
+    assert read_membership(ctx) == ["cp1", "cp2"]
     assert StartEtcd().prepare(ctx) == ["cp1", "cp2", "cp3"]
     flags = exec_flags(ctx.plans["cp3"].files[UNIT])
     assert flags["--initial-cluster-state"] == "existing"
@@ -334,11 +346,11 @@ def test_a_no_op_apply_asks_etcd_nothing(three_controls):
     plans = three_controls.plans
     facts = {n: running(plans[n]) for n in ("cp1", "cp2", "cp3")}
     ctx = context(three_controls, facts, cluster("cp1"))       # would be refused if asked
-    assert StartEtcd().prepare(ctx) == ["cp1", "cp2", "cp3"]
+    assert read_membership(ctx) == []
     assert all(r.calls == [] for r in ctx.remotes.values())
 
 
 def test_a_new_cluster_bootstraps_without_asking(three_controls):
     ctx = context(three_controls, {n: HostFacts() for n in ("cp1", "cp2", "cp3")}, [])
-    assert StartEtcd().prepare(ctx) == ["cp1", "cp2", "cp3"]
+    assert read_membership(ctx) == [] and ctx.etcd_guard.joining == {}
     assert all(r.calls == [] for r in ctx.remotes.values())

@@ -288,7 +288,7 @@ def admission_config() -> dict:
     }
 
 
-def render_control(inv: Inventory, host: HostSpec, material: Material) -> HostPlan:
+def render_control(inv: Inventory, host: HostSpec, material: Material, etcd_join: str | None = None) -> HostPlan:
     plan = HostPlan(host.name, "control")
     plan.users.append(SystemUser("etcd", ETCD_DATA_DIR))
     for d in (HostDir(K8S_DIR, 0o755), HostDir(PKI_DIR, 0o755), HostDir(f"{PKI_DIR}/etcd", 0o755),
@@ -331,7 +331,7 @@ def render_control(inv: Inventory, host: HostSpec, material: Material) -> HostPl
     plan.add(HostFile(f"{K8S_DIR}/admission-config.yaml", to_yaml(admission_config()), 0o600, restarts=(api,)))
     plan.add(HostFile(f"{K8S_DIR}/kube-scheduler.yaml", to_yaml(scheduler_config()), 0o600, restarts=(sched,)))
 
-    for f in etcd_unit_files(inv, host):
+    for f in etcd_unit_files(inv, host, join=etcd_join):
         plan.add(f)
     plan.add(unit_file(api, "kube-apiserver.service.j2", binary=f"{BIN_DIR}/kube-apiserver",
                        flags=apiserver_flags(inv, host)))

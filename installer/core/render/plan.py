@@ -23,7 +23,7 @@ def render_cluster(inv: Inventory, material: Material,
     plans = {}
     for h in inv.spec.hosts:
         if h.role == "control":
-            plans[h.name] = render_control(inv, h, material)
+            plans[h.name] = render_control(inv, h, material, facts.get(h.name, HostFacts()).etcd_join)
         else:
             plans[h.name] = render_worker(inv, h, material, facts.get(h.name, HostFacts()))
     return plans

@@ -42,6 +42,9 @@ class HostFacts:
 
     systemd_resolved: bool = False
     kubelet_joined: bool = False      # the kubelet holds a client certificate of its own
+    # a control host whose etcd member `etcd member add` registered: the --initial-cluster it
+    # joins with --initial-cluster-state=existing (the etcd phase's membership read)
+    etcd_join: str | None = None
 
 
 def containerd_config_version(inv: Inventory) -> int:

@@ -20,6 +20,7 @@ from installer.host.hostops import script, tarball
 from installer.core.inventory import HostSpec, Inventory
 from installer.core.pki.material import Changes, Material
 from installer.core.render.files import HostPlan
+from installer.core.render.worker import HostFacts as RenderFacts
 from installer.host.ssh import Remote
 from installer.core.state import StateDir
 from installer.core.facts import DirFact, FileFact
@@ -81,6 +82,8 @@ class Context:
     # set by the etcd phase's prepare: the membership changes it may make (learners to add and
     # promote); None before that phase ran
     etcd_guard: Guard | None = None
+    # the etcd phase's membership read: control host -> (member list JSON, why it failed)
+    etcd_answers: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     def settled(self, events: list[Event], units: tuple[str, ...]) -> bool:
         """Nothing changed and every unit was already active: no health wait needed. A unit
@@ -131,6 +134,14 @@ class Context:
             facts.units[u] = ("active", "enabled")
         facts.pending_restarts -= set(changes.restart) | set(changes.start)
         facts.pending_restarts |= set(changes.defer)
+
+
+def render_facts(ctx: Context) -> dict[str, RenderFacts]:
+    """What rendering needs to know of each host, from its facts and the etcd membership read."""
+    joining = ctx.etcd_guard.joining if ctx.etcd_guard else {}
+    return {name: RenderFacts(systemd_resolved=f.systemd_resolved, kubelet_joined=f.kubelet_joined,
+                              etcd_join=joining.get(name))
+            for name, f in ctx.facts.items()}
 
 
 class Phase:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from installer.core.facts import parse, probe_input, PROBE
 from installer.core.render.plan import render_cluster
-from installer.core.render.worker import HostFacts as RenderFacts
 from installer.host.ssh import HostError, Remote
-from installer.engine.phases.base import Context, Event, Phase
+from installer.engine.phases.base import Context, Event, Phase, render_facts
 from installer.engine.phases.select import managed_paths
 
 
@@ -32,6 +31,4 @@ class ConnectHosts(Phase):
 
     def finish(self, ctx: Context, events: list[Event]) -> None:
         # render once more with what the hosts told us (e.g. whether systemd-resolved runs)
-        ctx.plans = render_cluster(ctx.inv, ctx.material, {
-            name: RenderFacts(systemd_resolved=f.systemd_resolved, kubelet_joined=f.kubelet_joined)
-            for name, f in ctx.facts.items()})
+        ctx.plans = render_cluster(ctx.inv, ctx.material, render_facts(ctx))
