@@ -151,7 +151,8 @@ def _whiteout(upper: Path, path: str) -> None:
 
 
 def test_a_host_that_cannot_boot_is_named_with_its_console(lab_name, tmp_path):
-    """A root nspawn refuses to boot: `up` fails at once, naming the host and its console lines."""
+    """A root nspawn refuses to boot: `up` boots it once more, then fails, naming the host, how
+    its nspawn ended and its console lines (nspawn's own refusal among them)."""
     name, subnet = lab_name("noboot"), "10.213.229.0/24"
     paths = LabPaths.of(name)
     upper = paths.host_dir("w2") / "upper"
@@ -160,9 +161,9 @@ def test_a_host_that_cannot_boot_is_named_with_its_console(lab_name, tmp_path):
     with pytest.raises(LabError) as err:
         lab_mod.up(name, 1, 2, 0, subnet, tmp_path / "noboot.inventory.yaml", **QUIET)
     text = str(err.value)
-    assert "w2: exited before sshd answered" in text, text
+    assert "w2: exited before sshd answered (twice)" in text, text
     assert "cp1 (" not in text and "w1 (" not in text, text
-    assert "nspawn: not running" in text, text
+    assert "nspawn: not running (exited with status 1)" in text, text
     assert f"last lines of {paths.host_dir('w2') / 'console.log'}:" in text, text
     assert "os-release" in text, text        # nspawn's own refusal, from the console log
 

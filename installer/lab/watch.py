@@ -10,6 +10,7 @@ import socket
 import struct
 import time
 from pathlib import Path
+from typing import Callable
 
 from installer.lab import net, nspawn, vm
 from installer.lab.model import LabError, LabHost, LabPaths, LabSpec
@@ -140,12 +141,16 @@ def host_report(paths: LabPaths, h: LabHost) -> str:
     return "\n".join(lines)
 
 
-def wait_ssh(hosts: list[LabHost], log=print, timeout: dict[str, float] | None = None) -> None:
-    """Wait until every host's sshd answers. A host whose nspawn/qemu exited fails at once, one
-    still silent after its kind's timeout fails then; the error shows what was seen of each."""
+def wait_ssh(hosts: list[LabHost], log=print, timeout: dict[str, float] | None = None,
+             restart: Callable[[LabHost], None] | None = None) -> None:
+    """Wait until every host's sshd answers. A host whose nspawn/qemu exited is booted again
+    once with ``restart`` (its report logged first), else fails at once; one still silent after
+    its kind's timeout fails then; the error shows what was seen of each."""
     timeout = timeout or SSH_TIMEOUT
     pending = {h.name: h for h in hosts}
     start = time.monotonic()
+    began = {name: start for name in pending}
+    restarted: set[str] = set()
     while pending:
         for name, h in list(pending.items()):
             if ssh_banner(h.address):
@@ -153,13 +158,21 @@ def wait_ssh(hosts: list[LabHost], log=print, timeout: dict[str, float] | None =
                 del pending[name]
         if not pending:
             break
-        elapsed = time.monotonic() - start
+        now = time.monotonic()
         paths = {n: LabPaths.of(h.lab) for n, h in pending.items()}
         dead = [n for n, h in pending.items() if not _host_alive(paths[n], h) and not ssh_banner(h.address)]
-        late = [n for n, h in pending.items() if n not in dead and elapsed > timeout[h.kind]]
+        for n in [n for n in dead if restart is not None and n not in restarted]:
+            log(f"  {n}: exited before sshd answered; booting it once more. What was seen:\n"
+                + host_report(paths[n], pending[n]))
+            restart(pending[n])
+            restarted.add(n)
+            began[n] = time.monotonic()
+            dead.remove(n)
+        late = [n for n, h in pending.items() if n not in dead and now - began[n] > timeout[h.kind]]
         if dead or late:
-            why = ([f"{', '.join(dead)}: exited before sshd answered"] if dead else []) + \
-                  ([f"{', '.join(late)}: no SSH answer after {elapsed:.0f} s"] if late else [])
+            why = ([f"{', '.join(dead)}: exited before sshd answered"
+                    + (" (twice)" if set(dead) & restarted else "")] if dead else []) + \
+                  ([f"{', '.join(late)}: no SSH answer after {now - start:.0f} s"] if late else [])
             reports = [host_report(paths[n], pending[n]) for n in dead + late]
             raise LabError("lab up: " + "; ".join(why) + "\n" + "\n".join(reports))
         time.sleep(0.3)
