@@ -69,6 +69,10 @@ def check_not_moved(inv: Inventory, root: Path) -> None:
                          f"or pass --state {old}")
 
 
+VERSIONS_HEADER = (b"# the versions the hosts run, written by `installer apply` and `installer upgrade`: apply\n"
+                   b"# refuses an inventory that asks for others (`installer upgrade` moves the cluster)\n")
+
+
 def write_atomic(path: Path, data: bytes, mode: int) -> bool:
     """Write ``data`` to ``path`` with ``mode``; return False (and touch nothing) if unchanged."""
     try:
@@ -184,6 +188,26 @@ class StateDir:
     @property
     def admin_kubeconfig(self) -> Path:
         return self.root / "admin.conf"
+
+    @property
+    def versions_path(self) -> Path:
+        return self.root / "versions.yaml"
+
+    # -- the versions the cluster runs (written by apply and upgrade) --
+    def recorded_versions(self) -> dict[str, str]:
+        """``{"kubernetes": "v1.36.5", "etcd": "v3.6.16"}`` as the last apply or upgrade left the
+        hosts; {} before the first (or for a state of an earlier release)."""
+        data = self._read(self.versions_path)
+        try:
+            doc = yaml.safe_load(data) if data else {}
+        except yaml.YAMLError:
+            raise StateError(f"{self.versions_path} is corrupt; move it away (the next apply writes it "
+                             "again)") from None
+        return {k: str(v) for k, v in doc.items()} if isinstance(doc, dict) else {}
+
+    def record_versions(self, versions: dict[str, str]) -> None:
+        write_atomic(self.versions_path, VERSIONS_HEADER + yaml.safe_dump(dict(sorted(versions.items()))).encode(),
+                     0o600)
 
     # -- permissions --
     def ensure_root(self) -> None:

@@ -31,6 +31,10 @@ class ApplyError(InstallerError):
     exit_code = 3
 
 
+class VersionChange(InstallerError):
+    """A version change on a running cluster: that is `installer upgrade`'s job."""
+
+
 @dataclass
 class Report:
     events: list[Event] = field(default_factory=list)
@@ -77,10 +81,27 @@ def context(inventory, state_dir, options: Options, log: Callable[[str], None]) 
     state = state_for(inv, state_dir)
     state.ensure_root()
     check_inventory(inv, Ledger.load(state), options.returning)
+    if not options.upgrade:
+        check_versions(inv, state)
     material, changes = ensure(inv, state.load(inv))
     ctx = Context(inv, state, options, material, changes, log=log, run_id=uuid.uuid4().hex)
     ctx.plans = render_cluster(inv, material)
     return ctx
+
+
+def cluster_versions(inv) -> dict[str, str]:
+    return {"kubernetes": inv.spec.kubernetes.version, "etcd": inv.spec.artifacts.versions.etcd}
+
+
+def check_versions(inv, state) -> None:
+    """Refuse an inventory whose versions differ from those the hosts run (as the last apply or
+    upgrade recorded them): re-applying would restart every apiserver and kubelet at once."""
+    recorded, wanted = state.recorded_versions(), cluster_versions(inv)
+    moved = [f"{k} {recorded[k]} -> {v}" for k, v in wanted.items() if recorded.get(k) not in (None, v)]
+    if moved:
+        raise VersionChange(f"the inventory asks for {', '.join(moved)} on a running cluster: run `installer upgrade "
+                            "INVENTORY` (it rolls one host at a time, draining each worker); apply would restart "
+                            f"every apiserver and kubelet at once. The versions the hosts run: {state.versions_path}")
 
 
 def _resolve_artifacts(ctx: Context) -> None:
@@ -148,6 +169,8 @@ def _run(inventory_path, state_dir, options: Options | None, log: Callable[[str]
                     trust.check(ctx.plans, ctx.facts, str(ctx.state.root), "ca" in ctx.pki_changes.reasons)
                     if check is not None:
                         check(ctx)
+        if not options.dry_run and not options.upgrade and not options.hosts and ctx.will_run("artifacts"):
+            ctx.state.record_versions(cluster_versions(ctx.inv))
     finally:
         release(ctx)
         for name, remote in ctx.remotes.items():

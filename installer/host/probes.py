@@ -6,14 +6,17 @@ with recorded output. ``ask`` is the only place they meet a host.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Callable, Generic, TypeVar
 
 from installer.core.etcd_rules import EtcdOpError, Member, parse_members
 from installer.core.render.control import ETCD_DATA_DIR
+from installer.core.render.files import BIN_DIR
 from installer.host.ssh import Remote
 
 T = TypeVar("T")
+_VERSION = re.compile(r"(?:Kubernetes v|[Vv]ersion:? v?)(\d+\.\d+\.\d+)")
 
 
 @dataclass(frozen=True)
@@ -80,3 +83,17 @@ def unit_started(unit: str) -> Probe[float | None]:
     return Probe(f"read {unit}'s start time",
                  f"t=$(systemctl show -p ActiveEnterTimestamp --value {unit}) && [ -n \"$t\" ] && date -d \"$t\" +%s",
                  parse_epoch)
+
+
+# --- versions ----------------------------------------------------------------------------------
+
+def parse_version(a: Answer) -> str | None:
+    """The ``vX.Y.Z`` in what ``<binary> --version`` prints ("Kubernetes v1.36.5", "etcd Version:
+    3.6.16"); None when the binary is missing or says no version."""
+    m = _VERSION.search(a.stdout) if a.rc == 0 else None
+    return f"v{m[1]}" if m else None
+
+
+def binary_version(binary: str) -> Probe[str | None]:
+    """The version ``binary`` (in the installer's bin directory) reports of itself."""
+    return Probe(f"read {binary}'s version", f"{BIN_DIR}/{binary} --version 2>/dev/null | head -3", parse_version)

@@ -42,6 +42,8 @@ class Options:
     hosts: frozenset[str] = frozenset()
     # removed hosts `node add` brings back: the ledger still says removed in its dry run
     returning: frozenset[str] = frozenset()
+    # a run of `installer upgrade`: the inventory's versions may differ from the recorded ones
+    upgrade: bool = False
 
 
 @dataclass

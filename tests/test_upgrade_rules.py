@@ -1,0 +1,77 @@
+"""The version-skew rules and the order of a rolling upgrade (core/upgrade_rules.py), and apply's
+refusal of a version change on a running cluster, without hosts."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from click.testing import CliRunner
+
+from installer import api
+from installer.cli.main import cli
+from installer.core.upgrade_rules import (RULES, HostState, SkewError, check_etcd, check_kubernetes, current_version,
+                                          upgrade_order)
+from installer.engine import runner
+from tests.conftest import write_inventory
+
+
+@pytest.mark.parametrize("current,target,kind", [
+    ("v1.36.5", "v1.36.5", "none"), ("v1.36.5", "v1.36.7", "patch"), ("v1.36.5", "v1.36.2", "patch-down"),
+    ("v1.36.5", "v1.37.2", "minor"), ("v1.36.5", "v1.37.0", "minor"),
+])
+def test_moves_the_policy_allows(current, target, kind):
+    assert check_kubernetes(current, target) == kind
+
+
+@pytest.mark.parametrize("current,target,rule", [
+    ("v1.35.4", "v1.37.2", "minor-skip"), ("v1.37.2", "v1.36.5", "minor-down"), ("v1.36.5", "v2.0.0", "major"),
+])
+def test_moves_the_policy_forbids_name_the_rule(current, target, rule):
+    with pytest.raises(SkewError) as e:
+        check_kubernetes(current, target)
+    assert RULES[rule] in str(e.value) and current in str(e.value) and target in str(e.value)
+
+
+def test_etcd_moves_by_patch_only():
+    assert check_etcd("v3.6.16", "v3.6.16") is False and check_etcd("v3.6.15", "v3.6.16") is True
+    with pytest.raises(SkewError, match="etcd v3.5.21 -> v3.6.16: upgrade rolls etcd patch releases only"):
+        check_etcd("v3.5.21", "v3.6.16")
+
+
+def hosts(cp: str = "v1.36.5", w1: str = "v1.36.5", w2: str = "v1.36.5", etcd: str = "v3.6.16") -> list[HostState]:
+    return [HostState("cp1", "control", cp, etcd), HostState("w1", "worker", w1), HostState("w2", "worker", w2)]
+
+
+def test_order_control_hosts_one_at_a_time_then_workers_in_batches():
+    three = [HostState(f"cp{i}", "control", "v1.36.5", "v3.6.16") for i in (1, 2, 3)] + \
+            [HostState(f"w{i}", "worker", "v1.36.5") for i in (1, 2, 3)]
+    assert upgrade_order(three, "v1.37.2", "v3.6.16", 2) == [["cp1"], ["cp2"], ["cp3"], ["w1", "w2"], ["w3"]]
+    # etcd first, one member at a time, when its version changes
+    assert upgrade_order(three, "v1.37.2", "v3.6.17", 1)[:4] == [["cp1"], ["cp2"], ["cp3"], ["cp1"]]
+
+
+def test_a_second_run_does_only_what_is_left():
+    # cut short after w1: the control host and w1 report the target already
+    assert upgrade_order(hosts(cp="v1.37.2", w1="v1.37.2"), "v1.37.2", "v3.6.16", 1) == [["w2"]]
+    assert upgrade_order(hosts("v1.37.2", "v1.37.2", "v1.37.2"), "v1.37.2", "v3.6.16", 1) == []
+    # the cluster's version is the oldest control host's
+    assert current_version(hosts(cp="v1.37.2") + [HostState("cp2", "control", "v1.36.5")]) == "v1.36.5"
+
+
+def test_apply_refuses_a_version_change_on_a_running_cluster(prepared, doc, tmp_path):
+    st = tmp_path / "st"
+    shutil.copytree(prepared.state.root, st)
+    state = api.state_for(prepared.inventory, st)
+    # an earlier apply recorded what the hosts run
+    state.record_versions(runner.cluster_versions(prepared.inventory))
+    before = state.versions_path.read_bytes()
+    assert state.recorded_versions() == {"kubernetes": doc["spec"]["kubernetes"]["version"],
+                                         "etcd": prepared.inventory.spec.artifacts.versions.etcd}
+    runner.check_versions(prepared.inventory, state)            # the same versions: nothing to say
+    doc["spec"]["kubernetes"]["version"] = "v1.37.2"
+    inv = write_inventory(tmp_path, doc)
+    res = CliRunner().invoke(cli, ["plan", str(inv), "--state", str(st)])
+    assert res.exit_code == 2, res.output
+    assert "kubernetes v1.36.5 -> v1.37.2" in res.output and "installer upgrade INVENTORY" in res.output
+    assert state.versions_path.read_bytes() == before
