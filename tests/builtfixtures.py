@@ -22,13 +22,19 @@ ROOT = Path(__file__).resolve().parent.parent
 ENV = "HIDDENPLANE_TEST_ARTIFACTS"
 
 
-def default_dir() -> Path:
+# the version tests/test_real_upgrade.py upgrades the default one to (the next minor the module
+# proxy serves); scripts/test builds it beside the default
+UPGRADE_TO = "v1.37.2"
+UPGRADE_ENV = "HIDDENPLANE_TEST_UPGRADE_ARTIFACTS"
+
+
+def default_dir(version: str = versions.DEFAULT_KUBERNETES_VERSION) -> Path:
     cache = Path(os.environ.get("HIDDENPLANE_CACHE_DIR", "/var/cache/hiddenplane"))
-    return cache / "build" / f"artifacts-{versions.DEFAULT_KUBERNETES_VERSION}"
+    return cache / "build" / f"artifacts-{version}"
 
 
-def build(dest: Path) -> None:
-    proc = subprocess.run([sys.executable, str(ROOT / "tools/kubebuild/build.py"), "default", str(dest)],
+def build(dest: Path, version: str = "default") -> None:
+    proc = subprocess.run([sys.executable, str(ROOT / "tools/kubebuild/build.py"), version, str(dest)],
                           capture_output=True, text=True)
     if proc.returncode != 0:
         pytest.fail(f"scripts/build-kubernetes failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
@@ -39,6 +45,15 @@ def artifacts_dir() -> Path:
     dest = Path(os.environ.get(ENV) or default_dir())
     if not (dest / "kube-apiserver").is_file():
         build(dest)
+    verify(dest, sorted(read_sums(dest)))
+    return dest
+
+
+def upgrade_artifacts_dir() -> Path:
+    """The built artifacts of UPGRADE_TO (building them when missing), each file verified."""
+    dest = Path(os.environ.get(UPGRADE_ENV) or default_dir(UPGRADE_TO))
+    if not (dest / "kube-apiserver").is_file():
+        build(dest, UPGRADE_TO)
     verify(dest, sorted(read_sums(dest)))
     return dest
 

@@ -75,3 +75,31 @@ def test_apply_refuses_a_version_change_on_a_running_cluster(prepared, doc, tmp_
     assert res.exit_code == 2, res.output
     assert "kubernetes v1.36.5 -> v1.37.2" in res.output and "installer upgrade INVENTORY" in res.output
     assert state.versions_path.read_bytes() == before
+
+
+def test_the_steps_of_an_upgrade_and_of_its_second_run(prepared, tmp_path):
+    from installer.actions import upgrade as up_mod
+    st = tmp_path / "st"
+    shutil.copytree(prepared.state.root, st)
+    state = api.state_for(prepared.inventory, st)
+    inv = up_mod._with_version(prepared.inventory, kubernetes="v1.37.2")
+    up = up_mod.Upgrade(inv, state, "v1.36.5", "v1.37.2", "minor", max_unavailable=2)
+    etcd = inv.spec.artifacts.versions.etcd
+    fresh = up_mod.Survey([HostState("cp1", "control", "v1.36.5", etcd), HostState("node2", "worker", "v1.36.5"),
+                           HostState("node3", "worker", "v1.36.5")])
+    words = [s.says for s in up_mod.upgrade_steps(up, fresh, etcd)]
+    assert words[0].startswith("save an etcd snapshot")
+    assert words[1].startswith("cp1: kube-apiserver, kube-controller-manager, kube-scheduler v1.36.5 -> v1.37.2")
+    assert words[2].startswith("node2, node3: cordon, drain")           # --max-unavailable 2: one batch
+    assert words[3].startswith("converge every host at v1.37.2") and len(words) == 4
+    # killed after node2 was upgraded, before its uncordon: a second run uncordons it, takes no
+    # second snapshot (nothing is left to roll) and converges
+    up_mod._mark(state, ["node2"])
+    assert up_mod.cordoned_by_upgrade(state) == ["node2"]
+    later = up_mod.Survey([HostState("cp1", "control", "v1.37.2", etcd), HostState("node2", "worker", "v1.37.2"),
+                           HostState("node3", "worker", "v1.37.2")])
+    words = [s.says for s in up_mod.upgrade_steps(up, later, etcd)]
+    assert words == ["uncordon node2 (left cordoned by an interrupted upgrade, already at v1.37.2)",
+                     "converge every host at v1.37.2 (add-ons; nothing else should change); record the versions"]
+    up_mod._mark(state, [])
+    assert not (st / "upgrade.yaml").exists()

@@ -34,7 +34,7 @@ from installer.engine.steps import Step, plan, run_steps
 from installer.core.render.control import ETCD_DATA_DIR, ETCD_RESTORE_ASIDE, etcd_servers, initial_cluster, peer_url
 from installer.host.ssh import HostError, Remote
 from installer.core.state import write_atomic
-from installer.core.inventory import load as load_inventory
+from installer.core.inventory import as_inventory, load as load_inventory
 
 WORK_DIR = "/var/lib/hiddenplane"
 ETCDUTL = binary_path("etcdutl")
@@ -91,7 +91,7 @@ class SnapshotInfo:
 
 
 def snapshot_save(inventory_path, dest, force: bool = False) -> SnapshotInfo:
-    inv = load_inventory(inventory_path)
+    inv = as_inventory(inventory_path)
     dest = Path(dest)
     if not force and (dest.exists() or dest.is_symlink()):
         # checked before any host is asked: a refused save changes nothing anywhere

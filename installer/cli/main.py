@@ -25,6 +25,7 @@ LAZY = {
     "ca": ("installer.cli.ca", "ca", "Rotate a CA across the cluster."),
     "node": ("installer.cli.node", "node", "Node day-2 operations: list, add, drain, remove, revoke."),
     "reset": ("installer.cli.reset", "reset", "Tear the cluster down on every host."),
+    "upgrade": ("installer.cli.upgrade", "upgrade", "Roll the cluster to new versions, one host at a time."),
 }
 
 

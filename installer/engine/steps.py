@@ -9,6 +9,7 @@ other runner (engine/runner.py): hosts in parallel per phase, with facts and a d
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Callable, Generic, TypeVar
 
@@ -29,12 +30,17 @@ def plan(steps: list[Step]) -> list[str]:
     return [s.says for s in steps]
 
 
-def run_steps(subject: str, steps: list[Step[S]], shared: S, log: Callable[[str], None]) -> list[str]:
+def run_steps(subject: str, steps: list[Step[S]], shared: S, log: Callable[[str], None],
+              timings: list[tuple[str, float]] | None = None) -> list[str]:
     """Run ``steps`` in order on ``shared`` (what they pass each other); the words of those
-    run. A step that raises stops the run there: the steps after it never start."""
+    run (and each one's seconds appended to ``timings``). A step that raises stops the run
+    there: the steps after it never start."""
     done = []
     for i, step in enumerate(steps, 1):
         log(progress_line(subject, i, len(steps), step.says))
+        started = time.monotonic()
         step.run(shared)
         done.append(step.says)
+        if timings is not None:
+            timings.append((step.says, round(time.monotonic() - started, 1)))
     return done

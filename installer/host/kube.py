@@ -213,7 +213,7 @@ def api_access(inv: Inventory, remotes: RemoteSource, material: Material | None 
 
 # --- the workers phase ----------------------------------------------------------------------
 
-def _ready(node: k8s.V1Node, since: float | None = None) -> tuple[bool, str]:
+def ready(node: k8s.V1Node, since: float | None = None) -> tuple[bool, str]:
     for c in (node.status.conditions if node.status else None) or []:
         if c.type == "Ready":
             if since is not None and (c.last_heartbeat_time is None or c.last_heartbeat_time.timestamp() < since):
@@ -222,7 +222,7 @@ def _ready(node: k8s.V1Node, since: float | None = None) -> tuple[bool, str]:
     return False, "no Ready condition yet"
 
 
-def wait_nodes_ready(api: k8s.ApiClient, names: Sequence[str], timeout: float, *,
+def wait_nodesready(api: k8s.ApiClient, names: Sequence[str], timeout: float, *,
                      interval: float = 2.0, registered_only: bool = False,
                      each_round: Callable[[], None] | None = None, since: float | None = None) -> None:
     """Poll (one list of Nodes per round) until every named Node has Ready=True (or, with
@@ -245,7 +245,7 @@ def wait_nodes_ready(api: k8s.ApiClient, names: Sequence[str], timeout: float, *
             if name not in nodes:
                 waiting[name] = "not registered"
             elif not registered_only:
-                ok, why = _ready(nodes[name], since)
+                ok, why = ready(nodes[name], since)
                 if not ok:
                     waiting[name] = why
         if not waiting:
@@ -289,7 +289,7 @@ def set_pod_cidr(api: k8s.ApiClient, node: str, cidr: str) -> str:
 def node_readiness(api: k8s.ApiClient) -> dict[str, bool]:
     """Every registered Node and whether it is Ready."""
     try:
-        return {n.metadata.name: _ready(n)[0] for n in api_call("list nodes", k8s.CoreV1Api(api).list_node).items}
+        return {n.metadata.name: ready(n)[0] for n in api_call("list nodes", k8s.CoreV1Api(api).list_node).items}
     except ApiException as e:
         raise KubeError(f"list nodes: {status_message(e)}") from None
 

@@ -19,6 +19,7 @@ from cryptography.x509.oid import NameOID
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from installer.host import kube
 from installer.host.kube import TOKEN_NAMESPACE, KubeError, api_call, status_message, found
 from installer.host.kube_objects import apply_objects
 from installer.core.render.manifests import node_renewal_binding
@@ -42,6 +43,30 @@ def cordon(api: k8s.ApiClient, name: str) -> bool:
     """Mark the Node unschedulable; False when there is no such Node."""
     return found(f"Node/{name}", "cordon", k8s.CoreV1Api(api).patch_node, name,
                         {"spec": {"unschedulable": True}})
+
+
+def uncordon(api: k8s.ApiClient, name: str) -> bool:
+    """Mark the Node schedulable again; False when there is no such Node."""
+    return found(f"Node/{name}", "uncordon", k8s.CoreV1Api(api).patch_node, name,
+                 {"spec": {"unschedulable": False}})
+
+
+@dataclass(frozen=True)
+class NodeState:
+    ready: bool
+    kubelet: str                  # the version the kubelet reports (status.nodeInfo.kubeletVersion)
+    cordoned: bool
+
+
+def node_states(api: k8s.ApiClient) -> dict[str, NodeState]:
+    """Every registered Node: Ready, its kubelet's version, whether it is cordoned."""
+    try:
+        nodes = api_call("list nodes", k8s.CoreV1Api(api).list_node).items
+    except ApiException as e:
+        raise KubeError(f"list nodes: {status_message(e)}") from None
+    return {n.metadata.name: NodeState(kube.ready(n)[0],
+                                       n.status.node_info.kubelet_version if n.status and n.status.node_info else "",
+                                       bool(n.spec and n.spec.unschedulable)) for n in nodes}
 
 
 def _skipped(pod: k8s.V1Pod) -> str | None:

@@ -1,0 +1,226 @@
+"""`installer upgrade` on a real cluster: one control host and two workers (nspawn), the real
+components built at the default version (v1.36.5) and at ``UPGRADE_TO`` (v1.37.2), both from
+their Go modules (tests/builtfixtures.py), the cluster rolled from one to the other while a
+Deployment of two replicas (one per worker) behind a NodePort Service, guarded by a
+PodDisruptionBudget, is probed from the control host every 200 ms, alternately through each
+worker's NodePort.
+
+The tests run in order on one lab: the plan and the refusals first, then the upgrade, killed
+(SIGKILL) during the worker step and run again to the end, then what must hold afterwards.
+The probe's failures are printed and bounded: the goal is none; one replica's restart may cost
+a few (``ALLOWED_FAILURES``).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+
+import pytest
+import yaml
+
+from installer.core.upgrade_rules import RULES
+from installer.lab import lab as lab_mod
+
+from .builtfixtures import UPGRADE_TO, upgrade_artifacts_dir
+from .labfixtures import start_lab, wait_for
+from .realcluster import BUSYBOX, INSTALLER, WAIT, RealCluster, run_installer
+
+pytestmark = [pytest.mark.lab, pytest.mark.real]
+
+NAME, SUBNET = "upg", "10.213.233.0/24"
+FROM = "v1.36.5"
+NODE_PORT = 30080
+# one replica's restart, seen through the other worker's NodePort: a few probes (200 ms each)
+ALLOWED_FAILURES = 10
+
+PROBER = r'''
+import json, sys, time, urllib.request
+targets, out = sys.argv[2:], sys.argv[1]
+ok = {t: 0 for t in targets}; bad = {t: 0 for t in targets}; fails = []
+i = 0
+while True:
+    t = targets[i % len(targets)]; i += 1
+    try:
+        urllib.request.urlopen(f"http://{t}/", timeout=1).read(); ok[t] += 1
+    except Exception as e:
+        bad[t] += 1; fails.append(f"{time.strftime('%H:%M:%S')} {t} {type(e).__name__}: {e}"[:200])
+    with open(out + ".tmp", "w") as f:
+        json.dump({"ok": ok, "failed": bad, "failures": fails[-50:]}, f)
+    import os; os.replace(out + ".tmp", out)
+    time.sleep(0.2)
+'''
+
+
+def workload() -> list[dict]:
+    labels = {"app": "echo"}
+    deployment = {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "echo"},
+        "spec": {"replicas": 2, "selector": {"matchLabels": labels}, "template": {
+            "metadata": {"labels": labels},
+            "spec": {
+                "terminationGracePeriodSeconds": 2,
+                "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                    {"labelSelector": {"matchLabels": labels}, "topologyKey": "kubernetes.io/hostname"}]}},
+                "containers": [{
+                    "name": "httpd", "image": BUSYBOX, "imagePullPolicy": "Never",
+                    "command": ["sh", "-c", "mkdir -p /www && hostname > /www/index.html && exec httpd -f -p 8080 -h /www"],
+                    "readinessProbe": {"httpGet": {"path": "/", "port": 8080}, "periodSeconds": 1}}]}}}}
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "echo"},
+               "spec": {"type": "NodePort", "selector": labels,
+                        "ports": [{"port": 80, "targetPort": 8080, "nodePort": NODE_PORT}]}}
+    pdb = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "echo"},
+           "spec": {"minAvailable": 1, "selector": {"matchLabels": labels}}}
+    return [deployment, service, pdb]
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory, built_artifacts, kubectl):
+    target_artifacts = upgrade_artifacts_dir()
+    tmp = tmp_path_factory.mktemp("upg")
+    lab = start_lab(NAME, SUBNET, tmp, controls=1, workers=2, images=True)
+    try:
+        inventory, state = tmp / "upg.inventory.yaml", tmp / "state"
+        doc = yaml.safe_load(lab.inventory.read_text())
+        assert doc["spec"]["kubernetes"]["version"] == FROM
+        inventory.write_text(yaml.safe_dump(doc, sort_keys=False))
+        # the operator's edit: the new version, and where its binaries are
+        doc["spec"]["kubernetes"]["version"] = UPGRADE_TO
+        doc["spec"]["artifacts"]["path"] = str(target_artifacts)
+        (tmp / "target.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+        proc = run_installer("apply", str(inventory), "--state", str(state), "--output", "json", "--wait-timeout", WAIT)
+        kubeconfig = tmp / "admin.kubeconfig"
+        run_installer("kubeconfig", str(inventory), "--state", str(state), "-o", str(kubeconfig))
+        rc = RealCluster(lab, inventory, state, kubeconfig, kubectl, json.loads(proc.stdout), 0.0)
+        for obj in workload():
+            rc.kubectl("apply", "-f", "-", stdin=json.dumps(obj))
+        wait_for("both echo replicas ready", lambda: rc.get("deployment", "echo")["status"].get("readyReplicas") == 2,
+                 timeout=600)
+        targets = [f"{rc.address(w)}:{NODE_PORT}" for w in rc.workers]
+        subprocess.run(["ssh", "-F", str(lab.ssh_config), "cp1", "cat > /root/prober.py"], input=PROBER, text=True,
+                       check=True, timeout=60)
+        rc.ssh("cp1", "systemctl stop hp-prober 2>/dev/null; systemctl reset-failed hp-prober 2>/dev/null; "
+                      f"systemd-run --unit=hp-prober /usr/bin/python3 /root/prober.py /root/probe.json "
+                      f"{' '.join(targets)}")
+        wait_for("the prober answered", lambda: sum(probes(rc)["ok"].values()) >= 10, timeout=120)
+        rc.target = tmp / "target.yaml"
+        yield rc
+    finally:
+        lab_mod.down(NAME, log=lambda *_: None)
+
+
+def probes(rc: RealCluster) -> dict:
+    out = rc.ssh("cp1", "cat /root/probe.json 2>/dev/null").stdout
+    return json.loads(out) if out.strip() else {"ok": {}, "failed": {}, "failures": []}
+
+
+def versions_on_hosts(rc: RealCluster) -> dict[str, str]:
+    out = {}
+    for host, binary in (("cp1", "kube-apiserver"), *((w, "kubelet") for w in rc.workers)):
+        out[host] = rc.ssh(host, f"/usr/local/bin/{binary} --version").stdout.strip()
+    return out
+
+
+def test_1_plan_shows_the_order_and_apply_refuses_the_new_version(up):
+    before = versions_on_hosts(up)
+    assert set(before.values()) == {f"Kubernetes {FROM}"}, before
+    doc = json.loads(run_installer("upgrade", str(up.target), "--state", str(up.state), "--plan",
+                                   "--output", "json").stdout)
+    print("\n" + "\n".join(doc["checks"] + doc["steps"]))
+    assert (doc["from"], doc["to"], doc["kind"], doc["dryRun"]) == (FROM, UPGRADE_TO, "minor", True)
+    steps = doc["steps"]
+    assert steps[0].startswith("save an etcd snapshot")
+    assert [s.split(":")[0] for s in steps[1:4]] == ["cp1", "w1", "w2"], steps
+    assert "cordon, drain" in steps[2] and steps[-1].startswith(f"converge every host at {UPGRADE_TO}")
+    assert any("Nodes: 2/2 Ready" in c for c in doc["checks"]), doc["checks"]
+    # apply would restart everything at once: refused, pointing to upgrade
+    proc = run_installer("apply", str(up.target), "--state", str(up.state), check_rc=2)
+    assert f"kubernetes {FROM} -> {UPGRADE_TO}" in proc.stderr and "installer upgrade" in proc.stderr
+    assert versions_on_hosts(up) == before
+
+
+def test_2_a_not_ready_node_refuses_the_upgrade(up):
+    up.ssh("w2", "systemctl stop kubelet")
+    try:
+        wait_for("w2 NotReady", lambda: not any(
+            c["type"] == "Ready" and c["status"] == "True" for c in up.get("node", "w2")["status"]["conditions"]),
+            timeout=300)
+        proc = run_installer("upgrade", str(up.target), "--state", str(up.state), check_rc=4)
+        assert "w2: NotReady" in proc.stderr and "--force" in proc.stderr and "nothing was changed" in proc.stderr
+    finally:
+        up.ssh("w2", "systemctl start kubelet")
+    wait_for("w2 Ready again", lambda: any(
+        c["type"] == "Ready" and c["status"] == "True" for c in up.get("node", "w2")["status"]["conditions"]),
+        timeout=300)
+    assert versions_on_hosts(up)["cp1"] == f"Kubernetes {FROM}"
+
+
+def test_3_killed_in_the_worker_step_then_run_again_it_finishes_and_the_workload_kept_answering(up):
+    start = time.monotonic()
+    proc = subprocess.Popen([INSTALLER, "upgrade", str(up.target), "--state", str(up.state), "--wait-timeout", WAIT],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if line.startswith("upgrade: [3/"):            # w1: cordon, drain, ...
+            break
+    time.sleep(8)                                       # in the middle of w1's turn
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    print("\nkilled after:\n" + "".join(seen[-6:]))
+    assert any(line.startswith("upgrade: [3/") for line in seen), "".join(seen)
+    # the plan says where it stopped: w1 was cordoned by the upgrade, and is still to do or to uncordon
+    plan = json.loads(run_installer("upgrade", str(up.target), "--state", str(up.state), "--plan",
+                                    "--output", "json").stdout)
+    print("\n".join(plan["steps"]))
+    assert (up.state / "upgrade.yaml").is_file() and "w1" in (up.state / "upgrade.yaml").read_text()
+    assert any(s.startswith("w1") or "uncordon w1" in s for s in plan["steps"]), plan["steps"]
+
+    done = json.loads(run_installer("upgrade", str(up.target), "--state", str(up.state), "--output", "json",
+                                    "--wait-timeout", WAIT, timeout=3600).stdout)
+    seconds = time.monotonic() - start
+    for t in done["timings"]:
+        print(f"{t['seconds']:7.1f} s  {t['step']}")
+    print(f"upgrade {FROM} -> {UPGRADE_TO}: {seconds:.0f} s in all (killed once)")
+    time.sleep(3)
+    seen = probes(up)
+    up.ssh("cp1", "systemctl stop hp-prober")
+    print(f"probes: ok {seen['ok']}, failed {seen['failed']}")
+    print("\n".join(seen["failures"]))
+    assert sum(seen["ok"].values()) > 100
+    assert sum(seen["failed"].values()) <= ALLOWED_FAILURES, seen
+    assert not (up.state / "upgrade.yaml").exists()
+    assert done["snapshot"] is None or done["snapshot"].endswith("etcd.db")
+    assert list(up.state.glob("backups/upgrade-*/etcd.db")), "the first run's snapshot is kept"
+
+
+def test_4_every_component_reports_the_new_version(up):
+    assert set(versions_on_hosts(up).values()) == {f"Kubernetes {UPGRADE_TO}"}
+    server = json.loads(up.kubectl("version", "-o", "json").stdout)["serverVersion"]["gitVersion"]
+    assert server == UPGRADE_TO
+    nodes = up.get("nodes")["items"]
+    assert sorted(n["metadata"]["name"] for n in nodes) == up.workers
+    for n in nodes:
+        assert n["status"]["nodeInfo"]["kubeletVersion"] == UPGRADE_TO
+        assert n["status"]["nodeInfo"]["kubeProxyVersion"] in ("", UPGRADE_TO)
+        assert not n["spec"].get("unschedulable"), n["metadata"]["name"]
+    assert up.get("deployment", "echo")["status"].get("readyReplicas") == 2
+
+
+def test_5_a_second_upgrade_and_apply_change_nothing(up):
+    again = json.loads(run_installer("upgrade", str(up.target), "--state", str(up.state), "--output", "json",
+                                     "--wait-timeout", WAIT).stdout)
+    assert again["kind"] == "none" and len(again["steps"]) == 1, again
+    report = json.loads(run_installer("apply", str(up.target), "--state", str(up.state), "--output", "json",
+                                      "--wait-timeout", WAIT).stdout)
+    assert report["changes"] == 0 and report["restarts"] == [], report
+
+
+def test_6_going_down_a_minor_is_refused_with_the_rule(up):
+    proc = run_installer("upgrade", str(up.target), "--state", str(up.state), "--to", FROM, check_rc=4)
+    assert RULES["minor-down"] in proc.stderr and "nothing was changed" in proc.stderr
+    # the old inventory is refused by apply as well
+    proc = run_installer("apply", str(up.inventory), "--state", str(up.state), check_rc=2)
+    assert f"kubernetes {UPGRADE_TO} -> {FROM}" in proc.stderr
