@@ -135,6 +135,14 @@ class Upgrade:
     log: Callable[[str], None] = print
     snapshot: str | None = None
     timings: list[tuple[str, float]] = field(default_factory=list)
+    # where a worker's turn spends its time: (host(s) and part, seconds)
+    parts: list[tuple[str, float]] = field(default_factory=list)
+
+    @contextlib.contextmanager
+    def timed(self, what: str):
+        started = time.monotonic()
+        yield
+        self.parts.append((what, round(time.monotonic() - started, 1)))
 
     def converge(self, inv: Inventory, hosts: frozenset[str], only: frozenset[str] = frozenset(),
                  skip: frozenset[str] = frozenset()) -> None:
@@ -187,17 +195,20 @@ def _wait_ready_at(up: Upgrade, api, names: list[str]) -> None:
 
 
 def _worker_batch(names: list[str]) -> Callable[[Upgrade], None]:
+    label = ", ".join(names)
+
     def run(up: Upgrade) -> None:
         if up.use_api:
             _mark(up.state, sorted(set(cordoned_by_upgrade(up.state)) | set(names)))    # before the cordon
-            with up.api() as api:
+            with up.timed(f"{label}: cordon and drain"), up.api() as api:
                 for n in names:
                     node_api.cordon(api, n)
                     result = node_api.drain(api, n, up.drain_timeout, log=up.log)
                     up.log(f"  {n}: drained, {len(result.evicted)} pod(s) evicted")
-        up.converge(up.inv, frozenset(names))
+        with up.timed(f"{label}: new binaries and restarts (apply)"):
+            up.converge(up.inv, frozenset(names))
         if up.use_api:
-            with up.api() as api:
+            with up.timed(f"{label}: Ready at the new version, uncordon"), up.api() as api:
                 _wait_ready_at(up, api, names)
                 for n in names:
                     node_api.uncordon(api, n)
@@ -269,12 +280,14 @@ class UpgradeReport:
     steps: list[str]
     snapshot: str | None = None
     timings: list[tuple[str, float]] = field(default_factory=list)
+    parts: list[tuple[str, float]] = field(default_factory=list)
     seconds: float = 0.0
 
     def as_dict(self) -> dict:
         return {"dryRun": self.dry_run, "from": self.current, "to": self.target, "kind": self.kind,
                 "checks": self.checks, "steps": self.steps, "snapshot": self.snapshot,
-                "timings": [{"step": s, "seconds": t} for s, t in self.timings], "seconds": round(self.seconds, 1)}
+                "timings": [{"step": s, "seconds": t} for s, t in self.timings],
+                "parts": [{"part": p, "seconds": t} for p, t in self.parts], "seconds": round(self.seconds, 1)}
 
 
 def _checks(inv: Inventory, found: Survey, force: bool, use_api: bool) -> list[str]:
@@ -333,8 +346,8 @@ def upgrade(inventory, state_dir=None, *, to: str | None = None, plan_only: bool
     report = UpgradeReport(current, target, kind, plan_only, checks, plan(steps))
     if plan_only:
         return report
-    with cluster_lock(inv, log=log):
+    with state.locked(), cluster_lock(inv, log=log):
         report.steps = run_steps("upgrade", steps, up, log, up.timings)
-    report.snapshot, report.timings = up.snapshot, up.timings
+    report.snapshot, report.timings, report.parts = up.snapshot, up.timings, up.parts
     report.seconds = time.monotonic() - started
     return report
