@@ -222,7 +222,7 @@ def ready(node: k8s.V1Node, since: float | None = None) -> tuple[bool, str]:
     return False, "no Ready condition yet"
 
 
-def wait_nodesready(api: k8s.ApiClient, names: Sequence[str], timeout: float, *,
+def wait_nodes_ready(api: k8s.ApiClient, names: Sequence[str], timeout: float, *,
                      interval: float = 2.0, registered_only: bool = False,
                      each_round: Callable[[], None] | None = None, since: float | None = None) -> None:
     """Poll (one list of Nodes per round) until every named Node has Ready=True (or, with
