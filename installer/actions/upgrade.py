@@ -64,6 +64,7 @@ class Survey:
     hosts: list[HostState]
     nodes: dict[str, node_api.NodeState] = field(default_factory=dict)
     etcd: dict[str, bool] = field(default_factory=dict)         # endpoint -> healthy
+    leaders: dict[str, str | None] = field(default_factory=dict)  # leader Lease -> holder, before any restart
 
 
 def survey(inv: Inventory, material, api_factory: ApiFactory | None = None, use_api: bool = True) -> Survey:
@@ -84,15 +85,15 @@ def survey(inv: Inventory, material, api_factory: ApiFactory | None = None, use_
     finally:
         for r in remotes.values():
             r.close()
-    hosts, nodes = list(found.values()), {}
+    hosts, nodes, leaders = list(found.values()), {}, {}
     if use_api:
         with cluster_api(inv, material, api_factory) as api:
-            nodes = node_api.node_states(api)
+            nodes, leaders = node_api.node_states(api), node_api.lease_holders(api)
         # a worker counts at the version its running kubelet reports: a run killed after the new
         # binary was written but before the restart leaves the file newer than the process
         hosts = [replace(h, kubernetes=nodes[h.name].kubelet) if h.role == "worker" and h.name in nodes else h
                  for h in hosts]
-    return Survey(hosts, nodes, etcd)
+    return Survey(hosts, nodes, etcd, leaders)
 
 
 # --- what an interrupted run left: the workers it cordoned ----------------------------------
@@ -194,6 +195,27 @@ def _wait_ready_at(up: Upgrade, api, names: list[str]) -> None:
         time.sleep(2)
 
 
+def _controllers_lead(before: dict[str, str | None]) -> Callable[[Upgrade], None]:
+    """Until a restarted controller-manager and scheduler hold their leader Leases. A restarted
+    one waits for its predecessor's Lease to run out (15 s by default): a worker drained meanwhile
+    would leave its evicted pods' addresses in the Services' endpoints (no endpoint controller to
+    take them out) and its pending pods unscheduled."""
+    def run(up: Upgrade) -> None:
+        deadline = time.monotonic() + up.wait_timeout
+        with up.api() as api:
+            while True:
+                now = node_api.lease_holders(api)
+                waiting = [n for n, holder in now.items() if holder is None or holder == before.get(n)]
+                if not waiting:
+                    up.log("  " + "; ".join(f"{n}: led by {h}" for n, h in now.items()))
+                    return
+                if time.monotonic() > deadline:
+                    raise UpgradeError(f"{', '.join(waiting)}: no restarted instance holds the leader Lease after "
+                                       f"{up.wait_timeout:g} s (kube-system Leases); no worker was touched")
+                time.sleep(1)
+    return run
+
+
 def _worker_batch(names: list[str]) -> Callable[[Upgrade], None]:
     label = ", ".join(names)
 
@@ -249,15 +271,22 @@ def upgrade_steps(up: Upgrade, found: Survey, current_etcd: str | None) -> list[
     steps.append(Step("save an etcd snapshot into <state>/backups/upgrade-<time>/etcd.db (kept: `installer etcd "
                       "snapshot restore` takes the cluster back to it)", _snapshot))
     etcd_inv = _with_version(up.inv, kubernetes=up.current)
+    running = {h.name: h.kubernetes for h in found.hosts}
+    restarts_controllers = any(role[b[0]] == "control" for b in order[etcd_n:])
+    first_worker = next((i for i, b in enumerate(order) if role[b[0]] == "worker"), None)
     for i, batch in enumerate(order):
         names = ", ".join(batch)
+        was = ", ".join(sorted({running[n] or "none" for n in batch}))
+        if i == first_worker and restarts_controllers and up.use_api:
+            steps.append(Step("wait until a restarted kube-controller-manager and kube-scheduler lead (their "
+                              "kube-system Leases) before any worker is drained", _controllers_lead(found.leaders)))
         if i < etcd_n:
             steps.append(Step(f"{names}: etcd {current_etcd} -> {target_etcd}, this member alone; a healthy "
                               "cluster before the next",
                               lambda up, b=batch: up.converge(etcd_inv, frozenset(b),
                                                               only=frozenset({"preflight", "artifacts", "etcd"}))))
         elif role[batch[0]] == "control":
-            steps.append(Step(f"{names}: kube-apiserver, kube-controller-manager, kube-scheduler {up.current} -> "
+            steps.append(Step(f"{names}: kube-apiserver, kube-controller-manager, kube-scheduler {was} -> "
                               f"{up.target} (apply on {names} alone: the apiserver restarts first and answers "
                               "/readyz before the next host)",
                               lambda up, b=batch: up.converge(up.inv, frozenset(b), skip=CONTROL_ONLY)))
@@ -265,7 +294,7 @@ def upgrade_steps(up: Upgrade, found: Survey, current_etcd: str | None) -> list[
             what = (f"cordon, drain (PodDisruptionBudgets respected, {up.drain_timeout:g} s at most), "
                     if up.use_api else "")
             after = ", wait until Ready at the new version, uncordon" if up.use_api else ""
-            steps.append(Step(f"{names}: {what}kubelet and kube-proxy {up.current} -> {up.target} (containerd too "
+            steps.append(Step(f"{names}: {what}kubelet and kube-proxy {was} -> {up.target} (containerd too "
                               f"when its pin changes; apply on {names}){after}", _worker_batch(batch)))
     return steps + [last]
 

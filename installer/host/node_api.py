@@ -69,6 +69,24 @@ def node_states(api: k8s.ApiClient) -> dict[str, NodeState]:
                                        bool(n.spec and n.spec.unschedulable)) for n in nodes}
 
 
+LEADER_LEASES = ("kube-controller-manager", "kube-scheduler")      # in kube-system
+
+
+def lease_holders(api: k8s.ApiClient) -> dict[str, str | None]:
+    """Who holds the controller-manager's and the scheduler's leader Lease (identity
+    ``<host>_<uuid of the process>``); None for a Lease not there (yet)."""
+    coord, out = k8s.CoordinationV1Api(api), {}
+    for name in LEADER_LEASES:
+        try:
+            lease = api_call(f"Lease/{name}", coord.read_namespaced_lease, name, "kube-system")
+            out[name] = lease.spec.holder_identity if lease.spec else None
+        except ApiException as e:
+            if e.status != 404:
+                raise KubeError(f"Lease kube-system/{name}: {status_message(e)}") from None
+            out[name] = None
+    return out
+
+
 def _skipped(pod: k8s.V1Pod) -> str | None:
     """Why ``pod`` is not evicted (kubectl drain's rules): mirror pods belong to the kubelet's
     static manifests, DaemonSet pods would be re-created on the node at once."""
