@@ -132,8 +132,9 @@ def test_1_plan_shows_the_order_and_apply_refuses_the_new_version(up):
     assert (doc["from"], doc["to"], doc["kind"], doc["dryRun"]) == (FROM, UPGRADE_TO, "minor", True)
     steps = doc["steps"]
     assert steps[0].startswith("save an etcd snapshot")
-    assert [s.split(":")[0] for s in steps[1:4]] == ["cp1", "w1", "w2"], steps
-    assert "cordon, drain" in steps[2] and steps[-1].startswith(f"converge every host at {UPGRADE_TO}")
+    assert [s.split(":")[0] for s in steps[1:5]] == ["cp1", steps[2].split(":")[0], "w1", "w2"], steps
+    assert steps[2].startswith("wait until a restarted kube-controller-manager and kube-scheduler lead")
+    assert "cordon, drain" in steps[3] and steps[-1].startswith(f"converge every host at {UPGRADE_TO}")
     assert any("Nodes: 2/2 Ready" in c for c in doc["checks"]), doc["checks"]
     # apply would restart everything at once: refused, pointing to upgrade
     proc = run_installer("apply", str(up.target), "--state", str(up.state), check_rc=2)
