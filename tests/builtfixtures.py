@@ -58,6 +58,41 @@ def upgrade_artifacts_dir() -> Path:
     return dest
 
 
+# the etcd the etcd-roll test starts from: the default etcd is the next patch
+ETCD_FROM = "v3.6.15"
+
+
+def etcd_dir(version: str) -> Path:
+    """etcd, etcdctl and etcdutl of ``version``, built (when missing) into a directory of their own."""
+    dest = default_dir().parent / f"etcd-{version}"
+    if not (dest / "etcd").is_file():
+        proc = subprocess.run([sys.executable, str(ROOT / "tools/kubebuild/build.py"), "default", str(dest),
+                               "--etcd", version, "--only", "etcd"], capture_output=True, text=True)
+        if proc.returncode != 0:
+            pytest.fail(f"scripts/build-kubernetes --etcd {version} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    return dest
+
+
+def with_etcd(src: Path, version: str) -> Path:
+    """``src`` with the etcd binaries of ``version`` in place of its own (hard links, its own
+    SHA256SUMS): a cluster that starts on another etcd patch."""
+    other = etcd_dir(version)
+    extra = read_sums(other)
+    sums = {**{n: d for n, d in read_sums(src).items() if n not in extra}, **extra}
+    dest = src.with_name(f"{src.name}-etcd-{version}")
+    if read_sums(dest) != sums:
+        shutil.rmtree(dest, ignore_errors=True)
+        tmp = src.with_name(f".{dest.name}.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for name in sums:
+            os.link((other if name in extra else src) / name, tmp / name)
+        write_sums(tmp, sums)
+        tmp.rename(dest)
+    verify(dest, sorted(sums))
+    return dest
+
+
 def binaries_only(src: Path) -> Path:
     """``src`` without the image archives (hard links, its own SHA256SUMS): what the labs of
     the stand-in tests import, so their workers are not sent images nothing runs there."""

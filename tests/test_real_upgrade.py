@@ -225,3 +225,98 @@ def test_6_going_down_a_minor_is_refused_with_the_rule(up):
     # the old inventory is refused by apply as well
     proc = run_installer("apply", str(up.inventory), "--state", str(up.state), check_rc=2)
     assert f"kubernetes {UPGRADE_TO} -> {FROM}" in proc.stderr
+
+
+# --- an etcd patch rolled on three members while the API keeps answering ---------------------------
+
+ETCD_NAME, ETCD_SUBNET = "upge", "10.213.234.0/24"
+
+
+class ApiProber:
+    """From the test machine, every 200 ms: GET /readyz of the first apiserver that answers, in
+    control-host order (admin client certificate from the state). Counts the ticks at which none
+    answered, and each apiserver's refusals."""
+
+    def __init__(self, addresses: list[str], state):
+        import ssl
+        import threading
+        self.ctx = ssl.create_default_context(cafile=str(state / "pki" / "ca.crt"))
+        self.ctx.load_cert_chain(str(state / "pki" / "admin.crt"), str(state / "pki" / "admin.key"))
+        self.addresses, self.ticks, self.down, self.refused = addresses, 0, [], {a: 0 for a in addresses}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self) -> None:
+        import urllib.request
+        while not self.stop.wait(0.2):
+            self.ticks += 1
+            for a in self.addresses:
+                try:
+                    urllib.request.urlopen(f"https://{a}:6443/readyz", context=self.ctx, timeout=1).read()
+                    break
+                except Exception:          # noqa: BLE001 - any failure of one apiserver counts the same
+                    self.refused[a] += 1
+            else:
+                self.down.append(time.strftime("%H:%M:%S"))
+
+    def finish(self) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def test_an_etcd_patch_is_rolled_one_member_at_a_time_and_the_api_keeps_answering(tmp_path, built_artifacts):
+    from .builtfixtures import ETCD_FROM, with_etcd
+    lab = start_lab(ETCD_NAME, ETCD_SUBNET, tmp_path, controls=3, workers=1, images=True,
+                    artifacts=with_etcd(built_artifacts, ETCD_FROM))
+    try:
+        inventory, target, state = tmp_path / "from.yaml", tmp_path / "to.yaml", tmp_path / "state"
+        doc = yaml.safe_load(lab.inventory.read_text())
+        default_etcd = doc["spec"].get("artifacts", {}).get("versions", {}).get("etcd")
+        doc["spec"]["artifacts"].setdefault("versions", {})["etcd"] = ETCD_FROM
+        inventory.write_text(yaml.safe_dump(doc, sort_keys=False))
+        run_installer("apply", str(inventory), "--state", str(state), "--wait-timeout", WAIT)
+        # the edit: the default etcd, from the default build
+        doc["spec"]["artifacts"]["versions"]["etcd"] = default_etcd or "v3.6.16"
+        doc["spec"]["artifacts"]["path"] = str(built_artifacts)
+        target.write_text(yaml.safe_dump(doc, sort_keys=False))
+        to_etcd = doc["spec"]["artifacts"]["versions"]["etcd"]
+        controls = [h for h in lab.spec.hosts if h.role == "control"]
+
+        def etcd_versions() -> list[str]:
+            return [subprocess.run(["ssh", "-F", str(lab.ssh_config), h.name, "/usr/local/bin/etcd --version"],
+                                   capture_output=True, text=True, timeout=60).stdout.split("\n")[0] for h in controls]
+        assert etcd_versions() == [f"etcd Version: {ETCD_FROM.lstrip('v')}"] * 3
+
+        plan = json.loads(run_installer("upgrade", str(target), "--state", str(state), "--plan", "--output",
+                                        "json").stdout)
+        print("\n" + "\n".join(plan["steps"]))
+        assert plan["kind"] == "none" and [s.split(":")[0] for s in plan["steps"][1:4]] == ["cp1", "cp2", "cp3"]
+        assert all(f"etcd {ETCD_FROM} -> {to_etcd}, this member alone" in s for s in plan["steps"][1:4])
+
+        prober = ApiProber([h.address for h in controls], state)
+        try:
+            time.sleep(2)
+            done = json.loads(run_installer("upgrade", str(target), "--state", str(state), "--output", "json",
+                                            "--wait-timeout", WAIT).stdout)
+            time.sleep(2)
+        finally:
+            prober.finish()
+        for t in done["timings"]:
+            print(f"{t['seconds']:7.1f} s  {t['step'][:100]}")
+        print(f"API probes: {prober.ticks} ticks, none answering at {len(prober.down)} {prober.down[:10]}; "
+              f"refusals per apiserver {prober.refused}")
+        assert prober.ticks > 50 and prober.down == []
+        assert etcd_versions() == [f"etcd Version: {to_etcd.lstrip('v')}"] * 3
+        health = subprocess.run(["ssh", "-F", str(lab.ssh_config), "cp1",
+                                 "ETCDCTL_API=3 /usr/local/bin/etcdctl --endpoints=" + ",".join(
+                                     f"https://{h.address}:2379" for h in controls)
+                                 + " --cacert=/etc/kubernetes/pki/etcd/ca.crt"
+                                 " --cert=/etc/kubernetes/pki/etcd/healthcheck-client.crt"
+                                 " --key=/etc/kubernetes/pki/etcd/healthcheck-client.key endpoint health -w json"],
+                                capture_output=True, text=True, timeout=60)
+        assert [e["health"] for e in json.loads(health.stdout)] == [True] * 3, health.stdout + health.stderr
+        again = json.loads(run_installer("upgrade", str(target), "--state", str(state), "--output", "json").stdout)
+        assert len(again["steps"]) == 1, again["steps"]
+    finally:
+        lab_mod.down(ETCD_NAME, log=lambda *_: None)

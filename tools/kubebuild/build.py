@@ -98,9 +98,11 @@ def kubernetes(version: str) -> Component:
         _k8s_ldflags, tags="selinux,notest,grpcnotrace", staging=True)
 
 
-def others() -> list[Component]:
+def others(etcd: str | None = None) -> list[Component]:
+    """``etcd``: another etcd than the default (tests/test_real_upgrade.py rolls a patch)."""
     d = versions.DEFAULT_COMPONENTS
-    etcd, containerd, runc, cni = d["etcd"], "v" + d["containerd"].lstrip("v"), d["runc"], d["cni"]
+    containerd, runc, cni = "v" + d["containerd"].lstrip("v"), d["runc"], d["cni"]
+    etcd = etcd or d["etcd"]
     return [
         Component("etcd", etcd,
                   ("go.etcd.io/etcd/server/v3", "go.etcd.io/etcd/etcdctl/v3", "go.etcd.io/etcd/etcdutl/v3"),
@@ -444,6 +446,7 @@ def main(argv: list[str] | None = None) -> int:
                    "('default': the installer's default)")
     p.add_argument("dir", type=Path, help="artifacts directory to fill (created; SHA256SUMS updated)")
     p.add_argument("--pin", action="store_true", help="regenerate the wrapper modules (go.mod, go.sum) and exit")
+    p.add_argument("--etcd", metavar="VERSION", help=f"etcd version (default {versions.DEFAULT_COMPONENTS['etcd']})")
     p.add_argument("--only", action="append", default=[],
                    help="build only these components (kubernetes, etcd, containerd, runc, cni, cri-tools, coredns, images)")
     args = p.parse_args(argv)
@@ -453,7 +456,9 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("go") is None:
         raise SystemExit("build-kubernetes: no `go` on PATH (Go 1.26 or newer is needed)")
     k8s = kubernetes(version)
-    components = [k8s, *others()]
+    if args.etcd and versions.parse(args.etcd) is None:
+        p.error(f"--etcd: '{args.etcd}' is not vMAJOR.MINOR.PATCH")
+    components = [k8s, *others(args.etcd)]
     wanted = set(args.only) or {c.name for c in components} | {"images"}
     unknown = wanted - {c.name for c in components} - {"images"}
     if unknown:
