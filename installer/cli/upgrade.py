@@ -14,7 +14,7 @@ from installer.cli.options import OUTPUT, STATE_DEFAULT, echo_json
 @click.option("--state", "state_dir", type=click.Path(file_okay=False), help=f"Local state directory. {STATE_DEFAULT}")
 @click.option("--to", "to", metavar="VERSION",
               help="Target Kubernetes version (default: the inventory's spec.kubernetes.version).")
-@click.option("--plan", "plan_only", is_flag=True,
+@click.option("--plan", "--dry-run", "plan_only", is_flag=True,
               help="Print the checks and the order, per host; change nothing (exit 0). Shows where an interrupted "
                    "upgrade stopped.")
 @click.option("--max-unavailable", default=1, show_default=True, type=click.IntRange(min=1),
