@@ -73,22 +73,29 @@ def etcd_dir(version: str) -> Path:
     return dest
 
 
+def _linked_dir(dest: Path, files: dict[str, Path], sums: dict[str, str]) -> Path:
+    """``dest`` holding hard links to ``files`` (name -> source) and its own SHA256SUMS of
+    ``sums``; made again only when its sums differ, through a temporary directory."""
+    if read_sums(dest) != sums:
+        shutil.rmtree(dest, ignore_errors=True)
+        tmp = dest.with_name(f".{dest.name}.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for name in sums:
+            os.link(files[name], tmp / name)
+        write_sums(tmp, sums)
+        tmp.rename(dest)
+    return dest
+
+
 def with_etcd(src: Path, version: str) -> Path:
     """``src`` with the etcd binaries of ``version`` in place of its own (hard links, its own
     SHA256SUMS): a cluster that starts on another etcd patch."""
     other = etcd_dir(version)
     extra = read_sums(other)
     sums = {**{n: d for n, d in read_sums(src).items() if n not in extra}, **extra}
-    dest = src.with_name(f"{src.name}-etcd-{version}")
-    if read_sums(dest) != sums:
-        shutil.rmtree(dest, ignore_errors=True)
-        tmp = src.with_name(f".{dest.name}.tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        for name in sums:
-            os.link((other if name in extra else src) / name, tmp / name)
-        write_sums(tmp, sums)
-        tmp.rename(dest)
+    dest = _linked_dir(src.with_name(f"{src.name}-etcd-{version}"),
+                       {n: (other if n in extra else src) / n for n in sums}, sums)
     verify(dest, sorted(sums))
     return dest
 
@@ -97,17 +104,7 @@ def binaries_only(src: Path) -> Path:
     """``src`` without the image archives (hard links, its own SHA256SUMS): what the labs of
     the stand-in tests import, so their workers are not sent images nothing runs there."""
     sums = {n: d for n, d in read_sums(src).items() if not n.endswith(".tar")}
-    dest = src.with_name(src.name + "-binaries")
-    if read_sums(dest) != sums:
-        shutil.rmtree(dest, ignore_errors=True)
-        tmp = src.with_name(f".{src.name}-binaries.tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        for name in sums:
-            os.link(src / name, tmp / name)
-        write_sums(tmp, sums)
-        tmp.rename(dest)
-    return dest
+    return _linked_dir(src.with_name(src.name + "-binaries"), {n: src / n for n in sums}, sums)
 
 
 @pytest.fixture(scope="session")

@@ -31,7 +31,7 @@ import yaml
 
 from installer.actions.etcd_ops import day2_etcdctl, snapshot_save
 from installer.actions.node_ops import ApiFactory, cluster_api, material_for
-from installer.core import versions
+from installer.core import upgrade_rules, versions
 from installer.core.errors import InstallerError
 from installer.core.inventory import Inventory, as_inventory
 from installer.core.render.control import etcd_servers
@@ -359,8 +359,7 @@ def upgrade(inventory, state_dir=None, *, to: str | None = None, plan_only: bool
     current = current_version(found.hosts)
     if current is None:
         raise UpgradeRefused("no control host runs Kubernetes binaries yet: run `installer apply` first")
-    etcds = [h.etcd for h in found.hosts if h.role == "control" and h.etcd]
-    current_etcd = min(etcds, key=lambda v: tuple(int(x) for x in v.lstrip("v").split("."))) if etcds else None
+    current_etcd = upgrade_rules.current_etcd(found.hosts)
     try:
         kind = check_kubernetes(current, target)
         if current_etcd:

@@ -95,8 +95,16 @@ def upgrade_order(hosts: list[HostState], target: str, target_etcd: str, max_una
     return etcd + control + batches([h.name for h in workers if h.kubernetes != target], max_unavailable)
 
 
+def oldest(found: list[str]) -> str | None:
+    return min(found, key=lambda v: _v(v, "version")) if found else None
+
+
 def current_version(hosts: list[HostState]) -> str | None:
     """The cluster's version: the oldest Kubernetes version a control host reports (an upgrade
     cut short leaves some control hosts newer; the check is made from the oldest)."""
-    found = [h.kubernetes for h in hosts if h.role == "control" and h.kubernetes]
-    return min(found, key=lambda v: _v(v, "version")) if found else None
+    return oldest([h.kubernetes for h in hosts if h.role == "control" and h.kubernetes])
+
+
+def current_etcd(hosts: list[HostState]) -> str | None:
+    """The oldest etcd a control host reports."""
+    return oldest([h.etcd for h in hosts if h.role == "control" and h.etcd])
