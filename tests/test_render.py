@@ -124,3 +124,22 @@ def test_installed_wheel_renders(tmp_path):
     proc = subprocess.run([sys.executable, "-c", "import installer.core.render.files as f; print(f._units_dir())"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
     assert proc.stdout.strip() == str(target / "installer" / "units")
+
+
+def test_libyaml_emits_what_pure_python_emits(prepared, monkeypatch):
+    """to_yaml uses libyaml's emitter for speed; a different byte would change every host's
+    file digests (and restart units) on the first apply after an upgrade of the installer."""
+    import yaml
+
+    from installer.core.render import files
+
+    assert files._DUMPER is yaml.CSafeDumper, "PyYAML without libyaml: rendering is ~7x slower"
+    docs = []
+    real = files.to_yaml
+    monkeypatch.setattr(files, "to_yaml", lambda doc: docs.append(doc) or real(doc))
+    for mod in ("worker", "control", "kubeconfig", "plan"):
+        monkeypatch.setattr(f"installer.core.render.{mod}.to_yaml", files.to_yaml, raising=False)
+    render_cluster(prepared.inventory, prepared.material)
+    assert len(docs) > 10
+    for doc in docs:
+        assert real(doc) == yaml.safe_dump(doc, sort_keys=False, default_flow_style=False).encode()

@@ -19,13 +19,15 @@ import base64
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from cryptography import x509
 from cryptography.x509.oid import NameOID
-from kubernetes import client as k8s
-from kubernetes.client.exceptions import ApiException
 
 from installer.core.errors import InstallerError
+
+if TYPE_CHECKING:   # the client is imported by the calls that use it: a no-op apply never does
+    from kubernetes import client as k8s
 
 KUBELET_CLIENT_SIGNER = "kubernetes.io/kube-apiserver-client-kubelet"
 BOOTSTRAP_USER = "system:bootstrap:"
@@ -96,6 +98,8 @@ def _decided(csr: k8s.V1CertificateSigningRequest) -> bool:
 def approve_pending(api: k8s.ApiClient, token_nodes: Mapping[str, str]) -> list[Verdict]:
     """Decide every pending kubelet client CSR made with a bootstrap token; returns the
     verdicts written (approved or denied), oldest first."""
+    from kubernetes import client as k8s
+    from kubernetes.client.exceptions import ApiException
     certs = k8s.CertificatesV1Api(api)
     items = _list(api)
     out = []
@@ -123,6 +127,8 @@ def approve_pending(api: k8s.ApiClient, token_nodes: Mapping[str, str]) -> list[
 
 
 def _list(api: k8s.ApiClient) -> list[k8s.V1CertificateSigningRequest]:
+    from kubernetes import client as k8s
+    from kubernetes.client.exceptions import ApiException
     try:
         return k8s.CertificatesV1Api(api).list_certificate_signing_request().items
     except ApiException as e:
