@@ -389,3 +389,47 @@ def test_binary_files_per_role_and_no_worker_binary_on_control(tmp_path):
     del resolved["kubelet"]
     with pytest.raises(ArtifactError, match="kubelet"):
         binary_files(resolved, "worker")
+
+
+def test_remembered_digests_skip_hashing_until_a_file_changes(example_doc, tmp_path, monkeypatch):
+    """A re-run reads the digests of unchanged artifacts from the record instead of hashing
+    them; a binary replaced in place (same size, its old mtime put back) is hashed again and
+    refused, so the record never vouches for a changed file."""
+    import os
+
+    from installer.core.digests import Digests
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    d = tmp_path / "artifacts"
+    d.mkdir()
+    for n in ALL_BINARIES:
+        (d / n).write_bytes(fake(n))
+    add_files(d, list(ALL_BINARIES))
+    inv = dir_inv(example_doc, tmp_path)
+    record = cache_dir(inv) / "sha256-by-identity.json"
+
+    first = Digests(record)
+    resolve(inv, log=lambda _: None, digests=first)
+    first.save()
+    assert first.hashed == len(ALL_BINARIES)
+    assert oct(record.stat().st_mode & 0o777) == "0o600" and oct(record.parent.stat().st_mode & 0o777) == "0o700"
+
+    second = Digests(record)
+    got = resolve(inv, log=lambda _: None, digests=second)
+    assert second.hashed == 0
+    assert {n: a.sha256 for n, a in got.items()} == {n: sha(fake(n)) for n in ALL_BINARIES}
+
+    st = (d / "kubelet").stat()
+    swapped = bytes(reversed(fake("kubelet")))                  # same size
+    (d / "kubelet").write_bytes(swapped)
+    os.utime(d / "kubelet", ns=(st.st_atime_ns, st.st_mtime_ns))   # mtime put back; ctime moves
+    third = Digests(record)
+    with pytest.raises(ArtifactError, match=f"kubelet: sha256 {sha(swapped)} does not match"):
+        resolve(inv, log=lambda _: None, digests=third)
+    assert third.hashed == 1
+
+    record.write_text("{not json")                              # a damaged record costs the hashing only
+    (d / "kubelet").write_bytes(fake("kubelet"))
+    fourth = Digests(record)
+    assert resolve(inv, log=lambda _: None, digests=fourth)["kubelet"].sha256 == sha(fake("kubelet"))
+    assert fourth.hashed == len(ALL_BINARIES)

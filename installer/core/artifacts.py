@@ -8,12 +8,12 @@ alike to everything after them.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from installer.core.components import CONTROL, WORKER, installed_binaries
+from installer.core.digests import Digests, sha256_file
 from installer.core.errors import InstallerError
 
 SUMS_FILE = "SHA256SUMS"
@@ -30,14 +30,6 @@ ARTIFACTS_ARCH = "amd64"
 
 class ArtifactError(InstallerError):
     pass
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def read_sums(directory: Path) -> dict[str, str]:
@@ -72,9 +64,11 @@ def add_files(directory: Path, names: list[str]) -> dict[str, str]:
     return sums
 
 
-def verify(directory: Path, names: list[str] | tuple[str, ...]) -> dict[str, str]:
-    """Check that each named file exists and matches SHA256SUMS; return their digests."""
+def verify(directory: Path, names: list[str] | tuple[str, ...], digests: Digests | None = None) -> dict[str, str]:
+    """Check that each named file exists and matches SHA256SUMS; return their digests.
+    ``digests``: remembered digests of unchanged files (see core/digests.py)."""
     directory = Path(directory)
+    digests = digests or Digests()
     sums = read_sums(directory)
     problems, out = [], {}
     for name in names:
@@ -82,7 +76,7 @@ def verify(directory: Path, names: list[str] | tuple[str, ...]) -> dict[str, str
             problems.append(f"{name}: no entry in {directory / SUMS_FILE}")
         elif not (directory / name).is_file():
             problems.append(f"{name}: missing from {directory}")
-        elif (digest := sha256_file(directory / name)) != sums[name]:
+        elif (digest := digests.sha256(directory / name)) != sums[name]:
             problems.append(f"{name}: sha256 {digest} does not match {SUMS_FILE} ({sums[name]})")
         else:
             out[name] = digest

@@ -21,7 +21,7 @@ from installer.engine.phases.acquire_lock import release
 from installer.engine.phases.base import Context, Event, Options
 from installer.core.pki.material import ensure
 from installer.core.render.plan import render_cluster
-from installer.host.fetch import resolve, resolve_images
+from installer.host.fetch import digest_record, resolve, resolve_images
 from installer.host.ssh import HostError
 from installer.core.inventory import as_inventory
 from installer.core.state import state_for
@@ -105,8 +105,10 @@ def check_versions(inv, state) -> None:
 
 
 def _resolve_artifacts(ctx: Context) -> None:
-    ctx.artifacts = resolve(ctx.inv, log=ctx.log, arch=ctx.artifacts_arch)
-    ctx.artifacts.update(resolve_images(ctx.inv))       # image-*.tar: uploaded to workers, imported
+    digests = digest_record(ctx.inv)
+    ctx.artifacts = resolve(ctx.inv, log=ctx.log, arch=ctx.artifacts_arch, digests=digests)
+    ctx.artifacts.update(resolve_images(ctx.inv, digests))       # image-*.tar: uploaded to workers, imported
+    digests.save()
 
 
 def run(inventory_path, state_dir=None, options: Options | None = None,

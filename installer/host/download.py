@@ -34,7 +34,8 @@ from typing import Callable
 from urllib.parse import urlsplit, urlunsplit
 
 from installer.core.artifacts import (CNI_PLUGINS, CONTROL_BINARIES, SUMS_FILE, WORKER_BINARIES, ArtifactError,
-                                      ResolvedArtifact, read_sums, sha256_file)
+                                      ResolvedArtifact, read_sums)
+from installer.core.digests import Digests
 
 MIRROR_ENV = "HIDDENPLANE_DOWNLOAD_MIRROR"
 TIMEOUT = 60                       # seconds, per connect and per read
@@ -133,7 +134,8 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
-def resolve(root: Path, versions: dict[str, str], log: Log, arch: str) -> dict[str, ResolvedArtifact]:
+def resolve(root: Path, versions: dict[str, str], log: Log, arch: str, digests: Digests | None = None
+            ) -> dict[str, ResolvedArtifact]:
     """Every binary of ALL_BINARIES for ``versions`` (component_versions) under the cache ``root``:
     verified from the cache, or downloaded, verified and cached."""
     try:
@@ -145,7 +147,7 @@ def resolve(root: Path, versions: dict[str, str], log: Log, arch: str) -> dict[s
     for component, release in SOURCES.items():
         version = versions[component]
         directory = root / component / version / f"linux-{arch}"
-        have = _cached(directory, release.binaries, log)
+        have = _cached(directory, release.binaries, log, digests or Digests())
         out.update(have)
         cached += len(have)
         # the downloads still needed, each with the binaries it yields
@@ -164,7 +166,7 @@ def resolve(root: Path, versions: dict[str, str], log: Log, arch: str) -> dict[s
     return {n: out[n] for n in ALL_BINARIES}
 
 
-def _cached(directory: Path, names: tuple[str, ...], log: Log) -> dict[str, ResolvedArtifact]:
+def _cached(directory: Path, names: tuple[str, ...], log: Log, digests: Digests) -> dict[str, ResolvedArtifact]:
     """The binaries of ``names`` already in ``directory`` that still match its SHA256SUMS."""
     if not directory.is_dir():
         return {}
@@ -178,7 +180,7 @@ def _cached(directory: Path, names: tuple[str, ...], log: Log) -> dict[str, Reso
         path = directory / name
         if name not in sums or not path.is_file():
             continue
-        digest = sha256_file(path)
+        digest = digests.sha256(path)
         if digest == sums[name]:
             out[name] = ResolvedArtifact(name, path, digest)
         else:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from installer.core.artifacts import (ARTIFACTS_ARCH, CNI_PLUGINS, CONTROL_BINARIES, SUMS_FILE, WORKER_BINARIES,
                                       ArtifactError, ResolvedArtifact, read_sums, verify)
+from installer.core.digests import Digests
 from installer.core.render.addons.konnectivity import KONNECTIVITY_VERSION
 from installer.core.render.addons.konnectivity import SERVER_BINARY as KONNECTIVITY_SERVER
 from installer.core import components
@@ -35,6 +36,7 @@ from installer.host.download import ALL_BINARIES, WHERE_FROM, Log, component_ver
 
 IMAGE_DIR = "/var/lib/hiddenplane/images"      # image archives on workers
 IMAGE_PREFIX, IMAGE_SUFFIX = "image-", ".tar"
+DIGESTS_FILE = "sha256-by-identity.json"       # in the download cache directory
 ARCHES = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
 
 # the unit to restart when a binary changes (others are picked up on next use)
@@ -65,13 +67,20 @@ def cluster_binaries(inv) -> tuple[str, ...]:
     return ALL_BINARIES + ((KONNECTIVITY_SERVER,) if konnectivity(inv) else ())
 
 
-def resolve(inv, log: Log = print, arch: str = ARTIFACTS_ARCH) -> dict[str, ResolvedArtifact]:
+def digest_record(inv) -> Digests:
+    """The digests of local artifacts remembered by the last runs (core/digests.py), kept next
+    to the download cache; ``save()`` it after resolving."""
+    return Digests(cache_dir(inv) / DIGESTS_FILE)
+
+
+def resolve(inv, log: Log = print, arch: str = ARTIFACTS_ARCH, digests: Digests | None = None
+            ) -> dict[str, ResolvedArtifact]:
     """Every binary the cluster needs (control, worker and CNI; konnectivity-server with
     ``egress: konnectivity``), verified, as local files."""
     if arch not in ARCHES.values():
         raise ArtifactError(f"unsupported architecture {arch!r}")
     if inv.spec.artifacts.source == "dir":
-        out = _resolve_dir(inv)
+        out = _resolve_dir(inv, digests)
     else:
         if konnectivity(inv):
             raise ArtifactError(
@@ -80,7 +89,7 @@ def resolve(inv, log: Log = print, arch: str = ARTIFACTS_ARCH) -> dict[str, Reso
                 f"download: build its proxy-server ({KONNECTIVITY_VERSION}, `make bin/proxy-server`) and "
                 f"provide it with spec.artifacts.source: dir, named {KONNECTIVITY_SERVER} in the artifacts "
                 f"directory and listed in its {SUMS_FILE} with every other binary")
-        out = download.resolve(cache_dir(inv), component_versions(inv), log, arch)
+        out = download.resolve(cache_dir(inv), component_versions(inv), log, arch, digests)
     _check_pinned(inv, out)
     return out
 
@@ -89,7 +98,7 @@ def is_image(name: str) -> bool:
     return name.startswith(IMAGE_PREFIX) and name.endswith(IMAGE_SUFFIX) and len(name) > len(IMAGE_PREFIX + IMAGE_SUFFIX)
 
 
-def resolve_images(inv) -> dict[str, ResolvedArtifact]:
+def resolve_images(inv, digests: Digests | None = None) -> dict[str, ResolvedArtifact]:
     """The image archives (``image-*.tar``) listed in the artifacts directory's SHA256SUMS,
     verified. ``source: dir``: ``spec.artifacts.path``; ``source: download``: the cache
     directory, if it has a SHA256SUMS (none are downloaded). A listed archive that is missing
@@ -101,8 +110,8 @@ def resolve_images(inv) -> dict[str, ResolvedArtifact]:
     else:
         directory = cache_dir(inv)
     names = sorted(n for n in read_sums(directory) if is_image(n))
-    digests = verify(directory, names) if names else {}
-    return {n: ResolvedArtifact(n, Path(directory) / n, d) for n, d in digests.items()}
+    found = verify(directory, names, digests) if names else {}
+    return {n: ResolvedArtifact(n, Path(directory) / n, d) for n, d in found.items()}
 
 
 def image_files(resolved: dict[str, ResolvedArtifact]) -> list[HostFile]:
@@ -152,20 +161,20 @@ def binary_files(resolved: dict[str, ResolvedArtifact], role: str, inv=None) -> 
 
 # --- source: dir ---------------------------------------------------------------------------
 
-def _resolve_dir(inv) -> dict[str, ResolvedArtifact]:
+def _resolve_dir(inv, digests: Digests | None = None) -> dict[str, ResolvedArtifact]:
     directory = inv.artifacts_dir()
     if directory is None:
         raise ArtifactError("spec.artifacts.path: required when spec.artifacts.source is 'dir'")
     names = cluster_binaries(inv)
     try:
-        digests = verify(directory, names)
+        found = verify(directory, names, digests)
     except ArtifactError as e:
         sums = read_sums(directory)
         absent = [n for n in names if n in WHERE_FROM and (n not in sums or not (directory / n).is_file())]
         if not absent:
             raise
         raise ArtifactError("; ".join([str(e), *(WHERE_FROM[n] for n in absent)])) from None
-    return {n: ResolvedArtifact(n, directory / n, d) for n, d in digests.items()}
+    return {n: ResolvedArtifact(n, directory / n, d) for n, d in found.items()}
 
 
 def _check_pinned(inv, out: dict[str, ResolvedArtifact]) -> None:
