@@ -1,20 +1,20 @@
 """``installer``: the command line, a thin layer over the Python API (installer/api.py).
 
-Subcommands are imported when invoked (``LazyGroup``): `validate` and `--help` must not pay for
-the Kubernetes client that `node` and the API phases load (seconds on a busy machine)."""
+Subcommands are imported when invoked (``LazyGroup``): `--help` loads nothing but click, and
+`validate` only the inventory model, not the SSH and Kubernetes clients other commands need."""
 
 from __future__ import annotations
 
 import importlib
-import json
 
 import click
 
-from installer import __version__, api
-from installer.cli.errors import domain_errors
+from installer import __version__
 
 # name -> (module, attribute, one-line help for `installer --help`)
 LAZY = {
+    "validate": ("installer.cli.inventory", "validate", "Check INVENTORY and report every problem at once."),
+    "schema": ("installer.cli.inventory", "schema", "Print the inventory's JSON Schema (for editors)."),
     "apply": ("installer.cli.cluster", "apply", "Converge every host of INVENTORY: hidden control plane, joined workers."),
     "plan": ("installer.cli.cluster", "plan", "Show what apply would change on the live hosts, or render offline."),
     "kubeconfig": ("installer.cli.cluster", "kubeconfig", "Write an admin kubeconfig for the cluster's API endpoint."),
@@ -50,22 +50,6 @@ class LazyGroup(click.Group):
 @click.version_option(__version__, prog_name="installer (hiddenplane)")
 def cli():
     """Kubernetes the hard way, with a hidden control plane."""
-
-
-@cli.command()
-@click.argument("inventory", type=click.Path(dir_okay=False))
-@domain_errors
-def validate(inventory):
-    """Check INVENTORY and report every problem at once."""
-    inv = api.validate(inventory)
-    click.echo(f"{inventory}: valid — cluster {inv.metadata.name}, Kubernetes {inv.spec.kubernetes.version}, "
-               f"{len(inv.controls)} control host(s), {len(inv.workers)} worker(s), API {inv.api_url}")
-
-
-@cli.command()
-def schema():
-    """Print the inventory's JSON Schema (for editors)."""
-    click.echo(json.dumps(api.json_schema(), indent=2))
 
 
 def main():
