@@ -52,7 +52,7 @@ def owner_of(p: Path) -> tuple[int, str, str]:
     return stat.S_IMODE(st.st_mode), pwd.getpwuid(st.st_uid).pw_name, grp.getgrgid(st.st_gid).gr_name
 
 
-# --- a fake systemd: records mutating calls, answers is-active/is-enabled from its state -----
+# --- a fake systemd: records mutating calls, answers is-active/is-enabled/show from its state ---
 
 FAKE_SYSTEMCTL = r"""#!/bin/sh
 d=@DIR@
@@ -66,6 +66,12 @@ case "$cmd" in
   is-enabled)
     for u in $units; do s=$(cat "$d/enabled.$u" 2>/dev/null || echo disabled)
       [ $q = 1 ] || echo "$s"; [ "$s" = enabled ] || exit 1; done;;
+  show)   # show -p Id,ActiveState,UnitFileState -- UNIT...: a block per unit, as systemd prints
+    sep=""
+    for u in $units; do case "$u" in -p|--|*,*) continue;; esac
+      printf '%sId=%s\nActiveState=%s\nUnitFileState=%s\n' "$sep" "$u" \
+        "$(cat "$d/active.$u" 2>/dev/null || echo inactive)" "$(cat "$d/enabled.$u" 2>/dev/null || echo disabled)"; sep="
+"; done;;
   *)
     echo "$cmd${*:+ $*}" >> "$d/calls"
     if [ "$cmd" = restart ]; then echo "  pending: $(sort @PENDING@ | tr '\n' ' ')" >> "$d/calls"; fi

@@ -31,7 +31,6 @@ k os "${ID:-unknown} ${VERSION_ID:-}"
 k arch "$(uname -m)"
 k init "$(cat /proc/1/comm 2>/dev/null || echo unknown)"
 k swap "$(awk 'NR>1' /proc/swaps 2>/dev/null | wc -l)"
-if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet systemd-resolved 2>/dev/null; then k resolved 1; fi
 if [ -e /var/lib/kubelet/pki/kubelet-client-current.pem ]; then k joined 1; fi
 if [ -d /var/lib/etcd/member ]; then k etcd_data 1; fi
 if [ -s PENDING ]; then k pending "$(sort -u PENDING | tr '\n' ' ')"; fi
@@ -50,16 +49,29 @@ for x in RUNTIME; do
   if [ -e "/etc/systemd/system/$x.service" ] || [ -e "/lib/systemd/system/$x.service" ]; then printf 'X\tunit\t%s\n' "$x"; fi
 done
 tmp=$(mktemp -d)
-: > "$tmp/f"
+: > "$tmp/f"; : > "$tmp/u"
 while IFS="$T" read -r kind p; do
   case "$kind" in
     F) printf '%s\n' "$p" >> "$tmp/f";;
     D) if [ -d "$p" ]; then printf 'D\t%s\t%s\n' "$p" "$(stat --printf '%a\t%U\t%G' "$p")"; fi;;
-    U) printf 'U\t%s\t%s\t%s\n' "$p" "$(systemctl is-active "$p" 2>/dev/null || true)" \
-         "$(systemctl is-enabled "$p" 2>/dev/null || true)";;
+    U) printf '%s\n' "$p" >> "$tmp/u";;
     C) if [ -f "$p" ]; then printf 'C\t%s\t%s\n' "$p" "$(head -c 65536 "$p" | base64 | tr -d '\n')"; fi;;
   esac
 done
+# units: one `systemctl show` for all of them and systemd-resolved (two `systemctl` calls a
+# unit took 60-80 ms on a control host, this one 13 ms); a block per unit, in argument order,
+# each starting with its Id (a unit that does not exist: inactive, no file state)
+if command -v systemctl >/dev/null 2>&1; then
+  printf 'systemd-resolved.service\n' >> "$tmp/u"
+  tr '\n' '\0' < "$tmp/u" | xargs -0 systemctl show -p Id,ActiveState,UnitFileState -- 2>/dev/null |
+    awk -v OFS="$T" -v list="$tmp/u" '
+      BEGIN { while ((getline u < list) > 0) name[++n] = u }
+      /^Id=/ { i++ }
+      /^ActiveState=/ { a[i] = substr($0, 13) }
+      /^UnitFileState=/ { e[i] = substr($0, 15) }
+      END { for (j = 1; j < n; j++) print "U", name[j], a[j], e[j]
+            if (a[n] == "active") print "K", "resolved", 1 }'
+fi
 # files: one stat for all; a file whose size and mtime match the manifest reports the digest
 # recorded there, the others are hashed (one sha256sum for all of them)
 if [ -s "$tmp/f" ]; then
