@@ -12,6 +12,7 @@ import os
 import platform
 import pwd
 import socket
+import shutil
 import stat
 import subprocess
 import time
@@ -26,7 +27,7 @@ from installer.core.diff import HostChanges, Selection, diff
 from installer.core.errors import InstallerError
 from installer.core.facts import (LOCK, MANIFEST, PENDING, PROBE, STATE_DIR, DirFact, FileFact, HostFacts, parse,
                              probe_input)
-from installer.host.hostops import script, tarball
+from installer.host.hostops import LARGE, Payloads, codec_for, compress, script, tarball
 from installer.core.network import ROUTES_UNIT
 from installer.engine.phases import PHASE_NAMES
 from installer.engine.phases.acquire_lock import LOCK_TTL, stale_reason
@@ -126,10 +127,11 @@ class Host:
     def facts(self, files=(), dirs=(), units=()) -> HostFacts:
         return parse(self.probe(files, dirs, units))
 
-    def apply(self, changes: HostChanges, no_block: bool = False) -> subprocess.CompletedProcess:
-        text = self.local(script(changes, stamp=STAMP, no_block=no_block))
-        return subprocess.run(["/bin/sh", "-c", text], input=tarball(changes), capture_output=True, env=self.env,
-                              timeout=30)
+    def apply(self, changes: HostChanges, no_block: bool = False, codec: str | None = None,
+              payload: bytes | None = None) -> subprocess.CompletedProcess:
+        text = self.local(script(changes, stamp=STAMP, no_block=no_block, codec=codec))
+        data = payload if payload is not None else compress(tarball(changes), codec)
+        return subprocess.run(["/bin/sh", "-c", text], input=data, capture_output=True, env=self.env, timeout=30)
 
     def calls(self) -> list[str]:
         p = self.systemd / "calls"
@@ -294,6 +296,40 @@ def test_apply_script_installs_backs_up_and_records(host, tmp_path):
     rows = host.manifest_rows()
     assert rows[new.path][0] == newer.sha256 and rows[secret.path][0] == secret.sha256
     assert len(rows) == 4
+
+
+@pytest.mark.parametrize("codec", [None, "gzip", "zstd"])
+def test_large_upload_compressed_shared_and_moved_into_place(host, tmp_path, codec):
+    """A binary-sized change travels compressed (as the host can unpack it), is built once for
+    every host getting the same bytes, and is moved out of the stage rather than copied."""
+    if codec == "zstd" and not shutil.which("zstd"):
+        pytest.skip("no zstd here (scripts/test installs it)")
+    src = tmp_path / "artifacts" / "kubelet"
+    src.parent.mkdir()
+    src.write_bytes(b"".join(i.to_bytes(4, "big") * 64 for i in range(2 * LARGE // 256)))
+    binary = HostFile(str(tmp_path / "bin" / "kubelet"), b"", 0o755, source=src, digest=sha(src.read_bytes()))
+    conf = hf(tmp_path / "etc" / "kubelet.conf", b"small\n", 0o600, OTHER, OTHER)
+    ch = HostChanges("h", write=[binary, conf])
+    assert codec_for(ch, {"zstd", "gzip"} if codec == "zstd" else {codec} if codec else set()) == codec
+    assert codec_for(HostChanges("h", write=[conf]), {"zstd", "gzip"}) is None      # small: as it is
+
+    payloads = Payloads()
+    first = payloads.get(ch, codec)
+    assert payloads.get(HostChanges("other", write=[binary, conf]), codec) is first   # built once
+    if codec:
+        assert len(first) < src.stat().st_size // 4
+    r = host.apply(ch, codec=codec, payload=first)
+    assert r.returncode == 0, r.stderr.decode()
+    assert Path(binary.path).read_bytes() == src.read_bytes() and owner_of(binary.path) == (0o755, "root", "root")
+    assert Path(conf.path).read_bytes() == b"small\n" and owner_of(conf.path) == (0o600, OTHER, OTHER)
+    assert "mv -f" in script(ch) and host.leftovers() == [] and list((host.state / "stage").iterdir()) == []
+    facts = host.facts([binary.path, conf.path])
+    assert diff("h", Selection(files=(binary, conf)), facts).empty
+
+    # a payload that does not unpack fails the script and leaves the files as they were
+    broken = host.apply(HostChanges("h", write=[hf(conf.path, b"other\n", 0o600)]), codec="gzip",
+                        payload=b"not gzip")
+    assert broken.returncode != 0 and Path(conf.path).read_bytes() == b"small\n"
 
 
 def test_apply_script_units_in_order_with_pending_restarts(host, tmp_path):

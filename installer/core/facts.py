@@ -20,6 +20,8 @@ PENDING = f"{STATE_DIR}/pending-restart"
 RUNTIME_MARKERS = ("kubelet", "containerd", "dockerd", "crio")
 # host commands the components call that the installer does not ship (preflight checks them)
 HOST_TOOLS = ("iptables", "iptables-save", "iptables-restore", "ip6tables", "modprobe")
+# what can unpack a compressed upload (host/hostops.py picks one)
+UNPACKERS = ("zstd", "gzip")
 
 PROBE = r"""
 set -u
@@ -89,7 +91,7 @@ if [ -s "$tmp/f" ]; then
 fi
 rm -rf "$tmp"
 echo END
-""".replace("MANIFEST", MANIFEST).replace("LOCK", LOCK).replace("PENDING", PENDING).replace("RUNTIME", " ".join(RUNTIME_MARKERS)).replace("TOOLS", " ".join(HOST_TOOLS))
+""".replace("MANIFEST", MANIFEST).replace("LOCK", LOCK).replace("PENDING", PENDING).replace("RUNTIME", " ".join(RUNTIME_MARKERS)).replace("TOOLS", " ".join(HOST_TOOLS + UNPACKERS))
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,7 @@ class HostFacts:
     kubelet_joined: bool = False
     etcd_data: bool = False             # /var/lib/etcd/member exists: this host was an etcd member
     modules: set[str] = field(default_factory=set)
-    tools: set[str] = field(default_factory=set)        # HOST_TOOLS found on the PATH
+    tools: set[str] = field(default_factory=set)        # HOST_TOOLS and UNPACKERS found on the PATH
     listening: set[int] = field(default_factory=set)
     users: set[str] = field(default_factory=set)
     runtime: set[tuple[str, str]] = field(default_factory=set)     # (binary|process|unit, name)

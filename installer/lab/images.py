@@ -16,9 +16,10 @@ from installer.lab.model import DEBIAN_SUITE, LabError, cache_root
 
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 # systemd + sshd for real hosts; python3-yaml and openssl serve the tests' contract stand-ins,
-# procps and iproute2 the host checks.
+# procps and iproute2 the host checks; zstd as on an installed Debian 12 (initramfs-tools
+# recommends it), so uploads travel zstd-compressed as they would there.
 BASE_PACKAGES = ("systemd", "systemd-sysv", "dbus", "openssh-server", "iproute2", "ca-certificates",
-                 "openssl", "python3", "python3-yaml", "procps", "iptables", "kmod")
+                 "openssl", "python3", "python3-yaml", "procps", "iptables", "kmod", "zstd")
 STAMP = ".hiddenplane-base"
 
 

@@ -16,7 +16,7 @@ from typing import Callable
 from installer.core.diff import HostChanges, Selection, diff
 from installer.core.etcd_rules import Guard
 from installer.core.facts import HostFacts
-from installer.host.hostops import script, tarball
+from installer.host.hostops import Payloads, codec_for, script
 from installer.core.inventory import HostSpec, Inventory
 from installer.core.pki.material import Changes, Material
 from installer.core.render.files import HostPlan
@@ -86,6 +86,8 @@ class Context:
     etcd_guard: Guard | None = None
     # the etcd phase's membership read: control host -> (member list JSON, why it failed)
     etcd_answers: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # each distinct upload built (and compressed) once, shared by the hosts that get it
+    payloads: Payloads = field(default_factory=Payloads)
 
     def settled(self, events: list[Event], units: tuple[str, ...]) -> bool:
         """Nothing changed and every unit was already active: no health wait needed. A unit
@@ -117,7 +119,9 @@ class Context:
                    bytes=changes.upload_bytes, restarts=list(changes.restart), detail=changes.summary())
         if not changes.empty and not self.options.dry_run:
             upload = functools.partial(self.on_upload, host) if self.on_upload else None
-            self.remotes[host].run(script(changes, no_block=no_block), stdin=tarball(changes),
+            codec = codec_for(changes, self.facts[host].tools)
+            self.remotes[host].run(script(changes, no_block=no_block, codec=codec),
+                                   stdin=self.payloads.get(changes, codec),
                                    what=f"{phase}: apply changes", progress=upload)
             self._remember(host, changes)
         ev.seconds = time.monotonic() - start
