@@ -21,6 +21,8 @@ import functools
 import json
 import shlex
 import tarfile
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from installer.core.diff import Selection
@@ -40,7 +42,10 @@ def active_script(units: tuple[str, ...], timeout: float) -> str:
     """Wait until every unit is active. A subshell, so that scripts chain with ``&&``."""
     names = " ".join(units)
     tries = max(1, int(timeout))
+    # a unit that failed (started with --no-block, nothing else reports it) ends the wait early;
+    # not in the first seconds, while a unit that failed before may not have begun its new start
     return (f"(i=0; while [ $i -lt {tries} ]; do systemctl is-active --quiet {names} && exit 0; "
+            f"if [ $i -ge 3 ] && systemctl is-failed --quiet {names}; then break; fi; "
             f"i=$((i+1)); sleep 1; done; systemctl --no-pager status {names} 2>&1 | tail -30 >&2; exit 1)")
 
 
@@ -108,11 +113,17 @@ class JoinWorkers(Phase):
         return [h.name for h in ctx.hosts("worker")]
 
     def run_host(self, ctx: Context, host: str) -> Event:
-        ev = ctx.execute(self.name, host, ctx.changes_for(host, worker_part(ctx.plans[host])))
-        if not ctx.options.dry_run and not ctx.settled([ev], WORKER_UNITS):
-            timeout = ctx.options.wait_timeout
+        # started without waiting: every worker's units start at once, and finish waits for
+        # all of them together instead of each holding a pool slot while its units come up
+        return ctx.execute(self.name, host, ctx.changes_for(host, worker_part(ctx.plans[host])), no_block=True)
+
+    def _settle(self, ctx: Context, host: str, ev: Event) -> list[Event]:
+        """Wait until ``host``'s units run (unless they already did), then import missing images."""
+        out = []
+        if not ctx.settled([ev], WORKER_UNITS):
+            start, timeout = time.monotonic(), ctx.options.wait_timeout
             # the units, then the kubelet's port; a joining kubelet serves it only once the
-            # installer approved its CSR (finish), so then the Node's registration is the wait
+            # installer approved its CSR (below), so then the Node's registration is the wait
             script = active_script(WORKER_UNITS, timeout)
             if not (ctx.bootstrap_ran and not ctx.facts[host].kubelet_joined):
                 script += " && " + listening_script(KUBELET_PORTS, timeout, ("kubelet",))
@@ -121,19 +132,38 @@ class JoinWorkers(Phase):
             if r.rc != 0:
                 raise HostError(host, f"worker units did not come up: {r.stderr.strip()[-800:]}")
             ctx.mark_active([host], WORKER_UNITS)
+            out.append(Event(self.name, host, "waited", seconds=time.monotonic() - start,
+                             detail=[f"{u} active" for u in WORKER_UNITS]))
         images = worker_images(ctx)
-        if images and not ctx.options.dry_run:
+        if images:
             r = ctx.remotes[host].run(import_script(images), check=False, what="import container images",
                                       timeout=max(600, ctx.options.wait_timeout))
             if r.rc != 0:
                 raise HostError(host, f"importing container images failed: {r.stderr.strip()[-800:]}")
             imported = [line for line in r.stdout.splitlines() if line.startswith("imported ")]
             if imported:
-                ev.action = "changed"
-                ev.detail += imported
-        return ev
+                out.append(Event(self.name, host, "changed", detail=imported))
+        return out
+
+    def _settle_all(self, ctx: Context, events: list[Event]) -> None:
+        """Every worker at once (the waits are remote loops, cheap here); all failures named."""
+        if ctx.options.dry_run or not events:
+            return
+        with ThreadPoolExecutor(max_workers=len(events)) as pool:
+            futures = [(ev.host, pool.submit(self._settle, ctx, ev.host, ev)) for ev in events]
+        failed = []
+        for host, fut in futures:
+            try:
+                ctx.events += fut.result()
+            except HostError as e:
+                failed.append(e)
+        if len(failed) == 1:
+            raise failed[0]
+        if failed:
+            raise HostError(", ".join(e.host for e in failed), "; ".join(str(e) for e in failed))
 
     def finish(self, ctx: Context, events: list[Event]) -> None:
+        self._settle_all(ctx, events)
         if ctx.options.dry_run or not ctx.bootstrap_ran:
             return   # Node objects exist only on a real cluster bootstrapped in this run
         from installer.host import kube   # lazy: the kubernetes client takes 1-2 s to import
