@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import subprocess
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -135,7 +136,9 @@ def test_sandbox_image_is_configurable(prepared, example_doc, tmp_path):
 
 
 FAKE_CTR = """#!/bin/sh
-# a containerd client that keeps its image list in a file
+# a containerd client that keeps its image list in a file; it answers `version` only once
+# containerd is "up" (@UP@ exists: a test may make it appear later)
+if [ "$1" = version ]; then [ -e "@UP@" ]; exit; fi
 echo "$*" >> "@LOG@"
 case "$*" in
   "-n k8s.io images ls -q") cat "@DB@" 2>/dev/null || true ;;
@@ -151,7 +154,10 @@ class Worker:
         self.root.mkdir()
         self.log, self.db = tmp / "ctr.log", tmp / "images.db"
         self.ctr = tmp / "ctr"
-        self.ctr.write_text(FAKE_CTR.replace("@LOG@", str(self.log)).replace("@DB@", str(self.db)))
+        self.up = tmp / "containerd-up"
+        self.up.touch()
+        self.ctr.write_text(FAKE_CTR.replace("@LOG@", str(self.log)).replace("@DB@", str(self.db))
+                            .replace("@UP@", str(self.up)))
         self.ctr.chmod(0o755)
 
     def run(self, images) -> subprocess.CompletedProcess:
@@ -277,3 +283,15 @@ def test_real_containerd_reads_restrict_oom_score_adj_of_a_container_worker(prep
                                    tmp_path)["plugins"][plugin]
         assert (got["restrict_oom_score_adj"], default["restrict_oom_score_adj"]) == (True, False), binary
         assert got["containerd"]["runtimes"]["runc"]["options"]["SystemdCgroup"] is True, binary
+
+
+def test_import_waits_for_containerd_to_answer(tmp_path):
+    """The workers' units start without blocking: the import waits until containerd answers."""
+    w = Worker(tmp_path)
+    w.up.unlink()
+    (w.root / "a.tar").write_bytes(b"a")
+    (w.root / "a.tar.refs").write_text("docker.io/library/a:1\n")
+    threading.Timer(1.5, w.up.touch).start()
+    r = w.run([("a.tar", "d" * 64, ("docker.io/library/a:1",))])
+    assert r.returncode == 0, r.stderr
+    assert "imported a.tar" in r.stdout

@@ -36,15 +36,18 @@ from installer.host import csr_approval
 from installer.core import components
 
 KUBELET_PORTS = (components.port("kubelet", "secure"),)
+CONTAINERD_WAIT = 120          # seconds the image import waits for containerd to answer
 
 
 def active_script(units: tuple[str, ...], timeout: float) -> str:
     """Wait until every unit is active. A subshell, so that scripts chain with ``&&``."""
     names = " ".join(units)
     tries = max(1, int(timeout))
-    # a unit that failed (started with --no-block, nothing else reports it) ends the wait early;
+    # `systemctl is-active A B` succeeds when ANY of them is active: each unit is asked alone.
+    # A unit that failed (started with --no-block, nothing else reports it) ends the wait early;
     # not in the first seconds, while a unit that failed before may not have begun its new start
-    return (f"(i=0; while [ $i -lt {tries} ]; do systemctl is-active --quiet {names} && exit 0; "
+    every = " && ".join(f"systemctl is-active --quiet {u}" for u in units)
+    return (f"(i=0; while [ $i -lt {tries} ]; do {every} && exit 0; "
             f"if [ $i -ge 3 ] && systemctl is-failed --quiet {names}; then break; fi; "
             f"i=$((i+1)); sleep 1; done; systemctl --no-pager status {names} 2>&1 | tail -30 >&2; exit 1)")
 
@@ -86,6 +89,9 @@ def import_script(images: list[tuple[str, str, tuple[str, ...]]], ctr: str = f"{
     """Shell that imports each (archive file, sha256, image names) into containerd's k8s.io
     namespace when one of its images is missing or its stamp differs; prints "imported FILE"."""
     lines = ["set -eu",
+             # containerd may still be (re)starting: its units were started without blocking
+             f"i=0; until {shlex.quote(ctr)} version >/dev/null 2>&1; do i=$((i+1)); "
+             f"if [ $i -ge {CONTAINERD_WAIT} ]; then {shlex.quote(ctr)} version >&2; exit 1; fi; sleep 1; done",
              f"have=$({shlex.quote(ctr)} -n k8s.io images ls -q)",
              "imp() {  # file digest names...",
              f"  f={shlex.quote(directory)}/$1; d=$2; shift 2; need=0",
