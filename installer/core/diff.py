@@ -50,7 +50,7 @@ class HostChanges:
 
     @property
     def upload_bytes(self) -> int:
-        return sum(f.source.stat().st_size if f.source else len(f.content) for f in self.write)
+        return sum(f.size for f in self.write)
 
     def summary(self) -> list[str]:
         """Human lines; secret files are named but their content never appears."""

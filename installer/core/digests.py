@@ -16,6 +16,8 @@ import json
 import os
 from pathlib import Path
 
+from installer.core.state import write_atomic
+
 VERSION = 1
 
 
@@ -64,14 +66,9 @@ class Digests:
     def save(self) -> None:
         if self.record is None or not self._dirty:
             return
+        live = {p: v for p, v in self._seen.items() if Path(p).exists()}
         try:
-            self.record.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            live = {p: v for p, v in self._seen.items() if Path(p).exists()}
-            tmp = self.record.with_name(f".{self.record.name}.{os.getpid()}")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as f:
-                json.dump({"version": VERSION, "files": live}, f)
-            os.replace(tmp, self.record)
+            write_atomic(self.record, json.dumps({"version": VERSION, "files": live}).encode(), 0o600)
             self._dirty = False
         except OSError:
             pass                        # a cache: the next run hashes again

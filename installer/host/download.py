@@ -144,10 +144,11 @@ def resolve(root: Path, versions: dict[str, str], log: Log, arch: str, digests: 
         raise ArtifactError(f"cannot create the artifacts cache {root}: {e.strerror}") from None
     out: dict[str, ResolvedArtifact] = {}
     cached = 0
+    digests = digests or Digests()
     for component, release in SOURCES.items():
         version = versions[component]
         directory = root / component / version / f"linux-{arch}"
-        have = _cached(directory, release.binaries, log, digests or Digests())
+        have = _cached(directory, release.binaries, log, digests)
         out.update(have)
         cached += len(have)
         # the downloads still needed, each with the binaries it yields

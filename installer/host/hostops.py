@@ -152,9 +152,8 @@ def script(changes: HostChanges, stamp: str | None = None, no_block: bool = Fals
     if units or changes.defer:
         lines.append(f"printf '%s\\n' {q(*units, *changes.defer)} >> {PENDING}")
     for i, f in enumerate(changes.write):
-        big = (f.source.stat().st_size if f.source else len(f.content)) >= MOVE_FROM
         lines.append("put " + q(i, f.path, f"{f.mode:04o}", f.owner, f.group,
-                                1 if f.path in changes.backup else 0, f.sha256, 1 if big else 0))
+                                1 if f.path in changes.backup else 0, f.sha256, 1 if f.size >= MOVE_FROM else 0))
     for p in changes.remove:
         lines.append(f"rm -f {q(p)}")
     for f in changes.fix:

@@ -41,6 +41,10 @@ class HostFile:
     def data(self) -> bytes:
         return self.source.read_bytes() if self.source is not None else self.content
 
+    @property
+    def size(self) -> int:
+        return self.source.stat().st_size if self.source is not None else len(self.content)
+
 
 @dataclass(frozen=True)
 class HostDir:

@@ -22,13 +22,14 @@ import json
 import shlex
 import tarfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from installer.core.diff import Selection
+from installer.core.errors import InstallerError
 from installer.host.fetch import BIN_DIR, IMAGE_DIR, is_image
 from installer.core.render.worker import BOOTSTRAP_KUBECONFIG
 from installer.host.ssh import HostError
+from installer.engine.parallel import each
 from installer.engine.phases.base import Context, Event, Phase
 from installer.engine.phases.select import WORKER_UNITS, worker_part
 from installer.engine.phases.start_control_plane import listening_script
@@ -155,18 +156,16 @@ class JoinWorkers(Phase):
         """Every worker at once (the waits are remote loops, cheap here); all failures named."""
         if ctx.options.dry_run or not events:
             return
-        with ThreadPoolExecutor(max_workers=len(events)) as pool:
-            futures = [(ev.host, pool.submit(self._settle, ctx, ev.host, ev)) for ev in events]
-        failed = []
-        for host, fut in futures:
-            try:
-                ctx.events += fut.result()
-            except HostError as e:
-                failed.append(e)
+        by_host = {ev.host: ev for ev in events}
+        results = each(lambda host: self._settle(ctx, host, by_host[host]), by_host, width=len(by_host))
+        failed = [r for r in results.values() if isinstance(r, InstallerError)]
+        for r in results.values():
+            if not isinstance(r, InstallerError):
+                ctx.events += r
         if len(failed) == 1:
             raise failed[0]
         if failed:
-            raise HostError(", ".join(e.host for e in failed), "; ".join(str(e) for e in failed))
+            raise HostError(", ".join(getattr(e, "host", "?") for e in failed), "; ".join(str(e) for e in failed))
 
     def finish(self, ctx: Context, events: list[Event]) -> None:
         self._settle_all(ctx, events)
