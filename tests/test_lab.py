@@ -220,3 +220,21 @@ def test_down_leaves_nothing(tmp_path):
     assert not inv_copy.exists()
     # and down again is a no-op
     assert CliRunner().invoke(cli, ["lab", "down", "--name", "gone"]).exit_code == 0
+
+
+def test_exit_status_survives_other_subprocesses_reaping(tmp_path):
+    """A host that exits at once is reported with its status even after other subprocesses
+    were started meanwhile (each Popen reaps the children of dropped Popens it knows of)."""
+    import gc
+    import time
+    nspawn._spawn(["sh", "-c", "echo refusing; exit 3"], tmp_path, dict(os.environ), [])
+    pid = int((tmp_path / "pid").read_text())
+    deadline = time.monotonic() + 10
+    while nspawn._state(pid) not in (None, "Z") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    gc.collect()
+    for _ in range(3):
+        subprocess.run(["true"], check=True)
+    assert nspawn.exit_status(tmp_path) == "exited with status 3"
+    assert (tmp_path / "console.log").read_text() == "refusing\n"
+    assert nspawn.pid_of(tmp_path) is None

@@ -254,11 +254,39 @@ def boot(host: LabHost, host_dir: Path, root: Path, binds: list[tuple[Path, str]
     procs = []
     for d in _make_cgroups(host_dir):
         procs.append(bytes(d / "cgroup.procs"))
+    return _spawn(cmd, host_dir, env, procs)
+
+
+def _spawn(cmd: list[str], host_dir: Path, env: dict[str, str], procs: list[bytes]) -> int:
+    """Start ``cmd`` detached, output to the host's console log, inside the cgroups whose
+    ``cgroup.procs`` files are ``procs``; its PID goes to the host's pidfile."""
     with open(host_dir / "console.log", "ab") as console, open(os.devnull, "rb") as devnull:
         proc = subprocess.Popen(cmd, stdin=devnull, stdout=console, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True, preexec_fn=_enter_cgroups(procs))
     (host_dir / "pid").write_text(f"{proc.pid}\n")
+    _STARTED[proc.pid] = proc
     return proc.pid
+
+
+# Every nspawn this process started, by PID, for its whole life: a dropped Popen of a running
+# child goes to subprocess's own list, and the next Popen anywhere reaps it there, losing the
+# exit status the report on a host that did not boot must show (seen in CI: "not running"
+# with no status).
+_STARTED: dict[int, subprocess.Popen] = {}
+
+
+def _poll(pid: int) -> int | None:
+    """The raw wait status (or Popen's returncode, negative for a signal) once ``pid`` has ended
+    and was started here; None while it runs or when it is not our child."""
+    if (proc := _STARTED.get(pid)) is not None:
+        return proc.poll()
+    try:
+        got, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return None
+    if got == 0:
+        return None
+    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
 
 def exit_status(host_dir: Path) -> str | None:
@@ -266,14 +294,14 @@ def exit_status(host_dir: Path) -> str | None:
     is reaped here); None otherwise."""
     try:
         pid = int((host_dir / "pid").read_text())
-        got, status = os.waitpid(pid, os.WNOHANG)
-    except (FileNotFoundError, ValueError, ChildProcessError):
+    except (FileNotFoundError, ValueError):
         return None
-    if got == 0:
+    code = _poll(pid)
+    if code is None:
         return None
-    if os.WIFSIGNALED(status):
-        return f"killed by signal {signal.Signals(os.WTERMSIG(status)).name}"
-    return f"exited with status {os.WEXITSTATUS(status)}"
+    if code < 0:
+        return f"killed by signal {signal.Signals(-code).name}"
+    return f"exited with status {code}"
 
 
 def describe_pids(pids: list[int]) -> list[str]:
@@ -304,10 +332,7 @@ def _kill_all(host_dir: Path) -> None:
 
 
 def _reap(pid: int) -> None:
-    try:
-        os.waitpid(pid, os.WNOHANG)   # reap it when we are its parent
-    except ChildProcessError:
-        pass
+    _poll(pid)      # reaps it when we are its parent
 
 
 def _wait_empty(host_dir: Path, pid: int | None, timeout: float, kill: bool = False) -> bool:
