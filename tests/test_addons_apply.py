@@ -58,6 +58,11 @@ def item_path(obj: dict) -> str:
     return f"{post_path(obj)}/{obj['metadata']['name']}"
 
 
+def created(objs: list[dict]) -> list[tuple]:
+    """The requests creating ``objs`` on an empty cluster: per object a GET (404), then the POST."""
+    return [x for o in objs for x in (("GET", item_path(o), None), ("POST", post_path(o), o))]
+
+
 def _client(material, fake):
     a = kube.api_client(API, material)
     a.rest_client.pool_manager = fake
@@ -100,8 +105,9 @@ def test_first_run_sends_exactly_the_coredns_objects_in_order(prepared, client, 
                                          "Deployment", "Service"]
     done = kube_objects.apply_objects(client, addon_objects(prepared.inventory), version(prepared))
     assert done == [(o["kind"], o["metadata"]["name"], "created") for o in objs]
-    assert fake.requests == [("POST", post_path(o), o) for o in objs]
-    assert all(h.get("Content-Type") == "application/json" for h in fake.headers)
+    assert fake.requests == created(objs)
+    assert all(h.get("Content-Type") == "application/json" for (m, _, _), h in zip(fake.requests, fake.headers)
+               if m == "POST")
     assert fake.store[f"{PATHS['Service']}/kube-dns"]["spec"]["clusterIP"] == "10.96.0.10"
 
 
@@ -111,7 +117,7 @@ def test_konnectivity_agents_follow_coredns(cilium, fake):
     with _client(cilium.material, fake) as a:
         done = kube_objects.apply_objects(a, objs, version(cilium))
     assert [x[2] for x in done] == ["created"] * len(objs)
-    assert fake.requests == [("POST", post_path(o), o) for o in objs]
+    assert fake.requests == created(objs)
 
 
 def _add_server_defaults(fake: AddonApiServer) -> None:
@@ -138,9 +144,8 @@ def test_second_run_changes_nothing(prepared, client, fake):
     done = kube_objects.apply_objects(client, addon_objects(prepared.inventory), version(prepared))
     objs = addon_objects(prepared.inventory)
     assert done == [(o["kind"], o["metadata"]["name"], "unchanged") for o in objs]
-    # per object: the create (409 AlreadyExists) and one GET; no PUT, no DELETE, nothing created
-    assert [(m, p) for m, p, _ in fake.requests] == [x for o in objs
-                                                    for x in (("POST", post_path(o)), ("GET", item_path(o)))]
+    # one GET per object; no create, no PUT, no DELETE
+    assert [(m, p) for m, p, _ in fake.requests] == [("GET", item_path(o)) for o in objs]
 
 
 def test_changed_configmap_is_replaced_with_the_live_resource_version(prepared, client, fake):
@@ -171,8 +176,8 @@ def test_service_with_another_cluster_ip_is_deleted_and_created(prepared, client
     fake.put(old)
     done = kube_objects.apply_objects(client, objs, version(prepared))
     assert done[5] == ("Service", "kube-dns", "replaced")
-    assert [(m, p) for m, p, _ in fake.requests[-4:]] == [
-        ("POST", post_path(svc)), ("GET", item_path(svc)), ("DELETE", item_path(svc)), ("POST", post_path(svc))]
+    assert [(m, p) for m, p, _ in fake.requests[-3:]] == [
+        ("GET", item_path(svc)), ("DELETE", item_path(svc)), ("POST", post_path(svc))]
     assert fake.requests[-1][2] == svc
     assert not any(m == "PUT" for m, _, _ in fake.requests)
     assert fake.store[item_path(svc)]["spec"]["clusterIP"] == "10.96.0.10"
@@ -199,8 +204,7 @@ def test_workload_with_another_selector_is_deleted_and_created(prepared, client,
     done = kube_objects.apply_objects(client, objs, version(prepared))
     assert done[4] == ("Deployment", "coredns", "replaced")
     methods = [(m, p) for m, p, _ in fake.requests if p.startswith(PATHS["Deployment"])]
-    assert methods == [("POST", post_path(objs[4])), ("GET", item_path(objs[4])),
-                       ("DELETE", item_path(objs[4])), ("POST", post_path(objs[4]))]
+    assert methods == [("GET", item_path(objs[4])), ("DELETE", item_path(objs[4])), ("POST", post_path(objs[4]))]
 
 
 def test_changed_image_is_replaced_and_foreign_annotations_stay(prepared, client, fake):
@@ -299,7 +303,7 @@ def test_phase_applies_the_addon_objects_as_admin(prepared, phase_api):
     ev = ApplyAddons().run_host(ctx_for(prepared), "(api)")
     objs = addon_objects(prepared.inventory)
     assert asked == [(TUNNEL, "admin")]
-    assert fake.requests == [("POST", post_path(o), o) for o in objs]
+    assert fake.requests == created(objs)
     assert ev.action == "changed" and ev.detail == [f"created {o['kind']} {o['metadata']['name']}" for o in objs]
     again = ApplyAddons().run_host(ctx_for(prepared), "(api)")
     assert again.action == "unchanged" and again.detail == []
@@ -309,7 +313,7 @@ def test_phase_runs_helm_with_the_chart_values_and_a_private_kubeconfig(cilium, 
     fake, asked = phase_api
     ev = ApplyAddons().run_host(ctx_for(cilium), "(api)")
     objs = addon_objects(cilium.inventory)
-    assert fake.requests == [("POST", post_path(o), o) for o in objs]
+    assert fake.requests == created(objs)
     argv = (fake_helm / "argv").read_text().splitlines()
     kc_path = (fake_helm / "env").read_text()
     assert argv[:7] == ["upgrade", "--install", "cilium", str(chart), "--namespace", "kube-system", "--values"]

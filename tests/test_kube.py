@@ -31,6 +31,7 @@ from pathlib import Path
 import paramiko
 import pytest
 import urllib3
+import kubernetes_validate
 import yaml
 from click.testing import CliRunner
 from kubernetes import client as k8s
@@ -140,8 +141,10 @@ def test_first_run_sends_exactly_the_bootstrap_objects_in_order(prepared, api, f
             assert RFC3339.match(o["stringData"]["expiration"])
     done = kube_objects.apply_objects(api, bootstrap(prepared), prepared.inventory.spec.kubernetes.version)
     assert done == [(o["kind"], o["metadata"]["name"], "created") for o in want]
-    assert fake.requests == [("POST", post_path(o), o) for o in want]
-    assert all(h.get("Content-Type") == "application/json" for h in fake.headers)
+    # per object: a GET (404), then the create
+    assert fake.requests == [x for o in want for x in (("GET", item_path(o), None), ("POST", post_path(o), o))]
+    assert all(h.get("Content-Type") == "application/json" for (m, _, _), h in zip(fake.requests, fake.headers)
+               if m == "POST")
     assert all(h.get("Accept", "").startswith("application/json") for h in fake.headers)
     # the apiserver turned each token's stringData into data: what a kubelet's token resolves to
     secret = fake.store[item_path(want[4])]
@@ -156,9 +159,8 @@ def test_second_run_changes_nothing(prepared, api, fake):
     done = kube_objects.apply_objects(api, bootstrap(prepared), version)
     want = expected_objects(prepared)
     assert done == [(o["kind"], o["metadata"]["name"], "unchanged") for o in want]
-    # per object: the create (answered 409 AlreadyExists) and one GET; no PUT, no DELETE
-    assert [(m, p) for m, p, _ in fake.requests] == [x for o in want
-                                                    for x in (("POST", post_path(o)), ("GET", item_path(o)))]
+    # one GET per object; no create, no PUT, no DELETE
+    assert [(m, p) for m, p, _ in fake.requests] == [("GET", item_path(o)) for o in want]
 
 
 def test_changed_role_ref_is_deleted_and_created(prepared, api, fake):
@@ -169,8 +171,8 @@ def test_changed_role_ref_is_deleted_and_created(prepared, api, fake):
     done = kube_objects.apply_objects(api, bootstrap(prepared), prepared.inventory.spec.kubernetes.version)
     assert done[0] == ("ClusterRoleBinding", "hiddenplane:kubelet-bootstrap", "replaced")
     assert all(a == "created" for _, _, a in done[1:])
-    assert fake.requests[:4] == [("POST", CRB, want[0]), ("GET", f"{CRB}/hiddenplane:kubelet-bootstrap", None),
-                                 ("DELETE", f"{CRB}/hiddenplane:kubelet-bootstrap", fake.requests[2][2]),
+    assert fake.requests[:3] == [("GET", f"{CRB}/hiddenplane:kubelet-bootstrap", None),
+                                 ("DELETE", f"{CRB}/hiddenplane:kubelet-bootstrap", None),
                                  ("POST", CRB, want[0])]
     assert fake.store[f"{CRB}/hiddenplane:kubelet-bootstrap"]["roleRef"] == want[0]["roleRef"]
 
@@ -233,7 +235,7 @@ def test_refusal_names_the_object_and_the_reason(prepared, api, fake):
     with pytest.raises(kube.KubeError, match=r"ClusterRoleBinding/hiddenplane:kubelet-bootstrap: create refused: "
                                              r"403 Forbidden: User \"kubernetes-admin\" cannot"):
         kube_objects.apply_objects(api, bootstrap(prepared), "v1.36.4")
-    assert len(fake.requests) == 1
+    assert [m for m, _, _ in fake.requests] == ["GET", "POST"]
 
 
 def test_unreachable_api_is_a_clear_error(prepared):
@@ -624,3 +626,22 @@ def test_plan_objects_reads_only_and_tells_what_apply_would_do(prepared, api, fa
     changed[0]["subjects"][0]["name"] = "someone-else"
     assert kube_objects.plan_objects(api, changed, "v1.36.5")[0][2] == "replaced"
     assert all(m == "GET" for m, _, _ in fake.requests)
+
+
+def test_validation_takes_the_nearest_older_schemas_and_names_what_it_cannot_check(prepared):
+    objs = bootstrap(prepared)
+    kube_objects.validate_objects(objs, "v1.36.9")
+    oldest = min(kube_objects.utils.all_versions(), key=kube_objects._minor)
+    with pytest.raises(kube.KubeError, match=r"ClusterRoleBinding/hiddenplane:kubelet-bootstrap: .*1\.99"):
+        kube_objects.validate_objects(objs, "v1.99.0")
+    widget = {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}}
+    with pytest.raises(kube.KubeError, match=r"1 object\(s\) invalid .*\n  Widget/w: .*Widget"):
+        kube_objects.validate_objects([widget, *objs], "v1.36.0")
+    # the same strict schemas kubernetes-validate itself uses: what it refuses, we refuse
+    bad = copy.deepcopy(objs[0])
+    bad["subjectz"] = bad.pop("subjects")
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, "1.36.0", strict=True)
+    with pytest.raises(kube.KubeError, match="subjectz"):
+        kube_objects.validate_objects([bad], "v1.36.0")
+    assert kube_objects._minor(oldest) <= (1, 36)

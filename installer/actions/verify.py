@@ -321,9 +321,6 @@ def _api_checks(inv: Inventory, state_dir) -> list[CheckResult]:
     """The API's Node list: an API that cannot be reached is a host that cannot be checked
     (VerifyError, exit 3); one that answers the list with an error status (a 404 from
     something that is not a kube-apiserver, a 403) fails the check (exit 1), naming the URL."""
-    # the kubernetes client takes a second or two to import: only `verify --api` needs it
-    import urllib3
-    from kubernetes import client as k8s
     from kubernetes.client.exceptions import ApiException
 
     from installer.host import kube   # lazy: the kubernetes client takes 1-2 s to import
@@ -334,18 +331,16 @@ def _api_checks(inv: Inventory, state_dir) -> list[CheckResult]:
             if url != inv.api_url:
                 via = f"{inv.api_url} (through an SSH tunnel via {inv.controls[0].name})"
             try:
-                listed = k8s.CoreV1Api(client).list_node(_request_timeout=kube.REQUEST_TIMEOUT)
-            except urllib3.exceptions.HTTPError as e:
-                raise VerifyError(f"cannot reach the API at {via}: {e}") from None
+                listed = kube.rest(client, "GET", kube.NODES, f"the API at {via}")["items"] or []
+            except kube.KubeError as e:         # not reached, or TLS failed
+                raise VerifyError(str(e)) from None
             except ApiException as e:
-                if e.status == 0:       # the client's way of reporting a TLS failure
-                    raise VerifyError(f"TLS with the API at {via} failed: {e.reason}") from None
                 return [CheckResult("cluster", "no Node for a control host", False,
                                     f"GET /api/v1/nodes on {via} answered {kube.status_message(e)}: "
                                     "is the endpoint a kube-apiserver?")]
     except kube.KubeError as e:          # the SSH tunnel did not come up
         raise VerifyError(f"cannot reach the API at {inv.api_url}: {e}") from None
-    nodes = sorted(n.metadata.name for n in listed.items)
+    nodes = sorted(n["metadata"]["name"] for n in listed)
     controls = {h.name for h in inv.controls}
     visible = sorted(controls & set(nodes))
     return [CheckResult("cluster", "no Node for a control host", not visible,

@@ -19,15 +19,11 @@ import base64
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
 from installer.core.errors import InstallerError
-
-if TYPE_CHECKING:   # the client is imported by the calls that use it: a no-op apply never does
-    from kubernetes import client as k8s
 
 KUBELET_CLIENT_SIGNER = "kubernetes.io/kube-apiserver-client-kubelet"
 BOOTSTRAP_USER = "system:bootstrap:"
@@ -90,58 +86,60 @@ def judge(name: str, username: str, request_pem: bytes, usages: list[str], token
     return Verdict(name, node, True, f"bootstrap token {token_id} is node {node}'s and the request is its own")
 
 
-def _decided(csr: k8s.V1CertificateSigningRequest) -> bool:
-    conditions = (csr.status.conditions if csr.status else None) or []
-    return any(c.type in ("Approved", "Denied", "Failed") for c in conditions)
+CSRS = "/apis/certificates.k8s.io/v1/certificatesigningrequests"
 
 
-def approve_pending(api: k8s.ApiClient, token_nodes: Mapping[str, str]) -> list[Verdict]:
+def decided(csr: dict) -> bool:
+    conditions = (csr.get("status") or {}).get("conditions") or []
+    return any(c.get("type") in ("Approved", "Denied", "Failed") for c in conditions)
+
+
+def approve_pending(api, token_nodes: Mapping[str, str]) -> list[Verdict]:
     """Decide every pending kubelet client CSR made with a bootstrap token; returns the
     verdicts written (approved or denied), oldest first."""
-    from kubernetes import client as k8s
     from kubernetes.client.exceptions import ApiException
-    certs = k8s.CertificatesV1Api(api)
-    items = _list(api)
+    from installer.host.kube import rest
     out = []
-    for csr in sorted(items, key=lambda c: c.metadata.creation_timestamp or 0):
-        if csr.spec.signer_name != KUBELET_CLIENT_SIGNER or _decided(csr):
+    for csr in sorted(_list(api), key=lambda c: c["metadata"].get("creationTimestamp") or ""):
+        spec, name = csr.get("spec") or {}, csr["metadata"]["name"]
+        if spec.get("signerName") != KUBELET_CLIENT_SIGNER or decided(csr):
             continue
         # spec.request: the PEM request, base64-encoded as in the API's JSON
-        pem = base64.b64decode(csr.spec.request)
-        verdict = judge(csr.metadata.name, csr.spec.username or "", pem, list(csr.spec.usages or []), token_nodes)
+        pem = base64.b64decode(spec.get("request") or "")
+        verdict = judge(name, spec.get("username") or "", pem, list(spec.get("usages") or []), token_nodes)
         if verdict is None:
             continue
-        condition = k8s.V1CertificateSigningRequestCondition(
-            type="Approved" if verdict.approve else "Denied", status="True",
-            reason=APPROVED_REASON if verdict.approve else DENIED_REASON, message=verdict.message)
-        csr.status = csr.status or k8s.V1CertificateSigningRequestStatus()
-        csr.status.conditions = [*(csr.status.conditions or []), condition]
+        condition = {"type": "Approved" if verdict.approve else "Denied", "status": "True",
+                     "reason": APPROVED_REASON if verdict.approve else DENIED_REASON, "message": verdict.message}
+        status = csr.setdefault("status", {})
+        status["conditions"] = [*(status.get("conditions") or []), condition]
         try:
-            certs.replace_certificate_signing_request_approval(csr.metadata.name, csr)
+            rest(api, "PUT", f"{CSRS}/{name}/approval", f"CSR {name}", csr)
         except ApiException as e:
             if e.status == 409:          # changed meanwhile (decided by someone else): next round
                 continue
-            raise CSRError(f"CSR {csr.metadata.name}: approval refused: {e.status} {e.reason}") from None
+            raise CSRError(f"CSR {name}: approval refused: {e.status} {e.reason}") from None
         out.append(verdict)
     return out
 
 
-def _list(api: k8s.ApiClient) -> list[k8s.V1CertificateSigningRequest]:
-    from kubernetes import client as k8s
+def _list(api) -> list[dict]:
     from kubernetes.client.exceptions import ApiException
+    from installer.host.kube import rest
     try:
-        return k8s.CertificatesV1Api(api).list_certificate_signing_request().items
+        return rest(api, "GET", CSRS, "list CSRs")["items"] or []
     except ApiException as e:
         raise CSRError(f"list CSRs: {e.status} {e.reason}") from None
 
 
-def _signed_tokens(items: list[k8s.V1CertificateSigningRequest]) -> set[str]:
+def _signed_tokens(items: list[dict]) -> set[str]:
     """The bootstrap token ids with an approved and signed CSR among ``items``."""
-    return {c.spec.username[len(BOOTSTRAP_USER):] for c in items
-            if (c.spec.username or "").startswith(BOOTSTRAP_USER) and c.status and c.status.certificate}
+    return {c["spec"]["username"][len(BOOTSTRAP_USER):] for c in items
+            if ((c.get("spec") or {}).get("username") or "").startswith(BOOTSTRAP_USER)
+            and (c.get("status") or {}).get("certificate")}
 
 
-def approve_until_issued(api: k8s.ApiClient, token_nodes: Mapping[str, str], token_ids: list[str],
+def approve_until_issued(api, token_nodes: Mapping[str, str], token_ids: list[str],
                          timeout: float, interval: float = 2.0) -> list[Verdict]:
     """Approve (``approve_pending``) until each of ``token_ids`` has a signed CSR; CSRError
     naming the nodes still waiting after ``timeout`` seconds."""

@@ -117,6 +117,26 @@ def api_call(what: str, fn: Callable, *args, **kwargs):
         raise
 
 
+def rest(api: k8s.ApiClient, method: str, path: str, what: str, body: dict | None = None, *,
+         content_type: str = JSON, query: Mapping[str, str] | None = None,
+         headers: Mapping[str, str] | None = None) -> dict | None:
+    """One request by its path (``/api/v1/nodes``, ``/apis/apps/v1/...``); the answer is the
+    apiserver's JSON as it came (None when empty). No typed API class and no model: importing
+    one API class took 0.06-0.5 s, and its answers were models turned back into dicts. Transport
+    failures become KubeError (as in ``api_call``); a refusal raises ApiException."""
+    def send(_request_timeout):
+        sent = {"Accept": JSON, **({"Content-Type": content_type} if body is not None else {}), **(headers or {})}
+        request = api.param_serialize(method, path, query_params=list(query.items()) if query else None,
+                                      header_params=sent, body=body)
+        resp = api.call_api(*request, _request_timeout=_request_timeout)
+        resp.read()
+        text = resp.data.decode(errors="replace") if resp.data else ""
+        if not 200 <= resp.status <= 299:
+            raise ApiException.from_response(http_resp=resp, body=text, data=None)
+        return json.loads(text) if text else None
+    return api_call(what, send)
+
+
 def status_message(e: ApiException) -> str:
     try:
         body = json.loads(e.body or "")
@@ -213,13 +233,36 @@ def api_access(inv: Inventory, remotes: RemoteSource, material: Material | None 
 
 # --- the workers phase ----------------------------------------------------------------------
 
-def ready(node: k8s.V1Node, since: float | None = None) -> tuple[bool, str]:
-    for c in (node.status.conditions if node.status else None) or []:
-        if c.type == "Ready":
-            if since is not None and (c.last_heartbeat_time is None or c.last_heartbeat_time.timestamp() < since):
-                return False, f"Ready={c.status} from before the kubelet's restart"
-            return c.status == "True", f"Ready={c.status}" + (f" ({c.reason}: {c.message})" if c.reason else "")
+NODES = "/api/v1/nodes"
+CRBS = f"/apis/{RBAC_GROUP}/v1/clusterrolebindings"
+
+
+def _heartbeat(value: str | None) -> float | None:
+    try:
+        return dt.datetime.fromisoformat(value).timestamp() if value else None
+    except ValueError:
+        return None
+
+
+def ready(node: dict, since: float | None = None) -> tuple[bool, str]:
+    """Whether the Node (the API's JSON) is Ready, and its Ready condition in words."""
+    for c in (node.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Ready":
+            beat = _heartbeat(c.get("lastHeartbeatTime"))
+            if since is not None and (beat is None or beat < since):
+                return False, f"Ready={c.get('status')} from before the kubelet's restart"
+            return c.get("status") == "True", f"Ready={c.get('status')}" + (
+                f" ({c['reason']}: {c.get('message', '')})" if c.get("reason") else "")
     return False, "no Ready condition yet"
+
+
+def list_nodes(api: k8s.ApiClient) -> dict[str, dict]:
+    """Every registered Node by name (the API's JSON)."""
+    try:
+        items = rest(api, "GET", NODES, "list nodes")["items"] or []
+    except ApiException as e:
+        raise KubeError(f"list nodes: {status_message(e)}") from None
+    return {n["metadata"]["name"]: n for n in items}
 
 
 def wait_nodes_ready(api: k8s.ApiClient, names: Sequence[str], timeout: float, *,
@@ -231,15 +274,11 @@ def wait_nodes_ready(api: k8s.ApiClient, names: Sequence[str], timeout: float, *
     CSRs the nodes wait for). ``since`` (epoch seconds on the node's clock): only a Ready
     condition the kubelet posted since then counts (a restarted kubelet reports NotReady first,
     while the API still shows its predecessor's Ready)."""
-    core = k8s.CoreV1Api(api)
     deadline = time.monotonic() + timeout
     while True:
         if each_round is not None:
             each_round()
-        try:
-            nodes = {n.metadata.name: n for n in api_call("list nodes", core.list_node).items}
-        except ApiException as e:
-            raise KubeError(f"list nodes: {status_message(e)}") from None
+        nodes = list_nodes(api)
         waiting = {}
         for name in names:
             if name not in nodes:
@@ -265,38 +304,34 @@ def set_pod_cidr(api: k8s.ApiClient, node: str, cidr: str) -> str:
     ``cni: cilium`` (``ipam.mode: kubernetes``) this is where Cilium takes each node's range. The apiserver lets the field be
     set once: an empty one is patched ("set"), an equal one left ("unchanged"); a different one
     is an error naming both (the Node must be deleted and re-registered to change it)."""
-    core = k8s.CoreV1Api(api)
+    what = f"Node/{node}"
     try:
-        live = api_call(f"Node/{node}", core.read_node, node)
+        live = rest(api, "GET", f"{NODES}/{node}", what)
     except ApiException as e:
-        raise KubeError(f"Node/{node}: {status_message(e)}") from None
-    have = live.spec.pod_cidr if live.spec else None
+        raise KubeError(f"{what}: {status_message(e)}") from None
+    have = (live.get("spec") or {}).get("podCIDR")
     if have == cidr:
         return "unchanged"
     if have:
-        raise KubeError(f"Node/{node}: spec.podCIDR is {have} but the installer allocated {cidr} (state "
+        raise KubeError(f"{what}: spec.podCIDR is {have} but the installer allocated {cidr} (state "
                         "network.yaml); the field cannot change: delete the Node so the kubelet re-registers it, "
                         "or put the node's allocation back in network.yaml")
     body = {"spec": {"podCIDR": cidr, "podCIDRs": [cidr]}}
     try:
-        api_call(f"Node/{node}", core.patch_node, node, body,
-              _headers={"Content-Type": "application/strategic-merge-patch+json"})
+        rest(api, "PATCH", f"{NODES}/{node}", what, body, content_type="application/strategic-merge-patch+json")
     except ApiException as e:
-        raise KubeError(f"Node/{node}: setting spec.podCIDR refused: {status_message(e)}") from None
+        raise KubeError(f"{what}: setting spec.podCIDR refused: {status_message(e)}") from None
     return "set"
 
 
 def node_readiness(api: k8s.ApiClient) -> dict[str, bool]:
     """Every registered Node and whether it is Ready."""
-    try:
-        return {n.metadata.name: ready(n)[0] for n in api_call("list nodes", k8s.CoreV1Api(api).list_node).items}
-    except ApiException as e:
-        raise KubeError(f"list nodes: {status_message(e)}") from None
+    return {name: ready(n)[0] for name, n in list_nodes(api).items()}
 
 
 def node_names(api: k8s.ApiClient) -> list[str]:
     """Names of every registered Node (control hosts must never be among them)."""
-    return sorted(node_readiness(api))
+    return sorted(list_nodes(api))
 
 
 def token_consumed(api: k8s.ApiClient, node: str) -> bool:
@@ -308,14 +343,15 @@ def token_consumed(api: k8s.ApiClient, node: str) -> bool:
     an existing Node means the kubelet holds its own credential and the token is no longer
     needed. (A Node left over from an earlier install would count too: remove stale Nodes
     before re-joining a host.)"""
-    return found(f"Node/{node}", "read", k8s.CoreV1Api(api).read_node, node)
+    return found(api, "GET", f"{NODES}/{node}", f"Node/{node}", "read")
 
 
-def found(what: str, verb: str, fn: Callable, *args, **kwargs) -> bool:
-    """Call ``fn`` on the object ``what``; False when it is not there (404: for a delete, what
-    we wanted), KubeError naming it and ``verb`` on any other refusal."""
+def found(api: k8s.ApiClient, method: str, path: str, what: str, verb: str, body: dict | None = None,
+          **kw) -> bool:
+    """``method`` on the object at ``path`` (named ``what``); False when it is not there (404:
+    for a delete, what we wanted), KubeError naming it and ``verb`` on any other refusal."""
     try:
-        api_call(what, fn, *args, **kwargs)
+        rest(api, method, path, what, body, **kw)
         return True
     except ApiException as e:
         if e.status == 404:
@@ -324,19 +360,18 @@ def found(what: str, verb: str, fn: Callable, *args, **kwargs) -> bool:
 
 
 def binding_exists(api: k8s.ApiClient, name: str) -> bool:
-    return found(f"ClusterRoleBinding/{name}", "read", k8s.RbacAuthorizationV1Api(api).read_cluster_role_binding, name)
+    return found(api, "GET", f"{CRBS}/{name}", f"ClusterRoleBinding/{name}", "read")
 
 
 def delete_binding(api: k8s.ApiClient, name: str) -> bool:
     """Delete the ClusterRoleBinding ``name``; False when it was not there."""
-    return found(f"ClusterRoleBinding/{name}", "delete",
-                 k8s.RbacAuthorizationV1Api(api).delete_cluster_role_binding, name)
+    return found(api, "DELETE", f"{CRBS}/{name}", f"ClusterRoleBinding/{name}", "delete")
 
 
 def delete_bootstrap_token(api: k8s.ApiClient, token_id: str) -> bool:
     """Delete ``kube-system/bootstrap-token-<id>``; False when it was already gone."""
     name = f"bootstrap-token-{token_id}"
-    return found(f"Secret/{name}", "delete", k8s.CoreV1Api(api).delete_namespaced_secret, name, TOKEN_NAMESPACE)
+    return found(api, "DELETE", f"/api/v1/namespaces/{TOKEN_NAMESPACE}/secrets/{name}", f"Secret/{name}", "delete")
 
 
 RESTARTED_AT = "hiddenplane.io/restartedAt"
@@ -345,10 +380,10 @@ RESTARTED_AT = "hiddenplane.io/restartedAt"
 def restart_workload(api: k8s.ApiClient, kind: str, namespace: str, name: str, stamp: str) -> bool:
     """A rolling restart of a Deployment or DaemonSet (what ``kubectl rollout restart`` does: a
     new pod-template annotation); False when there is no such object."""
-    apps = k8s.AppsV1Api(api)
+    plural = {"Deployment": "deployments", "DaemonSet": "daemonsets"}[kind]
     patch = {"spec": {"template": {"metadata": {"annotations": {RESTARTED_AT: stamp}}}}}
-    fn = {"Deployment": apps.patch_namespaced_deployment, "DaemonSet": apps.patch_namespaced_daemon_set}[kind]
-    return found(f"{kind}/{namespace}/{name}", "restart", fn, name, namespace, patch)
+    return found(api, "PATCH", f"/apis/apps/v1/namespaces/{namespace}/{plural}/{name}", f"{kind}/{namespace}/{name}",
+                 "restart", patch, content_type="application/strategic-merge-patch+json")
 
 
 # --- the admin kubeconfig -------------------------------------------------------------------

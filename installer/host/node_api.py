@@ -1,9 +1,10 @@
-"""The cluster side of node day-2 operations, through the Kubernetes client library.
+"""The cluster side of node day-2 operations, through the Kubernetes API (``kube.rest``: by path,
+JSON in and out).
 
 Cordon and drain (evictions, so PodDisruptionBudgets are respected; a blocked eviction is retried
 until the timeout), delete the Node, the node's bootstrap token Secrets, its renewal binding and
 its pending CSRs, read the serials of client certificates issued to it, and keep the
-revoked-nodes admission policy current. Every call goes through ``kube.api_call`` (timeouts; a
+revoked-nodes admission policy current. Every call goes through ``kube.rest`` (timeouts; a
 transport failure is a KubeError naming the object).
 """
 
@@ -20,13 +21,17 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from installer.host import kube
-from installer.host.kube import TOKEN_NAMESPACE, KubeError, api_call, status_message, found
+from installer.host.kube import NODES, TOKEN_NAMESPACE, KubeError, found, rest, status_message
+from installer.host.csr_approval import CSRS, decided
 from installer.host.kube_objects import apply_objects
 from installer.core.render.manifests import node_renewal_binding
 from installer.core.render.revocation import identity, policy_objects
 
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 NODE_LABEL = "hiddenplane.io/node"
+
+
+MERGE = "application/strategic-merge-patch+json"
 
 
 class DrainError(KubeError):
@@ -41,14 +46,14 @@ def _gone(e: ApiException) -> bool:
 
 def cordon(api: k8s.ApiClient, name: str) -> bool:
     """Mark the Node unschedulable; False when there is no such Node."""
-    return found(f"Node/{name}", "cordon", k8s.CoreV1Api(api).patch_node, name,
-                        {"spec": {"unschedulable": True}})
+    return found(api, "PATCH", f"{NODES}/{name}", f"Node/{name}", "cordon", {"spec": {"unschedulable": True}},
+                 content_type=MERGE)
 
 
 def uncordon(api: k8s.ApiClient, name: str) -> bool:
     """Mark the Node schedulable again; False when there is no such Node."""
-    return found(f"Node/{name}", "uncordon", k8s.CoreV1Api(api).patch_node, name,
-                 {"spec": {"unschedulable": False}})
+    return found(api, "PATCH", f"{NODES}/{name}", f"Node/{name}", "uncordon", {"spec": {"unschedulable": False}},
+                 content_type=MERGE)
 
 
 @dataclass(frozen=True)
@@ -60,13 +65,10 @@ class NodeState:
 
 def node_states(api: k8s.ApiClient) -> dict[str, NodeState]:
     """Every registered Node: Ready, its kubelet's version, whether it is cordoned."""
-    try:
-        nodes = api_call("list nodes", k8s.CoreV1Api(api).list_node).items
-    except ApiException as e:
-        raise KubeError(f"list nodes: {status_message(e)}") from None
-    return {n.metadata.name: NodeState(kube.ready(n)[0],
-                                       n.status.node_info.kubelet_version if n.status and n.status.node_info else "",
-                                       bool(n.spec and n.spec.unschedulable)) for n in nodes}
+    return {name: NodeState(kube.ready(n)[0],
+                            ((n.get("status") or {}).get("nodeInfo") or {}).get("kubeletVersion") or "",
+                            bool((n.get("spec") or {}).get("unschedulable")))
+            for name, n in kube.list_nodes(api).items()}
 
 
 LEADER_LEASES = ("kube-controller-manager", "kube-scheduler")      # in kube-system
@@ -75,11 +77,12 @@ LEADER_LEASES = ("kube-controller-manager", "kube-scheduler")      # in kube-sys
 def lease_holders(api: k8s.ApiClient) -> dict[str, str | None]:
     """Who holds the controller-manager's and the scheduler's leader Lease (identity
     ``<host>_<uuid of the process>``); None for a Lease not there (yet)."""
-    coord, out = k8s.CoordinationV1Api(api), {}
+    out = {}
     for name in LEADER_LEASES:
         try:
-            lease = api_call(f"Lease/{name}", coord.read_namespaced_lease, name, "kube-system")
-            out[name] = lease.spec.holder_identity if lease.spec else None
+            lease = rest(api, "GET", f"/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/{name}",
+                         f"Lease/{name}")
+            out[name] = (lease.get("spec") or {}).get("holderIdentity")
         except ApiException as e:
             if e.status != 404:
                 raise KubeError(f"Lease kube-system/{name}: {status_message(e)}") from None
@@ -87,56 +90,56 @@ def lease_holders(api: k8s.ApiClient) -> dict[str, str | None]:
     return out
 
 
-def _skipped(pod: k8s.V1Pod) -> str | None:
+def _pod_path(pod: dict) -> str:
+    return f"/api/v1/namespaces/{pod['metadata']['namespace']}/pods/{pod['metadata']['name']}"
+
+
+def _key(pod: dict) -> str:
+    return f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+
+
+def _skipped(pod: dict) -> str | None:
     """Why ``pod`` is not evicted (kubectl drain's rules): mirror pods belong to the kubelet's
     static manifests, DaemonSet pods would be re-created on the node at once."""
-    meta = pod.metadata
-    if MIRROR_ANNOTATION in (meta.annotations or {}):
+    meta = pod["metadata"]
+    if MIRROR_ANNOTATION in (meta.get("annotations") or {}):
         return "mirror pod"
-    if any(o.kind == "DaemonSet" for o in meta.owner_references or []):
+    if any(o.get("kind") == "DaemonSet" for o in meta.get("ownerReferences") or []):
         return "DaemonSet"
-    if pod.status is not None and pod.status.phase in ("Succeeded", "Failed"):
+    if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
         return "finished"
     return None
 
 
-def pods_on(api: k8s.ApiClient, name: str) -> list[k8s.V1Pod]:
+def pods_on(api: k8s.ApiClient, name: str) -> list[dict]:
     try:
-        return list(api_call(f"pods on {name}", k8s.CoreV1Api(api).list_pod_for_all_namespaces,
-                          field_selector=f"spec.nodeName={name}").items)
+        return rest(api, "GET", "/api/v1/pods", f"pods on {name}", query={"fieldSelector": f"spec.nodeName={name}"}
+                    )["items"] or []
     except ApiException as e:
         raise KubeError(f"list the pods on {name}: {status_message(e)}") from None
 
 
-def _referenced(pod: k8s.V1Pod) -> set[tuple[str, str, str]]:
+def _named(ref: dict | None, field: str = "name") -> str | None:
+    return (ref or {}).get(field)
+
+
+def _referenced(pod: dict) -> set[tuple[str, str, str]]:
     """(resource, namespace, name) of the Secrets and ConfigMaps a pod mounts or reads: what the
     Node authorizer lets its node read while the pod is bound to it."""
-    ns, spec, out = pod.metadata.namespace, pod.spec, set()
-    for v in spec.volumes or []:
-        if v.secret and v.secret.secret_name:
-            out.add(("secrets", ns, v.secret.secret_name))
-        if v.config_map and v.config_map.name:
-            out.add(("configmaps", ns, v.config_map.name))
-        for src in (v.projected.sources or []) if v.projected else []:
-            if src.secret and src.secret.name:
-                out.add(("secrets", ns, src.secret.name))
-            if src.config_map and src.config_map.name:
-                out.add(("configmaps", ns, src.config_map.name))
-    for c in (spec.containers or []) + (spec.init_containers or []):
-        for e in c.env_from or []:
-            if e.secret_ref:
-                out.add(("secrets", ns, e.secret_ref.name))
-            if e.config_map_ref:
-                out.add(("configmaps", ns, e.config_map_ref.name))
-        for e in c.env or []:
-            ref = e.value_from
-            if ref and ref.secret_key_ref:
-                out.add(("secrets", ns, ref.secret_key_ref.name))
-            if ref and ref.config_map_key_ref:
-                out.add(("configmaps", ns, ref.config_map_key_ref.name))
-    for s in spec.image_pull_secrets or []:
-        out.add(("secrets", ns, s.name))
-    return out
+    ns, spec = pod["metadata"]["namespace"], pod.get("spec") or {}
+    refs: list[tuple[str, str | None]] = []
+    for v in spec.get("volumes") or []:
+        refs += [("secrets", _named(v.get("secret"), "secretName")), ("configmaps", _named(v.get("configMap")))]
+        for src in (v.get("projected") or {}).get("sources") or []:
+            refs += [("secrets", _named(src.get("secret"))), ("configmaps", _named(src.get("configMap")))]
+    for c in (spec.get("containers") or []) + (spec.get("initContainers") or []):
+        for e in c.get("envFrom") or []:
+            refs += [("secrets", _named(e.get("secretRef"))), ("configmaps", _named(e.get("configMapRef")))]
+        for e in c.get("env") or []:
+            ref = e.get("valueFrom") or {}
+            refs += [("secrets", _named(ref.get("secretKeyRef"))), ("configmaps", _named(ref.get("configMapKeyRef")))]
+    refs += [("secrets", _named(s)) for s in spec.get("imagePullSecrets") or []]
+    return {(resource, ns, name) for resource, name in refs if name}
 
 
 def may_read(api: k8s.ApiClient, node: str, resource: str, namespace: str, name: str) -> bool:
@@ -146,12 +149,12 @@ def may_read(api: k8s.ApiClient, node: str, resource: str, namespace: str, name:
             "spec": {"user": identity(node), "groups": ["system:nodes", "system:authenticated"],
                      "resourceAttributes": {"verb": "get", "resource": resource, "namespace": namespace,
                                             "name": name}}}
+    what = f"SubjectAccessReview for {identity(node)}"
     try:
-        r = api_call(f"SubjectAccessReview for {identity(node)}", k8s.AuthorizationV1Api(api).create_subject_access_review,
-                  body)
+        r = rest(api, "POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", what, body)
     except ApiException as e:
-        raise KubeError(f"SubjectAccessReview for {identity(node)}: {status_message(e)}") from None
-    return bool(r.status and r.status.allowed)
+        raise KubeError(f"{what}: {status_message(e)}") from None
+    return bool((r.get("status") or {}).get("allowed"))
 
 
 def delete_pods_and_their_reads(api: k8s.ApiClient, node: str, timeout: float, interval: float = 0.5
@@ -161,15 +164,12 @@ def delete_pods_and_their_reads(api: k8s.ApiClient, node: str, timeout: float, i
     is bound to a node, the Node authorizer lets that node read them, and the pod garbage
     collector deletes a deleted Node's pods only after 40 s or more. Returns the deleted pods
     and the seconds until nothing was readable; KubeError naming what still is after ``timeout``."""
-    core = k8s.CoreV1Api(api)
     pods = pods_on(api, node)
     reads = set().union(*(_referenced(p) for p in pods)) if pods else set()
     deleted = []
     for p in pods:
-        key = f"{p.metadata.namespace}/{p.metadata.name}"
-        if found(f"Pod/{key}", "delete", core.delete_namespaced_pod, p.metadata.name, p.metadata.namespace,
-                 grace_period_seconds=0):
-            deleted.append(key)
+        if found(api, "DELETE", _pod_path(p), f"Pod/{_key(p)}", "delete", query={"gracePeriodSeconds": "0"}):
+            deleted.append(_key(p))
     start = time.monotonic()
     while True:
         left = sorted(f"{r[:-1]}/{ns}/{n}" for r, ns, n in reads if may_read(api, node, r, ns, n))
@@ -187,7 +187,7 @@ class DrainResult:
 
 
 def node_exists(api: k8s.ApiClient, name: str) -> bool:
-    return found(f"Node/{name}", "read", k8s.CoreV1Api(api).read_node, name)
+    return found(api, "GET", f"{NODES}/{name}", f"Node/{name}", "read")
 
 
 def drain_plan(api: k8s.ApiClient, name: str) -> DrainResult:
@@ -195,7 +195,7 @@ def drain_plan(api: k8s.ApiClient, name: str) -> DrainResult:
     leaves (``skipped``, with why)."""
     result = DrainResult()
     for pod in pods_on(api, name):
-        key, why = f"{pod.metadata.namespace}/{pod.metadata.name}", _skipped(pod)
+        key, why = _key(pod), _skipped(pod)
         if why:
             result.skipped.append(f"{key} ({why})")
         else:
@@ -208,14 +208,13 @@ def drain(api: k8s.ApiClient, name: str, timeout: float, *, log: Callable[[str],
     """Evict every pod on ``name`` except mirror and DaemonSet pods, then wait until they are
     gone. An eviction a PodDisruptionBudget refuses (429) is retried every ``interval`` s; when
     ``timeout`` s are up with pods left, DrainError names them and why they stayed."""
-    core = k8s.CoreV1Api(api)
     deadline = time.monotonic() + timeout
     result = DrainResult()
     waiting: dict[str, str] = {}            # ns/name -> why it is still there
     while True:
         pending = []
         for pod in pods_on(api, name):
-            key = f"{pod.metadata.namespace}/{pod.metadata.name}"
+            key = _key(pod)
             why = _skipped(pod)
             if why:
                 if f"{key} ({why})" not in result.skipped:
@@ -225,11 +224,11 @@ def drain(api: k8s.ApiClient, name: str, timeout: float, *, log: Callable[[str],
             if key in result.evicted:
                 waiting[key] = "terminating"
                 continue
-            body = k8s.V1Eviction(metadata=k8s.V1ObjectMeta(name=pod.metadata.name,
-                                                            namespace=pod.metadata.namespace))
+            meta = pod["metadata"]
+            body = {"apiVersion": "policy/v1", "kind": "Eviction",
+                    "metadata": {"name": meta["name"], "namespace": meta["namespace"]}}
             try:
-                api_call(f"Pod/{key}", core.create_namespaced_pod_eviction, pod.metadata.name,
-                      pod.metadata.namespace, body)
+                rest(api, "POST", f"{_pod_path(pod)}/eviction", f"Pod/{key}", body)
                 result.evicted.append(key)
                 waiting[key] = "terminating"
                 log(f"{name}: evicted {key}")
@@ -245,34 +244,32 @@ def drain(api: k8s.ApiClient, name: str, timeout: float, *, log: Callable[[str],
         if time.monotonic() >= deadline:
             raise DrainError(f"{name}: drain timed out after {timeout:g} s with {len(pending)} pod(s) left: "
                              + "; ".join(f"{k}: {w}" for k, w in sorted(waiting.items())
-                                         if k in {f'{p.metadata.namespace}/{p.metadata.name}' for p in pending}))
+                                         if k in {_key(p) for p in pending}))
         time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
 
 
 # --- deleting what let the node in ------------------------------------------------------------
 
 def delete_node(api: k8s.ApiClient, name: str) -> bool:
-    return found(f"Node/{name}", "delete", k8s.CoreV1Api(api).delete_node, name)
+    return found(api, "DELETE", f"{NODES}/{name}", f"Node/{name}", "delete")
 
 
 def delete_tokens(api: k8s.ApiClient, name: str, token_ids: list[str]) -> list[str]:
     """Delete the node's bootstrap token Secrets: those labelled with its name, and those of
     ``token_ids`` (from the state). Returns the Secrets deleted."""
-    core = k8s.CoreV1Api(api)
+    secrets = f"/api/v1/namespaces/{TOKEN_NAMESPACE}/secrets"
     try:
-        labelled = api_call("list token Secrets", core.list_namespaced_secret, TOKEN_NAMESPACE,
-                         label_selector=f"{NODE_LABEL}={name}").items
+        labelled = rest(api, "GET", secrets, "list token Secrets", query={"labelSelector": f"{NODE_LABEL}={name}"}
+                        )["items"] or []
     except ApiException as e:
         raise KubeError(f"list the bootstrap token Secrets of {name}: {status_message(e)}") from None
-    names = sorted({s.metadata.name for s in labelled} | {f"bootstrap-token-{t}" for t in token_ids})
-    return [s for s in names
-            if found(f"Secret/{s}", "delete", core.delete_namespaced_secret, s, TOKEN_NAMESPACE)]
+    names = sorted({s["metadata"]["name"] for s in labelled} | {f"bootstrap-token-{t}" for t in token_ids})
+    return [s for s in names if found(api, "DELETE", f"{secrets}/{s}", f"Secret/{s}", "delete")]
 
 
 def delete_renewal_binding(api: k8s.ApiClient, name: str) -> bool:
     binding = node_renewal_binding(name)["metadata"]["name"]
-    return found(f"ClusterRoleBinding/{binding}", "delete",
-                        k8s.RbacAuthorizationV1Api(api).delete_cluster_role_binding, binding)
+    return kube.delete_binding(api, binding)
 
 
 @dataclass
@@ -281,17 +278,12 @@ class NodeCSRs:
     serials: list[str] = field(default_factory=list)     # hex serials of certificates issued to it
 
 
-def _decided(csr) -> bool:
-    return any(c.type in ("Approved", "Denied", "Failed") for c in (csr.status.conditions if csr.status else None) or [])
-
-
-def _issued_serial(csr, name: str) -> str | None:
-    raw = csr.status.certificate if csr.status else None
+def _issued_serial(csr: dict, name: str) -> str | None:
+    raw = (csr.get("status") or {}).get("certificate")
     if not raw:
         return None
     try:
-        # JSON carries the PEM base64-encoded; the client hands the field over as that string
-        pem = base64.b64decode(raw, validate=True) if isinstance(raw, str) else bytes(raw)
+        pem = base64.b64decode(raw, validate=True)      # JSON carries the PEM base64-encoded
         cert = x509.load_pem_x509_certificate(pem)
     except ValueError:
         return None
@@ -303,25 +295,23 @@ def node_csrs(api: k8s.ApiClient, name: str, token_ids: list[str]) -> NodeCSRs:
     """The node's CSRs: made by ``system:node:<name>`` or by one of its bootstrap tokens."""
     users = {identity(name)} | {f"system:bootstrap:{t}" for t in token_ids}
     try:
-        items = api_call("list CSRs", k8s.CertificatesV1Api(api).list_certificate_signing_request).items
+        items = rest(api, "GET", CSRS, "list CSRs")["items"] or []
     except ApiException as e:
         raise KubeError(f"list CertificateSigningRequests: {status_message(e)}") from None
     out = NodeCSRs()
     for csr in items:
         serial = _issued_serial(csr, name)
-        if csr.spec.username not in users and serial is None:
+        if (csr.get("spec") or {}).get("username") not in users and serial is None:
             continue
         if serial:
             out.serials.append(serial)
-        if not _decided(csr):
-            out.pending.append(csr.metadata.name)
+        if not decided(csr):
+            out.pending.append(csr["metadata"]["name"])
     return out
 
 
 def delete_csrs(api: k8s.ApiClient, names: list[str]) -> list[str]:
-    certs = k8s.CertificatesV1Api(api)
-    return [n for n in names if found(f"CertificateSigningRequest/{n}", "delete",
-                                             certs.delete_certificate_signing_request, n)]
+    return [n for n in names if found(api, "DELETE", f"{CSRS}/{n}", f"CertificateSigningRequest/{n}", "delete")]
 
 
 def apply_revocations(api: k8s.ApiClient, revoked: list[str], k8s_version: str) -> list[tuple[str, str, str]]:
@@ -339,8 +329,8 @@ def refuses(api: k8s.ApiClient, node: str) -> str | None:
     body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}
     headers = {"Impersonate-User": identity(node), "Impersonate-Group": "system:nodes"}
     try:
-        api_call(f"Node/{node} (dry run as {identity(node)})", k8s.CoreV1Api(api).create_node, body,
-              dry_run="All", _headers=headers)
+        rest(api, "POST", NODES, f"Node/{node} (dry run as {identity(node)})", body, query={"dryRun": "All"},
+             headers=headers)
     except ApiException as e:
         message = status_message(e)
         if e.status == 403 and REVOKED_MESSAGE in (e.body or ""):
