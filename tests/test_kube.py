@@ -141,8 +141,8 @@ def test_first_run_sends_exactly_the_bootstrap_objects_in_order(prepared, api, f
             assert RFC3339.match(o["stringData"]["expiration"])
     done = kube_objects.apply_objects(api, bootstrap(prepared), prepared.inventory.spec.kubernetes.version)
     assert done == [(o["kind"], o["metadata"]["name"], "created") for o in want]
-    # per object: a GET (404), then the create
-    assert fake.requests == [x for o in want for x in (("GET", item_path(o), None), ("POST", post_path(o), o))]
+    # every object read first (404), then the creates in order
+    assert fake.requests == [("GET", item_path(o), None) for o in want] + [("POST", post_path(o), o) for o in want]
     assert all(h.get("Content-Type") == "application/json" for (m, _, _), h in zip(fake.requests, fake.headers)
                if m == "POST")
     assert all(h.get("Accept", "").startswith("application/json") for h in fake.headers)
@@ -171,9 +171,8 @@ def test_changed_role_ref_is_deleted_and_created(prepared, api, fake):
     done = kube_objects.apply_objects(api, bootstrap(prepared), prepared.inventory.spec.kubernetes.version)
     assert done[0] == ("ClusterRoleBinding", "hiddenplane:kubelet-bootstrap", "replaced")
     assert all(a == "created" for _, _, a in done[1:])
-    assert fake.requests[:3] == [("GET", f"{CRB}/hiddenplane:kubelet-bootstrap", None),
-                                 ("DELETE", f"{CRB}/hiddenplane:kubelet-bootstrap", None),
-                                 ("POST", CRB, want[0])]
+    writes = [r for r in fake.requests if r[0] != "GET"]
+    assert writes[:2] == [("DELETE", f"{CRB}/hiddenplane:kubelet-bootstrap", None), ("POST", CRB, want[0])]
     assert fake.store[f"{CRB}/hiddenplane:kubelet-bootstrap"]["roleRef"] == want[0]["roleRef"]
 
 
@@ -217,7 +216,8 @@ def test_invalid_manifest_is_refused_before_any_request(prepared, api, fake):
     objs[4]["stringData"]["token-id"] = 123          # not a string
     with pytest.raises(kube.KubeError) as e:
         kube_objects.apply_objects(api, objs, "v1.36.4")
-    assert fake.requests == []
+    assert fake.calls("GET") == [item_path(o) for o in objs]       # read, nothing written
+    assert len(fake.requests) == len(objs)
     msg = str(e.value)
     assert "2 object(s) invalid for Kubernetes 1.36.0" in msg
     assert "ClusterRoleBinding/hiddenplane:cluster-admins" in msg and objs[4]["metadata"]["name"] in msg
@@ -235,7 +235,7 @@ def test_refusal_names_the_object_and_the_reason(prepared, api, fake):
     with pytest.raises(kube.KubeError, match=r"ClusterRoleBinding/hiddenplane:kubelet-bootstrap: create refused: "
                                              r"403 Forbidden: User \"kubernetes-admin\" cannot"):
         kube_objects.apply_objects(api, bootstrap(prepared), "v1.36.4")
-    assert [m for m, _, _ in fake.requests] == ["GET", "POST"]
+    assert [m for m, _, _ in fake.requests] == ["GET"] * len(bootstrap(prepared)) + ["POST"]
 
 
 def test_unreachable_api_is_a_clear_error(prepared):

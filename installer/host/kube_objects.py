@@ -210,57 +210,64 @@ class _Object:
             raise KubeError(f"{self.what}: read refused: {status_message(e)}") from None
 
 
-def _apply_one(api, obj: dict) -> str:
-    o = _Object(obj, api)
-    live = o.read()
+def _write(o: _Object, obj: dict, live: dict | None, change: str) -> None:
+    """Bring one object to ``obj``: create it, replace it, or delete and create it."""
     try:
-        if live is None:
+        if change == "created":
             try:
-                rest(api, "POST", o.collection, o.what, obj)
-                return "created"
+                rest(o.api, "POST", o.collection, o.what, obj)
+                return
             except ApiException as e:
                 if not (e.status == 409 and reason(e) == "AlreadyExists"):
                     raise
             live = o.read()          # created by someone else meanwhile: compare with that
-        change = o.compare(obj, live)
-        if change is None:
-            return "unchanged"
+            change = o.compare(obj, live) or "unchanged"
         if change == "replace":
-            rest(api, "PUT", o.path, o.what, _for_update(obj, live, o.keep_annotations))
-        else:
-            rest(api, "DELETE", o.path, o.what)
-            rest(api, "POST", o.collection, o.what, obj)
-        return "replaced"
+            rest(o.api, "PUT", o.path, o.what, _for_update(obj, live, o.keep_annotations))
+        elif change == "recreate":
+            rest(o.api, "DELETE", o.path, o.what)
+            rest(o.api, "POST", o.collection, o.what, obj)
     except ApiException as e:
         raise KubeError(f"{o.what}: {'create' if live is None else 'update'} refused: {status_message(e)}") from None
 
 
-def _plan_one(api, obj: dict) -> str:
-    """What ``_apply_one`` would do to ``obj``, found by reading only."""
-    o = _Object(obj, api)
-    live = o.read()
-    if live is None:
-        return "created"
-    return "unchanged" if o.compare(obj, live) is None else "replaced"
+def _changes(api, objects: list[dict], k8s_version: str) -> list[tuple[_Object, dict | None, str | None]]:
+    """Each object's handle, its live state and what it needs (None, "created", "replace",
+    "recreate"), read before anything is written; those that need a write are validated
+    (strict) first, all failures at once. Unknown kinds are refused before any request."""
+    handles = [_Object(obj, api) for obj in objects]
+    out = []
+    for o, obj in zip(handles, objects):
+        live = o.read()
+        out.append((o, live, "created" if live is None else o.compare(obj, live)))
+    validate_objects([obj for obj, (_, _, change) in zip(objects, out) if change], k8s_version)
+    return out
+
+
+def _action(change: str | None) -> str:
+    return {None: "unchanged", "created": "created"}.get(change, "replaced")
 
 
 def plan_objects(api, objects: list[dict], k8s_version: str) -> list[tuple[str, str, str]]:
-    """``apply_objects`` stopped before any write: validates, then reads each object and says
-    what applying it would do (``created``, ``unchanged``, ``replaced``)."""
-    validate_objects(objects, k8s_version)
-    return [(obj["kind"], obj["metadata"]["name"], _plan_one(api, obj)) for obj in objects]
+    """``apply_objects`` stopped before any write: reads each object, validates those that
+    would be written, and says what applying would do (``created``, ``unchanged``, ``replaced``)."""
+    return [(obj["kind"], obj["metadata"]["name"], _action(change))
+            for obj, (_, _, change) in zip(objects, _changes(api, objects, k8s_version))]
 
 
 def apply_objects(api, objects: list[dict], k8s_version: str) -> list[tuple[str, str, str]]:
-    """Validate every object (strict, for ``k8s_version``'s minor) before sending any, then
-    bring each in order to what we set: read it; create it when missing; leave it when it
-    matches; otherwise replace it with the live resourceVersion (delete and create when an
-    immutable field differs: a binding's roleRef, a token Secret's type, a Service's clusterIP,
-    a Deployment's or DaemonSet's selector). What "matches" means: bindings and token Secrets
-    compare what we set exactly; the other kinds compare as a subset (every field we set has
-    our value; server defaults and fields others add are ignored). Returns ``(kind, name,
-    action)`` per object, action one of ``created``, ``unchanged``, ``replaced``."""
-    validate_objects(objects, k8s_version)
-    for obj in objects:
-        _Object(obj)                       # refuse unknown kinds before sending anything too
-    return [(obj["kind"], obj["metadata"]["name"], _apply_one(api, obj)) for obj in objects]
+    """Bring each object, in order, to what we set: all are read first; those that need a
+    write are validated (strict, for ``k8s_version``'s minor) before any is sent; then a missing
+    one is created, and one that differs is replaced with the live resourceVersion (deleted
+    and created when an immutable field differs: a binding's roleRef, a token Secret's type, a
+    Service's clusterIP, a Deployment's or DaemonSet's selector). What "differs" means:
+    bindings and token Secrets compare what we set exactly; the other kinds compare as a
+    subset (every field we set has our value; server defaults and fields others add are
+    ignored). Returns ``(kind, name, action)`` per object, action one of ``created``,
+    ``unchanged``, ``replaced``."""
+    out = []
+    for obj, (o, live, change) in zip(objects, _changes(api, objects, k8s_version)):
+        if change:
+            _write(o, obj, live, change)
+        out.append((obj["kind"], obj["metadata"]["name"], _action(change)))
+    return out
