@@ -1,16 +1,16 @@
-"""A fake kube-apiserver *transport* under the real ``kubernetes`` client, for every API test.
+"""A fake kube-apiserver *transport* under the installer's API client, for every API test.
 
-It replaces ``ApiClient.rest_client.pool_manager`` (urllib3) and answers with real
+It replaces ``ApiClient.pool`` (a urllib3 PoolManager) and answers with real
 ``urllib3.HTTPResponse`` objects shaped like the apiserver's, recording every (method, path,
 JSON body) and the headers. Resources are known by URL shape: ``.../<plural>`` is a collection
 (POST creates or answers 409 AlreadyExists, GET lists with label and field selectors),
 ``.../<plural>/<name>`` an object (GET or 404 NotFound, PUT checked against resourceVersion,
 PATCH as a merge, DELETE). Pod evictions (``.../pods/<name>/eviction``) delete the pod unless a
 PodDisruptionBudget is made to refuse (``block_evictions``: 429 that many times per pod);
-``fail`` forces an answer for a (method, path). Everything above the transport (typed API,
-serialization, error mapping) is the real client library.
+``fail`` forces an answer for a (method, path). Everything above the transport (paths, JSON,
+error mapping) is the installer's own code; TLS is tested against a real ssl server
+(tests/test_kube.py) and the whole client against a real kube-apiserver (tests/test_real_*.py).
 """
-
 from __future__ import annotations
 
 import base64
@@ -93,7 +93,7 @@ class FakeCluster:
         return urllib3.HTTPResponse(body=json.dumps(answer).encode(), status=code, reason=REASONS.get(code, ""),
                                     headers={"Content-Type": "application/json"}, preload_content=False)
 
-    def clear(self):      # ApiClient.close() -> rest_client.close() -> pool_manager.clear()
+    def clear(self):      # ApiClient.close() -> pool.clear()
         pass
 
     # -- the server --

@@ -65,7 +65,7 @@ def created(objs: list[dict]) -> list[tuple]:
 
 def _client(material, fake):
     a = kube.api_client(API, material)
-    a.rest_client.pool_manager = fake
+    a.pool = fake
     return a
 
 
@@ -245,7 +245,7 @@ def phase_api(monkeypatch):
     def client(url, material, *, credential="admin", **kw):
         asked.append((url, credential))
         a = real(url, material, credential=credential, **kw)
-        a.rest_client.pool_manager = fake
+        a.pool = fake
         return a
     monkeypatch.setattr(kube, "api_access", access)
     monkeypatch.setattr(kube, "api_client", client)

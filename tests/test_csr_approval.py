@@ -82,7 +82,7 @@ def test_approve_pending_writes_one_verdict_per_bootstrap_request(prepared):
     fake.add(CSRS, csr("e-done", "system:bootstrap:def456", request("system:node:w2"),
                        conditions=[{"type": "Approved", "status": "True", "reason": "x", "message": "y"}]))
     api = kube.api_client(API, prepared.material)
-    api.rest_client.pool_manager = fake
+    api.pool = fake
     try:
         verdicts = csr_approval.approve_pending(api, TOKENS)
     finally:

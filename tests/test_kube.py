@@ -1,11 +1,11 @@
-"""The cluster-bootstrap API calls through the real ``kubernetes`` client library.
+"""The cluster-bootstrap API calls through the installer's API client (host/kube.py).
 
-No kube-apiserver exists here, so the transport is faked at the lowest level the client has:
-``ApiClient.rest_client.pool_manager`` (urllib3) is replaced by ``FakeApiServer`` (tests/fakeapi.py), which records
+No kube-apiserver runs in these tests (tests/test_real_*.py have one), so the transport is faked
+at its lowest level: ``ApiClient.pool`` (urllib3) is replaced by ``FakeApiServer`` (tests/fakeapi.py), which records
 every (method, path, JSON body) and answers with real ``urllib3.HTTPResponse`` objects shaped
 like the apiserver's (201 with the stored object, 409 AlreadyExists / 404 NotFound Status JSON,
 GET of a stored object with data base64-encoded, PUT checked against resourceVersion). Everything
-above the transport (typed API, serialization, error mapping) is the real client.
+above the transport (paths, JSON, error mapping) is the installer's own.
 
 TLS and the SSH tunnel are exercised for real against stand-ins: a Python ``ssl`` server with
 the rendered apiserver certificate (requiring a client certificate from the cluster CA) and an
@@ -34,8 +34,6 @@ import urllib3
 import kubernetes_validate
 import yaml
 from click.testing import CliRunner
-from kubernetes import client as k8s
-from kubernetes.client.exceptions import ApiException
 
 from installer.core import inventory
 
@@ -77,7 +75,7 @@ def fake():
 @pytest.fixture
 def api(prepared, fake):
     a = kube.api_client(API, prepared.material)
-    a.rest_client.pool_manager = fake
+    a.pool = fake
     yield a
     a.close()
 
@@ -320,19 +318,24 @@ def test_delete_bootstrap_token(prepared, api, fake):
 
 # --- the client: credentials on disk, real TLS ----------------------------------------------------
 
-def test_client_credentials_are_private_and_removed_on_close(prepared):
-    a = kube.api_client(API, prepared.material)
-    d = Path(a.configuration.key_file).parent
-    assert stat.S_IMODE(d.stat().st_mode) == 0o700
-    for f in (a.configuration.cert_file, a.configuration.key_file):
-        assert stat.S_IMODE(os.stat(f).st_mode) == 0o600
-    assert Path(a.configuration.key_file).read_bytes() == issue.key_pem(prepared.material.pair("admin").key)
-    assert a.configuration.verify_ssl and "BEGIN CERTIFICATE" in a.configuration.ca_cert_data
-    a.close()
-    assert not d.exists()
-    with kube.api_client(API, prepared.material, credential="super-admin") as b:
-        assert Path(b.configuration.cert_file).read_bytes() == issue.cert_pem(
-            prepared.material.pair("super-admin").cert)
+def test_client_key_is_loaded_from_a_private_file_removed_at_once(prepared, monkeypatch):
+    seen = []
+    real = kube.ApiClient.__init__
+
+    def spy(self, url, ca_file, cert_file, key_file, tls_server_name=None):
+        d = Path(key_file).parent
+        seen.append((stat.S_IMODE(d.stat().st_mode), [stat.S_IMODE(os.stat(f).st_mode) for f in (cert_file, key_file)],
+                     Path(key_file).read_bytes(), Path(cert_file).read_bytes(), d))
+        real(self, url, ca_file, cert_file, key_file, tls_server_name)
+    monkeypatch.setattr(kube.ApiClient, "__init__", spy)
+    with kube.api_client(API, prepared.material) as a, \
+            kube.api_client(API, prepared.material, credential="super-admin") as b:
+        for (mode, files, key, _, d) in seen:
+            assert mode == 0o700 and files == [0o600, 0o600]
+            assert not d.exists()                   # gone while the client lives: the key is in memory
+        assert seen[0][2] == issue.key_pem(prepared.material.pair("admin").key)
+        assert seen[1][3] == issue.cert_pem(prepared.material.pair("super-admin").cert)
+        assert a.host == b.host == API
 
 
 def free_port() -> int:
@@ -388,7 +391,7 @@ def tls_apiserver(prepared, tmp_path_factory):
 def test_client_verifies_the_apiserver_on_127_0_0_1(prepared, tls_apiserver):
     port, seen = tls_apiserver
     with kube.api_client(f"https://127.0.0.1:{port}", prepared.material) as a:
-        assert k8s.VersionApi(a).get_code().git_version == "v1.36.4"
+        assert kube.rest(a, "GET", "/version", "version")["gitVersion"] == "v1.36.4"
     assert seen["cn"][-1] == "kubernetes-admin"
 
 
@@ -396,13 +399,10 @@ def test_tls_server_name_is_what_the_certificate_is_checked_against(prepared, tl
     port, seen = tls_apiserver
     with kube.api_client(f"https://127.0.0.1:{port}", prepared.material,
                          tls_server_name="kubernetes.default.svc") as a:
-        assert k8s.VersionApi(a).get_code().major == "1"
+        assert kube.rest(a, "GET", "/version", "version")["major"] == "1"
     assert seen["sni"][-1] == "kubernetes.default.svc"
     with kube.api_client(f"https://127.0.0.1:{port}", prepared.material, tls_server_name="not-a-san.example") as a:
-        with pytest.raises((ApiException, urllib3.exceptions.HTTPError), match="certificate"):
-            k8s.VersionApi(a).get_code()
-        with pytest.raises(kube.KubeError, match=r"Node/node2: (cannot reach the API|TLS with the API failed)"
-                                                 r".*certificate"):
+        with pytest.raises(kube.KubeError, match=r"Node/node2: TLS with the API failed: hostname 'not-a-san.example' doesn't match"):
             kube.token_consumed(a, "node2")
 
 
@@ -531,7 +531,7 @@ def test_api_access_tunnels_through_the_control_host(prepared, tls_apiserver, ss
     with kube.api_access(inv, factory, probe_timeout=0.5) as url:
         assert url != inv.api_url and re.fullmatch(r"https://127\.0\.0\.1:\d+", url)
         with kube.api_client(url, prepared.material) as a:
-            assert k8s.VersionApi(a).get_code().git_version == "v1.36.4"
+            assert kube.rest(a, "GET", "/version", "version")["gitVersion"] == "v1.36.4"
     assert [r.name for r in made] == ["cp1"] and not made[0].connected      # closed: we made it
     assert set(seen) == {("127.0.0.1", api_port)}
     assert seen_tls["cn"][-1] == "kubernetes-admin"
@@ -547,7 +547,7 @@ def test_api_access_reuses_a_given_remote_and_leaves_it_open(prepared, tls_apise
     try:
         with kube.api_access(inv, {"cp1": remote}, prepared.material, probe_timeout=0.5) as url:
             with kube.api_client(url, prepared.material) as a:
-                k8s.VersionApi(a).get_code()
+                kube.rest(a, "GET", "/version", "version")
         assert remote.connected
     finally:
         remote.close()

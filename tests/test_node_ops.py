@@ -178,7 +178,7 @@ def fake_api(prepared, cluster):
     @contextlib.contextmanager
     def factory():
         a = kube.api_client(API, prepared.material)
-        a.rest_client.pool_manager = cluster
+        a.pool = cluster
         try:
             yield a
         finally:
@@ -458,7 +458,7 @@ def test_revocation_counts_as_enforced_only_when_each_apiserver_refuses_the_iden
 
     def client(fake):
         a = kube.api_client("https://192.168.56.230:6443", prepared.material)
-        a.rest_client.pool_manager = fake
+        a.pool = fake
         return a
     denied, admitted = FakeCluster(), FakeCluster()
     denied.fail[("POST", "/api/v1/nodes")] = (403, _status(

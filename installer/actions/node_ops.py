@@ -18,7 +18,6 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Callable, ContextManager, Iterator
 
-from kubernetes import client as k8s
 
 from installer.host import kube, node_api
 from installer.engine import runner
@@ -36,7 +35,7 @@ from installer.core.inventory import as_inventory
 from installer.core.state import state_for
 from installer.actions import etcd_members
 
-ApiFactory = Callable[[], ContextManager[k8s.ApiClient]]
+ApiFactory = Callable[[], ContextManager[kube.ApiClient]]
 ROUTES_PATH = f"/etc/systemd/system/{ROUTES_UNIT}"
 
 
@@ -83,7 +82,7 @@ def material_for(inv: Inventory, state: StateDir) -> Material:
 
 
 @contextlib.contextmanager
-def cluster_api(inv: Inventory, material: Material, factory: ApiFactory | None = None) -> Iterator[k8s.ApiClient]:
+def cluster_api(inv: Inventory, material: Material, factory: ApiFactory | None = None) -> Iterator[kube.ApiClient]:
     """The admin client, directly or through an SSH tunnel via a control host."""
     if factory is not None:
         with factory() as api:

@@ -10,7 +10,6 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Callable, ContextManager
 
-from kubernetes import client as k8s
 
 from installer.actions import etcd_members, teardown
 from installer.actions.node_ops import (ApiFactory, NodeOpError, Target, cluster_api, converge, material_for,
@@ -52,7 +51,7 @@ class _Run:
     accept_new_host_keys: bool = False
     serials: list[str] = field(default_factory=list)
     _material: Material | None = None
-    _api: k8s.ApiClient | None = None
+    _api: kube.ApiClient | None = None
 
     @property
     def material(self) -> Material:
@@ -61,7 +60,7 @@ class _Run:
         return self._material
 
     @property
-    def api(self) -> k8s.ApiClient:
+    def api(self) -> kube.ApiClient:
         if self._api is None:
             self._api = self.stack.enter_context(cluster_api(self.t.inv, self.material, self.api_factory))
         return self._api

@@ -184,7 +184,7 @@ def _wait_node_ready(ctx: Context, host: str, since: float | None, timeout: floa
     """The Node of ``host`` Ready again through the API, as posted by the kubelet started at
     ``since`` (the host's clock): a restarted kubelet reports NotReady until its first
     pod-lifecycle relist, seconds later. The next worker waits for it."""
-    from installer.host import kube   # lazy: the kubernetes client takes 1-2 s to import
+    from installer.host import kube   # lazy: runs that never reach the API skip urllib3 and the schemas
     ctx.log(f"{host}: wait for Node {host} Ready")
     with kube.api_access(ctx.inv, ctx.remotes, ctx.material) as url, \
             kube.api_client(url, ctx.material) as client:

@@ -88,7 +88,7 @@ def rotate_plan(inv: Inventory, cas: list[str], use_api: bool) -> list[str]:
 # --- ca rotate ---------------------------------------------------------------------------------
 
 def _api_tokens(ctx: Context, old: Material, report: Report) -> None:
-    from installer.host import kube   # lazy: the kubernetes client takes 1-2 s to import
+    from installer.host import kube   # lazy: runs that never reach the API skip urllib3 and the schemas
     ev = BootstrapCluster().run_host(ctx, "(api)")
     report.steps += ev.detail
     gone = {t.id for t in old.tokens.values()} - {t.id for t in ctx.material.tokens.values()}
@@ -114,7 +114,7 @@ def _restart_api_clients(ctx: Context, report: Report) -> None:
     """Pods read the cluster CA once, at start: the add-ons' pods would keep refusing the
     apiserver's new certificate (CoreDNS: "x509: certificate signed by unknown authority"), so
     they are restarted; their new pods get the new CA from the kube-root-ca.crt ConfigMap."""
-    from installer.host import kube   # lazy: the kubernetes client takes 1-2 s to import
+    from installer.host import kube   # lazy: runs that never reach the API skip urllib3 and the schemas
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     with kube.api_access(ctx.inv, ctx.remotes, ctx.material) as url, \
             kube.api_client(url, ctx.material) as client:
@@ -126,7 +126,7 @@ def _restart_api_clients(ctx: Context, report: Report) -> None:
 def _approve_rebootstrap(ctx: Context, host: str, report: Report, timeout: float) -> None:
     """The kubelet asks again with its new token: approve it (its own token, its own name),
     wait for the certificate, then delete the token's Secret."""
-    from installer.host import kube   # lazy: the kubernetes client takes 1-2 s to import
+    from installer.host import kube   # lazy: runs that never reach the API skip urllib3 and the schemas
     token_nodes = {t.id: n for n, t in ctx.material.tokens.items()}
     token_id = ctx.material.tokens[host].id
     with kube.api_access(ctx.inv, ctx.remotes, ctx.material) as url, \

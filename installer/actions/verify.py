@@ -321,9 +321,7 @@ def _api_checks(inv: Inventory, state_dir) -> list[CheckResult]:
     """The API's Node list: an API that cannot be reached is a host that cannot be checked
     (VerifyError, exit 3); one that answers the list with an error status (a 404 from
     something that is not a kube-apiserver, a 403) fails the check (exit 1), naming the URL."""
-    from kubernetes.client.exceptions import ApiException
-
-    from installer.host import kube   # lazy: the kubernetes client takes 1-2 s to import
+    from installer.host import kube
     material = state_for(inv, state_dir).load(inv)
     via = inv.api_url
     try:
@@ -334,7 +332,7 @@ def _api_checks(inv: Inventory, state_dir) -> list[CheckResult]:
                 listed = kube.rest(client, "GET", kube.NODES, f"the API at {via}")["items"] or []
             except kube.KubeError as e:         # not reached, or TLS failed
                 raise VerifyError(str(e)) from None
-            except ApiException as e:
+            except kube.ApiError as e:
                 return [CheckResult("cluster", "no Node for a control host", False,
                                     f"GET /api/v1/nodes on {via} answered {kube.status_message(e)}: "
                                     "is the endpoint a kube-apiserver?")]

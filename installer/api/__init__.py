@@ -1,6 +1,6 @@
 """The Python API the CLI is a thin layer over (the CLI imports nothing else of the package).
 
-This module is light (inventory, PKI, rendering: no SSH, no Kubernetes client), so `installer
+This module is light (inventory, PKI, rendering: no SSH, no API client), so `installer
 validate` stays fast; the commands that reach hosts are in its submodules, imported only by the
 commands that need them: ``api.cluster`` (apply, plan, verify), ``api.nodes``, ``api.etcd``,
 ``api.certs`` (check, renew, CA rotation) and ``api.reset``."""
@@ -61,7 +61,7 @@ def admin_kubeconfig(path: str | Path, out: str | Path | None = None, state_dir:
                      force: bool = False) -> tuple[Inventory, Path, bool]:
     """Write the admin kubeconfig from the state (default ``./<cluster>.kubeconfig``, 0600);
     an existing different file is kept unless ``force``. Returns (inventory, path, written)."""
-    from installer.host import kube   # the kubernetes client is slow to import; only this command needs it
+    from installer.host import kube   # only this command reaches the API
     inv = validate(path)
     material = state_for(inv, state_dir).load(inv)
     kube.check_admin_material(inv, material)

@@ -1,7 +1,7 @@
 """``installer``: the command line, a thin layer over the Python API (installer/api.py).
 
 Subcommands are imported when invoked (``LazyGroup``): `--help` loads nothing but click, and
-`validate` only the inventory model, not the SSH and Kubernetes clients other commands need."""
+`validate` only the inventory model, not the SSH and API clients other commands need."""
 
 from __future__ import annotations
 

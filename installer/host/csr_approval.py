@@ -24,6 +24,7 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 
 from installer.core.errors import InstallerError
+from installer.host.kube import ApiClient, ApiError, rest
 
 KUBELET_CLIENT_SIGNER = "kubernetes.io/kube-apiserver-client-kubelet"
 BOOTSTRAP_USER = "system:bootstrap:"
@@ -94,11 +95,9 @@ def decided(csr: dict) -> bool:
     return any(c.get("type") in ("Approved", "Denied", "Failed") for c in conditions)
 
 
-def approve_pending(api, token_nodes: Mapping[str, str]) -> list[Verdict]:
+def approve_pending(api: ApiClient, token_nodes: Mapping[str, str]) -> list[Verdict]:
     """Decide every pending kubelet client CSR made with a bootstrap token; returns the
     verdicts written (approved or denied), oldest first."""
-    from kubernetes.client.exceptions import ApiException
-    from installer.host.kube import rest
     out = []
     for csr in sorted(_list(api), key=lambda c: c["metadata"].get("creationTimestamp") or ""):
         spec, name = csr.get("spec") or {}, csr["metadata"]["name"]
@@ -115,7 +114,7 @@ def approve_pending(api, token_nodes: Mapping[str, str]) -> list[Verdict]:
         status["conditions"] = [*(status.get("conditions") or []), condition]
         try:
             rest(api, "PUT", f"{CSRS}/{name}/approval", f"CSR {name}", csr)
-        except ApiException as e:
+        except ApiError as e:
             if e.status == 409:          # changed meanwhile (decided by someone else): next round
                 continue
             raise CSRError(f"CSR {name}: approval refused: {e.status} {e.reason}") from None
@@ -123,12 +122,10 @@ def approve_pending(api, token_nodes: Mapping[str, str]) -> list[Verdict]:
     return out
 
 
-def _list(api) -> list[dict]:
-    from kubernetes.client.exceptions import ApiException
-    from installer.host.kube import rest
+def _list(api: ApiClient) -> list[dict]:
     try:
         return rest(api, "GET", CSRS, "list CSRs")["items"] or []
-    except ApiException as e:
+    except ApiError as e:
         raise CSRError(f"list CSRs: {e.status} {e.reason}") from None
 
 
@@ -139,7 +136,7 @@ def _signed_tokens(items: list[dict]) -> set[str]:
             and (c.get("status") or {}).get("certificate")}
 
 
-def approve_until_issued(api, token_nodes: Mapping[str, str], token_ids: list[str],
+def approve_until_issued(api: ApiClient, token_nodes: Mapping[str, str], token_ids: list[str],
                          timeout: float, interval: float = 2.0) -> list[Verdict]:
     """Approve (``approve_pending``) until each of ``token_ids`` has a signed CSR; CSRError
     naming the nodes still waiting after ``timeout`` seconds."""

@@ -22,18 +22,16 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
-import shutil
 import socket
+import ssl
 import tempfile
 import time
-import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from urllib.parse import quote, urlencode
 
 import urllib3
 from invoke.exceptions import ThreadException
-from kubernetes import client as k8s
-from kubernetes.client.exceptions import ApiException
 
 from installer.core.errors import InstallerError, StateError
 from installer.core.inventory import HostSpec, Inventory
@@ -47,7 +45,7 @@ from installer.core.tlsfiles import client_files
 
 ADMIN_USER = "kubernetes-admin"
 RBAC_GROUP = "rbac.authorization.k8s.io"
-# the generated client sends JSON bodies without a Content-Type (and ignores _content_type): say it
+# what every request accepts and every body is sent as (a patch says its own kind)
 JSON = "application/json"
 TOKEN_NAMESPACE = "kube-system"
 
@@ -58,94 +56,97 @@ class KubeError(InstallerError):
 
 # --- the client -----------------------------------------------------------------------------
 
-class _ApiClient(k8s.ApiClient):
-    """An ApiClient whose client certificate and key live in a private temporary directory
-    (0700, files 0600) that is removed on ``close()`` (or at garbage collection / exit).
-    urllib3 can only load a client certificate from files, and re-reads them per connection."""
+class ApiError(Exception):
+    """The apiserver answered with an error status; ``body`` is its answer (a Status JSON)."""
 
-    def __init__(self, configuration: k8s.Configuration, tmpdir: str):
-        super().__init__(configuration)
-        self._tmpdir = tmpdir
-        self._cleanup = weakref.finalize(self, shutil.rmtree, tmpdir, ignore_errors=True)
+    def __init__(self, status: int, reason: str, body: str = ""):
+        super().__init__(f"{status} {reason}")
+        self.status, self.reason, self.body = status, reason, body
+
+
+# (connect, read) seconds for every request
+REQUEST_TIMEOUT = urllib3.Timeout(connect=10.0, read=60.0)
+
+
+class ApiClient:
+    """HTTPS to one apiserver: a client certificate from the state, the cluster CA as the only
+    trust anchor, requests by path with JSON in and out (``rest``).
+
+    Its own and small: the official client took 0.12 s to import before doing anything, and its
+    typed API classes 0.06-0.5 s each. The files are read once, here: the TLS context keeps
+    the key in memory."""
+
+    def __init__(self, server_url: str, ca_file: str, cert_file: str, key_file: str,
+                 tls_server_name: str | None = None):
+        self.host = server_url.rstrip("/")
+        context = ssl.create_default_context(cafile=ca_file)
+        context.load_cert_chain(cert_file, key_file)
+        # urllib3 checks the name itself (IP SANs included), against tls_server_name when given
+        context.check_hostname = False
+        self.pool = urllib3.PoolManager(ssl_context=context, server_hostname=tls_server_name,
+                                        assert_hostname=tls_server_name, retries=urllib3.Retry(2, redirect=0))
+
+    def request(self, method: str, path: str, body: bytes | None, headers: Mapping[str, str],
+                query: Mapping[str, str] | None) -> urllib3.BaseHTTPResponse:
+        url = self.host + quote(path, safe="/:") + (f"?{urlencode(query)}" if query else "")
+        return self.pool.request(method, url, body=body, headers=dict(headers), timeout=REQUEST_TIMEOUT,
+                                 preload_content=True)
 
     def close(self) -> None:
-        try:
-            super().close()
-        finally:
-            self._cleanup()
+        self.pool.clear()
+
+    def __enter__(self) -> ApiClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def api_client(server_url: str, material: Material, *, credential: str = "admin",
-               tls_server_name: str | None = None) -> k8s.ApiClient:
+               tls_server_name: str | None = None) -> ApiClient:
     """An ApiClient for ``server_url`` (``https://host:port``) authenticating with the state's
     ``credential`` pair (``admin`` or ``super-admin``) and trusting only the cluster CA.
 
     ``tls_server_name`` sets SNI *and* the name the server certificate is verified against; it
     is not needed for a tunnel to ``https://127.0.0.1:PORT`` (127.0.0.1 is an apiserver SAN).
-    Close the client (or use it as a context manager) to remove the key file."""
-    ca, pair = material.cas.get("ca"), material.certs.get(credential)
-    if ca is None or pair is None:
+    The key passes through a private temporary directory (0700, files 0600) that is gone when
+    this returns: Python's TLS loads a client key only from a file."""
+    if material.cas.get("ca") is None or material.certs.get(credential) is None:
         raise StateError(f"the state holds no cluster CA or {credential} certificate: run `installer plan` first")
-    tmpdir = tempfile.mkdtemp(prefix="hiddenplane-kube-")     # 0700
-    try:
-        cert_file, key_file, _ = client_files(tmpdir, material, credential)
-        cfg = k8s.Configuration(host=server_url.rstrip("/"), ca_cert_data=issue.cert_pem(ca.cert).decode(),
-                                tls_server_name=tls_server_name)
-        cfg.cert_file, cfg.key_file = cert_file, key_file
-        cfg.verify_ssl = True
-        cfg.retries = 2
-        api = _ApiClient(cfg, tmpdir)
-    except BaseException:
-        shutil.rmtree(tmpdir, ignore_errors=True)
-        raise
-    return api
+    with tempfile.TemporaryDirectory(prefix="hiddenplane-kube-") as tmp:
+        cert_file, key_file, ca_file = client_files(tmp, material, credential)
+        return ApiClient(server_url, ca_file, cert_file, key_file, tls_server_name)
 
 
-# (connect, read) seconds for every request: the client's default is to wait forever
-REQUEST_TIMEOUT = (10.0, 60.0)
-
-
-def api_call(what: str, fn: Callable, *args, **kwargs):
-    """Run one API call; transport failures become KubeError (ApiException passes through)."""
-    try:
-        return fn(*args, _request_timeout=REQUEST_TIMEOUT, **kwargs)
-    except urllib3.exceptions.HTTPError as e:
-        raise KubeError(f"{what}: cannot reach the API: {e}") from None
-    except ApiException as e:
-        if e.status == 0:       # the client's way of reporting a TLS failure
-            raise KubeError(f"{what}: TLS with the API failed: {e.reason}") from None
-        raise
-
-
-def rest(api: k8s.ApiClient, method: str, path: str, what: str, body: dict | None = None, *,
+def rest(api: ApiClient, method: str, path: str, what: str, body: dict | None = None, *,
          content_type: str = JSON, query: Mapping[str, str] | None = None,
          headers: Mapping[str, str] | None = None) -> dict | None:
     """One request by its path (``/api/v1/nodes``, ``/apis/apps/v1/...``); the answer is the
-    apiserver's JSON as it came (None when empty). No typed API class and no model: importing
-    one API class took 0.06-0.5 s, and its answers were models turned back into dicts. Transport
-    failures become KubeError (as in ``api_call``); a refusal raises ApiException."""
-    def send(_request_timeout):
-        sent = {"Accept": JSON, **({"Content-Type": content_type} if body is not None else {}), **(headers or {})}
-        request = api.param_serialize(method, path, query_params=list(query.items()) if query else None,
-                                      header_params=sent, body=body)
-        resp = api.call_api(*request, _request_timeout=_request_timeout)
-        resp.read()
-        text = resp.data.decode(errors="replace") if resp.data else ""
-        if not 200 <= resp.status <= 299:
-            raise ApiException.from_response(http_resp=resp, body=text, data=None)
-        return json.loads(text) if text else None
-    return api_call(what, send)
+    apiserver's JSON as it came (None when empty). An error status raises ApiError; no answer,
+    or TLS failing, is a KubeError naming ``what``."""
+    sent = {"Accept": JSON, **({"Content-Type": content_type} if body is not None else {}), **(headers or {})}
+    try:
+        resp = api.request(method, path, json.dumps(body).encode() if body is not None else None, sent, query)
+    except urllib3.exceptions.HTTPError as e:
+        cause = getattr(e, "reason", e)
+        if isinstance(cause, urllib3.exceptions.SSLError) or isinstance(e, urllib3.exceptions.SSLError):
+            raise KubeError(f"{what}: TLS with the API failed: {cause}") from None
+        raise KubeError(f"{what}: cannot reach the API: {e}") from None
+    text = resp.data.decode(errors="replace") if resp.data else ""
+    if not 200 <= resp.status <= 299:
+        raise ApiError(resp.status, resp.reason or "", text)
+    return json.loads(text) if text else None
 
 
-def status_message(e: ApiException) -> str:
+def status_message(e: ApiError) -> str:
     try:
         body = json.loads(e.body or "")
         return f"{e.status} {body.get('reason') or e.reason}: {body.get('message', '')}".rstrip(": ")
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, AttributeError):
         return f"{e.status} {e.reason}"
 
 
-def reason(e: ApiException) -> str | None:
+def reason(e: ApiError) -> str | None:
     try:
         return json.loads(e.body or "").get("reason")
     except (TypeError, ValueError, AttributeError):
@@ -256,16 +257,16 @@ def ready(node: dict, since: float | None = None) -> tuple[bool, str]:
     return False, "no Ready condition yet"
 
 
-def list_nodes(api: k8s.ApiClient) -> dict[str, dict]:
+def list_nodes(api: ApiClient) -> dict[str, dict]:
     """Every registered Node by name (the API's JSON)."""
     try:
         items = rest(api, "GET", NODES, "list nodes")["items"] or []
-    except ApiException as e:
+    except ApiError as e:
         raise KubeError(f"list nodes: {status_message(e)}") from None
     return {n["metadata"]["name"]: n for n in items}
 
 
-def wait_nodes_ready(api: k8s.ApiClient, names: Sequence[str], timeout: float, *,
+def wait_nodes_ready(api: ApiClient, names: Sequence[str], timeout: float, *,
                      interval: float = 2.0, registered_only: bool = False,
                      each_round: Callable[[], None] | None = None, since: float | None = None) -> None:
     """Poll (one list of Nodes per round) until every named Node has Ready=True (or, with
@@ -295,7 +296,7 @@ def wait_nodes_ready(api: k8s.ApiClient, names: Sequence[str], timeout: float, *
         time.sleep(interval)
 
 
-def set_pod_cidr(api: k8s.ApiClient, node: str, cidr: str) -> str:
+def set_pod_cidr(api: ApiClient, node: str, cidr: str) -> str:
     """Make ``Node.spec.podCIDR`` (and ``podCIDRs``) the installer's allocation for ``node``.
 
     The installer, not the controller-manager (``--allocate-node-cidrs=false``), owns pod CIDRs:
@@ -307,7 +308,7 @@ def set_pod_cidr(api: k8s.ApiClient, node: str, cidr: str) -> str:
     what = f"Node/{node}"
     try:
         live = rest(api, "GET", f"{NODES}/{node}", what)
-    except ApiException as e:
+    except ApiError as e:
         raise KubeError(f"{what}: {status_message(e)}") from None
     have = (live.get("spec") or {}).get("podCIDR")
     if have == cidr:
@@ -319,22 +320,22 @@ def set_pod_cidr(api: k8s.ApiClient, node: str, cidr: str) -> str:
     body = {"spec": {"podCIDR": cidr, "podCIDRs": [cidr]}}
     try:
         rest(api, "PATCH", f"{NODES}/{node}", what, body, content_type="application/strategic-merge-patch+json")
-    except ApiException as e:
+    except ApiError as e:
         raise KubeError(f"{what}: setting spec.podCIDR refused: {status_message(e)}") from None
     return "set"
 
 
-def node_readiness(api: k8s.ApiClient) -> dict[str, bool]:
+def node_readiness(api: ApiClient) -> dict[str, bool]:
     """Every registered Node and whether it is Ready."""
     return {name: ready(n)[0] for name, n in list_nodes(api).items()}
 
 
-def node_names(api: k8s.ApiClient) -> list[str]:
+def node_names(api: ApiClient) -> list[str]:
     """Names of every registered Node (control hosts must never be among them)."""
     return sorted(list_nodes(api))
 
 
-def token_consumed(api: k8s.ApiClient, node: str) -> bool:
+def token_consumed(api: ApiClient, node: str) -> bool:
     """Whether the node's bootstrap token has done its job.
 
     Definition: a Node object named ``node`` exists. The kubelet authenticates with the
@@ -346,29 +347,29 @@ def token_consumed(api: k8s.ApiClient, node: str) -> bool:
     return found(api, "GET", f"{NODES}/{node}", f"Node/{node}", "read")
 
 
-def found(api: k8s.ApiClient, method: str, path: str, what: str, verb: str, body: dict | None = None,
+def found(api: ApiClient, method: str, path: str, what: str, verb: str, body: dict | None = None,
           **kw) -> bool:
     """``method`` on the object at ``path`` (named ``what``); False when it is not there (404:
     for a delete, what we wanted), KubeError naming it and ``verb`` on any other refusal."""
     try:
         rest(api, method, path, what, body, **kw)
         return True
-    except ApiException as e:
+    except ApiError as e:
         if e.status == 404:
             return False
         raise KubeError(f"{what}: {verb} refused: {status_message(e)}") from None
 
 
-def binding_exists(api: k8s.ApiClient, name: str) -> bool:
+def binding_exists(api: ApiClient, name: str) -> bool:
     return found(api, "GET", f"{CRBS}/{name}", f"ClusterRoleBinding/{name}", "read")
 
 
-def delete_binding(api: k8s.ApiClient, name: str) -> bool:
+def delete_binding(api: ApiClient, name: str) -> bool:
     """Delete the ClusterRoleBinding ``name``; False when it was not there."""
     return found(api, "DELETE", f"{CRBS}/{name}", f"ClusterRoleBinding/{name}", "delete")
 
 
-def delete_bootstrap_token(api: k8s.ApiClient, token_id: str) -> bool:
+def delete_bootstrap_token(api: ApiClient, token_id: str) -> bool:
     """Delete ``kube-system/bootstrap-token-<id>``; False when it was already gone."""
     name = f"bootstrap-token-{token_id}"
     return found(api, "DELETE", f"/api/v1/namespaces/{TOKEN_NAMESPACE}/secrets/{name}", f"Secret/{name}", "delete")
@@ -377,7 +378,7 @@ def delete_bootstrap_token(api: k8s.ApiClient, token_id: str) -> bool:
 RESTARTED_AT = "hiddenplane.io/restartedAt"
 
 
-def restart_workload(api: k8s.ApiClient, kind: str, namespace: str, name: str, stamp: str) -> bool:
+def restart_workload(api: ApiClient, kind: str, namespace: str, name: str, stamp: str) -> bool:
     """A rolling restart of a Deployment or DaemonSet (what ``kubectl rollout restart`` does: a
     new pod-template annotation); False when there is no such object."""
     plural = {"Deployment": "deployments", "DaemonSet": "daemonsets"}[kind]

@@ -16,12 +16,11 @@ import copy
 import functools
 
 import jsonschema
-from kubernetes.client.exceptions import ApiException
 from kubernetes_validate import utils
 from referencing import Registry, Resource
 
 from installer.core import versions
-from installer.host.kube import RBAC_GROUP, KubeError, reason, rest, status_message
+from installer.host.kube import RBAC_GROUP, ApiError, KubeError, reason, rest, status_message
 
 def target_version(k8s_version: str) -> str:
     """``v1.36.4`` (or ``1.36.4``) -> ``1.36.0``: the schema version kubernetes-validate uses."""
@@ -204,7 +203,7 @@ class _Object:
         """The live object, or None when there is none."""
         try:
             return rest(self.api, "GET", self.path, self.what)
-        except ApiException as e:
+        except ApiError as e:
             if e.status == 404:
                 return None
             raise KubeError(f"{self.what}: read refused: {status_message(e)}") from None
@@ -217,7 +216,7 @@ def _write(o: _Object, obj: dict, live: dict | None, change: str) -> None:
             try:
                 rest(o.api, "POST", o.collection, o.what, obj)
                 return
-            except ApiException as e:
+            except ApiError as e:
                 if not (e.status == 409 and reason(e) == "AlreadyExists"):
                     raise
             live = o.read()          # created by someone else meanwhile: compare with that
@@ -227,7 +226,7 @@ def _write(o: _Object, obj: dict, live: dict | None, change: str) -> None:
         elif change == "recreate":
             rest(o.api, "DELETE", o.path, o.what)
             rest(o.api, "POST", o.collection, o.what, obj)
-    except ApiException as e:
+    except ApiError as e:
         raise KubeError(f"{o.what}: {'create' if live is None else 'update'} refused: {status_message(e)}") from None
 
 

@@ -17,11 +17,9 @@ from typing import Callable
 
 from cryptography import x509
 from cryptography.x509.oid import NameOID
-from kubernetes import client as k8s
-from kubernetes.client.exceptions import ApiException
 
 from installer.host import kube
-from installer.host.kube import NODES, TOKEN_NAMESPACE, KubeError, found, rest, status_message
+from installer.host.kube import NODES, TOKEN_NAMESPACE, ApiClient, ApiError, KubeError, found, rest, status_message
 from installer.host.csr_approval import CSRS, decided
 from installer.host.kube_objects import apply_objects
 from installer.core.render.manifests import node_renewal_binding
@@ -38,19 +36,19 @@ class DrainError(KubeError):
     """Pods are still on the node when the drain's time is up."""
 
 
-def _gone(e: ApiException) -> bool:
+def _gone(e: ApiError) -> bool:
     return e.status == 404
 
 
 # --- cordon and drain -------------------------------------------------------------------------
 
-def cordon(api: k8s.ApiClient, name: str) -> bool:
+def cordon(api: ApiClient, name: str) -> bool:
     """Mark the Node unschedulable; False when there is no such Node."""
     return found(api, "PATCH", f"{NODES}/{name}", f"Node/{name}", "cordon", {"spec": {"unschedulable": True}},
                  content_type=MERGE)
 
 
-def uncordon(api: k8s.ApiClient, name: str) -> bool:
+def uncordon(api: ApiClient, name: str) -> bool:
     """Mark the Node schedulable again; False when there is no such Node."""
     return found(api, "PATCH", f"{NODES}/{name}", f"Node/{name}", "uncordon", {"spec": {"unschedulable": False}},
                  content_type=MERGE)
@@ -63,7 +61,7 @@ class NodeState:
     cordoned: bool
 
 
-def node_states(api: k8s.ApiClient) -> dict[str, NodeState]:
+def node_states(api: ApiClient) -> dict[str, NodeState]:
     """Every registered Node: Ready, its kubelet's version, whether it is cordoned."""
     return {name: NodeState(kube.ready(n)[0],
                             ((n.get("status") or {}).get("nodeInfo") or {}).get("kubeletVersion") or "",
@@ -74,7 +72,7 @@ def node_states(api: k8s.ApiClient) -> dict[str, NodeState]:
 LEADER_LEASES = ("kube-controller-manager", "kube-scheduler")      # in kube-system
 
 
-def lease_holders(api: k8s.ApiClient) -> dict[str, str | None]:
+def lease_holders(api: ApiClient) -> dict[str, str | None]:
     """Who holds the controller-manager's and the scheduler's leader Lease (identity
     ``<host>_<uuid of the process>``); None for a Lease not there (yet)."""
     out = {}
@@ -83,7 +81,7 @@ def lease_holders(api: k8s.ApiClient) -> dict[str, str | None]:
             lease = rest(api, "GET", f"/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/{name}",
                          f"Lease/{name}")
             out[name] = (lease.get("spec") or {}).get("holderIdentity")
-        except ApiException as e:
+        except ApiError as e:
             if e.status != 404:
                 raise KubeError(f"Lease kube-system/{name}: {status_message(e)}") from None
             out[name] = None
@@ -111,11 +109,11 @@ def _skipped(pod: dict) -> str | None:
     return None
 
 
-def pods_on(api: k8s.ApiClient, name: str) -> list[dict]:
+def pods_on(api: ApiClient, name: str) -> list[dict]:
     try:
         return rest(api, "GET", "/api/v1/pods", f"pods on {name}", query={"fieldSelector": f"spec.nodeName={name}"}
                     )["items"] or []
-    except ApiException as e:
+    except ApiError as e:
         raise KubeError(f"list the pods on {name}: {status_message(e)}") from None
 
 
@@ -142,7 +140,7 @@ def _referenced(pod: dict) -> set[tuple[str, str, str]]:
     return {(resource, ns, name) for resource, name in refs if name}
 
 
-def may_read(api: k8s.ApiClient, node: str, resource: str, namespace: str, name: str) -> bool:
+def may_read(api: ApiClient, node: str, resource: str, namespace: str, name: str) -> bool:
     """Whether the apiserver's authorizers (the Node authorizer among them) let ``system:node:
     <node>`` get that object: a SubjectAccessReview."""
     body = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
@@ -152,12 +150,12 @@ def may_read(api: k8s.ApiClient, node: str, resource: str, namespace: str, name:
     what = f"SubjectAccessReview for {identity(node)}"
     try:
         r = rest(api, "POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", what, body)
-    except ApiException as e:
+    except ApiError as e:
         raise KubeError(f"{what}: {status_message(e)}") from None
     return bool((r.get("status") or {}).get("allowed"))
 
 
-def delete_pods_and_their_reads(api: k8s.ApiClient, node: str, timeout: float, interval: float = 0.5
+def delete_pods_and_their_reads(api: ApiClient, node: str, timeout: float, interval: float = 0.5
                                 ) -> tuple[list[str], float]:
     """Force-delete every pod bound to ``node`` (its kubelet is not trusted to stop them) and
     wait until the identity may read none of the Secrets and ConfigMaps they used: while a pod
@@ -186,11 +184,11 @@ class DrainResult:
     skipped: list[str] = field(default_factory=list)
 
 
-def node_exists(api: k8s.ApiClient, name: str) -> bool:
+def node_exists(api: ApiClient, name: str) -> bool:
     return found(api, "GET", f"{NODES}/{name}", f"Node/{name}", "read")
 
 
-def drain_plan(api: k8s.ApiClient, name: str) -> DrainResult:
+def drain_plan(api: ApiClient, name: str) -> DrainResult:
     """What ``drain`` would do now, read-only: the pods it would evict (``evicted``) and those it
     leaves (``skipped``, with why)."""
     result = DrainResult()
@@ -203,7 +201,7 @@ def drain_plan(api: k8s.ApiClient, name: str) -> DrainResult:
     return result
 
 
-def drain(api: k8s.ApiClient, name: str, timeout: float, *, log: Callable[[str], None] = print,
+def drain(api: ApiClient, name: str, timeout: float, *, log: Callable[[str], None] = print,
           interval: float = 5.0) -> DrainResult:
     """Evict every pod on ``name`` except mirror and DaemonSet pods, then wait until they are
     gone. An eviction a PodDisruptionBudget refuses (429) is retried every ``interval`` s; when
@@ -232,7 +230,7 @@ def drain(api: k8s.ApiClient, name: str, timeout: float, *, log: Callable[[str],
                 result.evicted.append(key)
                 waiting[key] = "terminating"
                 log(f"{name}: evicted {key}")
-            except ApiException as e:
+            except ApiError as e:
                 if _gone(e):
                     continue
                 if e.status == 429:
@@ -250,24 +248,24 @@ def drain(api: k8s.ApiClient, name: str, timeout: float, *, log: Callable[[str],
 
 # --- deleting what let the node in ------------------------------------------------------------
 
-def delete_node(api: k8s.ApiClient, name: str) -> bool:
+def delete_node(api: ApiClient, name: str) -> bool:
     return found(api, "DELETE", f"{NODES}/{name}", f"Node/{name}", "delete")
 
 
-def delete_tokens(api: k8s.ApiClient, name: str, token_ids: list[str]) -> list[str]:
+def delete_tokens(api: ApiClient, name: str, token_ids: list[str]) -> list[str]:
     """Delete the node's bootstrap token Secrets: those labelled with its name, and those of
     ``token_ids`` (from the state). Returns the Secrets deleted."""
     secrets = f"/api/v1/namespaces/{TOKEN_NAMESPACE}/secrets"
     try:
         labelled = rest(api, "GET", secrets, "list token Secrets", query={"labelSelector": f"{NODE_LABEL}={name}"}
                         )["items"] or []
-    except ApiException as e:
+    except ApiError as e:
         raise KubeError(f"list the bootstrap token Secrets of {name}: {status_message(e)}") from None
     names = sorted({s["metadata"]["name"] for s in labelled} | {f"bootstrap-token-{t}" for t in token_ids})
     return [s for s in names if found(api, "DELETE", f"{secrets}/{s}", f"Secret/{s}", "delete")]
 
 
-def delete_renewal_binding(api: k8s.ApiClient, name: str) -> bool:
+def delete_renewal_binding(api: ApiClient, name: str) -> bool:
     binding = node_renewal_binding(name)["metadata"]["name"]
     return kube.delete_binding(api, binding)
 
@@ -291,12 +289,12 @@ def _issued_serial(csr: dict, name: str) -> str | None:
     return f"{cert.serial_number:x}" if identity(name) in cns else None
 
 
-def node_csrs(api: k8s.ApiClient, name: str, token_ids: list[str]) -> NodeCSRs:
+def node_csrs(api: ApiClient, name: str, token_ids: list[str]) -> NodeCSRs:
     """The node's CSRs: made by ``system:node:<name>`` or by one of its bootstrap tokens."""
     users = {identity(name)} | {f"system:bootstrap:{t}" for t in token_ids}
     try:
         items = rest(api, "GET", CSRS, "list CSRs")["items"] or []
-    except ApiException as e:
+    except ApiError as e:
         raise KubeError(f"list CertificateSigningRequests: {status_message(e)}") from None
     out = NodeCSRs()
     for csr in items:
@@ -310,11 +308,11 @@ def node_csrs(api: k8s.ApiClient, name: str, token_ids: list[str]) -> NodeCSRs:
     return out
 
 
-def delete_csrs(api: k8s.ApiClient, names: list[str]) -> list[str]:
+def delete_csrs(api: ApiClient, names: list[str]) -> list[str]:
     return [n for n in names if found(api, "DELETE", f"{CSRS}/{n}", f"CertificateSigningRequest/{n}", "delete")]
 
 
-def apply_revocations(api: k8s.ApiClient, revoked: list[str], k8s_version: str) -> list[tuple[str, str, str]]:
+def apply_revocations(api: ApiClient, revoked: list[str], k8s_version: str) -> list[tuple[str, str, str]]:
     """Create or update the revoked-nodes policy and its binding for every name in ``revoked``."""
     return apply_objects(api, policy_objects(revoked), k8s_version)
 
@@ -322,7 +320,7 @@ def apply_revocations(api: k8s.ApiClient, revoked: list[str], k8s_version: str) 
 REVOKED_MESSAGE = "this node identity was revoked"
 
 
-def refuses(api: k8s.ApiClient, node: str) -> str | None:
+def refuses(api: ApiClient, node: str) -> str | None:
     """Whether this apiserver refuses a write by ``system:node:<node>`` because of the revoked-
     nodes policy: a server-side dry run (nothing is stored) of creating its Node, made as that
     identity (impersonation). Returns the apiserver's answer when refused, else None."""
@@ -331,7 +329,7 @@ def refuses(api: k8s.ApiClient, node: str) -> str | None:
     try:
         rest(api, "POST", NODES, f"Node/{node} (dry run as {identity(node)})", body, query={"dryRun": "All"},
              headers=headers)
-    except ApiException as e:
+    except ApiError as e:
         message = status_message(e)
         if e.status == 403 and REVOKED_MESSAGE in (e.body or ""):
             return message
@@ -341,7 +339,7 @@ def refuses(api: k8s.ApiClient, node: str) -> str | None:
     return None
 
 
-def wait_refused_everywhere(clients: dict[str, k8s.ApiClient], nodes: list[str], timeout: float,
+def wait_refused_everywhere(clients: dict[str, ApiClient], nodes: list[str], timeout: float,
                             interval: float = 0.2) -> dict[str, float]:
     """Poll every apiserver (``clients``: control host -> its own apiserver) until each refuses
     every identity in ``nodes``; returns, per apiserver, the seconds until it did. KubeError

@@ -4,7 +4,7 @@
 Runs after cluster-bootstrap (whose ``hiddenplane:cluster-admins`` binding gives the admin
 certificate its rights) and before workers, so the CoreDNS objects exist when the nodes join;
 the pods schedule once nodes are Ready. The objects (``render.addons.addon_objects``) go through
-the Kubernetes client from the operator machine, like cluster-bootstrap's (directly, or over an
+the API from the operator machine (``host/kube.py``), like cluster-bootstrap's (directly, or over an
 SSH tunnel via a control host), schema-validated before anything is sent, then created or
 brought back to what we set (``kube_objects.apply_objects``).
 

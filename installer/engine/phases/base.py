@@ -184,7 +184,7 @@ def apply_api_objects(ctx: Context, phase: str, objects: list[dict], credential:
     runs after the objects, with the API still reachable at ``url`` (not in a dry run); its
     lines join the event's. ``retired_bindings``: ClusterRoleBindings of earlier releases,
     deleted when they exist."""
-    from installer.host import kube, kube_objects   # lazy: the kubernetes client takes 1-2 s to import
+    from installer.host import kube, kube_objects   # lazy: runs that never reach the API skip urllib3 and the schemas
     version = ctx.inv.spec.kubernetes.version
     if ctx.options.dry_run and not api_live(ctx):
         kube_objects.validate_objects(objects, version)

@@ -171,7 +171,7 @@ class JoinWorkers(Phase):
         self._settle_all(ctx, events)
         if ctx.options.dry_run or not ctx.bootstrap_ran:
             return   # Node objects exist only on a real cluster bootstrapped in this run
-        from installer.host import kube   # lazy: the kubernetes client takes 1-2 s to import
+        from installer.host import kube   # lazy: runs that never reach the API skip urllib3 and the schemas
         names = [h.name for h in ctx.hosts("worker")]
         token_nodes = {ctx.material.tokens[h.name].id: h.name for h in ctx.inv.workers if h.name in ctx.material.tokens}
         verdicts: list[csr_approval.Verdict] = []
