@@ -38,3 +38,12 @@ def test_every_lazy_command_resolves_to_its_click_command():
         cmd = cli.get_command(ctx, name)
         assert isinstance(cmd, click.Command) and cmd.name == name
     assert set(cli.list_commands(ctx)) == set(LAZY) | {"validate", "schema"}
+
+
+def test_apply_loads_the_api_client_only_when_it_reaches_the_api():
+    # a stand-in or not-yet-bootstrapped cluster's apply never talks to the API: its imports
+    # stay without the HTTP client and the schemas (host/kube.py, kube_objects.py load them)
+    code = ("import sys, installer.cli.cluster, installer.engine.runner; print(' '.join(sorted("
+            "m for m in sys.modules if m.split('.')[0] in ('urllib3', 'jsonschema', 'kubernetes_validate'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == ""

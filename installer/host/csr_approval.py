@@ -19,12 +19,15 @@ import base64
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
 from installer.core.errors import InstallerError
-from installer.host.kube import ApiClient, ApiError, rest
+
+if TYPE_CHECKING:   # the calls load the HTTP client: a run that never reaches the API does not
+    from installer.host.kube import ApiClient
 
 KUBELET_CLIENT_SIGNER = "kubernetes.io/kube-apiserver-client-kubelet"
 BOOTSTRAP_USER = "system:bootstrap:"
@@ -98,6 +101,7 @@ def decided(csr: dict) -> bool:
 def approve_pending(api: ApiClient, token_nodes: Mapping[str, str]) -> list[Verdict]:
     """Decide every pending kubelet client CSR made with a bootstrap token; returns the
     verdicts written (approved or denied), oldest first."""
+    from installer.host.kube import ApiError, rest
     out = []
     for csr in sorted(_list(api), key=lambda c: c["metadata"].get("creationTimestamp") or ""):
         spec, name = csr.get("spec") or {}, csr["metadata"]["name"]
@@ -123,6 +127,7 @@ def approve_pending(api: ApiClient, token_nodes: Mapping[str, str]) -> list[Verd
 
 
 def _list(api: ApiClient) -> list[dict]:
+    from installer.host.kube import ApiError, rest
     try:
         return rest(api, "GET", CSRS, "list CSRs")["items"] or []
     except ApiError as e:
