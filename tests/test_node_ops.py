@@ -203,7 +203,7 @@ def test_drain_evicts_respecting_budgets_and_skips_daemonsets(cluster, fake_api)
         # --dry-run's answer, read-only: the same pods evicted and left as the drain below
         would = node_api.drain_plan(a, "node2")
         assert cluster.calls("POST") == [] and cluster.calls("PATCH") == []
-        assert node_api.node_exists(a, "node2") and not node_api.node_exists(a, "node9")
+        assert kube.node_exists(a, "node2") and not kube.node_exists(a, "node9")
         assert node_api.cordon(a, "node2")
         res = node_api.drain(a, "node2", timeout=30, interval=0.01, log=lambda m: None)
     assert sorted(res.evicted) == ["default/web-1", "default/web-2"]

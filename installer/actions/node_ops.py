@@ -211,7 +211,7 @@ def drain(inventory, name: str, state_dir=None, *, timeout: float = 300.0, api_f
         raise NodeOpError(f"{name} is a control host: it is not a Node and runs no pods")
     with cluster_api(t.inv, t.state.load(t.inv), api_factory) as api:
         if dry_run:
-            if not node_api.node_exists(api, name):
+            if not kube.node_exists(api, name):
                 raise NodeOpError(f"there is no Node {name} in the cluster")
             return node_api.drain_plan(api, name)
         if not node_api.cordon(api, name):

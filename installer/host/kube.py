@@ -47,6 +47,7 @@ ADMIN_USER = "kubernetes-admin"
 RBAC_GROUP = "rbac.authorization.k8s.io"
 # what every request accepts and every body is sent as (a patch says its own kind)
 JSON = "application/json"
+STRATEGIC_MERGE = "application/strategic-merge-patch+json"
 TOKEN_NAMESPACE = "kube-system"
 
 
@@ -319,7 +320,7 @@ def set_pod_cidr(api: ApiClient, node: str, cidr: str) -> str:
                         "or put the node's allocation back in network.yaml")
     body = {"spec": {"podCIDR": cidr, "podCIDRs": [cidr]}}
     try:
-        rest(api, "PATCH", f"{NODES}/{node}", what, body, content_type="application/strategic-merge-patch+json")
+        rest(api, "PATCH", f"{NODES}/{node}", what, body, content_type=STRATEGIC_MERGE)
     except ApiError as e:
         raise KubeError(f"{what}: setting spec.podCIDR refused: {status_message(e)}") from None
     return "set"
@@ -344,7 +345,11 @@ def token_consumed(api: ApiClient, node: str) -> bool:
     an existing Node means the kubelet holds its own credential and the token is no longer
     needed. (A Node left over from an earlier install would count too: remove stale Nodes
     before re-joining a host.)"""
-    return found(api, "GET", f"{NODES}/{node}", f"Node/{node}", "read")
+    return node_exists(api, node)
+
+
+def node_exists(api: ApiClient, name: str) -> bool:
+    return found(api, "GET", f"{NODES}/{name}", f"Node/{name}", "read")
 
 
 def found(api: ApiClient, method: str, path: str, what: str, verb: str, body: dict | None = None,
@@ -384,7 +389,7 @@ def restart_workload(api: ApiClient, kind: str, namespace: str, name: str, stamp
     plural = {"Deployment": "deployments", "DaemonSet": "daemonsets"}[kind]
     patch = {"spec": {"template": {"metadata": {"annotations": {RESTARTED_AT: stamp}}}}}
     return found(api, "PATCH", f"/apis/apps/v1/namespaces/{namespace}/{plural}/{name}", f"{kind}/{namespace}/{name}",
-                 "restart", patch, content_type="application/strategic-merge-patch+json")
+                 "restart", patch, content_type=STRATEGIC_MERGE)
 
 
 # --- the admin kubeconfig -------------------------------------------------------------------

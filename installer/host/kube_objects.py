@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import copy
 import functools
+from collections.abc import Callable
 
 import jsonschema
 from kubernetes_validate import utils
@@ -156,16 +157,16 @@ def _for_update(want: dict, live: dict, annotations: bool) -> dict:
     meta = body.setdefault("metadata", {})
     live_meta = live.get("metadata") or {}
     meta["resourceVersion"] = live_meta.get("resourceVersion")
-    for field in ("labels", "annotations") if annotations else ("labels",):
-        if live_meta.get(field) or field == "labels":
-            meta[field] = {**(live_meta.get(field) or {}), **(meta.get(field) or {})}
+    meta["labels"] = {**(live_meta.get("labels") or {}), **(meta.get("labels") or {})}
+    if annotations and live_meta.get("annotations"):
+        meta["annotations"] = {**live_meta["annotations"], **(meta.get("annotations") or {})}
     return body
 
 
 # apiVersion, kind -> (resource, namespaced, how a live object compares, whether a replace keeps
 # the annotations others added). Bindings and token Secrets are compared exactly: what they
 # grant is all in the fields we set.
-KINDS: dict[tuple[str, str], tuple[str, bool, object, bool]] = {
+KINDS: dict[tuple[str, str], tuple[str, bool, Callable[[dict, dict], str | None], bool]] = {
     ("v1", "ServiceAccount"): ("serviceaccounts", True, _as_subset, True),
     ("v1", "ConfigMap"): ("configmaps", True, _as_subset, True),
     ("v1", "Service"): ("services", True, _as_subset, True),

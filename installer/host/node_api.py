@@ -19,7 +19,7 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 
 from installer.host import kube
-from installer.host.kube import NODES, TOKEN_NAMESPACE, ApiClient, ApiError, KubeError, found, rest, status_message
+from installer.host.kube import NODES, STRATEGIC_MERGE, TOKEN_NAMESPACE, ApiClient, ApiError, KubeError, found, rest, status_message
 from installer.host.csr_approval import CSRS, decided
 from installer.host.kube_objects import apply_objects
 from installer.core.render.manifests import node_renewal_binding
@@ -27,9 +27,6 @@ from installer.core.render.revocation import identity, policy_objects
 
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 NODE_LABEL = "hiddenplane.io/node"
-
-
-MERGE = "application/strategic-merge-patch+json"
 
 
 class DrainError(KubeError):
@@ -45,13 +42,13 @@ def _gone(e: ApiError) -> bool:
 def cordon(api: ApiClient, name: str) -> bool:
     """Mark the Node unschedulable; False when there is no such Node."""
     return found(api, "PATCH", f"{NODES}/{name}", f"Node/{name}", "cordon", {"spec": {"unschedulable": True}},
-                 content_type=MERGE)
+                 content_type=STRATEGIC_MERGE)
 
 
 def uncordon(api: ApiClient, name: str) -> bool:
     """Mark the Node schedulable again; False when there is no such Node."""
     return found(api, "PATCH", f"{NODES}/{name}", f"Node/{name}", "uncordon", {"spec": {"unschedulable": False}},
-                 content_type=MERGE)
+                 content_type=STRATEGIC_MERGE)
 
 
 @dataclass(frozen=True)
@@ -182,10 +179,6 @@ def delete_pods_and_their_reads(api: ApiClient, node: str, timeout: float, inter
 class DrainResult:
     evicted: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
-
-
-def node_exists(api: ApiClient, name: str) -> bool:
-    return found(api, "GET", f"{NODES}/{name}", f"Node/{name}", "read")
 
 
 def drain_plan(api: ApiClient, name: str) -> DrainResult:

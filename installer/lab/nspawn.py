@@ -276,8 +276,8 @@ _STARTED: dict[int, subprocess.Popen] = {}
 
 
 def _poll(pid: int) -> int | None:
-    """The raw wait status (or Popen's returncode, negative for a signal) once ``pid`` has ended
-    and was started here; None while it runs or when it is not our child."""
+    """``pid``'s exit code (minus the signal number when a signal ended it), reaping it, once it
+    has ended and is our child; None while it runs or when it is not ours."""
     if (proc := _STARTED.get(pid)) is not None:
         return proc.poll()
     try:
@@ -331,17 +331,13 @@ def _kill_all(host_dir: Path) -> None:
             pass
 
 
-def _reap(pid: int) -> None:
-    _poll(pid)      # reaps it when we are its parent
-
-
 def _wait_empty(host_dir: Path, pid: int | None, timeout: float, kill: bool = False) -> bool:
     deadline = time.monotonic() + timeout
     while True:
         if kill:
             _kill_all(host_dir)     # again each round: a process forked meanwhile is killed too
         if pid is not None:
-            _reap(pid)
+            _poll(pid)          # reaps it when we are its parent
         if pid_of(host_dir) is None and not cgroup_pids(host_dir):
             return True
         if time.monotonic() >= deadline:

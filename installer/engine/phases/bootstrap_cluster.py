@@ -1,6 +1,6 @@
 """cluster-bootstrap: the API objects TLS bootstrapping needs (needs a real kube-apiserver).
 
-Through the API from the operator machine (``host/kube.py``) (directly, or tunnelled over SSH via a
+Through the API from the operator machine with ``host/kube.py`` (directly, or tunnelled over SSH via a
 control host when the API endpoint is not reachable): RBAC for bootstrapping (no group
 auto-approval of bootstrap CSRs: the workers phase approves each node's own, and a binding of
 an earlier release that allowed it is deleted), per-node
