@@ -131,7 +131,11 @@ def _approve_rebootstrap(ctx: Context, host: str, report: Report, timeout: float
     token_id = ctx.material.tokens[host].id
     with kube.api_access(ctx.inv, ctx.remotes, ctx.material) as url, \
             kube.api_client(url, ctx.material) as client:
-        for v in csr_approval.approve_until_issued(client, token_nodes, [token_id], timeout):
+        def keys_of(nodes: set[str]) -> dict[str, frozenset[bytes]]:
+            # only this host's kubelet key is read: its own request is the one approved
+            return {host: csr_approval.read_kubelet_keys(ctx.remotes[host])} if host in nodes else {}
+        for v in csr_approval.approve_until_issued(client, token_nodes, [token_id], timeout, keys_of,
+                                                   keep_nodes={h.name for h in ctx.inv.spec.hosts}):
             report.steps.append(f"{'approved' if v.approve else 'denied'} CSR {v.csr}: {v.message}")
         if kube.delete_bootstrap_token(client, token_id):
             report.steps.append(f"{host}: deleted its bootstrap token Secret (it has its certificate)")
@@ -144,6 +148,7 @@ def _rebootstrap_worker(ctx: Context, host: str, report: Report, use_api: bool) 
     # not joined now (the probe's test is that client certificate): the bootstrap kubeconfig is
     # planned again; the rest of the facts are current, no probe needed
     ctx.facts[host].kubelet_joined = False
+    ctx.rejoin.add(host)
     ConnectHosts().finish(ctx, [])
     r = push(ctx, host)
     report.rollout[host] = r
@@ -202,6 +207,7 @@ def _start_control_plane(r: _Rotation) -> None:
     # every worker bootstraps again, with a new token: none counts as joined any more
     for w in r.inv.workers:
         r.ctx.facts[w.name].kubelet_joined = False
+        r.ctx.rejoin.add(w.name)
 
 
 def _rebootstrap_workers(r: _Rotation) -> None:

@@ -79,6 +79,9 @@ class Context:
     locked: list[str] = field(default_factory=list)
     run_id: str = ""
     bootstrap_ran: bool = False
+    # workers this command made forget their client certificate (ca rotate): they bootstrap
+    # again with a new token although their Node is registered
+    rejoin: set[str] = field(default_factory=set)
     # set by the lock phase's prepare: whether any phase that runs changes a host (from the facts)
     changes_pending: bool = False
     # set by the etcd phase's prepare: the membership changes it may make (learners to add and
@@ -175,22 +178,25 @@ def api_live(ctx: Context) -> bool:
                for h in ctx.inv.controls)
 
 
-def apply_api_objects(ctx: Context, phase: str, objects: list[dict], credential: str,
-                      then: Callable[[str], list[str]] | None = None,
+def apply_api_objects(ctx: Context, phase: str, objects: list[dict] | Callable[[object | None], list[dict]],
+                      credential: str, then: Callable[[str], list[str]] | None = None,
                       retired_bindings: tuple[str, ...] = ()) -> Event:
     """Send ``objects`` through the API (``kube_objects.apply_objects``), or in a dry run say what that
     would do: by reading them from the running apiserver (so a converged cluster plans
-    nothing), or, before any apiserver runs, that every object would be applied. ``then(url)``
-    runs after the objects, with the API still reachable at ``url`` (not in a dry run); its
-    lines join the event's. ``retired_bindings``: ClusterRoleBindings of earlier releases,
-    deleted when they exist."""
+    nothing), or, before any apiserver runs, that every object would be applied. ``objects``
+    may be a function of the API client (None before any apiserver runs) that reads what
+    decides them. ``then(url)`` runs after the objects, with the API still reachable at ``url``
+    (not in a dry run); its lines join the event's. ``retired_bindings``: ClusterRoleBindings of earlier releases, deleted when
+    they exist."""
     from installer.host import kube, kube_objects   # lazy: runs that never reach the API skip urllib3 and the schemas
     version = ctx.inv.spec.kubernetes.version
     if ctx.options.dry_run and not api_live(ctx):
+        objects = objects(None) if callable(objects) else objects
         kube_objects.validate_objects(objects, version)
         return Event(phase, "(api)", "changed", detail=[f"would apply {_ident(o)}" for o in objects])
     with kube.api_access(ctx.inv, ctx.remotes, ctx.material) as url, \
             kube.api_client(url, ctx.material, credential=credential) as api:
+        objects = objects(api) if callable(objects) else objects
         if ctx.options.dry_run:
             done = kube_objects.plan_objects(api, objects, version)
             changed = [f"would {'create' if a == 'created' else 'replace'} {k} {n}" for k, n, a in done

@@ -13,6 +13,23 @@ from __future__ import annotations
 
 from installer.core.render.manifests import RETIRED_BINDINGS, bootstrap_objects
 from installer.engine.phases.base import Context, Event, Phase, apply_api_objects
+from installer.host import csr_approval
+
+
+def joined_workers(ctx: Context, api) -> frozenset[str]:
+    """The workers whose token has done its job, from the cluster: their Node is registered, or
+    a certificate was issued to a request made with their token; and, from the facts, those
+    whose kubelet holds a client certificate. Never from the run's hosts alone (a run limited
+    to some hosts must not bring back the token of a worker that joined long ago). Workers this
+    command makes bootstrap again (``ctx.rejoin``) are not joined."""
+    joined = {h.name for h in ctx.inv.workers if h.name in ctx.facts and ctx.facts[h.name].kubelet_joined}
+    if api is not None:
+        from installer.host import kube
+        registered = kube.list_nodes(api)
+        issued = csr_approval.issued_tokens(api)
+        joined |= {h.name for h in ctx.inv.workers
+                   if h.name in registered or (h.name in ctx.material.tokens and ctx.material.tokens[h.name].id in issued)}
+    return frozenset(joined - ctx.rejoin)
 
 
 class BootstrapCluster(Phase):
@@ -23,11 +40,21 @@ class BootstrapCluster(Phase):
         return ["(api)"]
 
     def run_host(self, ctx: Context, host: str) -> Event:
-        joined = frozenset(h.name for h in ctx.inv.workers if h.name in ctx.facts and ctx.facts[h.name].kubelet_joined)
-        objects = bootstrap_objects(ctx.inv, ctx.material, joined)
+        deleted: list[str] = []
+
+        def objects(api) -> list[dict]:
+            joined = joined_workers(ctx, api)
+            if api is not None and not ctx.options.dry_run:
+                # a joined worker's token Secret must not exist, whoever made it again
+                deleted.extend(csr_approval.delete_token_secrets(
+                    api, {ctx.material.tokens[n].id: n for n in joined if n in ctx.material.tokens}))
+            return bootstrap_objects(ctx.inv, ctx.material, joined)
         # the admin certificate gets its rights from a binding this phase creates: like kubeadm,
         # use the break-glass system:masters identity (kept in the state, never on a host)
         ev = apply_api_objects(ctx, self.name, objects, "super-admin", retired_bindings=RETIRED_BINDINGS)
+        if deleted:
+            ev.detail += [f"deleted the bootstrap token Secret of {n} (it joined)" for n in deleted]
+            ev.action = "changed"
         if not ctx.options.dry_run:
             ctx.bootstrap_ran = True
         return ev

@@ -173,29 +173,53 @@ class JoinWorkers(Phase):
             return   # Node objects exist only on a real cluster bootstrapped in this run
         from installer.host import kube   # lazy: runs that never reach the API skip urllib3 and the schemas
         names = [h.name for h in ctx.hosts("worker")]
+        # every worker's token is known (a request made with the token of a worker outside this
+        # run is left pending, not denied: its kubelet key is read only for the run's hosts)
         token_nodes = {ctx.material.tokens[h.name].id: h.name for h in ctx.inv.workers if h.name in ctx.material.tokens}
+        inventory_hosts = {h.name for h in ctx.inv.spec.hosts}
         verdicts: list[csr_approval.Verdict] = []
+        approved: list[csr_approval.Verdict] = []
+
+        def keys_of(nodes: set[str]) -> dict[str, frozenset[bytes]]:
+            mine = sorted(n for n in nodes if n in names)
+            got = each(lambda n: csr_approval.read_kubelet_keys(ctx.remotes[n]), mine, width=max(1, len(mine)))
+            # a host that did not answer: its request waits for the next round
+            return {n: k for n, k in got.items() if not isinstance(k, Exception)}
+
+        def decide() -> None:
+            new = csr_approval.approve_pending(api, token_nodes, keys_of)
+            verdicts.extend(new)
+            approved[:] = csr_approval.check_issued(api, approved + [v for v in new if v.approve], inventory_hosts)
+
         with kube.api_access(ctx.inv, ctx.remotes, ctx.material) as url, kube.api_client(url, ctx.material) as api:
-            # each joining kubelet waits for its CSR: the installer approves it when the token
-            # is that node's own (csr_approval), then the Node registers
-            kube.wait_nodes_ready(api, names, ctx.options.wait_timeout, registered_only=True,
-                                  each_round=lambda: verdicts.extend(csr_approval.approve_pending(api, token_nodes)))
-            verdicts += csr_approval.approve_pending(api, token_nodes)
-            if verdicts:
-                ctx.events.append(Event(self.name, "(api)", "changed", detail=[
-                    f"{'approved' if v.approve else 'denied'} CSR {v.csr}: {v.message}" for v in verdicts]))
+            try:
+                # each joining kubelet waits for its CSR: the installer approves it when the token
+                # is that node's own and the key its kubelet's (csr_approval), then the Node registers
+                kube.wait_nodes_ready(api, names, ctx.options.wait_timeout, registered_only=True, each_round=decide)
+                decide()
+                deadline = time.monotonic() + ctx.options.wait_timeout
+                while approved and time.monotonic() < deadline:   # every approval's certificate read back
+                    time.sleep(0.5)
+                    decide()
+                if approved:
+                    raise csr_approval.CSRError("no certificate issued for the approved CSR(s) "
+                                                + ", ".join(v.csr for v in approved))
+            finally:
+                if verdicts:
+                    ctx.events.append(Event(self.name, "(api)", "changed", detail=[
+                        f"{'approved' if v.approve else 'denied'} CSR {v.csr}: {v.message}" for v in verdicts]))
+                # a registered Node holds its own client certificate: its token is done, delete it
+                # so that a leaked copy is worth nothing; also when another worker failed to join
+                deleted = delete_registered_tokens(api, ctx)
+                if deleted:
+                    ctx.events.append(Event(self.name, "(api)", "changed",
+                                            detail=[f"deleted the bootstrap token Secret of {n}" for n in deleted]))
             # podCIDR as soon as each Node exists: Cilium (ipam kubernetes) needs it before the
             # node can become Ready
             done = {n: kube.set_pod_cidr(api, n, ctx.material.pod_cidrs[n]) for n in names}
             ctx.events.append(Event(self.name, "(api)", "changed" if "set" in done.values() else "unchanged",
                                     detail=[f"node {n} podCIDR {ctx.material.pod_cidrs[n]}: {how}"
                                             for n, how in done.items()]))
-            # a registered Node holds its own client certificate: its token is done, delete it
-            # so that a leaked copy is worth nothing (it would still bootstrap until it expires)
-            deleted = [n for n in names if kube.delete_bootstrap_token(api, ctx.material.tokens[n].id)]
-            if deleted:
-                ctx.events.append(Event(self.name, "(api)", "changed",
-                                        detail=[f"deleted the bootstrap token Secret of {n}" for n in deleted]))
             kube.wait_nodes_ready(api, names, ctx.options.wait_timeout)
             ctx.events.append(Event(self.name, "(api)", "waited", detail=[f"node {n} Ready" for n in names]))
         # the Node registered with the kubelet's own certificate: the bootstrap kubeconfig (its
@@ -204,3 +228,13 @@ class JoinWorkers(Phase):
             if not ctx.facts[n].kubelet_joined:
                 ctx.events.append(ctx.execute(self.name, n, ctx.changes_for(n, Selection(absent=(BOOTSTRAP_KUBECONFIG,)))))
                 ctx.facts[n].kubelet_joined = True
+
+
+def delete_registered_tokens(api, ctx: Context) -> list[str]:
+    """Delete the bootstrap token Secret of every inventory worker whose Node is registered
+    (but those this command makes bootstrap again); returns those nodes."""
+    from installer.host import kube
+    registered = kube.list_nodes(api)
+    return csr_approval.delete_token_secrets(api, {ctx.material.tokens[h.name].id: h.name for h in ctx.inv.workers
+                                                   if h.name in registered and h.name in ctx.material.tokens
+                                                   and h.name not in ctx.rejoin})

@@ -1,0 +1,112 @@
+"""Whether a worker joined comes from the cluster, never from the hosts in the run
+(installer/engine/phases/bootstrap_cluster.py, join_workers.py).
+
+The phases on the real API client over the fake transport (tests/fakeapi.py); the real cluster
+proves the same (tests/test_real_cluster.py::test_a_run_limited_to_some_hosts_brings_back_no_token).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+
+from installer.engine.phases.base import Context, Options
+from installer.engine.phases.bootstrap_cluster import BootstrapCluster
+from installer.engine.phases.join_workers import JoinWorkers
+from installer.host import kube
+
+from .fakeapi import FakeCluster
+
+NODES = "/api/v1/nodes"
+SECRETS = "/api/v1/namespaces/kube-system/secrets"
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    cluster = FakeCluster()
+
+    @contextlib.contextmanager
+    def access(inv, remotes, material=None, **kw):
+        yield "https://127.0.0.1:40123"
+    real = kube.api_client
+
+    def client(url, material, *, credential="admin", **kw):
+        a = real(url, material, credential=credential, **kw)
+        a.pool = cluster
+        return a
+    monkeypatch.setattr(kube, "api_access", access)
+    monkeypatch.setattr(kube, "api_client", client)
+    return cluster
+
+
+def ctx_for(p, **options) -> Context:
+    ctx = Context(p.inventory, p.state, Options(**options), p.material, p.changes, log=lambda _: None)
+    ctx.bootstrap_ran = True
+    return ctx
+
+
+def node(name: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def token_secret(p, name: str) -> dict:
+    t = p.material.tokens[name]
+    return {"apiVersion": "v1", "kind": "Secret", "type": "bootstrap.kubernetes.io/token",
+            "metadata": {"name": f"bootstrap-token-{t.id}", "namespace": "kube-system"},
+            "stringData": {"token-id": t.id, "token-secret": t.secret}}
+
+
+def secrets(fake) -> set[str]:
+    return set(fake.objects(SECRETS))
+
+
+def test_a_run_limited_to_one_worker_makes_no_token_of_a_worker_that_joined(prepared, fake):
+    """node3 joined long ago (its Node is there) but is outside this run: its token stays gone
+    (before: made again from the facts of the run's hosts, and honoured until its batch came)."""
+    for n in ("node2", "node3"):
+        fake.add(NODES, node(n))
+    ev = BootstrapCluster().run_host(ctx_for(prepared, hosts=frozenset({"node2"})), "(api)")
+    assert not [d for d in ev.detail if "bootstrap-token" in d], ev.detail
+    assert secrets(fake) == set()
+
+
+def test_a_token_secret_made_again_for_a_joined_worker_is_deleted(prepared, fake):
+    fake.add(NODES, node("node2"))
+    fake.add(SECRETS, token_secret(prepared, "node2"))
+    ev = BootstrapCluster().run_host(ctx_for(prepared), "(api)")
+    assert "deleted the bootstrap token Secret of node2 (it joined)" in ev.detail
+    # node3 has not joined: its token is made
+    assert secrets(fake) == {f"bootstrap-token-{prepared.material.tokens['node3'].id}"}
+
+
+def test_a_worker_whose_certificate_was_issued_counts_as_joined(prepared, fake):
+    """Its Node not registered yet (or deleted by hand): the issued certificate says its token
+    did its job."""
+    fake.add("/apis/certificates.k8s.io/v1/certificatesigningrequests", {
+        "apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest", "metadata": {"name": "c"},
+        "spec": {"username": f"system:bootstrap:{prepared.material.tokens['node3'].id}"},
+        "status": {"certificate": "eA=="}})
+    BootstrapCluster().run_host(ctx_for(prepared), "(api)")
+    assert secrets(fake) == {f"bootstrap-token-{prepared.material.tokens['node2'].id}"}
+
+
+def test_a_worker_made_to_bootstrap_again_gets_its_token(prepared, fake):
+    """`ca rotate`: the Node is there, but its kubelet forgot its certificate."""
+    fake.add(NODES, node("node2"))
+    ctx = ctx_for(prepared)
+    ctx.rejoin.add("node2")
+    BootstrapCluster().run_host(ctx, "(api)")
+    assert f"bootstrap-token-{prepared.material.tokens['node2'].id}" in secrets(fake)
+
+
+def test_the_joined_workers_tokens_go_even_when_another_worker_never_registers(prepared, fake):
+    fake.add(NODES, node("node2"))
+    for n in ("node2", "node3"):
+        fake.add(SECRETS, token_secret(prepared, n))
+    ctx = ctx_for(prepared, wait_timeout=0.1)
+    with pytest.raises(kube.KubeError, match="node3: not registered"):
+        JoinWorkers().finish(ctx, [])
+    assert secrets(fake) == {f"bootstrap-token-{prepared.material.tokens['node3'].id}"}
+    assert "deleted the bootstrap token Secret of node2" in [d for e in ctx.events for d in e.detail]
