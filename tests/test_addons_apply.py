@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
+import re
 from pathlib import Path
 
 import pytest
@@ -263,8 +265,8 @@ rec="$HELM_RECORD"
 for a in "$@"; do printf '%s\\n' "$a" >> "$rec/argv"; done
 printf '%s' "$KUBECONFIG" > "$rec/env"
 cp "$KUBECONFIG" "$rec/kubeconfig"
-stat -c %a "$KUBECONFIG" > "$rec/mode"
-stat -c %a "$(dirname "$KUBECONFIG")" > "$rec/dirmode"
+stat -L -c %a "$KUBECONFIG" > "$rec/mode"         # -L: the file, not /proc's link to it
+readlink "$KUBECONFIG" > "$rec/target"
 prev=""
 for a in "$@"; do
   if [ "$prev" = "--values" ]; then cp "$a" "$rec/values"; fi
@@ -319,11 +321,14 @@ def test_phase_runs_helm_with_the_chart_values_and_a_private_kubeconfig(cilium, 
     assert argv[8:] == ["--kubeconfig", kc_path]
     assert (fake_helm / "values").read_bytes() == cilium_values_yaml(cilium.inventory)
     assert (fake_helm / "mode").read_text().strip() == "600"
-    assert (fake_helm / "dirmode").read_text().strip() == "700"
+    # on no filesystem: an anonymous in-memory file helm inherited, named by its descriptor
+    assert re.fullmatch(r"/proc/self/fd/\d+", kc_path) and re.fullmatch(r"/proc/self/fd/\d+", argv[7])
+    assert (fake_helm / "target").read_text().startswith("/memfd:")
     kc = yaml.safe_load((fake_helm / "kubeconfig").read_text())
     assert kc["clusters"][0]["cluster"]["server"] == TUNNEL
     assert kc["users"][0]["name"] == "kubernetes-admin"
-    assert not Path(kc_path).exists() and not Path(kc_path).parent.exists()     # removed afterwards
+    fd = Path(f"/proc/self/fd/{kc_path.rsplit('/', 1)[1]}")     # here, the installer's: closed afterwards
+    assert not (fd.is_symlink() and os.readlink(fd).startswith("/memfd:"))
     assert ev.action == "changed" and ev.detail[-1] == f"helm upgrade --install cilium {CILIUM_CHART}"
 
 

@@ -316,25 +316,30 @@ def test_delete_bootstrap_token(prepared, api, fake):
     assert [(m, p) for m, p, _ in fake.requests] == [("DELETE", f"{SECRETS}/bootstrap-token-{tid}")] * 2
 
 
-# --- the client: credentials on disk, real TLS ----------------------------------------------------
+# --- the client: credentials in memory, real TLS ----------------------------------------------------
 
-def test_client_key_is_loaded_from_a_private_file_removed_at_once(prepared, monkeypatch):
+def test_client_key_is_loaded_from_memory_and_gone_at_once(prepared, monkeypatch):
+    """ssl loads a key only from a path: the path is an anonymous in-memory file (0600, on no
+    filesystem, so a kill leaves nothing), closed before api_client returns."""
     seen = []
-    real = kube.ApiClient.__init__
+    real = ssl.SSLContext.load_cert_chain
 
-    def spy(self, url, ca_file, cert_file, key_file, tls_server_name=None):
-        d = Path(key_file).parent
-        seen.append((stat.S_IMODE(d.stat().st_mode), [stat.S_IMODE(os.stat(f).st_mode) for f in (cert_file, key_file)],
-                     Path(key_file).read_bytes(), Path(cert_file).read_bytes(), d))
-        real(self, url, ca_file, cert_file, key_file, tls_server_name)
-    monkeypatch.setattr(kube.ApiClient, "__init__", spy)
+    def spy(self, certfile, keyfile=None, password=None):
+        fd = Path(certfile)
+        seen.append((str(certfile), os.readlink(fd), stat.S_IMODE(os.stat(fd).st_mode), fd.read_bytes(), keyfile))
+        real(self, certfile, keyfile, password)
+    monkeypatch.setattr(ssl.SSLContext, "load_cert_chain", spy)
     with kube.api_client(API, prepared.material) as a, \
             kube.api_client(API, prepared.material, credential="super-admin") as b:
-        for (mode, files, key, _, d) in seen:
-            assert mode == 0o700 and files == [0o600, 0o600]
-            assert not d.exists()                   # gone while the client lives: the key is in memory
-        assert seen[0][2] == issue.key_pem(prepared.material.pair("admin").key)
-        assert seen[1][3] == issue.cert_pem(prepared.material.pair("super-admin").cert)
+        assert len(seen) == 2
+        for (path, target, mode, _, keyfile) in seen:
+            assert re.fullmatch(r"/proc/self/fd/\d+", path) and target.startswith("/memfd:") and keyfile is None
+            assert mode == 0o600
+            # gone while the client lives: the key is in the TLS context's memory only
+            assert not (Path(path).is_symlink() and os.readlink(path).startswith("/memfd:"))
+        admin, sup = prepared.material.pair("admin"), prepared.material.pair("super-admin")
+        assert seen[0][3] == issue.cert_pem(admin.cert) + issue.key_pem(admin.key)
+        assert seen[1][3] == issue.cert_pem(sup.cert) + issue.key_pem(sup.key)
         assert a.host == b.host == API
 
 

@@ -7,9 +7,7 @@ restarted.
 
 from __future__ import annotations
 
-import os
 import ssl
-import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,15 +24,14 @@ from installer.core.pki.issue import Pair
 from installer.core.pki.material import Material
 from installer.core.pki.specs import CLUSTER_CA, ETCD_CA
 from installer.core.render.addons.konnectivity import AGENT_PORT, enabled as konnectivity_enabled
-from installer.core.tlsfiles import client_files
+from installer.core.tlsfiles import load_client_cert
 from installer.engine.phases.base import Context
 from installer.host.ssh import Remote
 
 
 class ClientCreds:
-    def __init__(self, directory: str, material: Material):
-        self.directory, self.material = directory, material
-        self._files: dict[str, tuple[str, str, str]] = {}
+    def __init__(self, material: Material):
+        self.material = material
 
     def context(self, credential: str | None) -> ssl.SSLContext:
         """A client context presenting ``credential``; the server's certificate is taken as
@@ -43,20 +40,14 @@ class ClientCreds:
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
         if credential:
-            if credential not in self._files:
-                d = os.path.join(self.directory, credential.replace("/", "_"))
-                os.mkdir(d, 0o700)
-                self._files[credential] = client_files(d, self.material, credential)
-            cert, key, _ = self._files[credential]
-            ctx.load_cert_chain(cert, key)
+            load_client_cert(ctx, self.material, credential)      # from memory, never a file
         return ctx
 
 
 @contextmanager
 def client_dir(material: Material) -> Iterator[ClientCreds]:
-    with tempfile.TemporaryDirectory(prefix="hiddenplane-renew-") as tmp:
-        os.chmod(tmp, 0o700)
-        yield ClientCreds(tmp, material)
+    """The credentials the checks present (kept in memory: no key file is written)."""
+    yield ClientCreds(material)
 
 
 def handshake(remote: Remote, address: str, port: int, tls: ssl.SSLContext, timeout: float = 10) -> bytes:

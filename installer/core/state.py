@@ -11,15 +11,24 @@ Layout (all under one directory, 0700; every key, token and kubeconfig 0600)::
     .lock                        empty; flocked by the installer process using the state (0600)
 
 Writes are atomic (temp file + rename) and only touch what changed.
+
+Whoever can write the state directory, or any directory above it, can plant the cluster CA's key
+before the first run and read every credential after it. So, as OpenSSH's StrictModes does for
+``~/.ssh``, every command checks the path before using it (``StateDir.secure``): the directory
+must be the invoking user's and writable by nobody else, each directory above it the user's or
+root's and writable by nobody else (a root-owned sticky one such as /tmp excepted), and nothing
+inside may be a symbolic link, another user's, or writable by group or others.
 """
 
 from __future__ import annotations
 
 import base64
 import datetime as dt
+import errno
 import fcntl
 import os
 import stat
+import tempfile
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -74,26 +83,126 @@ VERSIONS_HEADER = (b"# the versions the hosts run, written by `installer apply` 
 
 
 def write_atomic(path: Path, data: bytes, mode: int) -> bool:
-    """Write ``data`` to ``path`` with ``mode``; return False (and touch nothing) if unchanged."""
+    """Write ``data`` to ``path`` with ``mode``; return False (and touch nothing) if unchanged.
+
+    The temporary file has a random name created exclusively (``mkstemp``: O_EXCL, never
+    following a link), so nothing planted beside ``path`` receives the bytes; it is removed on
+    any error. A symbolic link at ``path`` is never taken as holding ``data`` (its target is
+    not read): it is replaced by the file."""
     try:
-        if path.read_bytes() == data and stat.S_IMODE(path.stat().st_mode) == mode:
-            return False
-    except FileNotFoundError:
-        pass
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno not in (errno.ENOENT, errno.ELOOP):
+            raise
+    else:
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == mode and f.read() == data:
+                return False
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")     # 0600
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
+            os.fchmod(f.fileno(), mode)
             os.fsync(f.fileno())
-        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
         raise
     return True
+
+
+# -- who may have written the state (StrictModes) --
+
+def _mode_problem(mode: int) -> str | None:
+    writable = [w for bit, w in ((0o020, "group"), (0o002, "world")) if mode & bit]
+    return f"{'- and '.join(writable)}-writable (mode {mode:04o})" if writable else None
+
+
+def _dir_problem(st: os.stat_result, euid: int, parent: bool) -> str | None:
+    """Why a directory on the state's path is unsafe, None when it is not. The state directory
+    itself (``parent`` False) must be the user's; a directory above it may be root's too, and a
+    root-owned one writable by others only when sticky (/tmp: nobody may then rename or delete
+    another's entry, so the user's own directory beneath it stays the user's)."""
+    if st.st_uid != euid and not (parent and st.st_uid == 0):
+        return f"owned by uid {st.st_uid}, not you (uid {euid})" + (" or root" if parent and euid else "")
+    mode = stat.S_IMODE(st.st_mode)
+    if parent and st.st_uid == 0 and mode & stat.S_ISVTX:
+        return None
+    return _mode_problem(mode)
+
+
+_MAX_LINKS = 40          # the kernel's own limit (ELOOP)
+
+
+def _secure_path(root: Path, create: bool) -> Path | None:
+    """Check every directory from / down to ``root``, following symbolic links component by
+    component (a link is only as trustworthy as the directory holding it, which is checked
+    first, and its target is then checked in turn); with ``create``, make the missing ones 0700
+    once the existing ones passed. Returns the real path of ``root``; None when it does not
+    exist (and not ``create``). StateError naming the first unsafe directory, before anything
+    was created."""
+    euid = os.geteuid()
+    given = Path(root).absolute()
+    parts = list(given.parts[1:])
+    cur = Path("/")
+    links = 0
+
+    def unsafe(where: Path, why: str) -> StateError:
+        what = f"state directory {root}" + ("" if where == given else f": {where}")
+        return StateError(f"{what} is {why}; whoever can change it can plant or read the cluster's keys: "
+                          "fix that (and check nothing was planted in it) or use another --state")
+
+    def check(where: Path, st: os.stat_result, last: bool) -> None:
+        if not stat.S_ISDIR(st.st_mode):
+            raise StateError(f"state directory {root}: {where} is not a directory")
+        if (why := _dir_problem(st, euid, parent=not last)) is not None:
+            raise unsafe(where, why)
+
+    check(cur, os.lstat(cur), last=not parts)
+    while parts:
+        part = parts.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            cur = cur.parent
+            continue
+        nxt = cur / part
+        try:
+            st = os.lstat(nxt)
+        except FileNotFoundError:
+            if not create:
+                return None
+            try:
+                os.mkdir(nxt, 0o700)
+                os.chmod(nxt, 0o700)         # the umask may have taken bits we need
+            except FileExistsError:
+                pass                         # made meanwhile (by us: only we can write here)
+            except OSError as e:
+                raise StateError(f"state directory {root}: cannot create {nxt}: {e.strerror}") from None
+            parts.insert(0, part)            # check what is there now
+            continue
+        except OSError as e:
+            raise StateError(f"state directory {root}: {nxt}: {e.strerror}") from None
+        if stat.S_ISLNK(st.st_mode):
+            links += 1
+            if links > _MAX_LINKS:
+                raise StateError(f"state directory {root}: too many levels of symbolic links")
+            target = Path(os.readlink(nxt))
+            if target.is_absolute():
+                cur = Path("/")
+                check(cur, os.lstat(cur), last=False)
+            parts[:0] = [p for p in target.parts if p != "/"]
+            continue
+        check(nxt, st, last=not [p for p in parts if p not in ("", ".")])
+        cur = nxt
+    check(cur, os.lstat(cur), last=True)      # a path ending in ".." ends on a directory checked as a parent
+    return cur
 
 
 class StateBusy(StateError):
@@ -136,10 +245,10 @@ class StateDir:
         the process); another process holding it is an error naming it, never a wait: two
         operators racing on one PKI must not both write it. ``create=False``: a directory that
         does not exist is left so (nothing to hold; whoever creates it takes the lock)."""
-        if not create and not self.root.is_dir():
+        if not self.secure(create):
             yield self
             return
-        self.ensure_root()
+        self._tighten()
         key = self.root.resolve()
         with _held_guard:
             if key in _held:
@@ -158,7 +267,7 @@ class StateDir:
 
     def _flock(self, path: Path) -> int:
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         except OSError as e:
             raise StateError(f"state directory {self.root}: cannot open {path.name}: {e.strerror}") from None
         try:
@@ -210,22 +319,84 @@ class StateDir:
                      0o600)
 
     # -- permissions --
-    def ensure_root(self) -> None:
+    def secure(self, create: bool = False) -> bool:
+        """Refuse a state directory someone else could have written (StateError naming the path
+        and what is wrong; nothing changed): the directories from / down to it (see
+        ``_secure_path``), then everything inside it, which must be the user's own plain
+        directories and files (no link, device or pipe; none writable by group or others).
+        With ``create``, a missing directory is made (0700). False when it does not exist.
+        Every way into the state passes here: ``locked``, ``ensure_root``, ``load``."""
+        real = _secure_path(self.root, create)
+        if real is None:
+            return False
+        euid = os.geteuid()
+        todo = [real]
+        while todo:
+            d = todo.pop()
+            try:
+                entries = list(os.scandir(d))
+            except OSError as e:
+                raise StateError(f"{d}: {e.strerror}") from None
+            for e in entries:
+                path = self.root / Path(e.path).relative_to(real)
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue                   # a temporary file of ours, renamed meanwhile
+                if stat.S_ISLNK(st.st_mode):
+                    raise StateError(f"{path} is a symbolic link (to {os.readlink(e.path)}): the state "
+                                     "directory holds its own files only; remove it and check where it "
+                                     "points and who made it")
+                if st.st_uid != euid:
+                    raise StateError(f"{path} is owned by uid {st.st_uid}, not you (uid {euid}): someone "
+                                     "else wrote into the state directory; check it before using it")
+                if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+                    raise StateError(f"{path} is not a regular file or directory")
+                if (why := _mode_problem(stat.S_IMODE(st.st_mode))) is not None:
+                    raise StateError(f"{path} is {why}: check nobody changed it, then chmod go-w it")
+                if stat.S_ISDIR(st.st_mode):
+                    todo.append(Path(e.path))
+        return True
+
+    def _tighten(self) -> None:
+        """0700 for a checked state directory that lets others read or enter it."""
         try:
-            self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
             if stat.S_IMODE(self.root.stat().st_mode) != 0o700:
                 os.chmod(self.root, 0o700)
         except OSError as e:
             raise StateError(f"state directory {self.root}: {e.strerror}") from None
 
+    def ensure_root(self) -> None:
+        self.secure(create=True)
+        self._tighten()
+
     # -- reading --
     def _read(self, path: Path) -> bytes | None:
+        """The file's bytes, None when it is missing; never through a link (O_NOFOLLOW) nor from
+        a file another user owns. ``secure`` already refused both, and nobody else can change a
+        directory it passed; checking the very file opened costs nothing and holds for a caller
+        that skipped it."""
         try:
-            return path.read_bytes()
+            # O_NONBLOCK: a pipe in place of the file must not hang the open (it is refused below)
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
         except FileNotFoundError:
             return None
         except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise StateError(f"{path} is a symbolic link: the state directory holds its own files "
+                                 "only; remove it and check where it points and who made it") from None
             raise StateError(f"{path}: {e.strerror}") from None
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise StateError(f"{path} is not a regular file")
+            if st.st_uid != os.geteuid():
+                raise StateError(f"{path} is owned by uid {st.st_uid}, not you (uid {os.geteuid()}): "
+                                 "someone else wrote into the state directory; check it before using it")
+            try:
+                return f.read()
+            except OSError as e:
+                raise StateError(f"{path}: {e.strerror}") from None
 
     def _pair(self, name: str) -> Pair | None:
         crt, key = self._read(self.pki(name, "crt")), self._read(self.pki(name, "key"))
@@ -240,6 +411,8 @@ class StateDir:
 
     def load(self, inv: Inventory) -> Material:
         m = Material()
+        if not self.secure():
+            return m
         for ca in CAS:
             if (p := self._pair(ca.name)) is not None:
                 m.cas[ca.name] = p

@@ -1,30 +1,25 @@
 """Health checks over TLS from the operator machine, with the cluster's own credentials.
 
-The client certificate is written to a private temporary directory (0700, files 0600) for
-the duration of the check, because Python's ssl module only loads keys from files.
+The client key reaches Python's ssl module (which loads keys only from a path) through an
+anonymous in-memory file (``tlsfiles.load_client_cert``): nothing on disk, even if killed.
 """
 
 from __future__ import annotations
 
 import http.client
-import os
 import ssl
-import tempfile
 import time
 from contextlib import contextmanager
 
 from installer.core.pki.material import Material
-from installer.core.tlsfiles import client_files
+from installer.core.tlsfiles import ca_pem, load_client_cert
 
 
 @contextmanager
 def client_context(material: Material, client: str = "admin"):
-    with tempfile.TemporaryDirectory(prefix="hiddenplane-tls-") as tmp:
-        os.chmod(tmp, 0o700)
-        cert, key, cafile = client_files(tmp, material, client)
-        ctx = ssl.create_default_context(cafile=cafile)
-        ctx.load_cert_chain(cert, key)
-        yield ctx
+    ctx = ssl.create_default_context(cadata=ca_pem(material))
+    load_client_cert(ctx, material, client)
+    yield ctx
 
 
 def https_get(ctx: ssl.SSLContext, host: str, port: int, path: str, timeout: float = 5) -> tuple[int, str]:

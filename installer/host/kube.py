@@ -24,7 +24,6 @@ import datetime as dt
 import json
 import socket
 import ssl
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -41,7 +40,7 @@ from installer.core.pki.specs import cert_specs
 from installer.core.render.kubeconfig import kubeconfig
 from installer.host.ssh import Remote
 from installer.core.state import write_atomic
-from installer.core.tlsfiles import client_files
+from installer.core.tlsfiles import ca_pem, load_client_cert
 
 ADMIN_USER = "kubernetes-admin"
 RBAC_GROUP = "rbac.authorization.k8s.io"
@@ -74,14 +73,11 @@ class ApiClient:
     trust anchor, requests by path with JSON in and out (``rest``).
 
     Its own and small: the official client took 0.12 s to import before doing anything, and its
-    typed API classes 0.06-0.5 s each. The files are read once, here: the TLS context keeps
-    the key in memory."""
+    typed API classes 0.06-0.5 s each. ``context`` already holds the client certificate and
+    trusts the cluster CA alone (``api_client`` makes it)."""
 
-    def __init__(self, server_url: str, ca_file: str, cert_file: str, key_file: str,
-                 tls_server_name: str | None = None):
+    def __init__(self, server_url: str, context: ssl.SSLContext, tls_server_name: str | None = None):
         self.host = server_url.rstrip("/")
-        context = ssl.create_default_context(cafile=ca_file)
-        context.load_cert_chain(cert_file, key_file)
         # urllib3 checks the name itself (IP SANs included), against tls_server_name when given
         context.check_hostname = False
         self.pool = urllib3.PoolManager(ssl_context=context, server_hostname=tls_server_name,
@@ -110,13 +106,13 @@ def api_client(server_url: str, material: Material, *, credential: str = "admin"
 
     ``tls_server_name`` sets SNI *and* the name the server certificate is verified against; it
     is not needed for a tunnel to ``https://127.0.0.1:PORT`` (127.0.0.1 is an apiserver SAN).
-    The key passes through a private temporary directory (0700, files 0600) that is gone when
-    this returns: Python's TLS loads a client key only from a file."""
+    Python's TLS loads a client key only from a path: the key goes through an anonymous
+    in-memory file (``tlsfiles.load_client_cert``), never a file on disk a kill could leave."""
     if material.cas.get("ca") is None or material.certs.get(credential) is None:
         raise StateError(f"the state holds no cluster CA or {credential} certificate: run `installer plan` first")
-    with tempfile.TemporaryDirectory(prefix="hiddenplane-kube-") as tmp:
-        cert_file, key_file, ca_file = client_files(tmp, material, credential)
-        return ApiClient(server_url, ca_file, cert_file, key_file, tls_server_name)
+    context = ssl.create_default_context(cadata=ca_pem(material))
+    load_client_cert(context, material, credential)
+    return ApiClient(server_url, context, tls_server_name)
 
 
 def rest(api: ApiClient, method: str, path: str, what: str, body: dict | None = None, *,

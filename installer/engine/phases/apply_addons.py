@@ -12,8 +12,10 @@ With ``cni: cilium`` the phase then runs ``helm upgrade --install`` on this mach
 chart from the artifacts directory (``spec.artifacts.path`` with ``source: dir``, the cache
 directory with ``source: download``; listed in its ``SHA256SUMS``) and the values
 ``cilium_values_yaml`` renders. Helm reaches the API through the same URL (the tunnel stays
-open), with an admin kubeconfig written for the call into a private temporary directory
-(0700, the file 0600) and removed afterwards. ``helm`` must be on ``PATH``.
+open), with an admin kubeconfig made for the call. It and the values are anonymous in-memory
+files (``memfd_create``, 0600) that helm inherits and opens as ``/proc/self/fd/N``
+(``--kubeconfig``, ``--values``, ``KUBECONFIG``): no admin credential is ever on disk, so
+none is left in /tmp when the installer is killed. ``helm`` must be on ``PATH``.
 
 Skipping: like cluster-bootstrap this phase needs a real API, so ``--skip cluster-bootstrap``
 skips it too (the runner adds ``addons`` to the skipped phases); ``--only addons`` runs it alone
@@ -27,10 +29,9 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
-from installer.core.tlsfiles import write_private
+from installer.core.tlsfiles import fd_path, memory_file
 from installer.core.artifacts import ArtifactError, verify
 from installer.core.errors import InstallerError
 from installer.core.inventory import Inventory
@@ -85,16 +86,15 @@ def admin_kubeconfig(inv: Inventory, material: Material, server: str) -> bytes:
 
 def run_helm(inv: Inventory, material: Material, server: str, helm: str, chart: Path) -> list[str]:
     """``helm upgrade --install cilium`` against ``server``; returns the lines of the event."""
-    tmp = tempfile.mkdtemp(prefix="hiddenplane-helm-")          # 0700
-    try:
-        kc, values = Path(tmp) / "admin.kubeconfig", Path(tmp) / "cilium-values.yaml"
-        write_private(str(kc), admin_kubeconfig(inv, material, server))
-        write_private(str(values), cilium_values_yaml(inv))
-        argv = helm_argv(chart, values, kubeconfig=kc, helm=helm)
-        env = {**os.environ, "KUBECONFIG": str(kc)}
+    with memory_file(admin_kubeconfig(inv, material, server)) as kc_fd, \
+            memory_file(cilium_values_yaml(inv)) as values_fd:
+        # the same descriptor numbers in helm (pass_fds), where /proc/self is helm itself
+        kc, values = fd_path(kc_fd), fd_path(values_fd)
+        argv = helm_argv(chart, values, kubeconfig=Path(kc), helm=helm)
+        env = {**os.environ, "KUBECONFIG": kc}
         try:
             proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=HELM_TIMEOUT,
-                                  stdin=subprocess.DEVNULL)
+                                  stdin=subprocess.DEVNULL, pass_fds=(kc_fd, values_fd))
         except subprocess.TimeoutExpired:
             raise InstallerError(f"helm upgrade --install cilium: no answer after {HELM_TIMEOUT:g}s") from None
         except OSError as e:
@@ -103,8 +103,6 @@ def run_helm(inv: Inventory, material: Material, server: str, helm: str, chart: 
             tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
             raise InstallerError(f"helm upgrade --install cilium failed (exit {proc.returncode}):\n{tail}")
         return [f"helm upgrade --install cilium {chart.name}"]
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 class ApplyAddons(Phase):
