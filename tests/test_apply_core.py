@@ -30,7 +30,7 @@ from installer.core.facts import (LOCK, MANIFEST, PENDING, PROBE, STATE_DIR, Dir
 from installer.host.hostops import LARGE, Payloads, codec_for, compress, script, tarball
 from installer.core.network import ROUTES_UNIT
 from installer.engine.phases import PHASE_NAMES
-from installer.engine.phases.acquire_lock import LOCK_TTL, stale_reason
+from installer.engine.phases.acquire_lock import LOCK_TTL, Identity, stale_reason
 from installer.engine.phases.run_preflight import problems
 from installer.engine.phases.select import (CONTROL_UNITS, ETCD_UNIT, WORKER_UNITS, control_plane_part, etcd_part,
                                      worker_part)
@@ -714,9 +714,17 @@ def test_preflight_reports_every_problem_at_once(prepared):
 
 # --- 6. the lock's staleness -------------------------------------------------------------------
 
+# this machine, as stale_reason is told it (no file read: the same on a CI box without a machine id)
+HERE = Identity(socket.gethostname(), "1" * 32, "00000000-0000-4000-8000-000000000001", 1)
+
+
 def lock(machine: str | None = None, pid: int | None = None, since: float | None = None) -> str:
-    return json.dumps({"machine": machine or socket.gethostname(), "pid": pid or os.getpid(),
-                       "since": int(time.time() if since is None else since)})
+    """A lock as this release writes it (host name, machine id, boot id, pid namespace: ``HERE``'s);
+    ``machine``: another machine's, with a machine id of its own."""
+    h = {**HERE.fields(), "pid": pid or os.getpid(), "since": int(time.time() if since is None else since)}
+    if machine:
+        h.update(machine=machine, machineId="0" * 32)
+    return json.dumps(h)
 
 
 def dead_pid() -> int:
@@ -727,15 +735,15 @@ def dead_pid() -> int:
 
 def test_stale_reason():
     now = time.time()
-    assert stale_reason(lock(), now) is None
-    assert stale_reason(lock(machine="elsewhere", pid=dead_pid()), now) is None  # can't tell: trust it
-    why = stale_reason(lock(pid=dead_pid()), now)
+    assert stale_reason(lock(), now, HERE) is None
+    assert stale_reason(lock(machine="elsewhere", pid=dead_pid()), now, HERE) is None  # can't tell: trust it
+    why = stale_reason(lock(pid=dead_pid()), now, HERE)
     assert why and why.startswith("process ") and "gone" in why
-    why = stale_reason(lock(machine="elsewhere", since=now - LOCK_TTL - 5), now)
+    why = stale_reason(lock(machine="elsewhere", since=now - LOCK_TTL - 5), now, HERE)
     assert why and "older than 3600 s" in why
-    assert stale_reason(lock(machine="elsewhere", since=now - LOCK_TTL + 60), now) is None
+    assert stale_reason(lock(machine="elsewhere", since=now - LOCK_TTL + 60), now, HERE) is None
     # our live process, but a very old lock: still stale by age
-    assert "older" in stale_reason(lock(since=now - 2 * LOCK_TTL), now)
+    assert "older" in stale_reason(lock(since=now - 2 * LOCK_TTL), now, HERE)
 
 
 @pytest.mark.parametrize("content", ["", "garbage", '{"machine": "m", "pi', "{}", "42", "null", "[]",

@@ -18,7 +18,7 @@ from installer.core.errors import InstallerError
 from installer.core.inventory import Inventory
 from installer.core.ledger import Entry, Ledger
 from installer.core.pki.material import Material
-from installer.core.render.revocation import POLICY
+from installer.core.render.revocation import POLICY, identity
 from installer.engine.phases.acquire_lock import cluster_lock
 from installer.engine.steps import Step, run_steps
 from installer.host import kube, node_api
@@ -149,9 +149,11 @@ def revoke_steps(t: Target, *, host_unreachable: bool = False, refresh_others: b
     n = t.host.name
 
     def deny(r: _Run) -> None:
-        revoked = sorted(set(r.ledger.revoked_names()) | {n})
-        for kind, obj, action in node_api.apply_revocations(r.api, revoked, r.t.inv.spec.kubernetes.version):
-            r.out.done.append(f"{action} {kind} {obj} (denies {', '.join('system:node:' + x for x in revoked)})")
+        known = set(r.ledger.revoked_names())
+        res = node_api.apply_revocations(r.api, sorted(known | {n}), r.t.inv.spec.kubernetes.version)
+        for kind, obj, action in res.actions:
+            r.out.done.append(f"{action} {kind} {obj} (denies {', '.join(identity(x) for x in res.denied)})")
+        _reconcile(r, known, res.cluster)
         if r.api_factory is None:
             # each apiserver loads the policy on its own: see every one refuse before going on
             for host, seconds in _wait_enforced(r.t.inv, r.material, n, policy_timeout).items():
@@ -177,8 +179,8 @@ def revoke_steps(t: Target, *, host_unreachable: bool = False, refresh_others: b
             r.out.warnings.append(f"the host was not wiped ({e}); the revocation stands. Wipe or re-image it before "
                                   "it is used again")
 
-    steps = [Step(f"deny every write by system:node:{n} (ValidatingAdmissionPolicy {POLICY}), and wait until "
-                  "every control host's apiserver refuses it", deny),
+    steps = [Step(f"deny every write by system:node:{n} (ValidatingAdmissionPolicy {POLICY}; every name it "
+                  "denies already stays), and wait until every control host's apiserver refuses it", deny),
              Step("delete its renewal binding, bootstrap token Secrets and pending CSRs", cleanup),
              Step(f"delete Node {n} and its pods (the Node authorizer then lets it read none of their Secrets)",
                   delete),
@@ -188,6 +190,31 @@ def revoke_steps(t: Target, *, host_unreachable: bool = False, refresh_others: b
     if refresh_others:
         steps.append(_refresh_step(t, refresh_skip))
     return steps
+
+
+def _reconcile(r: _Run, known: set[str], cluster: list[str] | None) -> None:
+    """Say where this state's ledger and the cluster's policy disagreed (``cluster``: the names
+    the policy denied before this run, None without a policy), and mark revoked in the ledger,
+    at once, every name the policy denies that the ledger did not: a later revoke from this
+    state then keeps it (apply_revocations keeps it anyway, as long as the policy is there)."""
+    denied = set(cluster or ())
+    learned = sorted(denied - known)
+    if learned:
+        for name in learned:
+            host = r.t.host if name == r.t.host.name else next((h for h in r.t.inv.spec.hosts if h.name == name), None)
+            r.ledger.learn_revoked(name, "found in the cluster's revoked-nodes policy", host)
+        r.ledger.save(r.t.state)
+        r.out.warnings.append(
+            f"the cluster's policy {POLICY} already denied {', '.join(identity(x) for x in learned)}, which this "
+            f"state's node ledger did not mark revoked (revoked from another state directory, or this one is an older "
+            f"copy): kept in the policy, and now marked revoked in {Ledger.path(r.t.state)}")
+    missing = sorted(known - denied)
+    if missing:
+        there = (f"the cluster had no policy {POLICY} (deleted by hand?)" if cluster is None else
+                 f"the cluster's policy {POLICY} did not deny {', '.join(identity(x) for x in missing)} (edited by "
+                 "hand?)")
+        r.out.warnings.append(f"this state's node ledger marks {', '.join(missing)} revoked but {there}: denied "
+                              "again now")
 
 
 def remove_plan(t: Target, *, skip_cluster: bool, host_unreachable: bool, revoke: bool = False) -> list[str]:

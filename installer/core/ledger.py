@@ -4,7 +4,10 @@ Kept in the state directory as ``nodes.yaml`` (0600: it names hosts and certific
 ``apply`` records every host it converges as *active* (name, role, address, so that a host later
 deleted from the inventory can still be reached by ``node remove``); ``node remove`` marks a
 node *removed* (``node add`` may bring it back), ``node revoke`` marks it *revoked* for good,
-with the serials of the client certificates it was seen with.
+with the serials of the client certificates it was seen with. ``node revoke`` also marks revoked
+every name the cluster's policy denies that this ledger did not know as revoked (a revoke run
+from another state directory), so that no later run from this state forgets it; a name learned
+that way and unknown here has no address (``""``).
 
 A name marked removed or revoked that is still in the inventory stops ``apply`` with the reason:
 re-joining it silently would undo the decommission (and, for a revoked name, could never work:
@@ -129,6 +132,19 @@ class Ledger:
         e.serials = sorted(set(e.serials) | set(serials))
         return e
 
+    def learn_revoked(self, name: str, note: str, host: HostSpec | None = None) -> Entry:
+        """``name`` is revoked according to the cluster (a revoke this state did not see): marked
+        revoked, keeping the role and address known for it (``host``'s when it has no entry;
+        else a worker, the only role with a node identity, at no known address)."""
+        e = self.entries.get(name)
+        if e is None:
+            e = self.entries[name] = (Entry(name, host.role, str(host.address)) if host is not None
+                                      else Entry(name, "worker", ""))
+        if e.state != "revoked":
+            e.state, e.since = "revoked", now_iso()
+            e.history.append({"state": "revoked", "at": e.since, "note": note})
+        return e
+
     def reactivate(self, host: HostSpec) -> Entry:
         e = self.entries.get(host.name)
         if e is not None and e.state == "revoked":
@@ -145,6 +161,10 @@ class Ledger:
                 if h.name == name:
                     return h
         e = self.entries.get(name)
+        if e is not None and not e.address:
+            raise StateError(f"{name} is in the node ledger only as a name the cluster's revoked-nodes policy "
+                             "denies (learned by `installer node revoke`; its address is not recorded): list it "
+                             "in the inventory to act on it")
         return e.host() if e is not None else None
 
 

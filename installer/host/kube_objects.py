@@ -1,6 +1,7 @@
 """The cluster-bootstrap objects (``render.manifests.bootstrap_objects``) and the add-on objects
 (``render.addons.addon_objects``: ServiceAccounts, ClusterRoles, ClusterRoleBindings, ConfigMaps,
-Deployments, DaemonSets, Services) through the API: validated with kubernetes-validate's schemas
+Deployments, DaemonSets, Services) and the revoked-nodes admission policy and its binding
+(``render.revocation``) through the API: validated with kubernetes-validate's schemas
 (strict) for the target version before any write, then read and created or brought back to what
 we set (an existing object is compared and replaced, or deleted and created when an immutable
 field differs). ``plan_objects`` says what ``apply_objects`` would do, changing nothing.
@@ -150,6 +151,59 @@ def _as_subset(want: dict, live: dict) -> str | None:
     return None if _subset(want, live) else "replace"
 
 
+def _match_defaults(match: dict) -> dict:
+    """A MatchResources with the apiserver's defaults for what is left out (defaults.go:
+    SetDefaults_MatchResources, SetDefaults_Rule)."""
+    out = {"matchPolicy": "Equivalent", "namespaceSelector": {}, "objectSelector": {}, **match}
+    for key in ("resourceRules", "excludeResourceRules"):
+        if isinstance(out.get(key), list):
+            out[key] = [{"scope": "*", **r} if isinstance(r, dict) else r for r in out[key]]
+    return out
+
+
+def _admission_defaults(kind: str, spec: dict) -> dict:
+    """``spec`` of a ValidatingAdmissionPolicy(Binding) with every default the apiserver fills in
+    (kubernetes pkg/apis/admissionregistration/v1 defaults.go and zz_generated.defaults.go, the
+    same from 1.30 to 1.36): a policy's failurePolicy Fail; in a policy's matchConstraints and a
+    binding's matchResources, matchPolicy Equivalent, namespaceSelector and objectSelector {}
+    (everything), each rule's scope "*". A binding's paramRef has no default."""
+    spec = dict(spec)
+    if kind == "ValidatingAdmissionPolicy":
+        spec.setdefault("failurePolicy", "Fail")
+    key = "matchConstraints" if kind == "ValidatingAdmissionPolicy" else "matchResources"
+    if isinstance(spec.get(key), dict):
+        spec[key] = _match_defaults(spec[key])
+    return spec
+
+
+def _pruned(value):
+    """``value`` without the fields the apiserver leaves out of its answers when empty (Go
+    ``omitempty``): None, "", [] and {} (an empty selector is the default, and matches all)."""
+    if isinstance(value, dict):
+        value = {k: _pruned(v) for k, v in value.items()}
+        return {k: v for k, v in value.items() if v not in (None, "", [], {})}
+    if isinstance(value, list):
+        return [_pruned(v) for v in value]
+    return value
+
+
+def _exact_spec(want: dict, live: dict) -> str | None:
+    """An admission policy or its binding: equal only when the whole live spec is ours, field by
+    field, each field we leave out holding the apiserver's default (``_admission_defaults``).
+    A subset check would read as unchanged what switches the policy off or narrows it: a
+    matchConditions of "false", a paramRef, selectors, excludeResourceRules, validationActions
+    [Warn], failurePolicy Ignore, another validation or variable. An ownerReference or finalizer
+    is not ours either (the garbage collector would delete the policy with its "owner"). The
+    replace that follows PUTs exactly ours."""
+    kind = want["kind"]
+    meta = live.get("metadata") or {}
+    if (_pruned(_admission_defaults(kind, want.get("spec") or {}))
+            != _pruned(_admission_defaults(kind, live.get("spec") or {}))
+            or meta.get("ownerReferences") or meta.get("finalizers") or not _labels_ok(want, live)):
+        return "replace"
+    return None
+
+
 def _for_update(want: dict, live: dict, annotations: bool) -> dict:
     """``want`` as a PUT body: the live resourceVersion (optimistic concurrency) and the labels
     (with ``annotations``, the annotations too) that others added kept."""
@@ -165,7 +219,8 @@ def _for_update(want: dict, live: dict, annotations: bool) -> dict:
 
 # apiVersion, kind -> (resource, namespaced, how a live object compares, whether a replace keeps
 # the annotations others added). Bindings and token Secrets are compared exactly: what they
-# grant is all in the fields we set.
+# grant is all in the fields we set; so are admission policies and their bindings, whose every
+# field, set or not by us, decides what they deny.
 KINDS: dict[tuple[str, str], tuple[str, bool, Callable[[dict, dict], str | None], bool]] = {
     ("v1", "ServiceAccount"): ("serviceaccounts", True, _as_subset, True),
     ("v1", "ConfigMap"): ("configmaps", True, _as_subset, True),
@@ -176,9 +231,9 @@ KINDS: dict[tuple[str, str], tuple[str, bool, Callable[[dict, dict], str | None]
     ("apps/v1", "Deployment"): ("deployments", True, _as_subset, True),
     ("apps/v1", "DaemonSet"): ("daemonsets", True, _as_subset, True),
     ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy"):
-        ("validatingadmissionpolicies", False, _as_subset, True),
+        ("validatingadmissionpolicies", False, _exact_spec, True),
     ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"):
-        ("validatingadmissionpolicybindings", False, _as_subset, True),
+        ("validatingadmissionpolicybindings", False, _exact_spec, True),
 }
 
 
@@ -261,10 +316,11 @@ def apply_objects(api, objects: list[dict], k8s_version: str) -> list[tuple[str,
     one is created, and one that differs is replaced with the live resourceVersion (deleted
     and created when an immutable field differs: a binding's roleRef, a token Secret's type, a
     Service's clusterIP, a Deployment's or DaemonSet's selector). What "differs" means:
-    bindings and token Secrets compare what we set exactly; the other kinds compare as a
-    subset (every field we set has our value; server defaults and fields others add are
-    ignored). Returns ``(kind, name, action)`` per object, action one of ``created``,
-    ``unchanged``, ``replaced``."""
+    ClusterRoleBindings and token Secrets compare what we set exactly; admission policies and
+    their bindings compare the whole spec (``_exact_spec``: a field we leave out must hold the
+    apiserver's default); the other kinds compare as a subset (every field we set has our
+    value; server defaults and fields others add are ignored). Returns ``(kind, name, action)``
+    per object, action one of ``created``, ``unchanged``, ``replaced``."""
     out = []
     for obj, (o, live, change) in zip(objects, _changes(api, objects, k8s_version)):
         if change:

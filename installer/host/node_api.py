@@ -23,7 +23,7 @@ from installer.host.kube import NODES, STRATEGIC_MERGE, TOKEN_NAMESPACE, ApiClie
 from installer.host.csr_approval import CSRS, decided
 from installer.host.kube_objects import apply_objects
 from installer.core.render.manifests import node_renewal_binding
-from installer.core.render.revocation import identity, policy_objects
+from installer.core.render.revocation import POLICY, identity, policy_names, policy_objects
 
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 NODE_LABEL = "hiddenplane.io/node"
@@ -305,9 +305,47 @@ def delete_csrs(api: ApiClient, names: list[str]) -> list[str]:
     return [n for n in names if found(api, "DELETE", f"{CSRS}/{n}", f"CertificateSigningRequest/{n}", "delete")]
 
 
-def apply_revocations(api: ApiClient, revoked: list[str], k8s_version: str) -> list[tuple[str, str, str]]:
-    """Create or update the revoked-nodes policy and its binding for every name in ``revoked``."""
-    return apply_objects(api, policy_objects(revoked), k8s_version)
+VAPS = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
+
+
+@dataclass
+class Revocations:
+    """What ``apply_revocations`` did: each object's action (``apply_objects``), the names the
+    live policy denied before (None: there was no policy) and the names it denies now."""
+    actions: list[tuple[str, str, str]]
+    cluster: list[str] | None
+    denied: list[str]
+
+
+def revoked_in_cluster(api: ApiClient) -> list[str] | None:
+    """The node names the live revoked-nodes policy denies; None when there is no policy.
+    KubeError naming the policy when its validations are not exactly what ``node revoke`` writes
+    (revocation.policy_names): someone edited it, and what it denies cannot be read safely."""
+    what = f"ValidatingAdmissionPolicy/{POLICY}"
+    try:
+        live = rest(api, "GET", f"{VAPS}/{POLICY}", what)
+    except ApiError as e:
+        if e.status == 404:
+            return None
+        raise KubeError(f"{what}: read refused: {status_message(e)}") from None
+    try:
+        return policy_names(live)
+    except ValueError as e:
+        raise KubeError(f"ValidatingAdmissionPolicy {POLICY} was edited outside the installer ({e}); nothing "
+                        "was written. Put its expression back in the form `installer node revoke` writes, keeping "
+                        f"every name it denies (kubectl edit validatingadmissionpolicy {POLICY}), then run this "
+                        "again") from None
+
+
+def apply_revocations(api: ApiClient, revoked: list[str], k8s_version: str) -> Revocations:
+    """Bring the revoked-nodes policy and its binding to deny every name in ``revoked`` and every
+    name the live policy denies already: revocations only grow, so a run from a state directory
+    that missed another revoke cannot undo it. The live policy is read and checked before
+    anything is written (``revoked_in_cluster``); the apply lock keeps another ``node revoke``
+    from writing between that read and this write."""
+    cluster = revoked_in_cluster(api)
+    denied = sorted(set(revoked) | set(cluster or ()))
+    return Revocations(apply_objects(api, policy_objects(denied), k8s_version), cluster, denied)
 
 
 REVOKED_MESSAGE = "this node identity was revoked"

@@ -4,22 +4,32 @@
 but clears a stale lock its own machine left behind, or any stale one with --force-unlock);
 every day-2 command that changes hosts holds it for its whole length (``cluster_lock``), and
 an apply such a command runs inside joins it instead of fighting it. The lock file names its
-holder; a lock whose holder is a dead process on this machine, or older than the lock TTL, is
-stale. A holder that was a process on this machine and is gone (a killed run) is taken over
-with a note; any other stale lock is reported and broken only with --force-unlock.
+holder: the host name (for people), the machine id, boot id and pid namespace (``Identity``)
+and the pid. A lock is stale when it is older than the lock TTL, or when its holder was this
+very machine and is provably gone: same machine id and boot, and no such process (same pid
+namespace), or same machine id, another boot and taken before this boot began (a reboot ended
+it; taken later, it is a clone's that kept the machine id). Such a holder (a killed
+run) is taken over with a note; any other stale lock is reported and broken only with
+--force-unlock. A host name is not an identity: two machines can share one (clones, containers),
+and a pid checked on the wrong machine proves nothing, so a lock of another machine, or one
+written by a release that did not record these ids, goes stale only with age.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
+import re
 import shlex
 import socket
 import threading
 import time
 import uuid
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Iterator
 
 from installer.core.facts import LOCK, STATE_DIR
@@ -41,12 +51,66 @@ _held: dict[str, str] = {}
 _held_guard = threading.Lock()
 
 
+MACHINE_ID = "/etc/machine-id"
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+PID_NAMESPACE = "/proc/self/ns/pid"
+PROC_STAT = "/proc/stat"            # btime: when this boot began
+REBOOTED = "this machine rebooted since it was taken"
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Which machine, boot and pid namespace a process runs in, and when that boot began (epoch
+    seconds). ``host`` is for people only; None for what could not be read (then no lock is
+    judged to be this machine's by it)."""
+    host: str
+    machine_id: str | None
+    boot_id: str | None
+    pid_ns: int | None
+    booted_at: int | None = None
+
+    def fields(self) -> dict:
+        return {"machine": self.host, "machineId": self.machine_id, "bootId": self.boot_id, "pidNs": self.pid_ns}
+
+
+def _read_id(path: str, pattern: str) -> str | None:
+    try:
+        value = Path(path).read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    # systemd writes "uninitialized" before the first boot completes, containers may have none
+    return value if re.fullmatch(pattern, value) else None
+
+
+@functools.lru_cache(maxsize=None)
+def local_identity() -> Identity:
+    """This process's identity, read once (none of it changes while a process lives)."""
+    try:
+        ns = os.stat(PID_NAMESPACE).st_ino
+    except OSError:
+        ns = None
+    try:
+        btime = re.search(r"^btime (\d+)$", Path(PROC_STAT).read_text(), re.M)
+    except (OSError, UnicodeDecodeError):
+        btime = None
+    return Identity(socket.gethostname(), _read_id(MACHINE_ID, r"[0-9a-f]{32}"),
+                    _read_id(BOOT_ID, r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"), ns,
+                    int(btime.group(1)) if btime else None)
+
+
 def holder() -> dict:
-    return {"machine": socket.gethostname(), "pid": os.getpid(), "since": int(time.time())}
+    return {**local_identity().fields(), "pid": os.getpid(), "since": int(time.time())}
 
 
-def stale_reason(content: str, now: float) -> str | None:
-    """Why a lock with ``content`` is stale, or None when it is live. Pure."""
+def _who(h: dict) -> str:
+    return f"process {h.get('pid')} on {h.get('machine') or 'an unnamed host'}"
+
+
+def stale_reason(content: str, now: float, local: Identity | None = None) -> str | None:
+    """Why a lock with ``content`` is stale, or None when it is live. Pure but for the pid
+    check on this machine; ``local``: this process's identity (default: ``local_identity()``).
+    Only a holder with this machine's id is judged by its boot and pid; any other (another
+    machine with the same host name, a lock of an earlier release without the ids) by its age."""
     try:
         h = json.loads(content)
         since = float(h.get("since", 0))
@@ -54,16 +118,44 @@ def stale_reason(content: str, now: float) -> str | None:
         return "its content is unreadable"
     if not math.isfinite(since) or since > now + 86400:
         return "its start time is not plausible"
-    if h.get("machine") == socket.gethostname():
-        try:
-            os.kill(int(h.get("pid", 0)), 0)
-        except ProcessLookupError:
-            return f"process {h.get('pid')} on this machine is gone"
-        except (PermissionError, ValueError, TypeError, OverflowError):
-            pass
+    me = local or local_identity()
+    if me.machine_id is not None and h.get("machineId") == me.machine_id and me.boot_id is not None \
+            and isinstance(h.get("bootId"), str):
+        # another boot, and the lock older than this one: it was taken before this machine
+        # rebooted. A lock taken during this boot by another boot id is a clone's (a VM image
+        # copied with its /etc/machine-id): judged by age only
+        if h["bootId"] != me.boot_id:
+            if me.booted_at is not None and since < me.booted_at:
+                return f"{REBOOTED} ({_who(h)}, boot {h['bootId']})"
+        elif me.pid_ns is not None and h.get("pidNs") == me.pid_ns:     # one kernel, one pid namespace
+            try:
+                os.kill(int(h.get("pid", 0)), 0)
+            except ProcessLookupError:
+                return f"process {h.get('pid')} on this machine is gone"
+            except (PermissionError, ValueError, TypeError, OverflowError):
+                pass
     if now - since > LOCK_TTL:
-        return f"it is older than {int(LOCK_TTL)} s"
+        return f"it is older than {int(LOCK_TTL)} s ({_who(h)})"
     return None
+
+
+def dead_here(why: str | None) -> bool:
+    """A stale reason that proves the holder was this machine's and is gone (a killed run, a
+    reboot): its lock is taken over without --force-unlock."""
+    return bool(why) and why.startswith(("process ", REBOOTED))
+
+
+def held_by(content: str) -> str:
+    """Who holds a live lock, for the message: a holder on another machine is stale only after
+    the TTL, and the reader should know which machine to ask."""
+    try:
+        h = json.loads(content)
+        who = _who(h)
+    except (ValueError, TypeError, AttributeError):
+        return content
+    if "machineId" not in h:
+        return f"{who}, written by an earlier release (no machine id): stale after {int(LOCK_TTL)} s: {content}"
+    return f"{who}: {content}"
 
 
 def take(remote: Remote, run_id: str, *, installed_only: bool = False) -> str | None:
@@ -116,7 +208,8 @@ def ours(content: str) -> bool:
     """The lock is held by this very process (a day-2 command around the apply asking)."""
     try:
         h = json.loads(content)
-        return (h.get("machine") == socket.gethostname() and h.get("pid") == os.getpid()
+        me = local_identity()
+        return (h.get("machine") == me.host and h.get("machineId") == me.machine_id and h.get("pid") == os.getpid()
                 and h.get("run") in _held.values())
     except (ValueError, TypeError, AttributeError):
         return False
@@ -134,9 +227,8 @@ def acquire(remote: Remote, run_id: str, *, force_unlock: bool, log: Callable[[s
     if ours(content):
         return False
     why = stale_reason(content, time.time())
-    # our own machine's holder is certainly dead (a killed run): safe to take over
-    dead_here = bool(why) and why.startswith("process ")
-    if why and (force_unlock or dead_here):
+    # our own machine's holder is certainly dead (a killed run, a reboot): safe to take over
+    if why and (force_unlock or dead_here(why)):
         log(f"{remote.name}: breaking a stale apply lock ({why})")
         end_dead_run([remote, *others()], content, log)
         break_stale(remote)
@@ -144,7 +236,7 @@ def acquire(remote: Remote, run_id: str, *, force_unlock: bool, log: Callable[[s
     if why:
         raise LockHeld(remote.name, f"a stale apply lock is held ({why}): {content}; "
                        f"re-run with {flag} to break it")
-    raise LockHeld(remote.name, f"another command holds the apply lock: {content}")
+    raise LockHeld(remote.name, f"another command holds the apply lock: {held_by(content)}")
 
 
 def break_stale(remote: Remote) -> None:
@@ -178,7 +270,7 @@ class AcquireLock(Phase):
     def _breakable(ctx: Context, host: str) -> bool:
         content = ctx.facts[host].lock
         why = stale_reason(content, time.time()) if content is not None else None
-        return bool(why) and (ctx.options.force_unlock or why.startswith("process "))
+        return bool(why) and (ctx.options.force_unlock or dead_here(why))
 
     def run_host(self, ctx: Context, host: str) -> Event:
         if not ctx.changes_pending:
