@@ -663,7 +663,7 @@ def test_workers_get_only_their_own_keys_and_token(cluster):
     m = cluster.prepared.material
     for plan in cluster.hosts("worker"):
         allowed = {public_der(m.pair(f"kubelet/{plan.name}-serving").key): f"kubelet/{plan.name}-serving",
-                   public_der(m.pair("kube-proxy").key): "kube-proxy"}
+                   public_der(m.pair(f"kube-proxy/{plan.name}").key): f"kube-proxy/{plan.name}"}
         found = {}
         for f in plan.files.values():
             for key in _private_keys(f.content):

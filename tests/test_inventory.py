@@ -102,6 +102,17 @@ BAD = [
      "spec.network.egress: 'routes' needs cni: routes…"),
     ("bad-algorithm", lambda d: set_path(d, ["spec", "pki", "keyAlgorithm"], "dsa"),
      "spec.pki.keyAlgorithm: 'dsa' is not allowed; expected 'ecdsa-p256' or 'rsa-2048'"),
+    # a worker's serving certificate (cluster CA) names the worker: never a name or address of the API
+    ("worker-named-kubernetes", lambda d: set_path(d, ["spec", "hosts", 1, "name"], "kubernetes"),
+     "spec.hosts[1].name: 'kubernetes' is a name of the API: this worker's serving certificate…"),
+    ("worker-named-like-endpoint", lambda d: (set_path(d, ["spec", "apiServer", "endpoint"], "api.example.com"),
+                                              set_path(d, ["spec", "hosts", 2, "name"], "api")),
+     "spec.hosts[2].name: 'api' is a name of the API (the first label of 'api.example.com')…"),
+    ("worker-named-like-extra-san", lambda d: (set_path(d, ["spec", "apiServer", "extraSANs"], ["node2"])),
+     "spec.hosts[1].name: 'node2' is a name of the API…"),
+    ("worker-at-endpoint", lambda d: set_path(d, ["spec", "apiServer", "endpoint"], "192.168.56.232"),
+     "spec.hosts[2].address: '192.168.56.232' is an address of the API (spec.apiServer.endpoint "
+     "'192.168.56.232')…"),
 ]
 
 

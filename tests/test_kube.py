@@ -113,6 +113,19 @@ def expected_objects(prepared) -> list[dict]:
                            "usage-bootstrap-authentication": "true",
                            "auth-extra-groups": "system:bootstrappers:hiddenplane"},
         })
+    # each worker's kube-proxy: its own user, its own binding (node revoke deletes it)
+    for node in ("node2", "node3"):
+        objs.append(binding(f"hiddenplane:kube-proxy:{node}", "system:node-proxier", "User",
+                            f"hiddenplane:kube-proxy:{node}"))
+    # upstream's binding for the shared system:kube-proxy of earlier releases: no subject, and
+    # protected from the apiserver's reconciliation, which would add the subject back
+    objs.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                 "metadata": {"name": "system:node-proxier",
+                              "labels": {"kubernetes.io/bootstrapping": "rbac-defaults", **LABELS},
+                              "annotations": {"rbac.authorization.kubernetes.io/autoupdate": "false"}},
+                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                             "name": "system:node-proxier"},
+                 "subjects": []})
     return objs
 
 

@@ -24,8 +24,9 @@ CERT_KUBECONFIGS = {
     "cp1/etc/kubernetes/controller-manager.conf": ("system:kube-controller-manager", LOCAL,
                                                    "system:kube-controller-manager"),
     "cp1/etc/kubernetes/scheduler.conf": ("system:kube-scheduler", LOCAL, "system:kube-scheduler"),
-    "node2/etc/kubernetes/kube-proxy.conf": ("system:kube-proxy", REMOTE, "system:kube-proxy"),
-    "node3/etc/kubernetes/kube-proxy.conf": ("system:kube-proxy", REMOTE, "system:kube-proxy"),
+    # each worker's own kube-proxy identity (a shared one would outlive `node revoke`)
+    "node2/etc/kubernetes/kube-proxy.conf": ("hiddenplane:kube-proxy:node2", REMOTE, "hiddenplane:kube-proxy:node2"),
+    "node3/etc/kubernetes/kube-proxy.conf": ("hiddenplane:kube-proxy:node3", REMOTE, "hiddenplane:kube-proxy:node3"),
     "STATE": ("kubernetes-admin", REMOTE, "kubernetes-admin"),
 }
 
@@ -147,11 +148,12 @@ def test_scan_finds_ca_key_where_it_belongs(rendered, prepared):
 
 @pytest.mark.parametrize("worker", ["node2", "node3"])
 def test_worker_holds_only_its_own_private_keys(worker, rendered, prepared):
-    """A worker gets its kubelet serving key and kube-proxy's client key, and no other key of the
-    cluster: not the service-account key, another node's key, or a control-plane identity."""
+    """A worker gets its kubelet serving key and its own kube-proxy client key, and no other key of
+    the cluster: not the service-account key, another node's key (serving or kube-proxy), or a
+    control-plane identity."""
     m = prepared.material
     root = rendered / worker
-    allowed = {f"kubelet/{worker}-serving", "kube-proxy"}
+    allowed = {f"kubelet/{worker}-serving", f"kube-proxy/{worker}"}
     for name, pair in m.certs.items():
         held = files_holding(root, issue.key_pem(pair.key))
         if name in allowed:

@@ -240,7 +240,7 @@ def test_state_keeps_the_allocation_across_inventory_changes(doc, tmp_path):
     more["spec"]["hosts"].insert(1, {"name": "node1", "address": "192.168.56.235", "role": "worker"})
     p = _prepare(tmp_path, more)
     assert p.material.pod_cidrs == {"node1": "10.244.2.0/24", "node2": "10.244.0.0/24", "node3": "10.244.1.0/24"}
-    assert p.changes.reasons == {"kubelet/node1-serving": "new", "token/node1": "new",
+    assert p.changes.reasons == {"kubelet/node1-serving": "new", "kube-proxy/node1": "new", "token/node1": "new",
                                  "network/node1": "pod CIDR 10.244.2.0/24"}
     assert {n: p.plans[n].files[network.CONFLIST].content for n in conf} == conf
     assert ("10.244.2.0/24", "192.168.56.235") in _routes(p.plans["node2"])

@@ -72,7 +72,9 @@ LEAVES = {
     "etcd/peer-cp1": ("etcd/ca", "cp1", (), SC, ETCD_MEMBER_DNS, ETCD_MEMBER_IPS),
     "controller-manager": ("ca", "system:kube-controller-manager", (), C, set(), set()),
     "scheduler": ("ca", "system:kube-scheduler", (), C, set(), set()),
-    "kube-proxy": ("ca", "system:kube-proxy", (), C, set(), set()),
+    # one per worker, no O: its rights are its own binding's, which `node revoke` deletes
+    "kube-proxy/node2": ("ca", "hiddenplane:kube-proxy:node2", (), C, set(), set()),
+    "kube-proxy/node3": ("ca", "hiddenplane:kube-proxy:node3", (), C, set(), set()),
     "admin": ("ca", "kubernetes-admin", ("kubeadm:cluster-admins",), C, set(), set()),
     # break-glass credential: kubeadm's super-admin.conf is the one system:masters identity
     "super-admin": ("ca", "kubernetes-super-admin", ("system:masters",), C, set(), set()),
@@ -387,11 +389,12 @@ def test_adding_a_worker_issues_only_its_material(fresh, tmp_path):
     doc["spec"]["hosts"].append({"name": "node4", "address": "192.168.56.235", "role": "worker"})
     write_inventory(tmp_path, doc)
     p = api.prepare(inv, state)
-    assert p.changes.reasons == {"kubelet/node4-serving": "new", "token/node4": "new",
+    assert p.changes.reasons == {"kubelet/node4-serving": "new", "kube-proxy/node4": "new", "token/node4": "new",
                                  "network/node4": "pod CIDR 10.244.2.0/24"}
     after = snapshot(state)
     assert changed_files(before, after) == {
-        "pki/kubelet/node4-serving.crt", "pki/kubelet/node4-serving.key", "secrets/tokens.yaml", "network.yaml"}
+        "pki/kubelet/node4-serving.crt", "pki/kubelet/node4-serving.key", "pki/kube-proxy/node4.crt",
+        "pki/kube-proxy/node4.key", "secrets/tokens.yaml", "network.yaml"}
     new_tokens = yaml.safe_load(state.joinpath("secrets/tokens.yaml").read_text())
     assert set(new_tokens) == {"node2", "node3", "node4"}
     assert {k: new_tokens[k] for k in ("node2", "node3")} == old_tokens
@@ -605,9 +608,9 @@ def test_changing_key_algorithm_on_existing_state_is_refused(doc, tmp_path):
 def test_changed_usages_are_reissued(prepared):
     from installer.core.pki.specs import cert_specs
     from installer.core.pki.issue import why_reissue
-    spec = next(s for s in cert_specs(prepared.inventory) if s.name == "kube-proxy")
+    spec = next(s for s in cert_specs(prepared.inventory) if s.name == "kube-proxy/node2")
     server_too = dataclasses.replace(spec, server=True)
-    pair, ca = prepared.material.certs["kube-proxy"], prepared.material.cas["ca"]
+    pair, ca = prepared.material.certs["kube-proxy/node2"], prepared.material.cas["ca"]
     assert why_reissue(spec, pair, ca, "ecdsa-p256", NOW) is None
     assert why_reissue(server_too, pair, ca, "ecdsa-p256", NOW) == "usages changed"
 

@@ -548,7 +548,7 @@ CASES = [
     ("kube-proxy", "kubeconfig-ca-mismatch",
      _then(lambda lab: _edit_kubeconfig(lab.node2, "kube-proxy.conf", **{
          "certificate-authority-data": _b64file(lab.cp1.path(f"{PKI}/etcd/ca.crt"))})),
-     ["(CN=system:kube-proxy) does not chain"]),
+     ["(CN=hiddenplane:kube-proxy:node2) does not chain"]),
     # keys that do not match their certificates
     ("kube-apiserver", "key-mismatch",
      _flags(tls_private_key_file=lambda lab: _pki(lab.cp1, "apiserver-kubelet-client.key")),

@@ -150,7 +150,7 @@ def test_admin_reaches_apiserver_by_each_name(rendered, creds, hostname):
 
 
 @pytest.mark.parametrize("who,cn", [("controller-manager", "system:kube-controller-manager"),
-                                    ("kube-proxy", "system:kube-proxy"),
+                                    ("kube-proxy", "hiddenplane:kube-proxy:node2"),
                                     ("apiserver-kubelet-client", "kube-apiserver-kubelet-client")])
 def test_other_cluster_clients_are_accepted(rendered, creds, who, cn):
     server = start_server(server_context(rendered))

@@ -2,17 +2,21 @@
 host, with its expiry. Read-only: nothing is issued, saved or changed anywhere.
 
 Deployed certificates are read in one SSH round trip per host. Only the CERTIFICATE blocks of
-each file leave the host (kubelet-client-current.pem also holds the kubelet's private key).
+each file leave the host (kubelet-client-current.pem also holds the kubelet's private key), and
+of a kubeconfig only its ``client-certificate-data`` (a worker's kube-proxy.conf holds the
+node's own kube-proxy certificate, a control host's admin.conf and the components' theirs).
 """
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import re
 import shlex
 from dataclasses import dataclass, field
 from typing import Callable
 
+import yaml
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
@@ -72,10 +76,28 @@ def state_rows(material: Material) -> list[CertRow]:
     return [row(STATE, name, p.cert) for name, p in {**material.cas, **material.certs}.items()]
 
 
+KUBECONFIG_SUFFIX = ".conf"
+
+
 def fetch_script(paths: list[str]) -> str:
+    """A kubeconfig (``*.conf``) embeds its certificate base64-encoded, beside the key: only the
+    ``client-certificate-data`` line is decoded and sent."""
     quoted = " ".join(shlex.quote(p) for p in paths)
-    return (f'for f in {quoted}; do [ -f "$f" ] && {{ echo "{MARK}$f"; '
-            "sed -n '/-----BEGIN CERTIFICATE-----/,/-----END CERTIFICATE-----/p' \"$f\"; }; done; true")
+    return (f'for f in {quoted}; do [ -f "$f" ] && {{ echo "{MARK}$f"; case "$f" in '
+            f"*{KUBECONFIG_SUFFIX}) sed -n 's/^[[:space:]]*client-certificate-data:[[:space:]]*//p' \"$f\" "
+            "| base64 -d 2>/dev/null;; "
+            "*) sed -n '/-----BEGIN CERTIFICATE-----/,/-----END CERTIFICATE-----/p' \"$f\";; esac; }; done; true")
+
+
+def kubeconfig_serial(content: bytes) -> int | None:
+    """The serial of the client certificate a rendered kubeconfig embeds; None when it has none
+    (a token, as the bootstrap kubeconfig)."""
+    try:
+        users = yaml.safe_load(content).get("users") or []
+        data = users[0]["user"]["client-certificate-data"]
+        return x509.load_pem_x509_certificate(base64.b64decode(data)).serial_number
+    except (yaml.YAMLError, AttributeError, IndexError, KeyError, TypeError, ValueError):
+        return None
 
 
 _PEM = re.compile(rb"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", re.S)
@@ -119,6 +141,8 @@ def expected_paths(inv: Inventory, plans) -> dict[str, dict[str, int | None]]:
                     paths[path] = x509.load_pem_x509_certificate(f.content).serial_number
                 except ValueError:
                     paths[path] = None
+            elif path.endswith(KUBECONFIG_SUFFIX) and (serial := kubeconfig_serial(f.content)) is not None:
+                paths[path] = serial
         if h.role == "worker":
             paths[KUBELET_CLIENT] = None       # issued by the cluster (TLS bootstrap), not by us
         out[h.name] = paths

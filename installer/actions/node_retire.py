@@ -245,6 +245,8 @@ def _cluster_cleanup(api, t: Target, material: Material, out: Outcome, log) -> l
     done = []
     if node_api.delete_renewal_binding(api, n):
         done.append(f"deleted ClusterRoleBinding hiddenplane:node-renewal:{n}")
+    if node_api.delete_kube_proxy_binding(api, n):
+        done.append(f"deleted ClusterRoleBinding hiddenplane:kube-proxy:{n}")
     done += [f"deleted Secret kube-system/{s}" for s in node_api.delete_tokens(api, n, token_ids)]
     csrs = node_api.node_csrs(api, n, token_ids)
     done += [f"deleted pending CertificateSigningRequest {c}" for c in node_api.delete_csrs(api, csrs.pending)]

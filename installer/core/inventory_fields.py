@@ -198,3 +198,21 @@ Role = Annotated[Literal["control", "worker"], BeforeValidator(_role)]
 
 class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def apiserver_san_values(domain: str, service_ip: str | None, endpoint: str | None, extra_sans,
+                         controls) -> list[str]:
+    """Every name and address the apiserver's certificate holds (pki/specs.py issues it with
+    these), from plain values (``controls``: (name, address) pairs). Here, below both the
+    certificate table and the inventory rules, so that the rule refusing a worker named or
+    addressed like the API (inventory_rules.py, on the raw document) reads the same list."""
+    values = [
+        "kubernetes", "kubernetes.default", "kubernetes.default.svc",
+        f"kubernetes.default.svc.{domain}", "localhost",
+        # control-plane components on the same host dial the apiserver on loopback
+        "127.0.0.1",
+        *([service_ip] if service_ip else []), *([endpoint] if endpoint else []), *extra_sans,
+    ]
+    for name, address in controls:
+        values += [name, address]
+    return values

@@ -12,7 +12,7 @@ from typing import Any
 
 from installer.core.network import capacity, slice_prefix
 
-from installer.core.inventory_fields import DNS1123_LABEL, HIDDEN_MSG, MAX_PATH, as_ip, quoted
+from installer.core.inventory_fields import DNS1123_LABEL, HIDDEN_MSG, MAX_PATH, apiserver_san_values, as_ip, quoted
 from installer.core.inventory_model import NetworkSpec, SSHSpec
 
 def _get(data: Any, *keys: Any) -> Any:
@@ -236,8 +236,8 @@ def cluster_problems(data: dict, base_dir: Path) -> list[str]:
     hosts = hosts if isinstance(hosts, list) else []
     allow_even = _get(data, "spec", "allowEvenControlHosts") is True
     return (_host_problems(hosts, allow_even) + _network_problems(data, hosts)
-            + _endpoint_problems(data, hosts) + _artifact_problems(data, base_dir)
-            + _ssh_file_problems(data, hosts, base_dir))
+            + _endpoint_problems(data, hosts) + _api_name_problems(data, hosts)
+            + _artifact_problems(data, base_dir) + _ssh_file_problems(data, hosts, base_dir))
 
 
 def _endpoint_problems(data: dict, hosts: list) -> list[str]:
@@ -249,3 +249,55 @@ def _endpoint_problems(data: dict, hosts: list) -> list[str]:
         return []
     return [f"spec.apiServer.endpoint: '{endpoint}' is a loopback address: kubelets on the workers would "
             "reach themselves, not the API; use a control host's address, a VIP or a load balancer"]
+
+
+def _api_name_problems(data: dict, hosts: list) -> list[str]:
+    """A worker named or addressed like the API: its kubelet serving certificate (cluster CA, its
+    name and address as SANs) would then name the API too, and root on that worker could pass
+    as the apiserver to every client that trusts the cluster CA (kubelets, kube-proxies, pods
+    through the service-account CA bundle). Refused: the names and addresses of the apiserver's
+    certificate (inventory_fields.apiserver_san_values, the list pki/specs.py issues it with),
+    and the first label of each of its DNS names (``api`` of ``api.example.com``: resolved
+    through a search domain, the short name reaches the API, and only the worker's certificate
+    would match it). Not repeated here: the service IP
+    (the serviceCIDR rule refuses it), the control hosts' names and addresses, which are also
+    the etcd members' (the duplicate rule), and loopback (refused unless every host is on it,
+    and then they are one machine)."""
+    api = _get(data, "spec", "apiServer")
+    api = api if isinstance(api, dict) else {}
+    domain = _get(data, "spec", "network", "clusterDomain")
+    endpoint = api.get("endpoint")
+    extra = api.get("extraSANs") if isinstance(api.get("extraSANs"), list) else []
+    values = apiserver_san_values(domain if isinstance(domain, str) else NetworkSpec().clusterDomain, None,
+                                  endpoint if isinstance(endpoint, str) else None,
+                                  [v for v in extra if isinstance(v, str)], [])
+    fields = {v: f"spec.apiServer.extraSANs[{k}]" for k, v in enumerate(extra) if isinstance(v, str)}
+    if isinstance(endpoint, str):
+        fields[endpoint] = "spec.apiServer.endpoint"
+    names: dict[str, str] = {}        # a name a worker may not have -> the API name it comes from
+    addresses: dict[Any, str] = {}    # an address a worker may not have -> the field naming it
+    for v in values:
+        ip = as_ip(v)
+        if ip is not None:
+            addresses.setdefault(_comparable(ip), f"{fields.get(v, 'the apiserver certificate')} {quoted(v)}")
+        else:
+            names.setdefault(v.lower(), v)
+            names.setdefault(v.lower().split(".")[0], v)
+    out = []
+    for i, h in enumerate(hosts):
+        if not isinstance(h, dict) or h.get("role") != "worker":
+            continue
+        name = h.get("name")
+        if isinstance(name, str) and name.lower() in names:
+            source = names[name.lower()]
+            of = "" if source.lower() == name.lower() else f" (the first label of {quoted(source)})"
+            out.append(f"spec.hosts[{i}].name: {quoted(name)} is a name of the API{of}: this worker's serving "
+                       "certificate (signed by the cluster CA) would name the API too, so root on it could pass "
+                       "as the apiserver; rename the worker")
+        ip = as_ip(h.get("address"))
+        if ip is not None and not _comparable(ip).is_loopback and _comparable(ip) in addresses:
+            out.append(f"spec.hosts[{i}].address: {quoted(h['address'])} is an address of the API "
+                       f"({addresses[_comparable(ip)]}): this worker's serving certificate (signed by the cluster "
+                       "CA) would name it too, so root on it could pass as the apiserver; give the API another "
+                       "address")
+    return out

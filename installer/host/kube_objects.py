@@ -90,17 +90,21 @@ def validate_objects(objects: list[dict], k8s_version: str) -> None:
                         + "\n".join(f"  {f}" for f in failures))
 
 
-def _labels_ok(want: dict, live: dict) -> bool:
-    have = (live.get("metadata") or {}).get("labels") or {}
-    return all(have.get(k) == v for k, v in ((want.get("metadata") or {}).get("labels") or {}).items())
+def _labels_ok(want: dict, live: dict, field: str = "labels") -> bool:
+    """Every label (``field="annotations"``: annotation) we set has our value on ``live``."""
+    have = (live.get("metadata") or {}).get(field) or {}
+    return all(have.get(k) == v for k, v in ((want.get("metadata") or {}).get(field) or {}).items())
 
 
 def _exact_binding(want: dict, live: dict) -> str | None:
-    """A ClusterRoleBinding: None when equal in what we set; "replace" for subjects/labels;
+    """A ClusterRoleBinding: None when equal in what we set; "replace" for subjects/labels/annotations;
     "recreate" for roleRef, which the API refuses to change on an existing binding."""
     if live.get("roleRef") != want["roleRef"]:
         return "recreate"
-    if live.get("subjects") != want["subjects"] or not _labels_ok(want, live):
+    # an empty subject list is left out of the apiserver's answers (omitempty); an annotation we
+    # set is compared too (``autoupdate: "false"`` keeps the apiserver from adding subjects back)
+    if ((live.get("subjects") or []) != want["subjects"] or not _labels_ok(want, live)
+            or not _labels_ok(want, live, "annotations")):
         return "replace"
     return None
 

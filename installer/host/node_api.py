@@ -22,7 +22,7 @@ from installer.host import kube
 from installer.host.kube import NODES, STRATEGIC_MERGE, TOKEN_NAMESPACE, ApiClient, ApiError, KubeError, found, rest, status_message
 from installer.host.csr_approval import CSRS, decided
 from installer.host.kube_objects import apply_objects
-from installer.core.render.manifests import node_renewal_binding
+from installer.core.render.manifests import kube_proxy_binding, node_renewal_binding
 from installer.core.render.revocation import POLICY, identity, policy_names, policy_objects
 
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
@@ -391,3 +391,10 @@ def wait_refused_everywhere(clients: dict[str, ApiClient], nodes: list[str], tim
                             + ", ".join(sorted({h for h, _ in waiting})) + f" after {timeout:g}s")
         time.sleep(interval)
     return done
+
+
+def delete_kube_proxy_binding(api: ApiClient, name: str) -> bool:
+    """Delete the node's kube-proxy ClusterRoleBinding (render/manifests.py): its kube-proxy
+    certificate then reads nothing (RBAC denies; reads never reach the revoked-nodes admission
+    policy). False when it was not there."""
+    return kube.delete_binding(api, kube_proxy_binding(name)["metadata"]["name"])

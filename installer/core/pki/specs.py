@@ -4,6 +4,10 @@ One row per certificate (name, signing CA, CN, O, usages, SANs). The names doubl
 stems in the state directory and on the hosts, so ``etcd/server-cp1`` is
 ``pki/etcd/server-cp1.crt`` + ``.key``. Kubelet *client* certificates are absent on purpose:
 kubelets obtain them through TLS bootstrapping.
+
+Per-node rows (one per worker): the kubelet's serving certificate and kube-proxy's client
+certificate. kube-proxy's identity is the node's own so that `node revoke` can end it (its
+ClusterRoleBinding, render/manifests.py); a shared one would outlive every revocation.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import ipaddress
 from dataclasses import dataclass, field
 
 from installer.core.inventory import Inventory
+from installer.core.inventory_fields import apiserver_san_values
 from installer.core.egress import egress_mode
 
 CLUSTER_CA = "ca"
@@ -20,6 +25,20 @@ FRONT_PROXY_CA = "front-proxy-ca"
 
 FRONT_PROXY_CLIENT_CN = "front-proxy-client"
 ADMIN_GROUP = "kubeadm:cluster-admins"
+
+
+def kube_proxy_user(node: str) -> str:
+    """The user a worker's kube-proxy authenticates as: no O (no group), so the only rights it
+    has are those of its own binding, which `node revoke` and `node remove` delete."""
+    return f"hiddenplane:kube-proxy:{node}"
+
+
+def kube_proxy_cert(node: str) -> str:
+    return f"kube-proxy/{node}"
+
+
+def kubelet_serving_cert(node: str) -> str:
+    return f"kubelet/{node}-serving"
 
 
 @dataclass(frozen=True)
@@ -62,17 +81,9 @@ def _split_sans(values) -> tuple[frozenset[str], frozenset[str]]:
 
 
 def apiserver_sans(inv: Inventory) -> tuple[frozenset[str], frozenset[str]]:
-    domain = inv.spec.network.clusterDomain
-    values = [
-        "kubernetes", "kubernetes.default", "kubernetes.default.svc",
-        f"kubernetes.default.svc.{domain}", "localhost",
-        # control-plane components on the same host dial the apiserver on loopback
-        "127.0.0.1",
-        inv.kubernetes_service_ip, inv.endpoint, *inv.spec.apiServer.extraSANs,
-    ]
-    for h in inv.controls:
-        values += [h.name, h.address]
-    return _split_sans(values)
+    return _split_sans(apiserver_san_values(inv.spec.network.clusterDomain, inv.kubernetes_service_ip,
+                                            inv.endpoint, inv.spec.apiServer.extraSANs,
+                                            [(h.name, h.address) for h in inv.controls]))
 
 
 def etcd_member_sans(name: str, address: str) -> tuple[frozenset[str], frozenset[str]]:
@@ -89,7 +100,6 @@ def cert_specs(inv: Inventory) -> list[CertSpec]:
         CertSpec("etcd/healthcheck-client", ETCD_CA, "kube-etcd-healthcheck-client", client=True),
         CertSpec("controller-manager", CLUSTER_CA, "system:kube-controller-manager", client=True),
         CertSpec("scheduler", CLUSTER_CA, "system:kube-scheduler", client=True),
-        CertSpec("kube-proxy", CLUSTER_CA, "system:kube-proxy", client=True),
         CertSpec("admin", CLUSTER_CA, "kubernetes-admin", (ADMIN_GROUP,), client=True),
         # Break-glass identity in system:masters: kept in the state only, never on a host, for
         # when RBAC itself is broken (admin's binding is ordinary RBAC and can be deleted).
@@ -104,7 +114,10 @@ def cert_specs(inv: Inventory) -> list[CertSpec]:
         specs.append(CertSpec(f"etcd/server-{h.name}", ETCD_CA, h.name, server=True, client=True, dns_names=d, ips=i))
         specs.append(CertSpec(f"etcd/peer-{h.name}", ETCD_CA, h.name, server=True, client=True, dns_names=d, ips=i))
     for h in inv.workers:
+        # this node's name and address only: the inventory refuses a worker named or addressed
+        # like the API (inventory_rules.py), so no serving certificate of a worker names the API
         d, i = _split_sans([h.name, h.address])
-        specs.append(CertSpec(f"kubelet/{h.name}-serving", CLUSTER_CA, f"system:node:{h.name}",
+        specs.append(CertSpec(kubelet_serving_cert(h.name), CLUSTER_CA, f"system:node:{h.name}",
                               ("system:nodes",), server=True, dns_names=d, ips=i))
+        specs.append(CertSpec(kube_proxy_cert(h.name), CLUSTER_CA, kube_proxy_user(h.name), client=True))
     return specs

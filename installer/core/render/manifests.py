@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from installer.core.inventory import Inventory
 from installer.core.pki.material import Material
-from installer.core.pki.specs import ADMIN_GROUP
+from installer.core.pki.specs import ADMIN_GROUP, kube_proxy_user
 
 BOOTSTRAP_GROUP = "system:bootstrappers:hiddenplane"
 SELF_NODE_CLIENT_ROLE = "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient"
+NODE_PROXIER_ROLE = "system:node-proxier"        # upstream's kube-proxy ClusterRole (bootstrap policy)
 LABELS = {"app.kubernetes.io/managed-by": "hiddenplane"}
+AUTOUPDATE = "rbac.authorization.kubernetes.io/autoupdate"
 
 
 def _binding(name: str, role: str, kind: str, subject: str) -> dict:
@@ -66,6 +68,44 @@ def node_renewal_binding(node: str) -> dict:
     return _binding(f"hiddenplane:node-renewal:{node}", SELF_NODE_CLIENT_ROLE, "User", f"system:node:{node}")
 
 
+def kube_proxy_binding(node: str) -> dict:
+    # One binding per node, like the renewal binding: `node revoke` and `node remove` delete it,
+    # and the node's kube-proxy certificate then reads nothing (RBAC denies; reads never reach
+    # admission, so the revoked-nodes policy could not stop them).
+    user = kube_proxy_user(node)
+    return _binding(user, NODE_PROXIER_ROLE, "User", user)
+
+
+def shared_kube_proxy_binding() -> dict:
+    """Upstream's built-in ClusterRoleBinding ``system:node-proxier`` with no subject, and
+    protected from the apiserver's reconciliation.
+
+    Earlier releases gave every worker one ``system:kube-proxy`` certificate (a year's validity)
+    and relied on this binding, which grants that user cluster-wide reads of Services,
+    EndpointSlices and Nodes: a copy taken from any worker, even one revoked since, would keep
+    them. Deleting the binding is no use: every kube-apiserver start runs the RBAC bootstrap
+    hook (pkg/registry/rbac/rest/storage_rbac.go, EnsureRBACPolicy), which re-creates a missing
+    default binding and adds back missing subjects of an existing one, unless that one is
+    annotated ``rbac.authorization.kubernetes.io/autoupdate: "false"``: then it is left exactly
+    as it is (reconciliation/reconcile_rolebindings.go, ``Protected``). Upstream empties its own
+    ``system:node`` binding the same way. The ClusterRole stays: the per-node bindings use it.
+    The old certificate still authenticates until it expires, but is authorized for nothing.
+
+    On a cluster upgraded from such a release, cluster-bootstrap runs before the workers
+    phase: between the two, each old kube-proxy keeps its programmed rules but cannot re-list
+    (403) until the workers phase gives it its own kubeconfig and restarts it."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": NODE_PROXIER_ROLE,
+                     # upstream's label kept: it marks the object as one of the defaults
+                     "labels": {"kubernetes.io/bootstrapping": "rbac-defaults", **LABELS},
+                     "annotations": {AUTOUPDATE: "false"}},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": NODE_PROXIER_ROLE},
+        "subjects": [],
+    }
+
+
 def bootstrap_objects(inv: Inventory, material: Material, joined: frozenset[str] = frozenset()) -> list[dict]:
     """``joined``: workers whose kubelet holds its own client certificate. Their token did its
     job and was deleted (workers phase); it is never sent again."""
@@ -74,4 +114,6 @@ def bootstrap_objects(inv: Inventory, material: Material, joined: frozenset[str]
         objs.append(node_renewal_binding(h.name))
         if h.name not in joined:
             objs.append(token_secret(h.name, material))
+    objs += [kube_proxy_binding(h.name) for h in inv.workers]
+    objs.append(shared_kube_proxy_binding())
     return objs

@@ -1,9 +1,11 @@
 """Files of a worker: containerd, kubelet (TLS bootstrapping) and kube-proxy.
 
-A worker receives no long-lived cluster secret: the kubelet starts from a per-node bootstrap
-token and asks the cluster for its client certificate. What it does get is its own serving
-certificate (signed by the cluster CA so the apiserver can verify the kubelet), the cluster
-CA certificate, and kube-proxy's client certificate.
+A worker receives no secret it shares with another host: the kubelet starts from a per-node
+bootstrap token and asks the cluster for its client certificate. What it does get is its own
+serving certificate (signed by the cluster CA so the apiserver can verify the kubelet), the
+cluster CA certificate, and its own kube-proxy client certificate (user
+``hiddenplane:kube-proxy:<node>``, whose only rights are its own ClusterRoleBinding, deleted
+by `node revoke` and `node remove`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from installer.core import components
 from installer.core.inventory import HostSpec, Inventory
 from installer.core.pki import issue
 from installer.core.pki.material import Material
-from installer.core.pki.specs import CLUSTER_CA
+from installer.core.pki.specs import CLUSTER_CA, kube_proxy_cert, kube_proxy_user, kubelet_serving_cert
 from installer.core.render.ciphers import CIPHER_SUITES
 from installer.core.render.files import BIN_DIR, CNI_BIN_DIR, K8S_DIR, PKI_DIR, HostDir, HostFile, HostPlan, flags, render_template, to_yaml, unit_file
 from installer.core.render.kubeconfig import kubeconfig
@@ -24,6 +26,7 @@ from installer.core.network import ROUTES_UNIT
 KUBELET_DIR = "/var/lib/kubelet"
 BOOTSTRAP_KUBECONFIG = f"{K8S_DIR}/bootstrap-kubelet.conf"
 KUBE_PROXY_DIR = "/var/lib/kube-proxy"
+KUBE_PROXY_KUBECONFIG = f"{K8S_DIR}/kube-proxy.conf"
 CONTAINERD_SOCK = "unix:///run/containerd/containerd.sock"
 RESOLVED_RESOLV_CONF = "/run/systemd/resolve/resolv.conf"
 
@@ -121,7 +124,7 @@ def kube_proxy_config(inv: Inventory) -> dict:
     cfg = {
         "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
         "kind": "KubeProxyConfiguration",
-        "clientConnection": {"kubeconfig": f"{K8S_DIR}/kube-proxy.conf"},
+        "clientConnection": {"kubeconfig": KUBE_PROXY_KUBECONFIG},
         "clusterCIDR": inv.spec.network.podCIDR,
         "mode": "iptables",
         "metricsBindAddress": "127.0.0.1:10249",
@@ -143,7 +146,7 @@ def render_worker(inv: Inventory, host: HostSpec, material: Material, facts: Hos
     ca = material.pair(CLUSTER_CA)
     ca_pem = issue.cert_pem(ca.cert)
     plan.add(HostFile(f"{PKI_DIR}/ca.crt", ca_pem, 0o644, restarts=(kubelet,), trust=True))
-    serving = material.pair(f"kubelet/{host.name}-serving")
+    serving = material.pair(kubelet_serving_cert(host.name))
     plan.add(HostFile(f"{KUBELET_DIR}/pki/kubelet.crt", issue.cert_pem(serving.cert), 0o644, restarts=(kubelet,)))
     plan.add(HostFile(f"{KUBELET_DIR}/pki/kubelet.key", issue.key_pem(serving.key), 0o600, secret=True,
                       restarts=(kubelet,)))
@@ -157,9 +160,11 @@ def render_worker(inv: Inventory, host: HostSpec, material: Material, facts: Hos
         plan.add(HostFile(bootstrap, kubeconfig(inv.metadata.name, inv.api_url, ca_pem,
                                                 f"system:bootstrap:{token.id}", token=token.value),
                           0o600, secret=True, restarts=(kubelet,)))
-    plan.add(HostFile(f"{K8S_DIR}/kube-proxy.conf",
-                      kubeconfig(inv.metadata.name, inv.api_url, ca_pem, "system:kube-proxy",
-                                 client=material.pair("kube-proxy")),
+    # this node's own identity: a cluster from an earlier release had one shared pair here, and
+    # this file (its only copy on the host) is replaced by the node's own on the next apply
+    plan.add(HostFile(KUBE_PROXY_KUBECONFIG,
+                      kubeconfig(inv.metadata.name, inv.api_url, ca_pem, kube_proxy_user(host.name),
+                                 client=material.pair(kube_proxy_cert(host.name))),
                       0o600, secret=True, restarts=(proxy,)))
     plan.add(HostFile(f"{KUBELET_DIR}/config.yaml", to_yaml(kubelet_config(inv, facts)), 0o600, restarts=(kubelet,)))
     plan.add(HostFile(f"{KUBE_PROXY_DIR}/config.yaml", to_yaml(kube_proxy_config(inv)), 0o600, restarts=(proxy,)))
