@@ -186,11 +186,13 @@ def test_a_state_of_another_cluster_is_refused_before_anything_changes(applab, t
 
 
 def test_a_noop_run_clears_the_stale_lock_its_own_machine_left(applab):
-    import socket
+    from installer.engine.phases.acquire_lock import holder
     gone = subprocess.Popen(["true"])
     gone.wait()                                  # a pid that no longer runs
     cp1 = applab.host("cp1")
-    stale = json.dumps({"machine": socket.gethostname(), "pid": gone.pid, "since": int(time.time()), "run": "x" * 32})
+    # this machine's lock as the installer writes it (machine id, boot id, pid namespace): a
+    # host name alone no longer makes a lock this machine's
+    stale = json.dumps({**holder(), "pid": gone.pid, "run": "x" * 32})
     cp1.run_expect([0], f"mkdir -p /var/lib/hiddenplane && echo '{stale}' > /var/lib/hiddenplane/apply.lock")
     proc = run_installer("apply", str(applab.inventory), "--state", str(applab.state), "--skip", "cluster-bootstrap",
                          "--wait-timeout", "60")
@@ -202,13 +204,12 @@ def test_a_noop_run_clears_the_stale_lock_its_own_machine_left(applab):
 def test_a_killed_runs_remote_commands_are_ended_before_its_lock_is_taken_over(applab):
     """What a SIGKILLed run leaves: its lock naming a pid gone from this machine, and a command
     with the run's mark still running on a host (a wait loop, an etcdctl)."""
-    import socket
-    from installer.engine.phases.acquire_lock import scope_of
+    from installer.engine.phases.acquire_lock import holder, scope_of
     gone = subprocess.Popen(["true"])
     gone.wait()
     run = "d" * 32
     cp1, w1 = applab.host("cp1"), applab.host("w1")
-    stale = json.dumps({"machine": socket.gethostname(), "pid": gone.pid, "since": int(time.time()), "run": run})
+    stale = json.dumps({**holder(), "pid": gone.pid, "run": run})
     cp1.run_expect([0], f"mkdir -p /var/lib/hiddenplane && echo '{stale}' > /var/lib/hiddenplane/apply.lock")
     for host in (cp1, w1):
         host.run_expect([0], f"HIDDENPLANE_RUN={scope_of(run)}-7 setsid sleep 907 >/dev/null 2>&1 </dev/null &")

@@ -292,7 +292,6 @@ CONFIG_RULES = [
     ("4.2.6", KUBELET, "makeIPTablesUtilChains", absent_or(True)),
     ("4.2.9", KUBELET, "tlsCertFile", set_()),
     ("4.2.9", KUBELET, "tlsPrivateKeyFile", set_()),
-    ("4.2.10", KUBELET, "rotateCertificates", is_(True)),
     ("4.2.11", KUBELET, "featureGates.RotateKubeletServerCertificate", absent_or(True)),
     ("4.2.12", KUBELET, "tlsCipherSuites", six_suites()),
     ("4.2.13", KUBELET, "podPidsLimit", positive_int()),
@@ -313,6 +312,15 @@ def test_cis_config(cluster, rule, component, path, expect):
         if not expect.ok(value):
             bad.append(f"{plan.name}: {path}={value!r}")
     assert not bad, f"CIS {rule}: {component} config {path} must be {expect.text}; " + "; ".join(bad)
+
+
+def test_cis_4_2_10_client_rotation_is_on_once_the_kubelet_joined(prepared):
+    """CIS 4.2.10 for every joined kubelet; off only while it bootstraps, so that its first
+    request's key is on disk for the installer to compare (installer/host/csr_approval.py)."""
+    from installer.core.render.worker import HostFacts, kubelet_config
+    inv = prepared.inventory
+    assert kubelet_config(inv, HostFacts(kubelet_joined=True))["rotateCertificates"] is True
+    assert kubelet_config(inv, HostFacts(kubelet_joined=False))["rotateCertificates"] is False
 
 
 # ---------------------------------------------------------------------------------------------

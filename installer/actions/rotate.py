@@ -155,6 +155,17 @@ def _rebootstrap_worker(ctx: Context, host: str, report: Report, use_api: bool) 
     roll(ctx, {host: restart_order({*r.units, KUBELET, KUBE_PROXY})}, report, nodes_ready=use_api)
 
 
+def _rotation_on(ctx: Context, host: str, report: Report) -> None:
+    """The kubelet has its new certificate: client certificate rotation on again and the
+    bootstrap kubeconfig gone (rotation is off while it bootstraps: render/worker.kubelet_config)."""
+    ctx.facts[host].kubelet_joined = True
+    ctx.rejoin.discard(host)
+    ConnectHosts().finish(ctx, [])
+    r = push(ctx, host)
+    roll(ctx, {host: restart_order(r.units)}, report, nodes_ready=True)
+    report.steps.append(f"{host}: client certificate rotation on again, the bootstrap kubeconfig removed")
+
+
 RESUME = ("after fixing the cause, `installer apply` finishes the control plane (it starts what is stopped and "
           "pushes what is missing); a worker whose kubelet still holds its old client certificate needs "
           "/var/lib/kubelet/pki/kubelet-client-*.pem and /etc/kubernetes/kubelet.conf removed, then `installer apply`")
@@ -219,6 +230,7 @@ def _rebootstrap_workers(r: _Rotation) -> None:
                 approval = pool.submit(_approve_rebootstrap, r.ctx, w.name, r.report, r.wait_timeout)
                 _rebootstrap_worker(r.ctx, w.name, r.report, r.use_api)
                 approval.result()
+            _rotation_on(r.ctx, w.name, r.report)
         else:
             _rebootstrap_worker(r.ctx, w.name, r.report, r.use_api)
 

@@ -25,6 +25,7 @@ from installer.core.network import ROUTES_UNIT
 
 KUBELET_DIR = "/var/lib/kubelet"
 BOOTSTRAP_KUBECONFIG = f"{K8S_DIR}/bootstrap-kubelet.conf"
+KUBELET_CONFIG = f"{KUBELET_DIR}/config.yaml"
 KUBE_PROXY_DIR = "/var/lib/kube-proxy"
 KUBE_PROXY_KUBECONFIG = f"{K8S_DIR}/kube-proxy.conf"
 CONTAINERD_SOCK = "unix:///run/containerd/containerd.sock"
@@ -82,7 +83,13 @@ def kubelet_config(inv: Inventory, facts: HostFacts) -> dict:
         "readOnlyPort": 0,
         "healthzBindAddress": "127.0.0.1",
         "healthzPort": 10248,
-        "rotateCertificates": True,
+        # CIS 4.2.10 once joined. While it bootstraps, the kubelet's first request goes the
+        # non-rotating way (pkg/kubelet/certificate/bootstrap.LoadClientCert), which keeps its
+        # key in <cert-dir>/kubelet-client.key.tmp until the certificate comes; the rotating
+        # manager keeps it in memory only. The installer approves only a request made with that
+        # key (installer/host/csr_approval.py): a thief holding the token has another one. The
+        # workers phase turns rotation on as soon as the Node registered.
+        "rotateCertificates": facts.kubelet_joined,
         # the serving certificate comes from the installer (cluster CA), not from a CSR
         "serverTLSBootstrap": False,
         "tlsCertFile": f"{KUBELET_DIR}/pki/kubelet.crt",
@@ -106,7 +113,7 @@ def kubelet_config(inv: Inventory, facts: HostFacts) -> dict:
 
 def kubelet_flags(host: HostSpec) -> list[str]:
     return flags({
-        "--config": f"{KUBELET_DIR}/config.yaml",
+        "--config": KUBELET_CONFIG,
         "--bootstrap-kubeconfig": BOOTSTRAP_KUBECONFIG,
         # written by the kubelet itself once its CSR is approved and signed
         "--kubeconfig": f"{K8S_DIR}/kubelet.conf",
@@ -166,7 +173,7 @@ def render_worker(inv: Inventory, host: HostSpec, material: Material, facts: Hos
                       kubeconfig(inv.metadata.name, inv.api_url, ca_pem, kube_proxy_user(host.name),
                                  client=material.pair(kube_proxy_cert(host.name))),
                       0o600, secret=True, restarts=(proxy,)))
-    plan.add(HostFile(f"{KUBELET_DIR}/config.yaml", to_yaml(kubelet_config(inv, facts)), 0o600, restarts=(kubelet,)))
+    plan.add(HostFile(KUBELET_CONFIG, to_yaml(kubelet_config(inv, facts)), 0o600, restarts=(kubelet,)))
     plan.add(HostFile(f"{KUBE_PROXY_DIR}/config.yaml", to_yaml(kube_proxy_config(inv)), 0o600, restarts=(proxy,)))
     plan.add(HostFile("/etc/containerd/config.toml",
                       render_template("containerd-config.toml.j2", sandbox_image=inv.spec.artifacts.sandboxImage,

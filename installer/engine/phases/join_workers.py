@@ -27,10 +27,11 @@ from pathlib import Path
 from installer.core.diff import Selection
 from installer.core.errors import InstallerError
 from installer.host.fetch import BIN_DIR, IMAGE_DIR, is_image
-from installer.core.render.worker import BOOTSTRAP_KUBECONFIG
+from installer.core.render.plan import render_cluster
+from installer.core.render.worker import BOOTSTRAP_KUBECONFIG, KUBELET_CONFIG
 from installer.host.ssh import HostError
 from installer.engine.parallel import each
-from installer.engine.phases.base import Context, Event, Phase
+from installer.engine.phases.base import Context, Event, Phase, render_facts
 from installer.engine.phases.select import WORKER_UNITS, worker_part
 from installer.engine.phases.start_control_plane import listening_script
 from installer.host import csr_approval
@@ -214,6 +215,7 @@ class JoinWorkers(Phase):
                 if deleted:
                     ctx.events.append(Event(self.name, "(api)", "changed",
                                             detail=[f"deleted the bootstrap token Secret of {n}" for n in deleted]))
+            self._joined(ctx, names)
             # podCIDR as soon as each Node exists: Cilium (ipam kubernetes) needs it before the
             # node can become Ready
             done = {n: kube.set_pod_cidr(api, n, ctx.material.pod_cidrs[n]) for n in names}
@@ -222,12 +224,22 @@ class JoinWorkers(Phase):
                                             for n, how in done.items()]))
             kube.wait_nodes_ready(api, names, ctx.options.wait_timeout)
             ctx.events.append(Event(self.name, "(api)", "waited", detail=[f"node {n} Ready" for n in names]))
-        # the Node registered with the kubelet's own certificate: the bootstrap kubeconfig (its
-        # token now deleted) goes in this run, not the next
-        for n in names:
-            if not ctx.facts[n].kubelet_joined:
-                ctx.events.append(ctx.execute(self.name, n, ctx.changes_for(n, Selection(absent=(BOOTSTRAP_KUBECONFIG,)))))
-                ctx.facts[n].kubelet_joined = True
+
+    def _joined(self, ctx: Context, names: list[str]) -> None:
+        """The Nodes that registered in this run hold the kubelet's own client certificate: in
+        this run, not the next, the bootstrap kubeconfig (its token deleted) goes and the
+        kubelet's config turns client certificate rotation on (off while it bootstrapped: see
+        render/worker.kubelet_config); the kubelet restarts for it."""
+        newly = [n for n in names if not ctx.facts[n].kubelet_joined]
+        if not newly:
+            return
+        for n in newly:
+            ctx.facts[n].kubelet_joined = True
+        ctx.plans = render_cluster(ctx.inv, ctx.material, render_facts(ctx))
+        for n in newly:
+            config = (ctx.plans[n].files[KUBELET_CONFIG],)
+            ctx.events.append(ctx.execute(self.name, n, ctx.changes_for(
+                n, Selection(files=config, absent=(BOOTSTRAP_KUBECONFIG,), units=(components.unit("kubelet"),)))))
 
 
 def delete_registered_tokens(api, ctx: Context) -> list[str]:
