@@ -63,19 +63,33 @@ class ApiServerSpec(StrictModel):
         "clusters whose images are imported into containerd with no registry to pull from.")
 
 
+def _local_path(v: str) -> str:
+    # a path on this machine is expanded (``~user``) and resolved when a command uses it: a
+    # ``~user`` naming no user here would stop that command with a traceback, not be reported now
+    try:
+        Path(v).expanduser()
+    except RuntimeError:
+        raise PydanticCustomError("path", "{value} starts with a ~user that has no home directory on this machine",
+                                  {"value": quoted(v)}) from None
+    return v
+
+
+LocalPath = Annotated[PathText, AfterValidator(_local_path)]
+
+
 class BastionSpec(StrictModel):
     address: ReachableIPOrName = Field(description="The jump host every SSH connection goes through (IP or DNS name).")
     user: Login | None = Field(None, description="Login user on the bastion. Default: spec.ssh.user.")
     port: Port = 22
-    keyPath: PathText | None = Field(None, description="Private key for the bastion. Default: spec.ssh.keyPath.")
+    keyPath: LocalPath | None = Field(None, description="Private key for the bastion. Default: spec.ssh.keyPath.")
 
 
 class SSHSpec(StrictModel):
     user: Login = Field("root", description="Login user; a user other than root runs every command "
                       "through `sudo -n` and so needs passwordless sudo.")
     port: Port = 22
-    keyPath: PathText = Field("~/.ssh/id_ed25519", description="Private key used to log in.")
-    knownHosts: PathText = Field("~/.ssh/known_hosts", description="Host keys are verified against this file "
+    keyPath: LocalPath = Field("~/.ssh/id_ed25519", description="Private key used to log in.")
+    knownHosts: LocalPath = Field("~/.ssh/known_hosts", description="Host keys are verified against this file "
                             "(the bastion's too).")
     bastion: BastionSpec | None = Field(
         None, description="Reach the hosts through this jump host (an SSH direct-tcpip channel, "
@@ -85,8 +99,8 @@ class SSHSpec(StrictModel):
 class HostSSHSpec(StrictModel):
     user: Login | None = None
     port: Port | None = None
-    keyPath: PathText | None = None
-    knownHosts: PathText | None = None
+    keyPath: LocalPath | None = None
+    knownHosts: LocalPath | None = None
     bastion: BastionSpec | None = Field(
         None, description="This host's bastion instead of spec.ssh.bastion; null connects directly.")
 
@@ -113,7 +127,7 @@ class ComponentVersions(StrictModel):
 
 class ArtifactsSpec(StrictModel):
     source: Literal["download", "dir"] = "download"
-    path: PathText | None = Field(None, description="With source: dir, the directory holding binaries and SHA256SUMS (relative to the inventory).")
+    path: LocalPath | None = Field(None, description="With source: dir, the directory holding binaries and SHA256SUMS (relative to the inventory).")
     versions: ComponentVersions = Field(default_factory=ComponentVersions,
                                         description="Versions of the non-Kubernetes components: downloaded with source: "
                                         "download; with either source, containerd's decides its config format "
@@ -121,7 +135,7 @@ class ArtifactsSpec(StrictModel):
     checksums: dict[str, Annotated[str, AfterValidator(_sha256)]] = Field(
         default_factory=dict, description="Pinned sha256 per binary name (e.g. kube-apiserver); checked in "
         "addition to the published checksums, for both sources.")
-    cacheDir: PathText | None = Field(None, description="Where downloads are kept. Default: $XDG_CACHE_HOME/hiddenplane/artifacts.")
+    cacheDir: LocalPath | None = Field(None, description="Where downloads are kept. Default: $XDG_CACHE_HOME/hiddenplane/artifacts.")
     sandboxImage: str = Field(SANDBOX_IMAGE, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$",
                               description="containerd's "
                               "sandbox (pause) image; name the one an image-*.tar in the artifacts holds to "

@@ -135,7 +135,7 @@ def _host_problems(hosts: list, allow_even: bool = False) -> list[str]:
     for i, h in enumerate(hosts):
         if not isinstance(h, dict):
             continue
-        if h.get("role") in roles:
+        if isinstance(h.get("role"), str) and h["role"] in roles:    # a mapping or list is unhashable
             roles[h["role"]] += 1
         ip = as_ip(h.get("address"))
         keys = [("name", h["name"])] if isinstance(h.get("name"), str) else []
