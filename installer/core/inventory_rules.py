@@ -107,7 +107,7 @@ def _name_of(h: dict) -> str:
 
 
 def _duplicate(hosts: list, i: int, j: int, field: str, value: str) -> str:
-    if {hosts[i].get("role"), hosts[j].get("role")} == {"control", "worker"}:
+    if (hosts[i].get("role"), hosts[j].get("role")) in (("control", "worker"), ("worker", "control")):
         return f"spec.hosts[{i}].{field}: {quoted(value)} is listed as both control and worker: {HIDDEN_MSG}"
     if field == "address":
         raw = hosts[i].get("address")
