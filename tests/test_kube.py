@@ -424,6 +424,48 @@ def test_tls_server_name_is_what_the_certificate_is_checked_against(prepared, tl
             kube.token_consumed(a, "node2")
 
 
+def test_a_server_with_a_certificate_of_another_ca_is_refused(prepared, tmp_path):
+    """On the network: a man in the middle with an apiserver-like certificate (same names) from
+    a CA of its own gets no request."""
+    import datetime as dt
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    now = dt.datetime.now(dt.timezone.utc)
+    key = ec.generate_private_key(ec.SECP256R1())
+    real = prepared.material.pair("apiserver").cert
+    fake = (x509.CertificateBuilder().subject_name(real.subject).issuer_name(real.issuer)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=1)).not_valid_after(now + dt.timedelta(hours=1))
+            .add_extension(real.extensions.get_extension_for_class(x509.SubjectAlternativeName).value, False)
+            .sign(key, hashes.SHA256()))
+    (tmp_path / "tls.crt").write_bytes(issue.cert_pem(fake))
+    (tmp_path / "tls.key").write_bytes(issue.key_pem(key))
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(tmp_path / "tls.crt", tmp_path / "tls.key")
+    ctx.verify_mode = ssl.CERT_OPTIONAL
+    ctx.load_verify_locations(cadata=issue.cert_pem(prepared.material.pair("ca").cert).decode())
+    seen = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.append(self.path)
+
+        def log_message(self, *args):
+            pass
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    srv.socket = ctx.wrap_socket(srv.socket, server_side=True, do_handshake_on_connect=False)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        with kube.api_client(f"https://127.0.0.1:{srv.server_address[1]}", prepared.material) as a:
+            with pytest.raises(kube.KubeError, match="certificate verify failed"):
+                kube.rest(a, "GET", "/version", "version")
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert seen == []
+
+
 # --- api_access: direct, or an SSH tunnel through the first control host ---------------------------
 
 def lo_inventory(tmp_path: Path, api_port: int, ssh_port: int = 22, key: str = "id", known: str = "known_hosts"):

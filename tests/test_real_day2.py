@@ -27,9 +27,12 @@ These replace the stand-in labs that proved the same commands before the real bi
 from __future__ import annotations
 
 import base64
+import ipaddress
 import json
 import re
+import shutil
 import ssl
+import stat
 import subprocess
 import time
 import urllib.error
@@ -42,7 +45,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from .realcluster import BUSYBOX, run_installer, wait_for
+from .realcluster import BUSYBOX, INSTALLER, run_installer, wait_for
 
 pytestmark = [pytest.mark.lab, pytest.mark.real]
 
@@ -169,17 +172,66 @@ def test_node_add_brings_it_back_and_restarts_nothing_elsewhere(rc, tmp_path):
     assert dry["dryRun"] is True and any(e["host"] == "w2" and e["action"] == "changed" for e in dry["events"]), dry
     assert rc.ssh("w2", "test -e /etc/systemd/system/kubelet.service").returncode != 0
 
-    report = json.loads(run_installer("node", "add", str(rc.inventory), "w2", "--state", str(rc.state),
-                                      "--wait-timeout", "900", "--output", "json", timeout=2400).stdout)
+    # a thief who got w2's new token races w2's kubelet with a request of its own key
+    proc = subprocess.Popen([INSTALLER, "node", "add", str(rc.inventory), "w2",
+                             "--state", str(rc.state), "--wait-timeout", "900", "--output", "json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        thief_csr = race_with_stolen_token(rc, "w2", proc)
+        out, err = proc.communicate(timeout=2400)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-4000:]
+    report = json.loads(out)
     elsewhere = [r for r in report["restarts"] if not r.startswith("w2:")]
     assert all(r.endswith(":hiddenplane-routes.service") for r in elsewhere), elsewhere
-    approved = [d for e in report["events"] if e["host"] == "(api)" for d in e["detail"] if d.startswith("approved CSR")]
+    api_detail = [d for e in report["events"] if e["host"] == "(api)" for d in e["detail"]]
+    approved = [d for d in api_detail if d.startswith("approved CSR")]
     assert len(approved) == 1 and "node w2" in approved[0], approved
+    [denied] = [d for d in api_detail if f"CSR {thief_csr}:" in d]
+    print(f"\nthe thief's request: {denied}")
+    # which refusal depends on whether the kubelet's request came first: both hold the line
+    assert denied.startswith("denied") and ("not the key w2's kubelet holds" in denied
+                                          or "one certificate per token" in denied), denied
+    thief = rc.get("csr", thief_csr)["status"]
+    assert [c["type"] for c in thief["conditions"]] == ["Denied"] and not thief.get("certificate")
+    # the one certificate issued with the token is for the key w2's kubelet uses now
+    mine = rc.get("csr", approved[0].split()[2].rstrip(":"))
+    issued = x509.load_pem_x509_certificate(base64.b64decode(mine["status"]["certificate"]))
+    current = serialization.load_pem_private_key(
+        rc.lab.host("w2").file("/var/lib/kubelet/pki/kubelet-client-current.pem").content, password=None)
+    der = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    assert issued.public_key().public_bytes(*der) == current.public_key().public_bytes(*der)
     assert ready_nodes(rc).get("w2") is True
     cidr = rc.get("node", "w2")["spec"]["podCIDR"]
     assert all(cidr in proto199(rc, h) for h in ("cp1", "w1"))
     again = run_installer("node", "add", str(rc.inventory), "w2", "--state", str(rc.state)).stdout
     assert "nothing to change" in again, again
+
+
+def race_with_stolen_token(rc, node: str, proc: subprocess.Popen, timeout: float = 600) -> str:
+    """As soon as ``node``'s bootstrap token Secret exists (the installer made it), send a client
+    CSR for ``node`` with that token and a key of the thief's own; returns the CSR's name."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        items = rc.get("secrets", "-n", "kube-system", "-l", f"hiddenplane.io/node={node}")["items"]
+        if items:
+            data = {k: base64.b64decode(v).decode() for k, v in items[0]["data"].items()}
+            token = f"{data['token-id']}.{data['token-secret']}"
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError(f"no bootstrap token Secret of {node} appeared while the installer ran")
+    body = _csr_body(f"system:node:{node}", "kubernetes.io/kube-apiserver-client-kubelet",
+                     ["digital signature", "client auth"], prefix=f"thief-{node}-")
+    ctx = ssl.create_default_context(cafile=str(rc.state / "pki" / "ca.crt"))
+    req = urllib.request.Request(f"https://{rc.address('cp1')}:6443/apis/certificates.k8s.io/v1/certificatesigningrequests",
+                                 data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(req, context=ctx, timeout=30) as r:
+        name = json.loads(r.read())["metadata"]["name"]
+    assert proc.poll() is None, "the installer ended before the thief's request was made"
+    return name
 
 
 # --- revoke, the way an attacker would try it -----------------------------------------------------
@@ -202,6 +254,51 @@ class Thief:
             return e.code, e.read().decode()
 
 
+KUBE_PROXY_CONF = "/etc/kubernetes/kube-proxy.conf"
+KUBE_PROXY_READS = {"Services": "/api/v1/services",
+                    "EndpointSlices": "/apis/discovery.k8s.io/v1/endpointslices",
+                    "Nodes": "/api/v1/nodes"}
+
+
+def kube_proxy_thief(rc, host: str, tmp_path: Path) -> Thief:
+    """A copy of ``host``'s kube-proxy client certificate and key, taken from its kubeconfig on
+    the host (cert and key in one PEM, as Thief loads them)."""
+    conf = yaml.safe_load(rc.lab.host(host).file(KUBE_PROXY_CONF).content_string)
+    user = conf["users"][0]
+    cert = base64.b64decode(user["user"]["client-certificate-data"])
+    cn = x509.load_pem_x509_certificate(cert).subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME)[0].value
+    assert user["name"] == cn == f"hiddenplane:kube-proxy:{host}", (user["name"], cn)
+    pem = tmp_path / f"kube-proxy-{host}.pem"
+    pem.write_bytes(cert + base64.b64decode(user["user"]["client-key-data"]))
+    pem.chmod(0o600)
+    return Thief(pem, rc.state / "pki" / "ca.crt")
+
+
+def shared_kube_proxy_thief(rc, tmp_path: Path) -> Thief:
+    """What an earlier release put on every worker: a system:kube-proxy client certificate signed
+    by the cluster CA (made here with the state's CA, as a copy kept from then would be)."""
+    import datetime as dt
+    from installer.core.pki import issue
+    from installer.core.pki.issue import Pair
+    from installer.core.pki.specs import CertSpec
+    ca_pem = (rc.state / "pki" / "ca.crt").read_bytes()
+    ca_key = (rc.state / "pki" / "ca.key").read_bytes()
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+    ca = Pair(x509.load_pem_x509_certificate(ca_pem), load_pem_private_key(ca_key, None))
+    key = issue.new_key("ecdsa-p256")
+    cert = issue.issue(CertSpec("kube-proxy", "ca", "system:kube-proxy", client=True), key, ca, 30,
+                       dt.datetime.now(dt.timezone.utc))
+    pem = tmp_path / "kube-proxy-shared.pem"
+    pem.write_bytes(issue.cert_pem(cert) + issue.key_pem(key))
+    pem.chmod(0o600)
+    return Thief(pem, rc.state / "pki" / "ca.crt")
+
+
+def kube_proxy_reads(thief: Thief, url: str) -> dict[str, int]:
+    """What kube-proxy lists, as ``thief``: resource -> HTTP status."""
+    return {what: thief.request(f"{url}{path}?limit=1")[0] for what, path in KUBE_PROXY_READS.items()}
+
+
 def _csr_body(cn: str, signer: str, usages: list[str], san_ip: str | None = None, prefix: str = "stolen-") -> dict:
     key = ec.generate_private_key(ec.SECP256R1())
     b = x509.CertificateSigningRequestBuilder().subject_name(x509.Name([
@@ -215,6 +312,74 @@ def _csr_body(cn: str, signer: str, usages: list[str], san_ip: str | None = None
     return {"apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest",
             "metadata": {"generateName": prefix},
             "spec": {"request": base64.b64encode(pem).decode(), "signerName": signer, "usages": usages}}
+
+
+def state_before(rc, dst: Path) -> Path:
+    """A copy of the state directory as it is now (what an operator might still work from)."""
+    shutil.copytree(rc.state, dst)              # copy2: modes kept (0700 directories, 0600 keys)
+    assert stat.S_IMODE(dst.stat().st_mode) == 0o700
+    return dst
+
+
+def revoke_from_a_state_copied_before(rc, older: Path, thief, apiservers: dict[str, str]) -> None:
+    """``node revoke w3`` from ``older`` (copied before w2's revoke): the policy must keep w2, the
+    command must say the state did not know it, and the older ledger must learn it."""
+    doc = yaml.safe_load(rc.inventory.read_text())
+    used = {ipaddress.ip_address(h["address"]) for h in doc["spec"]["hosts"]}
+    net = ipaddress.ip_network(f"{rc.address('cp1')}/24", strict=False)
+    free = next(a for a in reversed(list(net.hosts())) if a not in used and a != net.network_address + 1)
+    w2 = next(h for h in doc["spec"]["hosts"] if h["name"] == "w2")
+    doc["spec"]["hosts"].append({**w2, "name": "w3", "address": str(free)})
+    inventory = rc.inventory.with_name("with-w3.inventory.yaml")     # next to it: relative paths hold
+    inventory.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+    proc = run_installer("node", "revoke", str(inventory), "w3", "--state", str(older), "--yes",
+                         "--host-unreachable", timeout=900)
+    print("\n" + proc.stdout + proc.stderr)
+    # said: the cluster denied w2, the older state did not know it
+    assert ("warning: the cluster's policy hiddenplane-revoked-nodes already denied system:node:w2, which this "
+            "state's node ledger did not mark revoked") in proc.stderr, proc.stderr
+    assert "(denies system:node:w2, system:node:w3)" in proc.stdout, proc.stdout
+    waited = re.findall(r"the apiserver on (cp\d) refuses system:node:w3", proc.stdout)
+    assert sorted(waited) == sorted(rc.controls), proc.stdout
+    # the apply of the other hosts from the older state is refused (w2 listed, now known revoked)
+    assert "the other hosts' routes were not refreshed" in proc.stderr and "w2 was revoked" in proc.stderr, \
+        proc.stderr
+
+    # the policy in the cluster: both names, in the installer's exact form
+    policy = rc.get("validatingadmissionpolicy", "hiddenplane-revoked-nodes")
+    assert [v["expression"] for v in policy["spec"]["validations"]] == [
+        '!(request.userInfo.username in ["system:node:w2", "system:node:w3"])']
+    binding = rc.get("validatingadmissionpolicybinding", "hiddenplane-revoked-nodes")
+    assert binding["spec"]["validationActions"] == ["Deny"]
+
+    # w2's stolen certificate: still refused by the policy on every apiserver
+    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "w2"}}
+    for c, url in apiservers.items():
+        code, answer = thief.request(f"{url}/api/v1/nodes", "POST", node)
+        print(f"{c}: create Node w2 with the stolen certificate after a revoke from an older state: {code} "
+              f"{answer[:200]}")
+        assert code == 403 and "this node identity was revoked" in answer, (c, code, answer)
+
+    # the same names again: the live policy and binding, with what kube-apiserver filled in
+    # (failurePolicy, matchPolicy, selectors, scope), compare equal to ours field by field
+    again = run_installer("node", "revoke", str(inventory), "w3", "--state", str(older), "--yes",
+                          "--host-unreachable", timeout=900)
+    assert "unchanged ValidatingAdmissionPolicy hiddenplane-revoked-nodes (denies system:node:w2, " \
+           "system:node:w3)" in again.stdout, again.stdout
+    assert "unchanged ValidatingAdmissionPolicyBinding hiddenplane-revoked-nodes" in again.stdout, again.stdout
+    assert "already denied" not in again.stderr and "did not deny" not in again.stderr, again.stderr
+
+    # the older state learned w2 (a later run from it keeps it) and recorded w3
+    rows = {r["name"]: r for r in json.loads(run_installer(
+        "node", "list", str(inventory), "--state", str(older), "--output", "json").stdout)}
+    assert rows["w2"]["state"] == "revoked" and rows["w3"]["state"] == "revoked", rows
+    ledger = yaml.safe_load((older / "nodes.yaml").read_text())["nodes"]
+    assert ledger["w2"]["history"][-1]["note"] == "found in the cluster's revoked-nodes policy", ledger["w2"]
+    # the current state is left alone: it still knows w2 only (w3 is the cluster's, and stays)
+    current = yaml.safe_load((rc.state / "nodes.yaml").read_text())["nodes"]
+    assert current["w2"]["state"] == "revoked" and "w3" not in current
+    inventory.unlink()
 
 
 def test_revoke_refuses_a_stolen_certificate_everywhere(rc, tmp_path):
@@ -236,8 +401,29 @@ def test_revoke_refuses_a_stolen_certificate_everywhere(rc, tmp_path):
     before, _ = thief.request(f"{apiservers['cp1']}/api/v1/namespaces/default/secrets/w2-secret")
     assert before == 200, "with its pod there, the Node authorizer lets w2 read the Secret"
     token = yaml.safe_load((rc.state / "secrets" / "tokens.yaml").read_text())["w2"]
+    # w2's kube-proxy identity (its own: hiddenplane:kube-proxy:w2) reads what kube-proxy needs
+    proxy_thief = kube_proxy_thief(rc, "w2", tmp_path)
+    proxy_w1 = kube_proxy_thief(rc, "w1", tmp_path)
+    for c, u in apiservers.items():
+        assert kube_proxy_reads(proxy_thief, u) == dict.fromkeys(KUBE_PROXY_READS, 200), c
+    # the shared identity of earlier releases is worth nothing: upstream's binding is empty and
+    # protected from the apiserver's start-up reconciliation (which would add system:kube-proxy
+    # back without autoupdate "false"): restart cp1's apiserver and look again
+    assert rc.ssh("cp1", "systemctl restart kube-apiserver").returncode == 0
+    wait_for("cp1's apiserver ready again",
+             lambda: rc.kubectl("--server", apiservers["cp1"], "get", "--raw", "/readyz", check=False).returncode == 0,
+             timeout=180)
+    crb = rc.get("clusterrolebinding", "system:node-proxier")
+    assert not crb.get("subjects"), crb
+    assert crb["metadata"]["annotations"]["rbac.authorization.kubernetes.io/autoupdate"] == "false", crb
+    shared = shared_kube_proxy_thief(rc, tmp_path)
+    for c, u in apiservers.items():
+        got = kube_proxy_reads(shared, u)
+        print(f"{c}: a system:kube-proxy certificate (earlier releases' shared identity) lists {got}")
+        assert got == dict.fromkeys(KUBE_PROXY_READS, 403), (c, got)
 
     # revoke; the host "unreachable" for the installer, so its kubelet keeps its credentials
+    older = state_before(rc, tmp_path / "state-before-revoke")
     proc = run_installer("node", "revoke", str(rc.inventory), "w2", "--state", str(rc.state), "--yes",
                          "--host-unreachable", timeout=900)
     returned = time.monotonic()
@@ -252,6 +438,9 @@ def test_revoke_refuses_a_stolen_certificate_everywhere(rc, tmp_path):
         first = time.monotonic() - returned
         print(f"{c}: create Node w2 with the stolen certificate {first:.2f} s after revoke returned: {code} {answer[:200]}")
         assert code == 403 and "this node identity was revoked" in answer, (c, code, answer)
+    # an operator working from a copy of the state taken before this revoke revokes another
+    # name: w2 stays revoked
+    revoke_from_a_state_copied_before(rc, older, thief, apiservers)
 
     # its Lease went with its Node (garbage-collected); an admin puts one back, without an owner,
     # so that a renewal meets the policy rather than a missing object
@@ -297,6 +486,23 @@ def test_revoke_refuses_a_stolen_certificate_everywhere(rc, tmp_path):
     code, answer = thief.request(f"{url}/api/v1/namespaces/default/secrets/w2-secret")
     print(f"read the Secret its pod used: {code} {answer[:220]}")
     assert code == 403, answer
+    # its kube-proxy certificate reads nothing any more, on every apiserver (RBAC: revoke deleted
+    # hiddenplane:kube-proxy:w2; each apiserver's RBAC cache follows its own watch, hence the wait)
+    for c, u in apiservers.items():
+        start = time.monotonic()
+        wait_for(f"{c} refuses w2's kube-proxy reads",
+                 lambda: kube_proxy_reads(proxy_thief, u) == dict.fromkeys(KUBE_PROXY_READS, 403),
+                 timeout=30, interval=0.2)
+        code, answer = proxy_thief.request(f"{u}/api/v1/services")
+        print(f"{c}: list Services with w2's kube-proxy certificate ({time.monotonic() - start:.2f} s): "
+              f"{code} {json.loads(answer).get('message', answer)[:200]}")
+        assert code == 403 and 'User "hiddenplane:kube-proxy:w2" cannot list resource "services"' in \
+            json.loads(answer)["message"], answer
+        # w1's kube-proxy is untouched
+        assert kube_proxy_reads(proxy_w1, u) == dict.fromkeys(KUBE_PROXY_READS, 200), c
+    assert rc.get("clusterrolebinding", "hiddenplane:kube-proxy:w1")["subjects"][0]["name"] == \
+        "hiddenplane:kube-proxy:w1"
+    assert rc.kubectl("get", "clusterrolebinding", "hiddenplane:kube-proxy:w2", check=False).returncode != 0
 
     # its kubelet, restarted with its old credentials, does not bring the Node back
     assert rc.ssh("w2", "systemctl restart kubelet").returncode == 0

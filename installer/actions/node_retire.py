@@ -135,7 +135,7 @@ def remove_steps(t: Target, *, skip_cluster: bool = False, host_unreachable: boo
     steps = []
     if not skip_cluster:
         steps += [Step(f"cordon and drain Node {n} (evictions respect PodDisruptionBudgets)", drain),
-                  Step(f"delete Node {n}, its bootstrap token Secrets, its renewal binding and pending CSRs", delete)]
+                  Step(f"delete Node {n}, its bootstrap token Secrets, its renewal and kube-proxy bindings and pending CSRs", delete)]
     if not host_unreachable:
         steps.append(_wipe_step(t))
     steps.append(_mark_step(t, "removed"))
@@ -181,7 +181,7 @@ def revoke_steps(t: Target, *, host_unreachable: bool = False, refresh_others: b
 
     steps = [Step(f"deny every write by system:node:{n} (ValidatingAdmissionPolicy {POLICY}; every name it "
                   "denies already stays), and wait until every control host's apiserver refuses it", deny),
-             Step("delete its renewal binding, bootstrap token Secrets and pending CSRs", cleanup),
+             Step("delete its renewal and kube-proxy bindings, bootstrap token Secrets and pending CSRs", cleanup),
              Step(f"delete Node {n} and its pods (the Node authorizer then lets it read none of their Secrets)",
                   delete),
              _mark_step(t, "revoked")]
@@ -238,8 +238,8 @@ def _wipe(t: Target, log, accept_new_host_keys: bool) -> list[str]:
 
 
 def _cluster_cleanup(api, t: Target, material: Material, out: Outcome, log) -> list[str]:
-    """Delete the Node's way back in: token Secrets, renewal binding, pending CSRs. Returns the
-    serials of client certificates seen issued to it."""
+    """Delete the Node's way back in: token Secrets, renewal and kube-proxy bindings, pending
+    CSRs. Returns the serials of client certificates seen issued to it."""
     n = t.host.name
     token_ids = [material.tokens[n].id] if n in material.tokens else []
     done = []

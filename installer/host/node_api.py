@@ -2,9 +2,9 @@
 JSON in and out).
 
 Cordon and drain (evictions, so PodDisruptionBudgets are respected; a blocked eviction is retried
-until the timeout), delete the Node, the node's bootstrap token Secrets, its renewal binding and
-its pending CSRs, read the serials of client certificates issued to it, and keep the
-revoked-nodes admission policy current. Every call goes through ``kube.rest`` (timeouts; a
+until the timeout), delete the Node, the node's bootstrap token Secrets, its renewal and kube-proxy
+bindings and its pending CSRs, read the serials of client certificates issued to it, and keep the
+revoked-nodes admission policy current (its names only grow: read from the cluster and merged). Every call goes through ``kube.rest`` (timeouts; a
 transport failure is a KubeError naming the object).
 """
 

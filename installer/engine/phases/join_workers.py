@@ -2,11 +2,12 @@
 
 Waits until the units are active and the kubelet serves its port. With a real cluster (the
 cluster-bootstrap phase ran) it then approves each joining node's client CSR when it was made
-with that node's own token (and denies every other bootstrap-token CSR:
-installer/host/csr_approval.py), waits for each Node to register, sets its spec.podCIDR to the
-installer's allocation (any CNI), deletes its bootstrap token Secret, waits for Ready, and
-removes the bootstrap kubeconfig from each worker that joined in this run (the Node registered
-with the kubelet's own client certificate; later runs render it absent).
+with that node's own token and its kubelet's own key, one per token (and denies every other
+bootstrap-token CSR: installer/host/csr_approval.py), reads each issued certificate back, waits
+for each Node to register, deletes the token Secrets of every registered Node (also when
+another worker failed), turns the kubelet's client certificate rotation on and removes the
+bootstrap kubeconfig on each worker that joined in this run (one kubelet restart), sets each
+Node's spec.podCIDR to the installer's allocation (any CNI) and waits for Ready.
 
 Image archives from the artifacts (``image-*.tar``, uploaded to the workers by the artifacts
 phase) are imported into containerd's ``k8s.io`` namespace once containerd runs, only when
