@@ -14,6 +14,7 @@ error mapping) is the installer's own code; TLS is tested against a real ssl ser
 from __future__ import annotations
 
 import base64
+import contextlib
 import copy
 import json
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -177,3 +178,22 @@ class FakeCluster:
             # the apiserver answers a pod's deletion with the pod (the client parses a V1Pod)
             return 200, (gone if gone.get("kind") == "Pod" else _status(200, "", "", name=last))
         raise AssertionError(f"unexpected {method} {path}")
+
+
+API = "https://192.168.56.230:6443"        # the example inventory's endpoint: never dialled here
+
+
+def client_factory(material, cluster: "FakeCluster"):
+    """A factory of the installer's real API client over ``cluster`` (as day-2 code takes one:
+    each call a context manager that closes the client)."""
+    from installer.host import kube
+
+    @contextlib.contextmanager
+    def factory():
+        a = kube.api_client(API, material)
+        a.pool = cluster
+        try:
+            yield a
+        finally:
+            a.close()
+    return factory

@@ -18,7 +18,6 @@ and no worker's serving certificate names the API.
 from __future__ import annotations
 
 import base64
-import contextlib
 import copy
 import datetime as dt
 import shutil
@@ -33,14 +32,13 @@ from installer import api
 from installer.actions import certs as certs_mod
 from installer.actions import node_retire, renew, rotate
 from installer.core.pki import issue
-from installer.core.pki.issue import Pair
 from installer.core.pki.specs import CLUSTER_CA, CertSpec, apiserver_sans, cert_specs
 from installer.core.render.manifests import bootstrap_objects, kube_proxy_binding, shared_kube_proxy_binding
 from installer.core.render.plan import render_cluster
 from installer.host import kube, kube_objects
 
 from .conftest import EXAMPLE, write_inventory
-from .fakeapi import FakeCluster
+from .fakeapi import FakeCluster, client_factory
 from .test_node_ops import seed_node_objects
 
 API = "https://192.168.56.230:6443"
@@ -230,15 +228,7 @@ def test_shared_binding_is_emptied_once_and_stays_empty(prepared, cluster, clien
 
 @pytest.fixture
 def fake_api(prepared, cluster):
-    @contextlib.contextmanager
-    def factory():
-        a = kube.api_client(API, prepared.material)
-        a.pool = cluster
-        try:
-            yield a
-        finally:
-            a.close()
-    return factory
+    return client_factory(prepared.material, cluster)
 
 
 @pytest.fixture

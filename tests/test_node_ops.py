@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 
 import base64
-import contextlib
 import datetime as dt
 import shutil
 import stat
@@ -38,9 +37,8 @@ from installer.core.pki import issue
 from installer.core.render import revocation
 
 from .conftest import EXAMPLE
-from .fakeapi import FakeCluster
+from .fakeapi import FakeCluster, client_factory
 
-API = "https://192.168.56.230:6443"
 NODES = "/api/v1/nodes"
 SECRETS = "/api/v1/namespaces/kube-system/secrets"
 CRB = "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings"
@@ -175,15 +173,7 @@ def cluster():
 
 @pytest.fixture
 def fake_api(prepared, cluster):
-    @contextlib.contextmanager
-    def factory():
-        a = kube.api_client(API, prepared.material)
-        a.pool = cluster
-        try:
-            yield a
-        finally:
-            a.close()
-    return factory
+    return client_factory(prepared.material, cluster)
 
 
 def seed_node(cluster: FakeCluster, name: str) -> None:

@@ -14,7 +14,6 @@ is evaluated by a CEL library."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import shutil
 
@@ -30,9 +29,8 @@ from installer.core.render.manifests import LABELS
 from installer.host import kube, kube_objects
 
 from .conftest import EXAMPLE
-from .fakeapi import FakeCluster
+from .fakeapi import FakeCluster, client_factory
 
-API = "https://192.168.56.230:6443"
 VAP = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
 VAPB = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
 CRB = "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings"
@@ -46,15 +44,7 @@ def cluster():
 
 @pytest.fixture
 def fake_api(prepared, cluster):
-    @contextlib.contextmanager
-    def factory():
-        a = kube.api_client(API, prepared.material)
-        a.pool = cluster
-        try:
-            yield a
-        finally:
-            a.close()
-    return factory
+    return client_factory(prepared.material, cluster)
 
 
 def state_copy(prepared, tmp_path, name: str):
