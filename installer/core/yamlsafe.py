@@ -156,11 +156,16 @@ class _Loader(_Parser, SafeConstructor, Resolver):
 
     def construct_object(self, node, deep=False):
         # a scalar that matches a YAML type but not its range (2001-02-30, a 5000-digit int)
-        # raises ValueError from deep inside the constructor: make it a marked YAML error
+        # raises ValueError from deep inside the constructor, and an explicitly tagged one that
+        # does not match its tag at all (!!bool x, !!int '', !!timestamp x) KeyError, IndexError
+        # or AttributeError: make each a marked YAML error
         try:
             return super().construct_object(node, deep)
         except (ValueError, OverflowError) as e:
             raise ConstructorError(None, None, f"cannot read this value: {short(str(e))}",
+                                   node.start_mark) from None
+        except (KeyError, IndexError, AttributeError, TypeError):
+            raise ConstructorError(None, None, f"cannot read this value as its tag says: {short(node.tag)}",
                                    node.start_mark) from None
 
 
