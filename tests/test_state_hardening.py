@@ -165,6 +165,8 @@ def test_a_writable_parent_is_refused_unless_root_owned_and_sticky(site, tmp_pat
         api.prepare(site, shared / "state")
     assert list(shared.iterdir()) == []
     shared.chmod(0o770)
+    if os.geteuid() == 0:
+        os.chown(shared, 0, NOBODY)              # a group with others in it (not the owner's own)
     with pytest.raises(StateError, match=re.escape(f": {shared} is group-writable (mode 0770)")):
         api.prepare(site, shared / "state")
     if os.geteuid() != 0:
@@ -180,6 +182,40 @@ def test_a_writable_parent_is_refused_unless_root_owned_and_sticky(site, tmp_pat
     with pytest.raises(StateError, match=re.escape(f": {other} is owned by uid {NOBODY}, not you (uid 0)")):
         api.prepare(site, other / "state")
     assert list(other.iterdir()) == []
+
+
+def test_a_group_writable_parent_of_the_owners_private_group_is_accepted(site, tmp_path):
+    """Debian and Ubuntu give each user a group of their own; with umask 002 a checkout is
+    group-writable by that group alone (as Debian's OpenSSH StrictModes accepts)."""
+    import grp
+    import pwd
+    me = pwd.getpwuid(os.geteuid())
+    group = grp.getgrgid(me.pw_gid)
+    if group.gr_name != me.pw_name or set(group.gr_mem) - {me.pw_name}:
+        pytest.skip(f"{me.pw_name}'s primary group {group.gr_name} is not a private one")
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    checkout.chmod(0o775)
+    os.chown(checkout, me.pw_uid, me.pw_gid)
+    api.prepare(site, checkout / ".hiddenplane" / "lab")
+
+
+@as_root
+def test_under_sudo_the_invoking_users_checkout_is_accepted_and_nobody_elses(site, tmp_path):
+    """`sudo installer …` in one's own checkout: the directories above the state may be the
+    user's who ran sudo (SUDO_UID), who could run the command anyway; any other user's still not."""
+    checkout = tmp_path / "checkout"
+    checkout.mkdir(mode=0o755)
+    os.chown(checkout, NOBODY, NOBODY)
+    state = checkout / ".hiddenplane" / "lab"
+    proc = installer("plan", site, "--render", tmp_path / "out", "--state", state,
+                     env={**os.environ, "SUDO_UID": str(NOBODY)})
+    assert proc.returncode == 0, proc.stderr
+    assert state.stat().st_uid == 0 and stat.S_IMODE(state.stat().st_mode) == 0o700
+    shutil.rmtree(checkout / ".hiddenplane")
+    proc = installer("plan", site, "--render", tmp_path / "out2", "--state", state,
+                     env={**os.environ, "SUDO_UID": str(NOBODY - 1)})
+    refused(proc, f"{checkout} is owned by uid {NOBODY}, not you (uid 0)")
 
 
 def test_a_link_on_the_path_is_judged_by_its_target(site, tmp_path):

@@ -26,7 +26,9 @@ import base64
 import datetime as dt
 import errno
 import fcntl
+import grp
 import os
+import pwd
 import stat
 import tempfile
 import threading
@@ -119,22 +121,47 @@ def write_atomic(path: Path, data: bytes, mode: int) -> bool:
 
 # -- who may have written the state (StrictModes) --
 
-def _mode_problem(mode: int) -> str | None:
+def _private_group(gid: int, uid: int) -> bool:
+    """Whether ``gid`` is ``uid``'s own group and nobody else's (Debian and Ubuntu give every user
+    one, and a umask of 002 then makes checkouts group-writable): writable by that group is
+    writable by that user alone. Debian's OpenSSH StrictModes accepts the same."""
+    try:
+        group, user = grp.getgrgid(gid), pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    return group.gr_name == user.pw_name and user.pw_gid == gid and set(group.gr_mem) <= {user.pw_name}
+
+
+def _mode_problem(mode: int, st: os.stat_result | None = None) -> str | None:
     writable = [w for bit, w in ((0o020, "group"), (0o002, "world")) if mode & bit]
+    if writable == ["group"] and st is not None and _private_group(st.st_gid, st.st_uid):
+        return None
     return f"{'- and '.join(writable)}-writable (mode {mode:04o})" if writable else None
+
+
+def _trusted_owners(euid: int) -> set[int]:
+    """Who may own a directory above the state: the user, root, and under sudo the user who ran
+    sudo (``sudo installer …`` in one's own checkout; that user could run the command anyway)."""
+    owners = {euid, 0}
+    sudo_uid = os.environ.get("SUDO_UID", "")
+    if euid == 0 and sudo_uid.isdigit():
+        owners.add(int(sudo_uid))
+    return owners
 
 
 def _dir_problem(st: os.stat_result, euid: int, parent: bool) -> str | None:
     """Why a directory on the state's path is unsafe, None when it is not. The state directory
-    itself (``parent`` False) must be the user's; a directory above it may be root's too, and a
-    root-owned one writable by others only when sticky (/tmp: nobody may then rename or delete
-    another's entry, so the user's own directory beneath it stays the user's)."""
-    if st.st_uid != euid and not (parent and st.st_uid == 0):
+    itself (``parent`` False) must be the user's; a directory above it may be root's (or, under
+    sudo, the invoking user's) too, and a root-owned one writable by others only when sticky
+    (/tmp: nobody may then rename or delete another's entry, so the user's own directory beneath
+    it stays the user's)."""
+    if st.st_uid != euid and not (parent and st.st_uid in _trusted_owners(euid)):
         return f"owned by uid {st.st_uid}, not you (uid {euid})" + (" or root" if parent and euid else "")
     mode = stat.S_IMODE(st.st_mode)
     if parent and st.st_uid == 0 and mode & stat.S_ISVTX:
         return None
-    return _mode_problem(mode)
+    # the state directory itself is made 0700: any other mode there was set by someone
+    return _mode_problem(mode, st if parent else None)
 
 
 _MAX_LINKS = 40          # the kernel's own limit (ELOOP)
