@@ -85,8 +85,8 @@ def _pod_slice_problems(net: dict, pod, hosts: list) -> list[str]:
     """Every worker needs its own slice of podCIDR (see installer/core/network.py): its CNI config
     and routes with cni: routes, its Node.spec.podCIDR with either CNI."""
     mask = net.get("nodeCIDRMaskSize", NetworkSpec().nodeCIDRMaskSize)
-    if not pod or not isinstance(mask, int) or isinstance(mask, bool):
-        return []
+    if not pod or not isinstance(mask, int) or isinstance(mask, bool) or not 0 <= mask <= pod.max_prefixlen:
+        return []       # the field check reports it (and 2 ** (2 ** 64 - 16) slices would never be counted)
     if pod.version == 4 and mask < pod.prefixlen:
         return [f"spec.network.nodeCIDRMaskSize: /{mask} is larger than spec.network.podCIDR {pod}; "
                 f"each worker's slice must fit inside it (use {pod.prefixlen} or more)"]
