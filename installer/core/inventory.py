@@ -107,8 +107,8 @@ def load(path: str | Path) -> Inventory:
         raise InventoryError(str(path), [f"(file): cannot read: {e.strerror}"]) from None
     try:
         data, duplicates = yamlsafe.load(raw)
-    except yamlsafe.InputError as e:
-        raise InventoryError(str(path), e.problems) from None
+    except yamlsafe.InputError as e:     # bounded too: a 30-level path of 60-character keys is one long line
+        raise InventoryError(str(path), _bounded(e.problems)) from None
     return parse(data, str(path), path.parent.resolve(), problems=duplicates)
 
 
