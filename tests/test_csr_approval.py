@@ -118,6 +118,16 @@ def _bad_signature(pem: bytes) -> bytes:
             + b"\n-----END CERTIFICATE REQUEST-----\n")
 
 
+def _numeric_string_org() -> bytes:
+    """O=system:nodes as a NumericString (letters in it): cryptography reads it, Go's asn1 does not."""
+    from cryptography.x509.name import _ASN1Type
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:nodes", _type=_ASN1Type.NumericString),
+                      x509.NameAttribute(NameOID.COMMON_NAME, "system:node:w1")])
+    return (x509.CertificateSigningRequestBuilder().subject_name(name).sign(key, hashes.SHA256())
+            .public_bytes(serialization.Encoding.PEM))
+
+
 # what an attacker holding w1's token sends so that the installer reads w1 and Go another name;
 # the first one got a w9 certificate approved on the real lab before this check
 TRICKS = {
@@ -134,6 +144,7 @@ TRICKS = {
     "76-character lines": _long_lines(OWN),
     "a signature that does not verify": _bad_signature(OWN),
     "DER only": parse_request(OWN).public_bytes(serialization.Encoding.DER),
+    "a NumericString subject value (found by fuzz/fuzz_csr.py)": _numeric_string_org(),
 }
 
 

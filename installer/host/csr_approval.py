@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import NameOID
 
@@ -109,19 +110,32 @@ def parse_request(data: bytes) -> x509.CertificateSigningRequest:
         raise ValueError("the PEM block is not valid base64") from None
     try:
         req = x509.load_der_x509_csr(der)
-    except ValueError:
-        raise ValueError("the PEM block is not a DER certificate request") from None
-    if req.public_bytes(serialization.Encoding.DER) != der:
-        raise ValueError("the request's DER does not re-encode to the same bytes")
-    if req.public_bytes(serialization.Encoding.PEM).rstrip(b"\n") != data[:end + len(_END)]:
-        raise ValueError("the PEM block is not in canonical form (64-character lines)")
-    try:
+        if req.public_bytes(serialization.Encoding.DER) != der:
+            raise ValueError("the request's DER does not re-encode to the same bytes")
+        if req.public_bytes(serialization.Encoding.PEM).rstrip(b"\n") != data[:end + len(_END)]:
+            raise ValueError("the PEM block is not in canonical form (64-character lines)")
+        # cryptography decodes lazily: everything judge reads is read here, so that a part it
+        # cannot read is this ValueError, never another exception later
+        if subject_names(req.subject) is None:
+            raise ValueError("the subject holds a multi-valued RDN or a value that is not a string")
+        if not _go_strings(req.subject.public_bytes()):
+            raise ValueError("a subject value is not a UTF8String or a valid PrintableString (what Go writes "
+                             "and reads alike)")
+        public_key_der(req.public_key())
+        _has_extensions(req)
         valid = req.is_signature_valid
-    except (ValueError, TypeError, x509.UnsupportedGeneralNameType):
-        valid = False
+    except CRYPTO_ERRORS as e:
+        raise ValueError(f"the PEM block is not a certificate request this installer can read ({type(e).__name__})"
+                         ) from None
     if not valid:
         raise ValueError("the request's signature is not valid")
     return req
+
+
+# what cryptography raises on DER it parses but cannot use (a version-1 request, an unknown key
+# algorithm, a subject value that is not valid UTF-8 or not a string at all)
+CRYPTO_ERRORS = (ValueError, TypeError, UnsupportedAlgorithm, x509.InvalidVersion, x509.DuplicateExtension,
+                 x509.UnsupportedGeneralNameType)
 
 
 def public_key_der(key) -> bytes:
@@ -131,8 +145,57 @@ def public_key_der(key) -> bytes:
 def request_key(req: x509.CertificateSigningRequest) -> bytes:
     try:
         return public_key_der(req.public_key())
-    except (ValueError, TypeError, x509.UnsupportedGeneralNameType):
+    except CRYPTO_ERRORS:
         return b""
+
+
+_UTF8, _PRINTABLE = 0x0C, 0x13
+_PRINTABLE_CHARS = re.compile(rb"[A-Za-z0-9 '()+,\-./:=?]*")
+
+
+def _tlv(b: bytes, i: int) -> tuple[int, bytes, int]:
+    """(tag, contents, next offset) of the DER element at ``i``."""
+    tag, n = b[i], b[i + 1]
+    i += 2
+    if n & 0x80:
+        width = n & 0x7F
+        n, i = int.from_bytes(b[i:i + width], "big"), i + width
+    if i + n > len(b):
+        raise ValueError("truncated DER")
+    return tag, b[i:i + n], i + n
+
+
+def _go_strings(subject_der: bytes) -> bool:
+    """Whether every attribute value of the subject (DER, as cryptography re-encodes it with the
+    request's own string types) is a UTF8String or a PrintableString of printable characters:
+    Go's asn1 rejects, for instance, a NumericString holding letters, which cryptography reads."""
+    try:
+        _, seq, _ = _tlv(subject_der, 0)
+        i = 0
+        while i < len(seq):
+            _, rdn, i = _tlv(seq, i)
+            j = 0
+            while j < len(rdn):
+                _, atv, j = _tlv(rdn, j)
+                _, _, k = _tlv(atv, 0)
+                tag, value, _ = _tlv(atv, k)
+                if tag not in (_UTF8, _PRINTABLE) or (tag == _PRINTABLE and not _PRINTABLE_CHARS.fullmatch(value)):
+                    return False
+    except (IndexError, ValueError):
+        return False
+    return True
+
+
+def subject_names(name: x509.Name) -> list[tuple[x509.ObjectIdentifier, str]] | None:
+    """(type, value) of each RDN of ``name`` in order; None when an RDN holds more than one
+    attribute or a value that is not a string."""
+    out = []
+    for rdn in name.rdns:
+        attrs = list(rdn)
+        if len(attrs) != 1 or not isinstance(attrs[0].value, str):
+            return None
+        out.append((attrs[0].oid, attrs[0].value))
+    return out
 
 
 def _subject(req: x509.CertificateSigningRequest | x509.Certificate) -> tuple[list[str], list[str]]:
@@ -142,10 +205,7 @@ def _subject(req: x509.CertificateSigningRequest | x509.Certificate) -> tuple[li
 
 
 def _has_extensions(req: x509.CertificateSigningRequest) -> bool:
-    try:
-        return len(req.extensions) > 0
-    except (ValueError, x509.DuplicateExtension, x509.UnsupportedGeneralNameType):
-        return True
+    return len(req.extensions) > 0
 
 
 def judge(name: str, username: str, request_pem: bytes, usages: list[str], token_nodes: Mapping[str, str],
@@ -177,6 +237,9 @@ def judge(name: str, username: str, request_pem: bytes, usages: list[str], token
                     f"{', '.join('CN=' + c for c in cns) or 'no CN'}", key)
     if orgs != ["system:nodes"]:
         return deny(f"O must be exactly system:nodes, not {orgs}", key)
+    if len(subject_names(req.subject) or ()) != 2:
+        return deny(f"the subject must be exactly O=system:nodes, CN={want}, nothing else: not "
+                    f"{req.subject.rfc4514_string()}", key)
     if _has_extensions(req):
         return deny("a kubelet client certificate request carries no extensions (no subject alternative names)", key)
     if "client auth" not in usages or not set(usages) <= CLIENT_USAGES:
@@ -321,15 +384,12 @@ def issued_problem(certificate_pem: bytes, node: str, key: bytes) -> str | None:
     O=system:nodes`` and its key the request's. The kubelet takes the first certificate."""
     try:
         cert = x509.load_pem_x509_certificates(certificate_pem)[0]
-    except (ValueError, IndexError):
-        return "the issued certificate is not PEM"
-    cns, orgs = _subject(cert)
+        cns, orgs = _subject(cert)
+        issued_key = public_key_der(cert.public_key())
+    except (*CRYPTO_ERRORS, IndexError):
+        return "the issued certificate is not one this installer can read"
     if cns != [f"system:node:{node}"] or orgs != ["system:nodes"]:
         return f"it was issued for {cert.subject.rfc4514_string()}"
-    try:
-        issued_key = public_key_der(cert.public_key())
-    except (ValueError, TypeError):
-        issued_key = b""
     if key and issued_key != key:
         return "it was issued for another key than the request's"
     return None
@@ -338,7 +398,7 @@ def issued_problem(certificate_pem: bytes, node: str, key: bytes) -> str | None:
 def _named_node(certificate_pem: bytes) -> str | None:
     try:
         cns, _ = _subject(x509.load_pem_x509_certificates(certificate_pem)[0])
-    except (ValueError, IndexError):
+    except (*CRYPTO_ERRORS, IndexError):
         return None
     return cns[0][len("system:node:"):] if len(cns) == 1 and cns[0].startswith("system:node:") else None
 
