@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import os
 import shutil
 import sys
 import tempfile
@@ -44,10 +43,11 @@ with atheris.instrument_imports(include=["installer"]) if FUZZING else contextli
     from installer.core import inventory
     from installer.core.errors import InventoryError
 
-# The bytes are written to a file in a directory of their own (on tmpfs when there is one) and
-# loaded from there, as `installer validate` does: relative paths in the document resolve
-# inside this empty directory.
-_DIR = Path(tempfile.mkdtemp(prefix="hiddenplane-fuzz-inv.", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+# The bytes are written to a file in a directory of their own and loaded from there, as
+# `installer validate` does: relative paths in the document resolve inside this empty
+# directory. libFuzzer ends the process without Python's atexit: tests/test_fuzz.py points
+# TMPDIR at its own temporary directory.
+_DIR = Path(tempfile.mkdtemp(prefix="hiddenplane-fuzz-inv."))
 _FILE = _DIR / "inventory.yaml"
 atexit.register(shutil.rmtree, _DIR, True)
 

@@ -113,7 +113,7 @@ def test_fuzz(target, tmp_path):
     new, artifacts = tmp_path / "new", tmp_path / "artifacts"
     new.mkdir()
     artifacts.mkdir()
-    env = {**os.environ, "HIDDENPLANE_FUZZ_OPEN": "\n".join(open_signatures(target))}
+    env = {**os.environ, "HIDDENPLANE_FUZZ_OPEN": "\n".join(open_signatures(target)), "TMPDIR": str(tmp_path)}
     cmd = [sys.executable, str(FUZZ / f"fuzz_{target}.py"), f"-max_total_time={SECONDS}", "-rss_limit_mb=2048",
            "-timeout=10", f"-dict={FUZZ / f'{target}.dict'}", f"-artifact_prefix={artifacts}/", "-print_final_stats=1",
            str(new),
