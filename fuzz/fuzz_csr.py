@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fuzz the CSR judge (installer/host/csr_approval.py): ``judge`` and ``parse_request``.
+"""Fuzz the CSR judge (installer/core/csr_rules.py): ``judge`` and ``parse_request``.
 
 An input is ``flags, user, payload``:
 
@@ -21,7 +21,7 @@ reader of our own on the raw request bytes):
   the bytes are exactly one PEM block of type CERTIFICATE REQUEST (nothing before it, no
   headers, only whitespace after it) holding strict DER whose subject is exactly
   ``CN=system:node:<the token's node>`` and ``O=system:nodes`` (two RDNs, one attribute each);
-- ``parse_request`` (when the module has it) returns or raises ValueError, and returns only for
+- ``parse_request`` returns or raises ValueError, and returns only for
   bytes that are one such PEM block of strict DER.
 
     .venv/bin/python fuzz/fuzz_csr.py -max_total_time=600 -rss_limit_mb=2048 -timeout=10 \\
@@ -54,11 +54,11 @@ from cryptography.hazmat.primitives.asymmetric import ed25519  # noqa: E402
 
 # instrumented only when run as the fuzzer (the replay imports this module into pytest)
 FUZZING = atheris is not None and __name__ == "__main__"
-with atheris.instrument_imports(include=["installer.host.csr_approval"]) if FUZZING else contextlib.nullcontext():
-    from installer.host import csr_approval
+with atheris.instrument_imports(include=["installer.core.csr_rules"]) if FUZZING else contextlib.nullcontext():
+    from installer.core import csr_rules
 
-judge = csr_approval.judge
-parse_request = getattr(csr_approval, "parse_request", None)
+judge = csr_rules.judge
+parse_request = csr_rules.parse_request
 _JUDGE_PARAMS = inspect.signature(judge).parameters
 
 TOKENS = {"abc123": "w1", "def456": "w10", "ghi789": "cp1"}
@@ -274,7 +274,7 @@ def check(data: bytes) -> None:
     if "spent" in _JUDGE_PARAMS:
         kwargs["spent"] = {token: "csr-0"} if spent and token is not None else {}
     verdict = judge("csr-1", user, request, usages, TOKENS, **kwargs)
-    assert verdict is None or isinstance(verdict, csr_approval.Verdict), \
+    assert verdict is None or isinstance(verdict, csr_rules.Verdict), \
         f"judge returned neither None nor a Verdict: {verdict!r}"[:300]
     if verdict is None or not verdict.approve:
         return

@@ -1,5 +1,5 @@
 """A join token is good for its own node only, and for one certificate
-(installer/host/csr_approval.py).
+(installer/core/csr_rules.py decides on the bytes, installer/host/csr_approval.py through the API).
 
 ``judge`` on real certificate requests made with ``cryptography`` as a kubelet makes them, and on
 the tricks an attacker holding a token would send; ``parse_request`` against Go's own reading of
@@ -24,8 +24,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from installer.core import csr_rules
+from installer.core.csr_rules import KUBELET_CLIENT_SIGNER, judge, parse_request, public_key_der
 from installer.host import csr_approval, kube
-from installer.host.csr_approval import KUBELET_CLIENT_SIGNER, judge, parse_request, public_key_der
 
 from .fakeapi import FakeCluster
 
@@ -244,9 +245,9 @@ def test_the_kubelets_keys_are_read_from_both_files_it_may_use():
            + current.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
                                    serialization.NoEncryption())
            + b"-----BEGIN EC PRIVATE KEY-----\nbroken\n-----END EC PRIVATE KEY-----\n")
-    assert csr_approval.parse_keys(out) == {public_key_der(tmp.public_key()), public_key_der(current.public_key())}
-    assert csr_approval.parse_keys(b"") == frozenset()
-    script = csr_approval.keys_script()
+    assert csr_rules.parse_keys(out) == {public_key_der(tmp.public_key()), public_key_der(current.public_key())}
+    assert csr_rules.parse_keys(b"") == frozenset()
+    script = csr_rules.keys_script()
     assert "/var/lib/kubelet/pki/kubelet-client.key.tmp" in script and "kubelet-client-current.pem" in script
 
 
