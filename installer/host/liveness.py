@@ -45,7 +45,12 @@ class Watchdog:
             threading.Thread(target=probe, daemon=True, name="ssh-keepalive").start()
             if not answered.wait(self.dead_after) and not self.stopped.is_set():
                 self.lost = f"no answer to an SSH keepalive within {self.dead_after:g} s"
-                t.close()          # wakes every thread blocked on this connection
+                try:
+                    t.close()      # wakes every thread blocked on this connection
+                except (EOFError, OSError):
+                    # through a bastion the socket is a channel of the bastion's transport, and
+                    # closing it sends a message on a link that is dead too: closed all the same
+                    pass
                 return
 
     def stop(self) -> None:
