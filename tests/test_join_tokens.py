@@ -110,3 +110,19 @@ def test_the_joined_workers_tokens_go_even_when_another_worker_never_registers(p
         JoinWorkers().finish(ctx, [])
     assert secrets(fake) == {f"bootstrap-token-{prepared.material.tokens['node3'].id}"}
     assert "deleted the bootstrap token Secret of node2" in [d for e in ctx.events for d in e.detail]
+
+
+def test_a_worker_the_cluster_revoked_stops_a_run_from_a_state_that_does_not_know_it(prepared, fake):
+    """A state directory copied before `node revoke node3` (its ledger says nothing) with node3
+    still in the inventory: cluster-bootstrap refuses before it sends anything, instead of making
+    node3's renewal binding and token Secret again."""
+    from installer.core.ledger import NodeRetiredError
+    from installer.core.render.revocation import policy_objects
+    for obj in policy_objects(["node3"]):
+        plural = "validatingadmissionpolicies" if obj["kind"] == "ValidatingAdmissionPolicy" else \
+            "validatingadmissionpolicybindings"
+        fake.add(f"/apis/admissionregistration.k8s.io/v1/{plural}", obj)
+    with pytest.raises(NodeRetiredError, match="node3: revoked in this cluster .* nothing was sent"):
+        BootstrapCluster().run_host(ctx_for(prepared), "(api)")
+    assert [m for m, _, _ in fake.requests if m != "GET"] == []
+    assert secrets(fake) == set()

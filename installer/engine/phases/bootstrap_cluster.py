@@ -12,7 +12,9 @@ schema-validated before anything is sent.
 
 from __future__ import annotations
 
+from installer.core.ledger import NodeRetiredError
 from installer.core.render.manifests import RETIRED_BINDINGS, bootstrap_objects
+from installer.core.render.revocation import POLICY
 from installer.engine.phases.base import Context, Event, Phase, apply_api_objects
 from installer.host import csr_approval
 
@@ -33,6 +35,19 @@ def joined_workers(ctx: Context, api) -> frozenset[str]:
     return frozenset(joined - ctx.rejoin)
 
 
+def refuse_revoked(ctx: Context, api) -> None:
+    """Stop before any object is sent when the inventory lists a worker the cluster's
+    revoked-nodes policy denies: a state directory copied before that revoke does not know it,
+    and would make its renewal binding and token Secret again (the policy itself stays)."""
+    from installer.host import node_api
+    listed = sorted(set(node_api.revoked_in_cluster(api) or ()) & {h.name for h in ctx.inv.workers})
+    if listed:
+        raise NodeRetiredError(
+            f"{', '.join(listed)}: revoked in this cluster (ValidatingAdmissionPolicy {POLICY}), though this "
+            f"state's node ledger ({ctx.state.root}) does not say so: it is older than that `installer node revoke`. "
+            "Delete them from the inventory (a revoked name never joins again); nothing was sent")
+
+
 class BootstrapCluster(Phase):
     name = "cluster-bootstrap"
     description = "RBAC and bootstrap tokens through the Kubernetes API"
@@ -44,6 +59,8 @@ class BootstrapCluster(Phase):
         deleted: list[str] = []
 
         def objects(api) -> list[dict]:
+            if api is not None:
+                refuse_revoked(ctx, api)
             joined = joined_workers(ctx, api)
             if api is not None and not ctx.options.dry_run:
                 # a joined worker's token Secret must not exist, whoever made it again
