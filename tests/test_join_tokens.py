@@ -117,12 +117,51 @@ def test_a_worker_the_cluster_revoked_stops_a_run_from_a_state_that_does_not_kno
     still in the inventory: cluster-bootstrap refuses before it sends anything, instead of making
     node3's renewal binding and token Secret again."""
     from installer.core.ledger import NodeRetiredError
-    from installer.core.render.revocation import policy_objects
-    for obj in policy_objects(["node3"]):
-        plural = "validatingadmissionpolicies" if obj["kind"] == "ValidatingAdmissionPolicy" else \
-            "validatingadmissionpolicybindings"
-        fake.add(f"/apis/admissionregistration.k8s.io/v1/{plural}", obj)
+    revoke_in(fake, ["node3"])
     with pytest.raises(NodeRetiredError, match="node3: revoked in this cluster .* nothing was sent"):
         BootstrapCluster().run_host(ctx_for(prepared), "(api)")
     assert [m for m, _, _ in fake.requests if m != "GET"] == []
     assert secrets(fake) == set()
+
+
+def revoke_in(fake, names: list[str]) -> None:
+    from installer.core.render.revocation import policy_objects
+    for obj in policy_objects(names):
+        plural = "validatingadmissionpolicies" if obj["kind"] == "ValidatingAdmissionPolicy" else \
+            "validatingadmissionpolicybindings"
+        fake.add(f"/apis/admissionregistration.k8s.io/v1/{plural}", obj)
+
+
+def with_apiserver(ctx: Context, active: bool = True) -> Context:
+    from installer.core import components
+    from installer.core.facts import HostFacts
+    state = ("active", "enabled") if active else ("inactive", "disabled")
+    ctx.facts = {h.name: HostFacts(units={components.unit("kube-apiserver"): state}) for h in ctx.inv.controls}
+    return ctx
+
+
+def test_a_revoked_worker_in_the_inventory_stops_the_run_before_any_host_changes(prepared, fake):
+    """The runner asks right after connect, before the lock: an apply from an older state
+    copy would otherwise rewrite every host's routes (with the revoked worker's pod CIDR) before
+    cluster-bootstrap refused; the real lab saw exactly that drift."""
+    from installer.core.ledger import NodeRetiredError
+    from installer.engine.phases.bootstrap_cluster import refuse_revoked_before_changes
+    revoke_in(fake, ["node3"])
+    with pytest.raises(NodeRetiredError, match="node3: revoked in this cluster .* no host was changed"):
+        refuse_revoked_before_changes(with_apiserver(ctx_for(prepared)))
+    assert {m for m, _, _ in fake.requests} == {"GET"}
+
+
+def test_a_revoked_name_the_inventory_no_longer_lists_lets_the_run_go_on(prepared, fake):
+    from installer.engine.phases.bootstrap_cluster import refuse_revoked_before_changes
+    revoke_in(fake, ["node9"])
+    refuse_revoked_before_changes(with_apiserver(ctx_for(prepared)))
+    assert [p for m, p, _ in fake.requests if "validatingadmissionpolicies" in p] != []
+
+
+def test_no_api_is_asked_before_any_apiserver_runs_or_when_the_run_skips_it(prepared, fake):
+    from installer.engine.phases.bootstrap_cluster import refuse_revoked_before_changes
+    revoke_in(fake, ["node3"])
+    refuse_revoked_before_changes(with_apiserver(ctx_for(prepared), active=False))
+    refuse_revoked_before_changes(with_apiserver(ctx_for(prepared, skip=frozenset({"cluster-bootstrap"}))))
+    assert fake.requests == []

@@ -324,11 +324,15 @@ def state_before(rc, dst: Path) -> Path:
 def revoke_from_a_state_copied_before(rc, older: Path, thief, apiservers: dict[str, str]) -> None:
     """``node revoke w3`` from ``older`` (copied before w2's revoke): the policy must keep w2, the
     command must say the state did not know it, and the older ledger must learn it."""
-    # an apply from the older state, w2 still in the inventory: refused before anything is sent
-    # through the API (it would make w2's renewal binding and token Secret again)
+    # an apply from the older state, w2 still in the inventory: refused before it changes any host
+    # (every host's routes would list w2's pod CIDR again) or sends anything through the API (it
+    # would make w2's renewal binding and token Secret again)
+    routes = {h: rc.ssh(h, "sha256sum /etc/systemd/system/hiddenplane-routes.service").stdout for h in rc.controls}
     proc = run_installer("apply", str(rc.inventory), "--state", str(older), "--wait-timeout", "600", check_rc=2,
                          timeout=900)
-    assert "w2: revoked in this cluster" in proc.stderr and "nothing was sent" in proc.stderr, proc.stderr[-3000:]
+    assert "w2: revoked in this cluster" in proc.stderr and "no host was changed" in proc.stderr, proc.stderr[-3000:]
+    assert {h: rc.ssh(h, "sha256sum /etc/systemd/system/hiddenplane-routes.service").stdout
+            for h in rc.controls} == routes
     assert rc.kubectl("get", "clusterrolebinding", "hiddenplane:node-renewal:w2", check=False).returncode != 0
     doc = yaml.safe_load(rc.inventory.read_text())
     used = {ipaddress.ip_address(h["address"]) for h in doc["spec"]["hosts"]}

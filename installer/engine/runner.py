@@ -18,6 +18,7 @@ from installer.core.errors import InstallerError
 from installer.core.ledger import Ledger, check_inventory
 from installer.engine.phases import ALWAYS, PHASE_NAMES, PHASES, SKIPPED_WITH
 from installer.engine.phases.acquire_lock import release
+from installer.engine.phases.bootstrap_cluster import refuse_revoked_before_changes
 from installer.engine.phases.base import Context, Event, Options
 from installer.core.pki.material import ensure
 from installer.core.render.plan import render_cluster
@@ -169,6 +170,7 @@ def _run(inventory_path, state_dir, options: Options | None, log: Callable[[str]
                 if phase.name == "connect":
                     # before the lock and any change, in a dry run too
                     trust.check(ctx.plans, ctx.facts, str(ctx.state.root), "ca" in ctx.pki_changes.reasons)
+                    refuse_revoked_before_changes(ctx)
                     if check is not None:
                         check(ctx)
         if not options.dry_run and not options.upgrade and not options.hosts and ctx.will_run("artifacts"):

@@ -15,7 +15,7 @@ from __future__ import annotations
 from installer.core.ledger import NodeRetiredError
 from installer.core.render.manifests import RETIRED_BINDINGS, bootstrap_objects
 from installer.core.render.revocation import POLICY
-from installer.engine.phases.base import Context, Event, Phase, apply_api_objects
+from installer.engine.phases.base import Context, Event, Phase, api_live, apply_api_objects
 from installer.host import csr_approval
 
 
@@ -35,17 +35,29 @@ def joined_workers(ctx: Context, api) -> frozenset[str]:
     return frozenset(joined - ctx.rejoin)
 
 
-def refuse_revoked(ctx: Context, api) -> None:
-    """Stop before any object is sent when the inventory lists a worker the cluster's
-    revoked-nodes policy denies: a state directory copied before that revoke does not know it,
-    and would make its renewal binding and token Secret again (the policy itself stays)."""
+def refuse_revoked(ctx: Context, api, done: str = "nothing was sent") -> None:
+    """Stop when the inventory lists a worker the cluster's revoked-nodes policy denies: a state
+    directory copied before that revoke does not know it, and would make its renewal binding and
+    token Secret again, and its routes on every host (the policy itself stays)."""
     from installer.host import node_api
     listed = sorted(set(node_api.revoked_in_cluster(api) or ()) & {h.name for h in ctx.inv.workers})
     if listed:
         raise NodeRetiredError(
             f"{', '.join(listed)}: revoked in this cluster (ValidatingAdmissionPolicy {POLICY}), though this "
             f"state's node ledger ({ctx.state.root}) does not say so: it is older than that `installer node revoke`. "
-            "Delete them from the inventory (a revoked name never joins again); nothing was sent")
+            f"Delete them from the inventory (a revoked name never joins again); {done}")
+
+
+def refuse_revoked_before_changes(ctx: Context) -> None:
+    """The same refusal once the hosts' facts are known, before the lock and any change to a host
+    (the runner calls it after connect; cluster-bootstrap asks again under the lock). Only when
+    an apiserver runs already (a first run has no policy) and this run talks to the API."""
+    if not ctx.inv.workers or not ctx.will_run("cluster-bootstrap") or not api_live(ctx):
+        return
+    from installer.host import kube
+    with kube.api_access(ctx.inv, ctx.remotes, ctx.material) as url, \
+            kube.api_client(url, ctx.material, credential="super-admin") as api:
+        refuse_revoked(ctx, api, done="no host was changed")
 
 
 class BootstrapCluster(Phase):
