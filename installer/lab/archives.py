@@ -8,6 +8,7 @@ import io
 import json
 import shutil
 import tarfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from installer.lab.images import cache_lock
@@ -34,57 +35,114 @@ def _tar_bytes(entries: list[tuple[str, bytes | None, int, str | None]]) -> byte
     return buf.getvalue()
 
 
+@dataclass(frozen=True)
+class Image:
+    """One image of an OCI archive: its full reference, its layers (uncompressed tars, bottom
+    first; a layer shared by several images is stored once) and its run configuration."""
+    name: str
+    layers: tuple[bytes, ...]
+    cmd: tuple[str, ...] = ()
+    entrypoint: tuple[str, ...] = ()
+    env: tuple[str, ...] = ("PATH=/bin:/usr/bin:/sbin:/usr/sbin",)
+    workdir: str = ""
+
+
+def files_layer(files: dict[str, tuple[bytes, int]], links: dict[str, str] | None = None,
+                dirs: dict[str, int] | None = None) -> bytes:
+    """A layer holding ``files`` (path -> (content, mode)), ``links`` (symlink path -> target) and
+    ``dirs`` (path -> mode), with every parent directory and the usual mount points."""
+    links, modes = links or {}, {d.strip("/"): m for d, m in (dirs or {}).items()}
+    names = set(modes)
+    for path in [*files, *links, *modes]:
+        parts = path.strip("/").split("/")[:-1]
+        names.update("/".join(parts[:i + 1]) for i in range(len(parts)))
+    names.update({"tmp", "proc", "sys", "dev", "etc"})
+    entries = [(d, None, modes.get(d, 0o1777 if d == "tmp" else 0o755), None) for d in sorted(names)]
+    entries += [(p.strip("/"), content, mode, None) for p, (content, mode) in sorted(files.items())]
+    entries += [(p.strip("/"), None, 0o777, target) for p, target in sorted(links.items())]
+    return _tar_bytes(entries)
+
+
+def tree_layer(root: Path, skip: tuple[str, ...] = ()) -> bytes:
+    """A reproducible layer of the directory tree at ``root`` as it is (modes, owners, symlinks;
+    a hard link stored as another copy); device nodes, sockets and whatever is under a ``skip``
+    path (relative, e.g. ``var/cache/apt``) are left out, the directories themselves kept."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path in sorted(root.rglob("*"), key=lambda p: p.relative_to(root).parts):
+            rel = path.relative_to(root).as_posix()
+            if any(rel.startswith(s + "/") for s in skip):
+                continue
+            info = tar.gettarinfo(str(path), arcname=rel)
+            if info.type not in (tarfile.REGTYPE, tarfile.DIRTYPE, tarfile.SYMTYPE, tarfile.LNKTYPE):
+                continue
+            if info.type == tarfile.LNKTYPE:        # the first copy may sit under a skipped path
+                info.type, info.linkname, info.size = tarfile.REGTYPE, "", path.stat().st_size
+            info.mtime, info.uname, info.gname = 0, "", ""
+            if info.isreg():
+                with open(path, "rb") as f:
+                    tar.addfile(info, f)
+            else:
+                tar.addfile(info)
+    return buf.getvalue()
+
+
+def _blob(data: bytes) -> tuple[str, bytes]:
+    return "sha256:" + hashlib.sha256(data).hexdigest(), data
+
+
+def oci_archive(out: Path, images: list[Image]) -> dict[str, str]:
+    """Write one OCI image layout tar holding ``images`` (``ctr images import`` and ``podman
+    load`` accept it; a layer two images share is one blob); returns name -> manifest digest."""
+    blobs: dict[str, bytes] = {}
+    manifests, digests = [], {}
+    for img in images:
+        layers = [_blob(layer) for layer in img.layers]
+        config = json.dumps({
+            "architecture": "amd64", "os": "linux", "created": "1970-01-01T00:00:00Z",
+            "config": {"Env": list(img.env), "Cmd": list(img.cmd),
+                       **({"Entrypoint": list(img.entrypoint)} if img.entrypoint else {}),
+                       **({"WorkingDir": img.workdir} if img.workdir else {})},
+            "rootfs": {"type": "layers", "diff_ids": [d for d, _ in layers]},
+            "history": [{"created": "1970-01-01T00:00:00Z", "created_by": "hiddenplane lab"} for _ in layers],
+        }, sort_keys=True).encode()
+        config_digest, _ = _blob(config)
+        manifest = json.dumps({
+            "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                       "digest": config_digest, "size": len(config)},
+            "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": d, "size": len(b)}
+                       for d, b in layers],
+        }, sort_keys=True).encode()
+        manifest_digest, _ = _blob(manifest)
+        blobs.update(layers)
+        blobs.update([(config_digest, config), (manifest_digest, manifest)])
+        digests[img.name] = manifest_digest
+        manifests.append({"mediaType": "application/vnd.oci.image.manifest.v1+json",
+                          "digest": manifest_digest, "size": len(manifest),
+                          "annotations": {"io.containerd.image.name": img.name,
+                                          "org.opencontainers.image.ref.name": img.name.rsplit(":", 1)[-1]}})
+    index = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
+                        "manifests": manifests}, sort_keys=True).encode()
+    with open(out, "wb") as f:
+        f.write(_tar_bytes([("blobs", None, 0o755, None), ("blobs/sha256", None, 0o755, None)] +
+                           [(f"blobs/sha256/{d.split(':')[1]}", b, 0o644, None) for d, b in blobs.items()] +
+                           [("oci-layout", b'{"imageLayoutVersion":"1.0.0"}', 0o644, None),
+                            ("index.json", index, 0o644, None)]))
+    return digests
+
+
 def build_image_archive(out: Path, name: str, files: dict[str, tuple[bytes, int]],
                         cmd: list[str], env: list[str] | None = None,
                         links: dict[str, str] | None = None, entrypoint: list[str] | None = None) -> str:
-    """Write an OCI image layout tar (one uncompressed layer holding ``files``, and ``links``:
-    symlink path -> target) that ``ctr images import`` and ``podman load`` accept; returns the
-    image's manifest digest.
+    """Write an OCI image layout tar of one image with one layer (``files``, and ``links``:
+    symlink path -> target); returns the image's manifest digest.
 
     ``name`` is the full reference (e.g. ``localhost/hiddenplane/busybox:lab``).
     """
-    links = links or {}
-    dirs = set()
-    for path in [*files, *links]:
-        parts = path.strip("/").split("/")[:-1]
-        dirs.update("/".join(parts[:i + 1]) for i in range(len(parts)))
-    dirs.update({"tmp", "proc", "sys", "dev", "etc"})
-    entries = [(d, None, 0o1777 if d == "tmp" else 0o755, None) for d in sorted(dirs)]
-    entries += [(p.strip("/"), content, mode, None) for p, (content, mode) in sorted(files.items())]
-    entries += [(p.strip("/"), None, 0o777, target) for p, target in sorted(links.items())]
-    layer = _tar_bytes(entries)
-    layer_digest = "sha256:" + hashlib.sha256(layer).hexdigest()
-    config = json.dumps({
-        "architecture": "amd64", "os": "linux", "created": "1970-01-01T00:00:00Z",
-        "config": {"Env": env or ["PATH=/bin:/usr/bin:/sbin:/usr/sbin"], "Cmd": cmd,
-                   **({"Entrypoint": entrypoint} if entrypoint else {})},
-        "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
-        "history": [{"created": "1970-01-01T00:00:00Z", "created_by": "hiddenplane lab"}],
-    }, sort_keys=True).encode()
-    config_digest = "sha256:" + hashlib.sha256(config).hexdigest()
-    manifest = json.dumps({
-        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
-                   "digest": config_digest, "size": len(config)},
-        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
-                    "digest": layer_digest, "size": len(layer)}],
-    }, sort_keys=True).encode()
-    manifest_digest = "sha256:" + hashlib.sha256(manifest).hexdigest()
-    index = json.dumps({
-        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
-        "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json",
-                       "digest": manifest_digest, "size": len(manifest),
-                       "annotations": {"io.containerd.image.name": name,
-                                       "org.opencontainers.image.ref.name": name.rsplit(":", 1)[-1]}}],
-    }, sort_keys=True).encode()
-    blobs = [(d.split(":")[1], b) for d, b in ((layer_digest, layer), (config_digest, config),
-                                              (manifest_digest, manifest))]
-    archive = _tar_bytes([("blobs", None, 0o755, None), ("blobs/sha256", None, 0o755, None)] +
-                         [(f"blobs/sha256/{h}", b, 0o644, None) for h, b in blobs] +
-                         [("oci-layout", b'{"imageLayoutVersion":"1.0.0"}', 0o644, None),
-                          ("index.json", index, 0o644, None)])
-    out.write_bytes(archive)
-    return manifest_digest
+    img = Image(name, (files_layer(files, links),), tuple(cmd), tuple(entrypoint or ()),
+                tuple(env or Image.env))
+    return oci_archive(out, [img])[name]
 
 
 def busybox_image_archive(out: Path, name: str, busybox: bytes) -> str:
