@@ -74,6 +74,8 @@ class Component:
     cgo: bool = False
     staging: bool = False       # k8s.io/kubernetes: pin its staging modules
     apt: tuple[str, ...] = ()   # Debian packages the build needs (headers)
+    # test binaries (`go test -c`): output name -> package, e.g. e2e.test (tools/kubebuild/e2e.py)
+    tests: dict[str, str] = field(default_factory=dict)
 
     @property
     def pin_dir(self) -> Path:
@@ -192,8 +194,20 @@ def wrapper_gomod(c: Component, upstream: dict[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def tools_go(c: Component) -> str:
-    imports = "\n".join(f'\t_ "{p}"' for p in sorted(set(c.binaries.values())))
+def test_imports(src: Path, pkg: str, module: str) -> set[str]:
+    """The non-standard packages the ``_test.go`` files of ``pkg`` (in ``module``'s source at
+    ``src``) import: a wrapper's tools.go names them, so that go mod tidy keeps what `go test -c`
+    of a dependency's package needs (tidy keeps only the main module's own test imports)."""
+    found: set[str] = set()
+    for f in (src / pkg.removeprefix(module).lstrip("/")).glob("*_test.go"):
+        for block in re.findall(r"^import\s*\((.*?)^\)", f.read_text(), re.M | re.S):
+            found.update(m for m in re.findall(r'^\s*(?:[\w.]+\s+)?"([^"]+)"', block, re.M)
+                         if "." in m.split("/")[0])
+    return found
+
+
+def tools_go(c: Component, extra: set[str] = frozenset()) -> str:
+    imports = "\n".join(f'\t_ "{p}"' for p in sorted(set(c.binaries.values()) | set(c.tests.values()) | extra))
     return ("//go:build tools\n\n// Package tools names the main packages this wrapper module builds, so that\n"
             f"// go mod tidy keeps their dependencies.\npackage tools\n\nimport (\n{imports}\n)\n")
 
@@ -201,9 +215,12 @@ def tools_go(c: Component) -> str:
 def pin(c: Component) -> Path:
     """(Re)generate the wrapper module of ``c`` from the upstream go.mod files."""
     c.pin_dir.mkdir(parents=True, exist_ok=True)
-    upstream = {m: download_gomod(m, c.version, c.pin_dir)[0] for m in c.modules}
+    downloaded = {m: download_gomod(m, c.version, c.pin_dir) for m in c.modules}
+    upstream = {m: text for m, (text, _) in downloaded.items()}
+    extra = {i for pkg in c.tests.values() for m, (_, src) in downloaded.items() if pkg.startswith(m + "/")
+             for i in test_imports(src, pkg, m)}
     (c.pin_dir / "go.mod").write_text(wrapper_gomod(c, upstream))
-    (c.pin_dir / "tools.go").write_text(tools_go(c))
+    (c.pin_dir / "tools.go").write_text(tools_go(c, extra))
     (c.pin_dir / "go.sum").unlink(missing_ok=True)
     log(f"==> pinning {c.name} {c.version} in {c.pin_dir.relative_to(ROOT)} (go mod tidy)")
     go(["mod", "tidy"], c.pin_dir, {**go_env(), "GOFLAGS": "-mod=mod"}, f"go mod tidy ({c.name})")
@@ -217,23 +234,26 @@ def build_env(c: Component) -> dict[str, str]:
 
 
 def build_key(c: Component, gover: str) -> str:
+    # (tests only when there are any: the keys of the components without stay what they were)
     return key_of(f"recipe={RECIPE}", c.name, c.version, gover, f"cgo={c.cgo}", c.tags,
-                  json.dumps(c.binaries, sort_keys=True), " ".join(c.ldflags(c.version)),
+                  json.dumps(c.binaries, sort_keys=True), *([json.dumps(c.tests, sort_keys=True)] if c.tests else []),
+                  " ".join(c.ldflags(c.version)),
                   *((c.pin_dir / f).read_text() for f in ("go.mod", "go.sum")))
 
 
 class Heartbeat:
     """Prints progress of a long build every ``every`` seconds: packages compiled, time spent."""
 
-    def __init__(self, label: str, every: float = 60.0):
-        self.label, self.every, self.count = label, every, 0
+    def __init__(self, label: str, every: float = 60.0, packages: bool = True):
+        self.label, self.every, self.count, self.packages = label, every, 0, packages
         self.start = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.wait(self.every):
-            log(f"    {self.label}: {self.count} packages compiled, {fmt_secs(time.monotonic() - self.start)}")
+            done = f"{self.count} packages compiled, " if self.packages else ""
+            log(f"    {self.label}: {done}{fmt_secs(time.monotonic() - self.start)}")
 
     def __enter__(self):
         self._thread.start()
@@ -250,13 +270,32 @@ def fmt_secs(s: float) -> str:
 def go_build(c: Component, out: Path) -> float:
     """Build ``c``'s binaries into ``out``; returns the peak RSS (MiB) of the largest process
     of the build (the go command and every compile and link it ran)."""
-    cmd = ["go", "build", "-v", "-trimpath", "-p", str(os.cpu_count() or 2),
-           "-ldflags", " ".join(["-s", "-w", *c.ldflags(c.version)]), "-o", f"{out}/"]
+    flags = ["-v", "-trimpath", "-p", str(os.cpu_count() or 2),
+             "-ldflags", " ".join(["-s", "-w", *c.ldflags(c.version)])]
     if c.tags:
-        cmd += ["-tags", c.tags.replace(" ", ",")]
+        flags += ["-tags", c.tags.replace(" ", ",")]
     # one go command for all of a component's binaries: shared packages compile once
-    cmd += sorted(set(c.binaries.values()))
-    with Heartbeat(f"{c.name} {c.version}") as hb, \
+    runs = [["go", "build", *flags, "-o", f"{out}/", *sorted(set(c.binaries.values()))]] if c.binaries else []
+    runs += [["go", "test", "-c", *[f for f in flags if f != "-v"], "-o", str(out / name), pkg]
+             for name, pkg in sorted(c.tests.items())]
+    peak = 0.0
+    for cmd in runs:
+        peak = max(peak, _go_run(c, cmd))
+    # a main package named like its directory lands under that name; rename to ours
+    for name, pkg in c.binaries.items():
+        built = out / pkg.rstrip("/").rsplit("/", 1)[-1]
+        if built.name in ("v2", "v3"):
+            built = out / pkg.rstrip("/").rsplit("/", 2)[-2]
+        if built != out / name:
+            built.rename(out / name)
+    return peak
+
+
+def _go_run(c: Component, cmd: list[str]) -> float:
+    """Run one go build/test command of ``c``, with a heartbeat; the peak RSS (MiB) of its tree."""
+    # `go test -c` lists no packages (-v is a test flag there): only the time
+    label = f"{c.name} {c.version}" + (f": go test -c {cmd[-1]}" if cmd[1] == "test" else "")
+    with Heartbeat(label, packages=cmd[1] != "test") as hb, \
             subprocess.Popen(cmd, cwd=c.pin_dir, env=build_env(c), stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True) as proc:
         tail: list[str] = []
@@ -267,14 +306,7 @@ def go_build(c: Component, out: Path) -> float:
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = rc = os.waitstatus_to_exitcode(status)
     if rc != 0:
-        raise SystemExit(f"build-kubernetes: go build of {c.name} {c.version} failed (exit {rc}):\n" + "\n".join(tail))
-    # a main package named like its directory lands under that name; rename to ours
-    for name, pkg in c.binaries.items():
-        built = out / pkg.rstrip("/").rsplit("/", 1)[-1]
-        if built.name in ("v2", "v3"):
-            built = out / pkg.rstrip("/").rsplit("/", 2)[-2]
-        if built != out / name:
-            built.rename(out / name)
+        raise SystemExit(f"build-kubernetes: go {cmd[1]} of {c.name} {c.version} failed (exit {rc}):\n" + "\n".join(tail))
     return usage.ru_maxrss / 1024
 
 
@@ -448,7 +480,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pin", action="store_true", help="regenerate the wrapper modules (go.mod, go.sum) and exit")
     p.add_argument("--etcd", metavar="VERSION", help=f"etcd version (default {versions.DEFAULT_COMPONENTS['etcd']})")
     p.add_argument("--only", action="append", default=[],
-                   help="build only these components (kubernetes, etcd, containerd, runc, cni, cri-tools, coredns, images)")
+                   help="build only these components (kubernetes, etcd, containerd, runc, cni, cri-tools, coredns, images; "
+                   "e2e: the conformance suite and its images, tools/kubebuild/e2e.py, never built by default)")
     args = p.parse_args(argv)
     version = versions.DEFAULT_KUBERNETES_VERSION if args.version == "default" else args.version
     if versions.parse(version) is None:
@@ -460,12 +493,15 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--etcd: '{args.etcd}' is not vMAJOR.MINOR.PATCH")
     components = [k8s, *others(args.etcd)]
     wanted = set(args.only) or {c.name for c in components} | {"images"}
-    unknown = wanted - {c.name for c in components} - {"images"}
+    unknown = wanted - {c.name for c in components} - {"images", "e2e"}
     if unknown:
         p.error(f"--only: unknown {', '.join(sorted(unknown))}")
+    if "e2e" in wanted:
+        import e2e                          # tools/kubebuild/e2e.py
+        components.append(e2e.e2e(version))
     if args.pin:
         for c in components:
-            if c.name in wanted:
+            if c.name in wanted or (c.name == "kubernetes-e2e" and "e2e" in wanted):
                 pin(c)
         return 0
     gover = go_version()
@@ -474,7 +510,11 @@ def main(argv: list[str] | None = None) -> int:
     built: list[Built] = []
     by_name: dict[str, Built] = {}
     for c in components:
-        if c.name in wanted or (c.name == "coredns" and "images" in wanted):
+        if c.name == "kubernetes-e2e":
+            # the etcd of the aggregator test's image is the cluster's own build
+            etcd = by_name.get("etcd") or build_component(next(o for o in components if o.name == "etcd"), gover)
+            built += e2e.build_e2e(version, gover, etcd)
+        elif c.name in wanted or (c.name == "coredns" and "images" in wanted):
             b = build_component(c, gover)
             by_name[c.name] = b
             if c.name != "coredns":       # CoreDNS runs as a pod: only its image goes out
@@ -489,4 +529,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    sys.modules.setdefault("build", sys.modules["__main__"])     # e2e.py imports this module by name
     sys.exit(main())
