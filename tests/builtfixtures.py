@@ -58,6 +58,22 @@ def upgrade_artifacts_dir() -> Path:
     return dest
 
 
+E2E_ENV = "HIDDENPLANE_TEST_E2E"
+
+
+def e2e_dir() -> Path:
+    """e2e.test, ginkgo and image-e2e.tar of the default version (tools/kubebuild/e2e.py),
+    built when missing; scripts/test builds them first and exports HIDDENPLANE_TEST_E2E."""
+    dest = Path(os.environ.get(E2E_ENV) or default_dir().parent / f"e2e-{versions.DEFAULT_KUBERNETES_VERSION}")
+    if not (dest / "e2e.test").is_file():
+        proc = subprocess.run([sys.executable, str(ROOT / "tools/kubebuild/build.py"), "default", str(dest),
+                               "--only", "e2e"], capture_output=True, text=True)
+        if proc.returncode != 0:
+            pytest.fail(f"scripts/build-kubernetes --only e2e failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    verify(dest, sorted(read_sums(dest)))
+    return dest
+
+
 # the etcd the etcd-roll test starts from: the default etcd is the next patch
 ETCD_FROM = "v3.6.15"
 

@@ -465,7 +465,7 @@ def install(dest: Path, built: list[Built]) -> dict[str, str]:
             if not (target.is_file() and sums.get(name) == cached[name] and sha256_file(target) == cached[name]):
                 tmp = dest / f".{name}.tmp"
                 shutil.copyfile(path, tmp)
-                tmp.chmod(0o644 if name.endswith(".tar") else 0o755)
+                tmp.chmod(0o644 if name.endswith((".tar", ".json")) else 0o755)
                 tmp.rename(target)
             sums[name] = cached[name]
     write_sums(dest, sums)
