@@ -73,3 +73,11 @@ def test_every_row_of_the_ci_selection_names_conformance_tests():
     selected = [n for n in names if re.search(conformance.selection_focus("ci"), n)]
     assert not [n for n in selected if "[Serial]" in n or "[Disruptive]" in n], selected
     assert 25 <= len(selected) <= 40, len(selected)
+
+
+def test_the_tests_left_out_for_want_of_a_registry_exist_and_are_not_in_the_ci_selection():
+    names = upstream_names()
+    for why, regex in conformance.NEEDS_REGISTRY:
+        matched = [n for n in names if re.search(regex, n)]
+        assert matched, f"{why}: {regex} matches no [Conformance] test"
+        assert not [n for n in matched if re.search(conformance.selection_focus("ci"), n)], matched

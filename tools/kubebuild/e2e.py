@@ -44,7 +44,8 @@ def e2e(version: str) -> Component:
     ``version`` (its own ginkgo release; sample-apiserver is one of its staging modules)."""
     return Component("kubernetes-e2e", version, ("k8s.io/kubernetes",),
                      {"ginkgo": "github.com/onsi/ginkgo/v2/ginkgo", "agnhost": AGNHOST,
-                      "sample-apiserver": "k8s.io/sample-apiserver"},
+                      "sample-apiserver": "k8s.io/sample-apiserver",
+                      "nnp": "k8s.io/kubernetes/test/images/nonewprivs"},
                      build._k8s_ldflags, staging=True, tests={"e2e.test": "k8s.io/kubernetes/test/e2e"})
 
 
@@ -246,6 +247,9 @@ def images(names: list[str], layers: dict[str, bytes], src: Path) -> tuple[list,
         "kitten": lambda n: web(n, "kitten"),
         "nautilus": lambda n: web(n, "nautilus"),
         "sample-apiserver": lambda n: Image(n, (layers["sample-apiserver"],), (), ("/sample-apiserver",)),
+        # upstream: Alpine with nnp setuid root (prints the uid it runs with)
+        "nonewprivs": lambda n: Image(n, (busybox, layers["nonewprivs"]), ("nnp",),
+                                      env=("PATH=/usr/local/bin:/bin:/usr/bin:/sbin:/usr/sbin",)),
         "etcd": lambda n: Image(n, (layers["etcd"],), ("/usr/local/bin/etcd",)),
     }
     made, missing = [], {}
@@ -269,6 +273,7 @@ def build_e2e(version: str, gover: str, etcd: Built) -> list[Built]:
     base = debian_layer()
     busybox, busybox_digest = busybox_layer()
     key = key_of(f"recipe={RECIPE}", sha256_file(progs.files["agnhost"]), sha256_file(progs.files["sample-apiserver"]),
+                 sha256_file(progs.files["nnp"]),
                  sha256_file(etcd.files["etcd"]), sha256_file(base.files["layer-debian.tar"]), busybox_digest,
                  *names)
 
@@ -278,7 +283,8 @@ def build_e2e(version: str, gover: str, etcd: Built) -> list[Built]:
                   "agnhost": _agnhost_layer(progs.files, src), "busybox": busybox,
                   "sample-apiserver": _archives().files_layer(
                       {"/sample-apiserver": (progs.files["sample-apiserver"].read_bytes(), 0o755)}),
-                  "etcd": _archives().files_layer({"/usr/local/bin/etcd": (etcd.files["etcd"].read_bytes(), 0o755)})}
+                  "etcd": _archives().files_layer({"/usr/local/bin/etcd": (etcd.files["etcd"].read_bytes(), 0o755)}),
+                  "nonewprivs": _archives().files_layer({"/usr/local/bin/nnp": (progs.files["nnp"].read_bytes(), 0o4755)})}
         made, missing = images(names, layers, src)
         _archives().oci_archive(tmp / "image-e2e.tar", made)
         (tmp / "e2e-images.json").write_text(json.dumps(

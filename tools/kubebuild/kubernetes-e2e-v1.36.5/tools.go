@@ -43,6 +43,7 @@ import (
 	_ "k8s.io/kubernetes/test/e2e/windows"
 	_ "k8s.io/kubernetes/test/fixtures"
 	_ "k8s.io/kubernetes/test/images/agnhost"
+	_ "k8s.io/kubernetes/test/images/nonewprivs"
 	_ "k8s.io/kubernetes/test/utils/format"
 	_ "k8s.io/sample-apiserver"
 )
