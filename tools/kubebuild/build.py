@@ -3,8 +3,9 @@
 Nothing here ships in the wheel. ``scripts/build-kubernetes VERSION DIR`` runs it: every
 component of COMPONENTS is built from a small wrapper module under ``tools/kubebuild/`` (its
 ``go.mod``/``go.sum`` committed, generated from the upstream go.mod by ``--pin``), and the
-images the lab needs (pause, CoreDNS, busybox) are wrapped as OCI archives. DIR gets the files
-plus a ``SHA256SUMS`` in the format ``source: dir`` verifies.
+images the lab needs (pause, CoreDNS, busybox) are wrapped as OCI archives; haproxy (the
+workers' API balancer) is built from its C release (sources.py). DIR gets the files plus a
+``SHA256SUMS`` in the format ``source: dir`` verifies.
 
 Built outputs are cached per component under ``$HIDDENPLANE_CACHE_DIR/build`` (default
 ``/var/cache/hiddenplane/build``), keyed by everything that goes into them: the wrapper
@@ -480,7 +481,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pin", action="store_true", help="regenerate the wrapper modules (go.mod, go.sum) and exit")
     p.add_argument("--etcd", metavar="VERSION", help=f"etcd version (default {versions.DEFAULT_COMPONENTS['etcd']})")
     p.add_argument("--only", action="append", default=[],
-                   help="build only these components (kubernetes, etcd, containerd, runc, cni, cri-tools, coredns, images; "
+                   help="build only these components (kubernetes, etcd, containerd, runc, cni, cri-tools, coredns, images, "
+                   "haproxy; "
                    "e2e: the conformance suite and its images, tools/kubebuild/e2e.py, never built by default)")
     args = p.parse_args(argv)
     version = versions.DEFAULT_KUBERNETES_VERSION if args.version == "default" else args.version
@@ -492,8 +494,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.etcd and versions.parse(args.etcd) is None:
         p.error(f"--etcd: '{args.etcd}' is not vMAJOR.MINOR.PATCH")
     components = [k8s, *others(args.etcd)]
-    wanted = set(args.only) or {c.name for c in components} | {"images"}
-    unknown = wanted - {c.name for c in components} - {"images", "e2e"}
+    import sources                          # tools/kubebuild/sources.py: C release tarballs
+    shipped_sources = ("haproxy",)          # built from C, shipped to hosts (busybox is the e2e images')
+    wanted = set(args.only) or {c.name for c in components} | {"images", *shipped_sources}
+    unknown = wanted - {c.name for c in components} - {"images", "e2e", *shipped_sources}
     if unknown:
         p.error(f"--only: unknown {', '.join(sorted(unknown))}")
     if "e2e" in wanted:
@@ -521,6 +525,7 @@ def main(argv: list[str] | None = None) -> int:
                 built.append(b)
     if "images" in wanted:
         built += [pause_image(k8s), coredns_image(by_name["coredns"]), busybox_image()]
+    built += [sources.build_source(n) for n in shipped_sources if n in wanted]
     sums = install(args.dir, built)
     fresh = [b for b in {b.name: b for b in [*by_name.values(), *built]}.values() if not b.cached and b.seconds]
     summary = ", ".join(f"{b.name} {fmt_secs(b.seconds)}" for b in fresh) or "everything from the cache"

@@ -23,6 +23,7 @@ import tempfile
 from pathlib import Path
 
 import build
+import sources
 from build import Built, Component, cached, download_gomod, key_of, log, sha256_file
 
 from installer.core.inventory_model import SANDBOX_IMAGE
@@ -147,64 +148,10 @@ def _busybox_applets(root: Path) -> None:
             (root / "usr/bin" / applet).symlink_to("/bin/busybox")
 
 
-# upstream's busybox image is busybox 1.37.0 built with its defconfig (test/images/busybox/
-# BASEIMAGE); Debian's busybox-static drops environment variables whose names are not shell
-# names before it execs a command (`sh -c env` loses "data-1"), upstream's ash keeps them, and
-# two [Conformance] tests look for them. The release tarball, as Debian's pool serves it
-# (unpatched .orig), checked against busybox.net's sha256.
-BUSYBOX_SOURCE = ("http://deb.debian.org/debian/pool/main/b/busybox/busybox_1.37.0.orig.tar.bz2",
-                  "3311dff32e746499f4df0d5df04d7eb396382d7e108bb9250e7b519b837043a4")
-# static like upstream's; tc does not build against current kernel headers (CBQ was removed)
-BUSYBOX_CONFIG = {"CONFIG_STATIC": "y", "CONFIG_TC": None}
-
-
-def busybox_binary() -> Built:
-    """busybox built from the release with defconfig and BUSYBOX_CONFIG (gcc, make, static libc)."""
-    import hashlib
-    import tarfile
-    import urllib.request
-    url, digest = BUSYBOX_SOURCE
-    gcc = subprocess.run(["gcc", "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
-
-    def make(tmp: Path) -> None:
-        log(f"==> building busybox from {url.rsplit('/', 1)[1]} (defconfig, static)")
-        with urllib.request.urlopen(url, timeout=120) as r:
-            data = r.read()
-        if hashlib.sha256(data).hexdigest() != digest:
-            raise SystemExit(f"build-kubernetes: {url}: sha256 {hashlib.sha256(data).hexdigest()}, expected {digest}")
-        work = Path(tempfile.mkdtemp(prefix="busybox-", dir=tmp.parent))
-        try:
-            import io
-            with tarfile.open(fileobj=io.BytesIO(data), mode="r:bz2") as tar:
-                tar.extractall(work, filter="data")
-            src = next(work.iterdir())
-            _make(src, ["defconfig"])
-            config = src / ".config"
-            lines = [line for line in config.read_text().splitlines()
-                     if not any(line.startswith((f"{k}=", f"# {k} is not set")) for k in BUSYBOX_CONFIG)]
-            lines += [f"{k}={v}" if v else f"# {k} is not set" for k, v in BUSYBOX_CONFIG.items()]
-            config.write_text("\n".join(lines) + "\n")
-            _make(src, ["oldconfig"], stdin="\n" * 50)
-            _make(src, [f"-j{os.cpu_count() or 2}", "busybox"])
-            shutil.copy2(src / "busybox", tmp / "busybox")
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-
-    return cached("busybox", "busybox-1.37.0",
-                  key_of(f"recipe={RECIPE}", url, digest, json.dumps(BUSYBOX_CONFIG, sort_keys=True), *gcc), make)
-
-
-def _make(src: Path, args: list[str], stdin: str | None = None) -> None:
-    proc = subprocess.run(["make", *args], cwd=src, capture_output=True, text=True, input=stdin)
-    if proc.returncode != 0:
-        raise SystemExit(f"build-kubernetes: busybox: make {' '.join(args)} failed (gcc, make and libc6-dev "
-                         "installed?):\n" + "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:]))
-
-
 def busybox_layer() -> tuple[bytes, str]:
     """busybox 1.37.0 as upstream builds it, with every applet it has as a link, and the
     passwd/group an image's users need; and the binary's digest (part of the cache key)."""
-    binary = busybox_binary().files["busybox"]
+    binary = sources.build_source("busybox").files["busybox"]
     applets = subprocess.run([str(binary), "--list"], capture_output=True, text=True, check=True).stdout.split()
     links = {f"/bin/{a}": "busybox" for a in applets if a != "busybox"}
     files = {"/bin/busybox": (binary.read_bytes(), 0o755),
