@@ -27,11 +27,19 @@ def konnectivity(tmp_path_factory, example_doc):
     return api.prepare(write_inventory(tmp, d), tmp / "state")
 
 
+@pytest.fixture(scope="module")
+def balanced(tmp_path_factory, example_doc):
+    d = copy.deepcopy(example_doc)
+    d["spec"].setdefault("apiServer", {}).update({"balancer": "local"})
+    tmp = tmp_path_factory.mktemp("components-b")
+    return api.prepare(write_inventory(tmp, d), tmp / "state")
+
+
 def test_rows_are_unique():
     names = [c.name for c in COMPONENTS]
     units = [c.unit for c in COMPONENTS]
     binaries = [b for c in COMPONENTS for b in c.binaries]
-    assert len(set(names)) == len(names) == 9
+    assert len(set(names)) == len(names) == 10
     assert len(set(units)) == len(units)
     assert len(set(binaries)) == len(binaries)
     assert all(c.unit.endswith(".service") and c.role in ("control", "worker", "any") for c in COMPONENTS)
@@ -39,9 +47,9 @@ def test_rows_are_unique():
     assert all(owner in names for owner in HELPER_BINARIES.values())
 
 
-def test_every_planned_unit_belongs_to_exactly_one_row(prepared, konnectivity):
+def test_every_planned_unit_belongs_to_exactly_one_row(prepared, konnectivity, balanced):
     seen = set()
-    for p in (prepared, konnectivity):
+    for p in (prepared, konnectivity, balanced):
         for plan in p.plans.values():
             for unit in plan.units:
                 rows = [c for c in COMPONENTS if c.unit == unit]
@@ -100,7 +108,16 @@ def test_the_consumers_read_the_table():
     assert fetch.RESTARTS["etcd"] == "etcd.service" and "etcdctl" not in fetch.RESTARTS
     assert select.CONTROL_UNITS == tuple(c.unit for c in components.by_role("control")
                                          if c.name.startswith("kube-"))
-    assert select.WORKER_UNITS == tuple(c.unit for c in COMPONENTS if c.role == "worker")
+    assert select.WORKER_UNITS == tuple(c.unit for c in COMPONENTS if c.role == "worker" and not c.addon)
+    assert select.BALANCER_UNIT == components.unit("api-balancer")
+    assert fetch.BALANCER_BINARY == "haproxy" and fetch.RESTARTS["haproxy"] == select.BALANCER_UNIT
+
+
+def test_only_the_balancer_reloads():
+    # a new haproxy binary or config is a reload (haproxy -Ws re-executes itself, connections kept)
+    assert [c.name for c in COMPONENTS if c.reload] == ["api-balancer"]
+    assert components.reloads("hiddenplane-api-balancer.service")
+    assert not components.reloads("kubelet.service") and not components.reloads("nope.service")
     assert (teardown.KUBELET_UNIT, teardown.KUBE_PROXY_UNIT, teardown.CONTAINERD_UNIT) == components.units(
         "kubelet", "kube-proxy", "containerd")
 
@@ -130,7 +147,8 @@ def test_each_row_names_the_inventory_field_its_version_comes_from(doc, tmp_path
     released = fetch.component_versions(inv)
     got = {c.name: components.version_of(c.name, inv.spec) for c in COMPONENTS}
     assert got == {"etcd": "3.6.11", "kube-apiserver": "v1.36.2", "konnectivity-server": None,
-                   "kube-controller-manager": "v1.36.2", "kube-scheduler": "v1.36.2", "hiddenplane-routes": None,
+                   "kube-controller-manager": "v1.36.2", "kube-scheduler": "v1.36.2", "api-balancer": None,
+                   "hiddenplane-routes": None,
                    "containerd": "2.2.3", "kubelet": "v1.36.2", "kube-proxy": "v1.36.2"}
     # the same values fetch downloads (release URLs spell them with or without the v)
     assert released["kubernetes"].removeprefix("v") == got["kubelet"].removeprefix("v")

@@ -367,6 +367,10 @@ def test_foreign_changes_allow_only_the_node_and_the_routes():
     assert node_ops.foreign_changes(rep, "node3") == []
     rep.events.append(Event("control-plane", "cp1", "changed", detail=["* restart kube-apiserver.service"]))
     assert node_ops.foreign_changes(rep, "node3") == ["cp1: * restart kube-apiserver.service"]
+    # a control host added or removed: every worker's balancer lists one server more or less
+    rep.events[-1] = Event("workers", "node2", "changed", detail=[
+        "~ /etc/kubernetes/api-balancer.cfg 0644 root:root sha256:3", "* reload hiddenplane-api-balancer.service"])
+    assert node_ops.foreign_changes(rep, "node3") == []
 
 
 # --- the CLI -----------------------------------------------------------------------------------

@@ -679,7 +679,7 @@ def test_etcd_member_remove_and_add_with_the_api_serving(rc):
     doc = yaml.safe_load(without_cp3.read_text())
     doc["spec"]["allowEvenControlHosts"] = True
     without_cp3.write_text(yaml.safe_dump(doc, sort_keys=False))
-    # the apiservers restart one at a time (their --etcd-servers change): one always answers
+    # each apiserver uses its own host's member: while cp3 leaves and comes back, one always answers
     with Probe("API (any apiserver) during etcd member remove/add", lambda: some_apiserver_answers(rc)) as api_probe:
         out = run_installer("etcd", "member", "remove", str(inv), "cp3", "--state", str(rc.state), "--allow-even",
                             "--yes", timeout=900).stdout

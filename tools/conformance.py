@@ -58,6 +58,8 @@ CI_SELECTION: tuple[tuple[str, str], ...] = (
     ("ServiceAccounts (pods reach the apiserver)",
      r"ServiceAccounts (should mount an API token into pods|ServiceAccountIssuerDiscovery should support OIDC discovery)"),
     ("certificates API", r"Certificates API .*should support CSR API operations"),
+    ("the kubernetes Service (its endpoints: the workers' balancer address)",
+     r"API Server should (have Endpoints and EndpointSlices pointing to API Server|provide secure master service)"),
 )
 # upstream e2e tests outside [Conformance] that the CI selection adds: no conformance test
 # covers kubectl port-forward (the apiserver's streaming path to the kubelet)

@@ -27,7 +27,8 @@ import threading
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-REAL = ("tests/test_real_cluster.py", "tests/test_real_conformance.py", "tests/test_real_day2.py")
+REAL = ("tests/test_real_cluster.py", "tests/test_real_conformance.py", "tests/test_real_ha.py",
+        "tests/test_real_day2.py")
 COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)\b")
 CLOSING = re.compile(r"\bin [\d.]+s\b")
 NO_TESTS = 5

@@ -2,8 +2,9 @@
 
 ``add`` registers a control host as a *learner* (it votes on nothing while it catches up),
 installs and starts its member with ``--initial-cluster-state=existing``, promotes it once etcd
-says it is in sync, checks every member healthy, then converges the control hosts so each
-apiserver's ``--etcd-servers`` names the new member. ``remove`` stops the control plane and etcd
+says it is in sync, checks every member healthy, then converges the hosts (the new host's
+control plane, which uses its own member, and the workers' balancers, which list its
+apiserver). ``remove`` stops the control plane and etcd
 on the host, removes the member through another one, moves the host's data dir aside and checks
 the others healthy.
 
@@ -181,8 +182,10 @@ def _add_steps(inv: Inventory, host: HostSpec, member: Member | None, via: Remot
                                  log)),
         Step(f"etcdctl member promote {member.id if member else '<its ID>'} once the learner is in sync; "
              "wait for every member healthy", promote),
-        Step("converge the control hosts (every apiserver's --etcd-servers names the new member)",
-             lambda j: _converge(inv, state_dir, Options(hosts=frozenset(h.name for h in inv.controls),
+        # the workers too: with spec.apiServer.balancer their balancers list the new apiserver
+        Step("converge the hosts (the new host's control plane on its own member; the workers' API balancers "
+             "list its apiserver)",
+             lambda j: _converge(inv, state_dir, Options(hosts=frozenset(h.name for h in inv.spec.hosts),
                                                          skip=frozenset({"cluster-bootstrap"}),
                                                          wait_timeout=wait_timeout), log)),
     ]

@@ -25,7 +25,9 @@ from installer.core.errors import InstallerError
 from installer.core.etcd_rules import Change
 from installer.core.inventory import HostSpec, Inventory
 from installer.core.ledger import Ledger, NodeRetiredError, check_inventory, revoked_message
+from installer.core import components
 from installer.core.network import ROUTES_UNIT
+from installer.core.render.balancer import BALANCER_CONFIG
 from installer.engine.phases.base import Options
 from installer.engine.phases.select import planned_changes
 from installer.core.pki.material import Material, ensure
@@ -37,6 +39,7 @@ from installer.actions import etcd_members
 
 ApiFactory = Callable[[], ContextManager[kube.ApiClient]]
 ROUTES_PATH = f"/etc/systemd/system/{ROUTES_UNIT}"
+BALANCER_UNIT = components.unit("api-balancer")
 
 
 class NodeOpError(InstallerError):
@@ -96,13 +99,15 @@ def cluster_api(inv: Inventory, material: Material, factory: ApiFactory | None =
 # --- what a run may change elsewhere ----------------------------------------------------------
 
 def foreign_changes(report: runner.Report, allowed_host: str | None) -> list[str]:
-    """Planned changes beyond ``allowed_host`` and the other hosts' pod routes."""
+    """Planned changes beyond ``allowed_host``, the other hosts' pod routes and the workers' API
+    balancers (a control host added or removed is a server more or less on every worker)."""
     out = []
     for ev in report.changed:
         if ev.host == allowed_host or ev.host.startswith("("):     # (local) state, (api) objects
             continue
         for line in ev.detail:
-            if line.startswith("~ " + ROUTES_PATH + " ") or line == f"* restart {ROUTES_UNIT}":
+            if (line.startswith(("~ " + ROUTES_PATH + " ", "~ " + BALANCER_CONFIG + " "))
+                    or line in (f"* restart {ROUTES_UNIT}", f"* reload {BALANCER_UNIT}")):
                 continue
             out.append(f"{ev.host}: {line}")
     return out

@@ -21,6 +21,7 @@ This lives apart from the two operations so that each of them reads as its own p
 
 from __future__ import annotations
 
+import time
 import uuid
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
@@ -38,10 +39,11 @@ from installer.engine.phases.acquire_lock import AcquireLock, acquire, release
 from installer.engine.phases.base import Context, Options
 from installer.engine.phases.connect_hosts import ConnectHosts
 from installer.engine.phases.join_workers import KUBELET_PORTS, active_script
-from installer.engine.phases.select import control_plane_part, etcd_part, worker_part
+from installer.engine.phases.select import control_plane_part, etcd_part, probed_files, worker_part
 from installer.engine.phases.start_control_plane import listening_script
 from installer.engine.phases.start_etcd import health_script
 from installer.core.pki.material import Changes, Material
+from installer.core.render.balancer import SETTLE_SECONDS as BALANCER_SETTLE
 from installer.core.render.plan import render_cluster
 from installer.host import probes
 from installer.host.ssh import HostError, Remote
@@ -134,8 +136,8 @@ def _probe(ctx: Context, host: str) -> None:
     """The apply probe over the host's planned files, dirs and units (binaries are not
     looked at: a renewal never touches them); re-render the host with its facts."""
     plan = ctx.plans[host]
-    out = ctx.remotes[host].run(PROBE, stdin=probe_input(list(plan.files) + list(plan.absent), list(plan.dirs),
-                                                         list(plan.units)), what="read facts")
+    out = ctx.remotes[host].run(PROBE, stdin=probe_input(probed_files(plan), list(plan.dirs), list(plan.units)),
+                                what="read facts")
     try:
         ctx.facts[host] = parse(out.stdout)
     except ValueError as e:
@@ -247,6 +249,10 @@ def roll(ctx: Context, pending: dict[str, list[str]], report: Report, etcd_toget
             for u in units:
                 ctx.log(f"{h}: wait for {u}")
                 _wait(ctx, h, u, nodes_ready)
+                if u == APISERVER and ctx.inv.local_balancer:
+                    # ready: the workers' balancers mark it up at their next check; only then
+                    # may the next apiserver leave them (render/balancer.py's interval)
+                    time.sleep(BALANCER_SETTLE)
 
 
 def stop_units(ctx: Context, host: str, units: list[str]) -> None:

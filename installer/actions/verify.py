@@ -39,7 +39,7 @@ from typing import Callable
 
 from installer.core.errors import InstallerError
 from installer.core.inventory import HostSpec, Inventory
-from installer.engine.phases.select import CONTROL_UNITS as CONTROL_PLANE_UNITS, ETCD_UNIT, WORKER_UNITS
+from installer.engine.phases.select import BALANCER_UNIT, CONTROL_UNITS as CONTROL_PLANE_UNITS, ETCD_UNIT, WORKER_UNITS
 from installer.core.render.files import HostPlan
 from installer.core.render.worker import BOOTSTRAP_KUBECONFIG
 from installer.core import components
@@ -289,7 +289,8 @@ def check_host(host, h: HostSpec, plan: HostPlan) -> list[CheckResult]:
         absent = {"no etcd binary": (("/usr/local/bin/etcd",), ("etcd",)),
                   f"no {ETCD_UNIT} unit": (tuple(f"{d}/{ETCD_UNIT}" for d in UNIT_DIRS), ())}
         absent |= {f"no signing key {p}": ((p,), ()) for p in SIGNING_KEYS}
-        units, commands = WORKER_UNITS, ("etcd",)
+        # the balancer's unit when the plan has it (spec.apiServer.balancer)
+        units, commands = tuple(u for u in plan.units if u in (BALANCER_UNIT, *WORKER_UNITS)), ("etcd",)
 
     paths = sorted({p for ps, _ in absent.values() for p in ps} | set(private) | {d.path for d in dirs}
                    | {KUBELET_CLIENT_CERT})
@@ -326,8 +327,9 @@ def _api_checks(inv: Inventory, state_dir) -> list[CheckResult]:
     via = inv.api_url
     try:
         with kube.api_access(inv, lambda h: Remote(h, inv)) as url, kube.api_client(url, material) as client:
-            if url != inv.api_url:
-                via = f"{inv.api_url} (through an SSH tunnel via {inv.controls[0].name})"
+            # the apiserver that answered (api_access fails over across control hosts)
+            via = (f"{inv.api_url} (through an SSH tunnel to a control host)"
+                   if url.startswith("https://127.0.0.1:") else url)
             try:
                 listed = kube.rest(client, "GET", kube.NODES, f"the API at {via}")["items"] or []
             except kube.KubeError as e:         # not reached, or TLS failed

@@ -58,12 +58,15 @@ def render(path: str | Path, out: str | Path, state_dir: str | Path | None = Non
 
 
 def admin_kubeconfig(path: str | Path, out: str | Path | None = None, state_dir: str | Path | None = None,
-                     force: bool = False) -> tuple[Inventory, Path, bool]:
+                     force: bool = False) -> tuple[Inventory, Path, bool, str, str | None]:
     """Write the admin kubeconfig from the state (default ``./<cluster>.kubeconfig``, 0600);
-    an existing different file is kept unless ``force``. Returns (inventory, path, written)."""
+    an existing different file is kept unless ``force``. Its server: the endpoint, or the first
+    control host whose apiserver answers now (``kube.answering_server``). Returns (inventory,
+    path, written, server, why the server is not the first control host's or None)."""
     from installer.host import kube   # only this command reaches the API
     inv = validate(path)
     material = state_for(inv, state_dir).load(inv)
     kube.check_admin_material(inv, material)
     target = Path(out) if out else Path(f"{inv.metadata.name}.kubeconfig")
-    return inv, target, kube.write_kubeconfig(inv, material, target, force=force)
+    server, why = kube.answering_server(inv)
+    return inv, target, kube.write_kubeconfig(inv, material, target, force=force, server=server), server, why

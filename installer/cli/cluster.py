@@ -94,9 +94,11 @@ def plan(inventory, render_dir, check, state_dir, only, skip, parallel, accept_n
 @click.option("--force", is_flag=True, help="Overwrite an existing file with other content.")
 @domain_errors
 def kubeconfig(inventory, output, state_dir, force):
-    """Write an admin kubeconfig (user kubernetes-admin) for the cluster's API endpoint."""
-    inv, path, written = api.admin_kubeconfig(inventory, output, state_dir, force)
-    click.echo(f"{path}: {'written' if written else 'unchanged'} (user kubernetes-admin, server {inv.api_url})")
+    """Write an admin kubeconfig (user kubernetes-admin) for the cluster's API endpoint, or,
+    without one, the first control host whose apiserver answers now."""
+    inv, path, written, server, why = api.admin_kubeconfig(inventory, output, state_dir, force)
+    click.echo(f"{path}: {'written' if written else 'unchanged'} (user kubernetes-admin, server {server}"
+               + (f"; {why}" if why else "") + ")")
 
 
 @click.command()

@@ -35,6 +35,9 @@ class Component:
     health: str = ""               # what the phases wait for after a (re)start (words: the waits are theirs)
     version: tuple[str, ...] = ()  # the field of the inventory's spec its version comes from; () pinned here
     addon: bool = False            # rendered only when its addon is enabled
+    # a change reloads the unit instead of restarting it (systemctl reload-or-restart): the
+    # balancer re-executes itself and keeps the connections it carries
+    reload: bool = False
 
 
 COMPONENTS = (
@@ -52,6 +55,11 @@ COMPONENTS = (
               rank=3, ports=(Port(10257, "secure"),), health="listens on 10257", version=("kubernetes", "version")),
     Component("kube-scheduler", CONTROL, "kube-scheduler.service", ("kube-scheduler",), rank=3,
               ports=(Port(10259, "secure"),), health="listens on 10259", version=("kubernetes", "version")),
+    # spec.apiServer.balancer: local. Before containerd, kubelet and kube-proxy (its unit orders
+    # itself so); a new binary or config is a reload (haproxy -Ws re-executes the new binary)
+    Component("api-balancer", WORKER, "hiddenplane-api-balancer.service", ("haproxy",),
+              health="systemctl is-active; each apiserver's /readyz checked by haproxy itself",
+              addon=True, reload=True),
     Component("hiddenplane-routes", ANY, "hiddenplane-routes.service",
               health="oneshot: systemctl is-active"),
     Component("containerd", WORKER, "containerd.service", ("containerd",),
@@ -81,6 +89,12 @@ def by_unit(unit: str) -> Component | None:
 
 def by_role(role: str) -> tuple[Component, ...]:
     return tuple(c for c in COMPONENTS if c.role in (role, ANY))
+
+
+def reloads(unit_name: str) -> bool:
+    """Whether a change to ``unit_name``'s inputs reloads it rather than restarting it."""
+    c = by_unit(unit_name)
+    return c is not None and c.reload
 
 
 def unit(name: str) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from installer.core import components
 from installer.core.facts import HostFacts
 from installer.core.render.files import HostDir, HostFile, SystemUser
 
@@ -64,7 +65,7 @@ class HostChanges:
         out += [f"- {p}" for p in self.remove]
         out += [f"* enable {u}" for u in self.enable]
         out += [f"* start {u}" for u in self.start]
-        out += [f"* restart {u}" for u in self.restart]
+        out += [f"* {'reload' if components.reloads(u) else 'restart'} {u}" for u in self.restart]
         return out
 
 

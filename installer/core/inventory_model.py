@@ -19,6 +19,8 @@ from installer.core.inventory_fields import (API_VERSION, CIDR, Bool, HostIP, In
 # --- the document --------------------------------------------------------------------------
 
 SANDBOX_IMAGE = "registry.k8s.io/pause:3.10.2"      # the default of spec.artifacts.sandboxImage
+# the defaults of spec.apiServer.balancerAddress, by the cluster's family (serviceCIDR's)
+BALANCER_ADDRESS, BALANCER_ADDRESS_V6 = "172.20.0.1", "fd72:20::1"
 
 
 class Metadata(StrictModel):
@@ -61,6 +63,18 @@ class ApiServerSpec(StrictModel):
     alwaysPullImages: Bool = Field(
         True, description="Enable the AlwaysPullImages admission plugin (CIS 1.2.11). Turn off for "
         "clusters whose images are imported into containerd with no registry to pull from.")
+    balancer: Literal["auto", "local", "none"] = Field(
+        "auto", description="How workers reach the API. local: every worker runs a balancer (HAProxy, a "
+        "systemd unit) on 127.0.0.1:port and balancerAddress:port over every control host's apiserver, "
+        "checked on /readyz each second: kubelet, kube-proxy and pods (the kubernetes Service) keep "
+        "working while a control host is lost. none: workers use endpoint. auto: local with more than "
+        "one control host and no endpoint, else none.")
+    balancerAddress: IP | None = Field(
+        None, description="With the local balancer: the address every worker also holds (on lo) and its "
+        "balancer listens on, which the kubernetes Service's endpoints name, so that pods reach the API "
+        f"through their own node's balancer. Must be free on every network the workers reach, outside "
+        f"podCIDR and serviceCIDR. Default: {BALANCER_ADDRESS} (HyperShift's), {BALANCER_ADDRESS_V6} in "
+        "an IPv6 cluster.")
 
 
 def _local_path(v: str) -> str:
@@ -209,10 +223,25 @@ class Inventory(StrictModel):
 
     @property
     def api_url(self) -> str:
-        host = self.endpoint
-        if ":" in host:  # IPv6 literal
-            host = f"[{host}]"
-        return f"https://{host}:{self.spec.apiServer.port}"
+        return _https(self.endpoint, self.spec.apiServer.port)
+
+    @property
+    def local_balancer(self) -> bool:
+        """Whether every worker runs the API balancer (spec.apiServer.balancer, auto resolved)."""
+        mode = self.spec.apiServer.balancer
+        if mode == "auto":
+            return len(self.controls) > 1 and not self.spec.apiServer.endpoint
+        return mode == "local"
+
+    @property
+    def balancer_address(self) -> str:
+        """spec.apiServer.balancerAddress, or the default of the cluster's address family."""
+        return self.spec.apiServer.balancerAddress or default_balancer_address(self.spec.network.serviceCIDR)
+
+    @property
+    def worker_api_url(self) -> str:
+        """The API as kubelet and kube-proxy reach it: their own balancer on loopback, or api_url."""
+        return _https("127.0.0.1", self.spec.apiServer.port) if self.local_balancer else self.api_url
 
     @property
     def kubernetes_service_ip(self) -> str:
@@ -246,3 +275,11 @@ class Inventory(StrictModel):
     def artifacts_dir(self) -> Path | None:
         p = self.spec.artifacts.path
         return None if p is None else (self.base_dir / Path(p).expanduser()).resolve()
+
+
+def _https(host: str, port: int) -> str:
+    return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
+
+
+def default_balancer_address(service_cidr: str) -> str:
+    return BALANCER_ADDRESS_V6 if ":" in str(service_cidr) else BALANCER_ADDRESS

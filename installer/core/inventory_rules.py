@@ -13,7 +13,7 @@ from typing import Any
 from installer.core.network import capacity, slice_prefix
 
 from installer.core.inventory_fields import DNS1123_LABEL, HIDDEN_MSG, MAX_PATH, apiserver_san_values, as_ip, quoted
-from installer.core.inventory_model import NetworkSpec, SSHSpec
+from installer.core.inventory_model import NetworkSpec, SSHSpec, default_balancer_address
 
 def _get(data: Any, *keys: Any) -> Any:
     for k in keys:
@@ -74,10 +74,44 @@ def _network_problems(data: dict, hosts: list) -> list[str]:
                 out.append(f"spec.hosts[{i}].address: '{ip}' lies inside spec.network.{label} {n}")
         if endpoint and endpoint.version == n.version and endpoint in n:
             out.append(f"spec.apiServer.endpoint: '{endpoint}' lies inside spec.network.{label} {n}")
+    out += _balancer_problems(data, hosts, pod, svc)
     if isinstance(net, dict) and net.get("cni") == "cilium" and net.get("egress") == "routes":
         # Cilium's pod network is not routed from hosts that are not nodes
         out.append("spec.network.egress: 'routes' needs cni: routes; with cni: cilium the control hosts "
                    "cannot route to pods: use egress: konnectivity (the default with cilium)")
+    return out
+
+
+def _balancer_problems(data: dict, hosts: list, pod, svc) -> list[str]:
+    """spec.apiServer.balancerAddress, checked whatever the balancer mode (a switch later must not
+    meet a bad address): the kubernetes Service's endpoints name it, and the Endpoints API refuses
+    loopback, link-local, multicast and unspecified addresses; every worker holds it on lo, so a
+    host or a cluster network using it would become unreachable from the workers."""
+    raw = _get(data, "spec", "apiServer", "balancerAddress")
+    if raw is None:
+        raw = default_balancer_address(svc if svc else "")
+    ip = as_ip(raw)
+    if ip is None:
+        return []        # the field check reports it
+    where = "spec.apiServer.balancerAddress"
+    value = quoted(str(raw))
+    c = _comparable(ip)
+    if c.is_loopback or c.is_link_local or c.is_multicast or c.is_unspecified:
+        return [f"{where}: {value} is a loopback, link-local, multicast or unspecified address, which the "
+                "kubernetes Service's endpoints cannot name; pick a private address no network here uses"]
+    out = []
+    if svc and c.version != svc.version:
+        out.append(f"{where}: {value} is IPv{c.version} but spec.network.serviceCIDR {svc} is IPv{svc.version}")
+    for label, n in (("podCIDR", pod), ("serviceCIDR", svc)):
+        if n and c.version == n.version and c in n:
+            out.append(f"{where}: {value} lies inside spec.network.{label} {n}")
+    for i, h in enumerate(hosts):
+        if isinstance(h, dict) and _comparable(as_ip(h.get("address"))) == c:
+            out.append(f"{where}: {value} is the address of spec.hosts[{i}]: every worker holds the balancer "
+                       "address, and would no longer reach that host")
+    endpoint = as_ip(_get(data, "spec", "apiServer", "endpoint"))
+    if endpoint is not None and _comparable(endpoint) == c:
+        out.append(f"{where}: {value} is spec.apiServer.endpoint; the balancer address is every worker's own")
     return out
 
 

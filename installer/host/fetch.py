@@ -41,6 +41,7 @@ ARCHES = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm
 
 # the unit to restart when a binary changes (others are picked up on next use)
 RESTARTS = components.restarts()
+BALANCER_BINARY = components.by_name("api-balancer").binaries[0]
 
 
 
@@ -62,9 +63,16 @@ def konnectivity(inv) -> bool:
     return inv is not None and egress_mode(inv) == "konnectivity"
 
 
+def balancer(inv) -> bool:
+    """Whether the workers run the API balancer (``spec.apiServer.balancer``, auto resolved)."""
+    return inv is not None and inv.local_balancer
+
+
 def cluster_binaries(inv) -> tuple[str, ...]:
-    """ALL_BINARIES, plus konnectivity-server with ``egress: konnectivity``."""
-    return ALL_BINARIES + ((KONNECTIVITY_SERVER,) if konnectivity(inv) else ())
+    """ALL_BINARIES, plus konnectivity-server with ``egress: konnectivity`` and haproxy with the
+    workers' balancer."""
+    return (ALL_BINARIES + ((KONNECTIVITY_SERVER,) if konnectivity(inv) else ())
+            + ((BALANCER_BINARY,) if balancer(inv) else ()))
 
 
 def digest_record(inv) -> Digests:
@@ -90,8 +98,25 @@ def resolve(inv, log: Log = print, arch: str = ARTIFACTS_ARCH, digests: Digests 
                 f"provide it with spec.artifacts.source: dir, named {KONNECTIVITY_SERVER} in the artifacts "
                 f"directory and listed in its {SUMS_FILE} with every other binary")
         out = download.resolve(cache_dir(inv), component_versions(inv), log, arch, digests)
+        if balancer(inv):
+            out.update(_balancer_from_cache(inv, digests))
     _check_pinned(inv, out)
     return out
+
+
+def _balancer_from_cache(inv, digests: Digests | None) -> dict[str, ResolvedArtifact]:
+    """haproxy with ``source: download``: HAProxy publishes sources only, so the binary comes from
+    the download cache directory, put there with its SHA256SUMS line (as image archives are)."""
+    directory = cache_dir(inv)
+    if BALANCER_BINARY not in read_sums(directory):
+        raise ArtifactError(
+            f"{BALANCER_BINARY}: the workers' API balancer (spec.apiServer.balancer: {inv.spec.apiServer.balancer}, "
+            f"{len(inv.controls)} control hosts) needs it, and HAProxy publishes no release binary to download: "
+            f"build a static one with `scripts/build-kubernetes {inv.spec.kubernetes.version} {directory} --only "
+            f"haproxy` (it lands in that directory's {SUMS_FILE}), or use spec.artifacts.source: dir, or set "
+            "spec.apiServer.balancer: none and give spec.apiServer.endpoint (a VIP or load balancer)")
+    found = verify(directory, [BALANCER_BINARY], digests)
+    return {BALANCER_BINARY: ResolvedArtifact(BALANCER_BINARY, directory / BALANCER_BINARY, found[BALANCER_BINARY])}
 
 
 def is_image(name: str) -> bool:
@@ -126,7 +151,7 @@ def role_binaries(role: str, inv=None) -> tuple[str, ...]:
     if role == "control":
         return CONTROL_BINARIES + ((KONNECTIVITY_SERVER,) if konnectivity(inv) else ())
     if role == "worker":
-        return WORKER_BINARIES + CNI_PLUGINS
+        return WORKER_BINARIES + CNI_PLUGINS + ((BALANCER_BINARY,) if balancer(inv) else ())
     raise ValueError(f"unknown role {role!r}")
 
 
@@ -145,6 +170,8 @@ def binary_files(resolved: dict[str, ResolvedArtifact], role: str, inv=None) -> 
     names = role_binaries(role, inv)
     if inv is None and role == "control" and KONNECTIVITY_SERVER in resolved:
         names += (KONNECTIVITY_SERVER,)
+    if inv is None and role == "worker" and BALANCER_BINARY in resolved:
+        names += (BALANCER_BINARY,)
     missing = [n for n in names if n not in resolved]
     if missing:
         raise ArtifactError(f"artifacts: not resolved: {', '.join(missing)}")

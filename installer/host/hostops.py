@@ -25,6 +25,7 @@ import time
 import zlib
 from concurrent.futures import Future
 
+from installer.core import components
 from installer.core.diff import HostChanges
 from installer.core.facts import MANIFEST, PENDING, STATE_DIR
 
@@ -170,9 +171,10 @@ def script(changes: HostChanges, stamp: str | None = None, no_block: bool = Fals
     nb = " --no-block" if no_block else ""
     for verb, units in (("start", changes.start), ("restart", changes.restart)):
         for u in units:
+            how = "reload-or-restart" if verb == "restart" and components.reloads(u) else verb
             # one retry after a pause absorbs transient start failures (seen in containers:
             # 219/CGROUP while the host is busy); a unit that still fails says why in the error
-            lines.append(f"systemctl {verb}{nb} {q(u)} || {{ sleep 3; systemctl {verb}{nb} {q(u)}; }} || "
+            lines.append(f"systemctl {how}{nb} {q(u)} || {{ sleep 3; systemctl {how}{nb} {q(u)}; }} || "
                          f"{{ journalctl -u {q(u)} -n 12 --no-pager -o cat >&2; exit 1; }}")
     done = sorted(set(changes.restart) | set(changes.start))
     if done:

@@ -152,6 +152,8 @@ def _as_subset(want: dict, live: dict) -> str | None:
         return "recreate"
     if want["kind"] in ("Deployment", "DaemonSet") and "selector" in w and w["selector"] != h.get("selector"):
         return "recreate"
+    if want["kind"] == "EndpointSlice" and want.get("addressType") != live.get("addressType"):
+        return "recreate"
     return None if _subset(want, live) else "replace"
 
 
@@ -229,6 +231,8 @@ KINDS: dict[tuple[str, str], tuple[str, bool, Callable[[dict, dict], str | None]
     ("v1", "ServiceAccount"): ("serviceaccounts", True, _as_subset, True),
     ("v1", "ConfigMap"): ("configmaps", True, _as_subset, True),
     ("v1", "Service"): ("services", True, _as_subset, True),
+    ("v1", "Endpoints"): ("endpoints", True, _as_subset, True),
+    ("discovery.k8s.io/v1", "EndpointSlice"): ("endpointslices", True, _as_subset, True),
     ("v1", "Secret"): ("secrets", True, _token_secret, False),
     (f"{RBAC_GROUP}/v1", "ClusterRole"): ("clusterroles", False, _as_subset, True),
     (f"{RBAC_GROUP}/v1", "ClusterRoleBinding"): ("clusterrolebindings", False, _exact_binding, False),

@@ -125,7 +125,18 @@ def etcd_unit_files(inv: Inventory, host: HostSpec, join: str | None = None) -> 
 
 
 def etcd_servers(inv: Inventory) -> str:
+    """Every member's client URL (etcdctl's endpoints for cluster-wide health and membership)."""
     return ",".join(client_url(c.address) for c in inv.controls)
+
+
+# Each apiserver talks to the etcd member on its own host only, as kubeadm's stacked control
+# planes do: etcd's client balances requests over every endpoint it is given, and with a member
+# lost (its host cut off) the apiservers of the other hosts kept sending a share of their
+# requests to it, each waiting for its deadline, and their /readyz failed now and then, for as
+# long as the outage lasted (seen on the real lab). With the local member only, a lost host takes
+# its own apiserver with it and no other; a member that is down or out of quorum fails its own
+# apiserver's /readyz, and the workers' balancers stop using that apiserver.
+LOCAL_ETCD = client_url("127.0.0.1")
 
 
 def apiserver_flags(inv: Inventory, host: HostSpec) -> list[str]:
@@ -138,7 +149,9 @@ def apiserver_flags(inv: Inventory, host: HostSpec) -> list[str]:
         "--bind-address": "0.0.0.0" if ":" not in host.address else "::",
         "--secure-port": api.port,
         "--allow-privileged": True,
-        "--anonymous-auth": False,
+        # anonymous requests refused; with the workers' balancers, but for the health endpoints
+        # their checks read (the authentication config, balancer_flags)
+        "--anonymous-auth": None if inv.local_balancer else False,
         "--authorization-mode": "Node,RBAC",
         "--enable-admission-plugins": admission,
         "--admission-control-config-file": f"{K8S_DIR}/admission-config.yaml",
@@ -148,7 +161,7 @@ def apiserver_flags(inv: Inventory, host: HostSpec) -> list[str]:
         "--tls-private-key-file": f"{PKI_DIR}/apiserver.key",
         "--tls-cipher-suites": CIPHER_SUITES,
         "--tls-min-version": "VersionTLS12",
-        "--etcd-servers": etcd_servers(inv),
+        "--etcd-servers": LOCAL_ETCD,
         "--etcd-cafile": P["etcd-ca.crt"],
         "--etcd-certfile": f"{PKI_DIR}/apiserver-etcd-client.crt",
         "--etcd-keyfile": f"{PKI_DIR}/apiserver-etcd-client.key",
@@ -182,7 +195,37 @@ def apiserver_flags(inv: Inventory, host: HostSpec) -> list[str]:
         "--enable-aggregator-routing": True if egress(inv) == "routes" else None,
         # egress: konnectivity — the egress selector and the konnectivity audience
         **apiserver_egress_flags(inv),
+        **balancer_flags(inv),
     })
+
+
+AUTHN_CONFIG = f"{K8S_DIR}/authentication-config.yaml"
+# the paths the workers' balancers check (render/balancer.py) and kubeadm's health probes read
+HEALTH_PATHS = ("/livez", "/readyz", "/healthz")
+# after SIGTERM the apiserver fails /readyz at once but keeps serving this long: every balancer
+# marks it down (2 failed checks a second apart) before it stops accepting
+SHUTDOWN_DELAY = "5s"
+
+
+def balancer_flags(inv: Inventory) -> dict:
+    """With the workers' balancers: the kubernetes Service's endpoints are the balancer address,
+    written once by cluster-bootstrap (each apiserver would otherwise publish its own address,
+    and remove it when it stops, leaving pods a dead endpoint for up to a lease's 15 s); the
+    health endpoints readable without credentials; a shutdown that leaves the balancers time."""
+    if not inv.local_balancer:
+        return {}
+    return {"--endpoint-reconciler-type": "none", "--authentication-config": AUTHN_CONFIG,
+            "--shutdown-delay-duration": SHUTDOWN_DELAY}
+
+
+def authentication_config() -> dict:
+    """Anonymous requests only to the health endpoints (AnonymousAuthConfigurableEndpoints, GA
+    in 1.34): everything else still needs a credential, as with --anonymous-auth=false."""
+    return {
+        "apiVersion": "apiserver.config.k8s.io/v1",
+        "kind": "AuthenticationConfiguration",
+        "anonymous": {"enabled": True, "conditions": [{"path": p} for p in HEALTH_PATHS]},
+    }
 
 
 def controller_manager_flags(inv: Inventory) -> list[str]:
@@ -329,6 +372,8 @@ def render_control(inv: Inventory, host: HostSpec, material: Material, etcd_join
                       secret=True, restarts=(api,)))
     plan.add(HostFile(f"{K8S_DIR}/audit-policy.yaml", to_yaml(audit_policy()), 0o600, restarts=(api,)))
     plan.add(HostFile(f"{K8S_DIR}/admission-config.yaml", to_yaml(admission_config()), 0o600, restarts=(api,)))
+    if inv.local_balancer:
+        plan.add(HostFile(AUTHN_CONFIG, to_yaml(authentication_config()), 0o600, restarts=(api,)))
     plan.add(HostFile(f"{K8S_DIR}/kube-scheduler.yaml", to_yaml(scheduler_config()), 0o600, restarts=(sched,)))
 
     for f in etcd_unit_files(inv, host, join=etcd_join):

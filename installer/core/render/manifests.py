@@ -116,4 +116,31 @@ def bootstrap_objects(inv: Inventory, material: Material, joined: frozenset[str]
             objs.append(token_secret(h.name, material))
     objs += [kube_proxy_binding(h.name) for h in inv.workers]
     objs.append(shared_kube_proxy_binding())
+    objs += kubernetes_endpoints(inv)
     return objs
+
+
+def kubernetes_endpoints(inv: Inventory) -> list[dict]:
+    """With the workers' balancers: the ``kubernetes`` Service's Endpoints and EndpointSlice name
+    the balancer address (the apiservers run with --endpoint-reconciler-type=none, so nothing
+    else writes them), in the form the apiservers' own reconciler writes them (kubernetes
+    pkg/controlplane/reconcilers/endpointsadapter.go: the Endpoints marked not to be mirrored,
+    the slice named like the Service). A pod's connection to the Service reaches its own
+    node's balancer, which holds that address."""
+    if not inv.local_balancer:
+        return []
+    address, port = inv.balancer_address, inv.spec.apiServer.port
+    family = "IPv6" if ":" in address else "IPv4"
+    return [
+        {"apiVersion": "v1", "kind": "Endpoints",
+         "metadata": {"name": "kubernetes", "namespace": "default",
+                      "labels": {"endpointslice.kubernetes.io/skip-mirror": "true"}},
+         "subsets": [{"addresses": [{"ip": address}],
+                      "ports": [{"name": "https", "port": port, "protocol": "TCP"}]}]},
+        {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+         "metadata": {"name": "kubernetes", "namespace": "default",
+                      "labels": {"kubernetes.io/service-name": "kubernetes"}},
+         "addressType": family,
+         "endpoints": [{"addresses": [address], "conditions": {"ready": True}}],
+         "ports": [{"name": "https", "port": port, "protocol": "TCP"}]},
+    ]

@@ -10,6 +10,7 @@ by `node revoke` and `node remove`).
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass
 
 from installer.core import components
@@ -17,6 +18,7 @@ from installer.core.inventory import HostSpec, Inventory
 from installer.core.pki import issue
 from installer.core.pki.material import Material
 from installer.core.pki.specs import CLUSTER_CA, kube_proxy_cert, kube_proxy_user, kubelet_serving_cert
+from installer.core.render.balancer import add_balancer
 from installer.core.render.ciphers import CIPHER_SUITES
 from installer.core.render.files import BIN_DIR, CNI_BIN_DIR, K8S_DIR, PKI_DIR, HostDir, HostFile, HostPlan, flags, render_template, to_yaml, unit_file
 from installer.core.render.kubeconfig import kubeconfig
@@ -25,6 +27,8 @@ from installer.core.network import ROUTES_UNIT
 
 KUBELET_DIR = "/var/lib/kubelet"
 BOOTSTRAP_KUBECONFIG = f"{K8S_DIR}/bootstrap-kubelet.conf"
+KUBELET_KUBECONFIG = f"{K8S_DIR}/kubelet.conf"       # written by the kubelet when it joins, then ours
+KUBELET_CLIENT_PEM = "/var/lib/kubelet/pki/kubelet-client-current.pem"   # the kubelet's rotating pair
 KUBELET_CONFIG = f"{KUBELET_DIR}/config.yaml"
 KUBE_PROXY_DIR = "/var/lib/kube-proxy"
 KUBE_PROXY_KUBECONFIG = f"{K8S_DIR}/kube-proxy.conf"
@@ -111,12 +115,29 @@ def kubelet_config(inv: Inventory, facts: HostFacts) -> dict:
     return cfg
 
 
+def kubelet_kubeconfig(inv: Inventory, ca_pem: bytes) -> bytes:
+    """A joined kubelet's kubeconfig, as the kubelet writes it after bootstrapping (the names
+    of pkg/kubelet/certificate/bootstrap) but with the server it must use now."""
+    return to_yaml({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "default-cluster", "cluster": {
+            "server": inv.worker_api_url, "certificate-authority-data": base64.b64encode(ca_pem).decode()}}],
+        "users": [{"name": "default-auth", "user": {"client-certificate": KUBELET_CLIENT_PEM,
+                                                    "client-key": KUBELET_CLIENT_PEM}}],
+        "contexts": [{"name": "default-context", "context": {"cluster": "default-cluster", "namespace": "default",
+                                                             "user": "default-auth"}}],
+        "current-context": "default-context",
+        "preferences": {},
+    })
+
+
 def kubelet_flags(host: HostSpec) -> list[str]:
     return flags({
         "--config": KUBELET_CONFIG,
         "--bootstrap-kubeconfig": BOOTSTRAP_KUBECONFIG,
         # written by the kubelet itself once its CSR is approved and signed
-        "--kubeconfig": f"{K8S_DIR}/kubelet.conf",
+        "--kubeconfig": KUBELET_KUBECONFIG,
         "--cert-dir": f"{KUBELET_DIR}/pki",
         "--node-ip": host.address,
     })
@@ -162,15 +183,19 @@ def render_worker(inv: Inventory, host: HostSpec, material: Material, facts: Hos
     if facts.kubelet_joined:
         # the token did its job: no bootstrap credential stays on a joined worker
         plan.absent.append(bootstrap)
+        # the kubeconfig the kubelet wrote when it joined names the server it bootstrapped
+        # against: ours names the server it must use now (its balancer, or a new endpoint) and
+        # the certificate the kubelet rotates (CA and server are not secret, the key is a path)
+        plan.add(HostFile(KUBELET_KUBECONFIG, kubelet_kubeconfig(inv, ca_pem), 0o600, restarts=(kubelet,)))
     else:
         token = material.tokens[host.name]
-        plan.add(HostFile(bootstrap, kubeconfig(inv.metadata.name, inv.api_url, ca_pem,
+        plan.add(HostFile(bootstrap, kubeconfig(inv.metadata.name, inv.worker_api_url, ca_pem,
                                                 f"system:bootstrap:{token.id}", token=token.value),
                           0o600, secret=True, restarts=(kubelet,)))
     # this node's own identity: a cluster from an earlier release had one shared pair here, and
     # this file (its only copy on the host) is replaced by the node's own on the next apply
     plan.add(HostFile(KUBE_PROXY_KUBECONFIG,
-                      kubeconfig(inv.metadata.name, inv.api_url, ca_pem, kube_proxy_user(host.name),
+                      kubeconfig(inv.metadata.name, inv.worker_api_url, ca_pem, kube_proxy_user(host.name),
                                  client=material.pair(kube_proxy_cert(host.name))),
                       0o600, secret=True, restarts=(proxy,)))
     plan.add(HostFile(KUBELET_CONFIG, to_yaml(kubelet_config(inv, facts)), 0o600, restarts=(kubelet,)))
@@ -188,6 +213,7 @@ def render_worker(inv: Inventory, host: HostSpec, material: Material, facts: Hos
                       restarts=(ROUTES_UNIT,)))
     add_worker_network(plan, inv, host, material)
 
+    add_balancer(plan, inv, host)     # before the units that use it
     plan.add(unit_file(containerd, "containerd.service.j2", binary=f"{BIN_DIR}/containerd",
                        config="/etc/containerd/config.toml"))
     plan.add(unit_file(kubelet, "kubelet.service.j2", binary=f"{BIN_DIR}/kubelet", flags=kubelet_flags(host)))

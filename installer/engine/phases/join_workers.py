@@ -29,11 +29,11 @@ from installer.core.diff import Selection
 from installer.core.errors import InstallerError
 from installer.host.fetch import BIN_DIR, IMAGE_DIR, is_image
 from installer.core.render.plan import render_cluster
-from installer.core.render.worker import BOOTSTRAP_KUBECONFIG, KUBELET_CONFIG
+from installer.core.render.worker import BOOTSTRAP_KUBECONFIG, KUBELET_CONFIG, KUBELET_KUBECONFIG
 from installer.host.ssh import HostError
 from installer.engine.parallel import each
 from installer.engine.phases.base import Context, Event, Phase, render_facts
-from installer.engine.phases.select import WORKER_UNITS, worker_part
+from installer.engine.phases.select import worker_part, worker_units
 from installer.engine.phases.start_control_plane import listening_script
 from installer.host import csr_approval
 from installer.core import components
@@ -129,20 +129,21 @@ class JoinWorkers(Phase):
     def _settle(self, ctx: Context, host: str, ev: Event) -> list[Event]:
         """Wait until ``host``'s units run (unless they already did), then import missing images."""
         out = []
-        if not ctx.settled([ev], WORKER_UNITS):
+        units = worker_units(ctx.inv)
+        if not ctx.settled([ev], units):
             start, timeout = time.monotonic(), ctx.options.wait_timeout
             # the units, then the kubelet's port; a joining kubelet serves it only once the
             # installer approved its CSR (below), so then the Node's registration is the wait
-            script = active_script(WORKER_UNITS, timeout)
+            script = active_script(units, timeout)
             if not (ctx.bootstrap_ran and not ctx.facts[host].kubelet_joined):
                 script += " && " + listening_script(KUBELET_PORTS, timeout, ("kubelet",))
             r = ctx.remotes[host].run(script, check=False, what="wait for the worker units",
                                       timeout=2 * timeout + 30)
             if r.rc != 0:
                 raise HostError(host, f"worker units did not come up: {r.stderr.strip()[-800:]}")
-            ctx.mark_active([host], WORKER_UNITS)
+            ctx.mark_active([host], units)
             out.append(Event(self.name, host, "waited", seconds=time.monotonic() - start,
-                             detail=[f"{u} active" for u in WORKER_UNITS]))
+                             detail=[f"{u} active" for u in units]))
         images = worker_images(ctx)
         if images:
             r = ctx.remotes[host].run(import_script(images), check=False, what="import container images",
@@ -238,7 +239,8 @@ class JoinWorkers(Phase):
             ctx.facts[n].kubelet_joined = True
         ctx.plans = render_cluster(ctx.inv, ctx.material, render_facts(ctx))
         for n in newly:
-            config = (ctx.plans[n].files[KUBELET_CONFIG],)
+            # and its kubeconfig ours (render/worker.kubelet_kubeconfig: the server it must use)
+            config = (ctx.plans[n].files[KUBELET_CONFIG], ctx.plans[n].files[KUBELET_KUBECONFIG])
             ctx.events.append(ctx.execute(self.name, n, ctx.changes_for(
                 n, Selection(files=config, absent=(BOOTSTRAP_KUBECONFIG,), units=(components.unit("kubelet"),)))))
 

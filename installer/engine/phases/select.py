@@ -7,6 +7,7 @@ from installer.core import components
 from installer.core.diff import Selection
 from installer.core.render.control import ETCD_UNIT
 from installer.core.render.files import HostPlan
+from installer.core.render.worker import KUBELET_KUBECONFIG
 from installer.host.fetch import binary_files
 from installer.engine.phases.base import Context, Event
 
@@ -14,7 +15,13 @@ from installer.engine.phases.base import Context, Event
 # table order (etcd has a phase of its own; addons and hiddenplane-routes are not waited for)
 CONTROL_UNITS = tuple(c.unit for c in components.COMPONENTS
                       if c.role == components.CONTROL and c.name != "etcd" and not c.addon)
-WORKER_UNITS = tuple(c.unit for c in components.COMPONENTS if c.role == components.WORKER)
+WORKER_UNITS = tuple(c.unit for c in components.COMPONENTS if c.role == components.WORKER and not c.addon)
+BALANCER_UNIT = components.unit("api-balancer")
+
+
+def worker_units(inv) -> tuple[str, ...]:
+    """The units every worker starts and waits for: the API balancer first when it runs one."""
+    return ((BALANCER_UNIT,) if inv.local_balancer else ()) + WORKER_UNITS
 
 
 def _is_etcd(path: str) -> bool:
@@ -54,8 +61,18 @@ def managed_paths(ctx: Context, host: str) -> tuple[list[str], list[str], list[s
     """Everything the probe must look at on ``host``: planned files and binaries, dirs, units,
     and the CA certificate files whose content it returns."""
     plan = ctx.plans[host]
-    files = list(plan.files) + list(plan.absent) + [f.path for f in binaries_part(ctx, host).files]
+    files = probed_files(plan) + [f.path for f in binaries_part(ctx, host).files]
     return files, list(plan.dirs), list(plan.units), [f.path for f in plan.files.values() if f.trust]
+
+
+def probed_files(plan: HostPlan) -> list[str]:
+    """The files the facts probe reads on a host: the plan's, those it removes, and on a worker
+    the joined kubelet's kubeconfig: a plan made before the facts assumes a kubelet that has
+    not joined, and once the facts say it has, the plan holds that file too (render/worker.py)."""
+    files = list(plan.files) + list(plan.absent)
+    if plan.role == "worker" and KUBELET_KUBECONFIG not in files:
+        files.append(KUBELET_KUBECONFIG)
+    return files
 
 
 def phase_parts(ctx: Context, host: str) -> dict[str, Selection]:

@@ -10,8 +10,10 @@ several control hosts the API stays up through the change.
 from __future__ import annotations
 
 import threading
+import time
 
 from installer.core import components
+from installer.core.render.balancer import SETTLE_SECONDS as BALANCER_SETTLE
 from installer.host.health import client_context, wait_ok
 from installer.host.ssh import HostError
 from installer.engine.phases.base import Context, Event, Phase
@@ -55,6 +57,9 @@ class StartControlPlane(Phase):
                                   ctx.options.wait_timeout)
             if failure:
                 raise HostError(host, f"kube-apiserver is not healthy after its restart: {failure}")
+            if ctx.inv.local_balancer:
+                # the workers' balancers mark it up at their next check before the next one leaves
+                time.sleep(BALANCER_SETTLE)
             ev.detail.append("kube-apiserver restarted alone; /readyz ok again")
             return ev
 

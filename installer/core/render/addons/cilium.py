@@ -40,7 +40,7 @@ def cilium_values(inv: Inventory) -> dict:
         "bpf": {"preallocateMaps": False},
         # the agents reach the API directly: the kubernetes Service needs kube-proxy, which
         # needs the network Cilium is about to set up
-        "k8sServiceHost": inv.endpoint,
+        "k8sServiceHost": "127.0.0.1" if inv.local_balancer else inv.endpoint,   # its node's balancer
         "k8sServicePort": inv.spec.apiServer.port,
     }
 

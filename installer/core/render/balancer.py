@@ -1,0 +1,106 @@
+"""The API balancer every worker runs with ``spec.apiServer.balancer: local`` (HAProxy, a
+systemd unit; why HAProxy and how it fails over: docs/ha.md).
+
+It listens on 127.0.0.1:PORT (kubelet, kube-proxy: their kubeconfigs name it) and on
+``balancerAddress``:PORT, an address the unit puts on the worker's ``lo``: the kubernetes
+Service's endpoints name that address (the apiservers run with ``--endpoint-reconciler-type=
+none`` and cluster-bootstrap writes the endpoints), so a pod's connection to the Service is
+DNAT-ed by kube-proxy to its own node's balancer. Every control host's apiserver is a server,
+checked on ``/readyz`` over TLS (the cluster CA verifies it) every second: down after 2
+failures, or at once when a connection to it fails, and then its connections are closed so
+that watches move at once; up after 1 success.
+TCP is passed through: TLS stays end to end between the client and the apiserver.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+from installer.core import components
+from installer.core.inventory import HostSpec, Inventory
+from installer.core.render.files import BIN_DIR, K8S_DIR, PKI_DIR, HostFile, HostPlan, unit_file
+from installer.core.render.network import IP_BIN
+
+BALANCER_CONFIG = f"{K8S_DIR}/api-balancer.cfg"
+ADMIN_SOCKET = "/run/hiddenplane-api-balancer/admin.sock"
+BACKEND = "apiservers"
+# the health check: every CHECK_INTERVAL, down after FALL failures (or a check that does not
+# answer within CHECK_TIMEOUT), up after RISE successes
+CHECK_INTERVAL, CHECK_TIMEOUT, FALL, RISE = "1s", "1s", 2, 1
+# after an apiserver turned ready, every balancer has marked it up within RISE checks: a rolling
+# restart waits this long before it stops the next one (actions/rollout.py)
+SETTLE_SECONDS = 2.0
+# how long a reloaded balancer's old process may keep the connections it carried (watches
+# never end by themselves): then clients reconnect through the new one
+HARD_STOP_AFTER = "30s"
+
+
+def server_lines(inv: Inventory) -> list[str]:
+    port = inv.spec.apiServer.port
+    return [f"    server {c.name} {_addr(c.address)}:{port}" for c in inv.controls]
+
+
+def _addr(address: str) -> str:
+    return f"[{address}]" if ":" in address else address
+
+
+def haproxy_config(inv: Inventory) -> str:
+    port = inv.spec.apiServer.port
+    address = inv.balancer_address
+    lines = [
+        "# Managed by hiddenplane: changes are overwritten by `installer apply`.",
+        "# kube-apiserver on every control host, for this worker's kubelet, kube-proxy and pods.",
+        "global",
+        "    log stderr format short daemon notice",
+        f"    stats socket {ADMIN_SOCKET} mode 600 level admin",
+        f"    hard-stop-after {HARD_STOP_AFTER}",
+        "    maxconn 4000",
+        "",
+        "defaults",
+        "    mode tcp",
+        "    log global",
+        "    option dontlognull",
+        # a refused or timed-out connect is tried again on another apiserver: clients never see it
+        "    retries 3",
+        "    option redispatch 1",
+        # an apiserver on the same network answers a SYN within milliseconds
+        "    timeout connect 1s",
+        # watches and exec streams are long: the clients' own keepalives (HTTP/2 pings) end dead ones
+        "    timeout client 1h",
+        "    timeout server 1h",
+        f"    timeout check {CHECK_TIMEOUT}",
+        "",
+        "frontend apiserver",
+        f"    bind 127.0.0.1:{port}",
+        # the unit puts the address on lo before it starts haproxy
+        f"    bind {_addr(address)}:{port}",
+        f"    default_backend {BACKEND}",
+        "",
+        f"backend {BACKEND}",
+        "    balance leastconn",
+        "    option httpchk",
+        "    http-check send meth GET uri /readyz ver HTTP/1.1 hdr Host kubernetes",
+        "    http-check expect status 200",
+        # checks over TLS, the apiserver's certificate verified against the cluster CA and its
+        # name 'kubernetes' (a SAN of every apiserver certificate); the data path stays TCP
+        f"    default-server check check-ssl verify required ca-file {PKI_DIR}/ca.crt verifyhost kubernetes "
+        f"check-sni kubernetes inter {CHECK_INTERVAL} fall {FALL} rise {RISE} on-marked-down shutdown-sessions "
+        # and a connection that fails marks it down at once, before its next checks do (a lost
+        # host: the client's connection is retried on another apiserver after timeout connect)
+        "observe layer4 error-limit 1 on-error mark-down",
+        *server_lines(inv),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def add_balancer(plan: HostPlan, inv: Inventory, host: HostSpec) -> None:
+    """The balancer's config and unit on a worker, started before the other worker units."""
+    if not inv.local_balancer:
+        return
+    unit = components.unit("api-balancer")
+    address = inv.balancer_address
+    plan.add(HostFile(BALANCER_CONFIG, haproxy_config(inv).encode(), 0o644, restarts=(unit,)))
+    plan.add(unit_file(unit, "hiddenplane-api-balancer.service.j2", binary=f"{BIN_DIR}/haproxy",
+                       config=BALANCER_CONFIG, ip=IP_BIN, address=address, port=inv.spec.apiServer.port,
+                       prefix=ipaddress.ip_address(address).max_prefixlen))
+    plan.units.append(unit)
