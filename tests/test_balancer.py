@@ -74,6 +74,8 @@ def test_a_worker_reaches_the_api_through_its_own_balancer(ha):
     assert "bind 127.0.0.1:6443" in cfg and "bind 172.20.0.1:6443" in cfg
     assert "uri /readyz" in cfg and "verify required ca-file /etc/kubernetes/pki/ca.crt" in cfg
     assert "inter 1s fall 2 rise 1 on-marked-down shutdown-sessions" in cfg
+    # a new cluster CA (ca rotate) reloads the balancer, whose checks verify with it
+    assert plan.files["/etc/kubernetes/pki/ca.crt"].restarts == ("kubelet.service", UNIT)
     unit = plan.files[f"/etc/systemd/system/{UNIT}"].content.decode()
     assert "ExecStartPre=/sbin/ip address replace 172.20.0.1/32 dev lo" in unit
     assert "Before=containerd.service kubelet.service kube-proxy.service" in unit

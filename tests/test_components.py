@@ -80,6 +80,8 @@ def test_ranks_are_the_order_rollout_needs():
     assert rank["etcd"] < rank["kube-apiserver"] < rank["konnectivity-server"] < rank["kube-controller-manager"]
     assert rank["kube-controller-manager"] == rank["kube-scheduler"] < rank["kubelet"] == rank["kube-proxy"]
     assert rank["containerd"] is None and rank["hiddenplane-routes"] is None
+    # a worker's balancer reloads (a new CA) before the kubelet and kube-proxy restart through it
+    assert rank["api-balancer"] < rank["kubelet"]
     assert components.rank("no-such.service") == components.LAST_RANK > max(r for r in rank.values() if r is not None)
     assert rollout.RANK == components.ranks()
     assert rollout.restart_order(["kube-proxy.service", "etcd.service", "kube-scheduler.service",

@@ -57,7 +57,9 @@ COMPONENTS = (
               ports=(Port(10259, "secure"),), health="listens on 10259", version=("kubernetes", "version")),
     # spec.apiServer.balancer: local. Before containerd, kubelet and kube-proxy (its unit orders
     # itself so); a new binary or config is a reload (haproxy -Ws re-executes the new binary)
-    Component("api-balancer", WORKER, "hiddenplane-api-balancer.service", ("haproxy",),
+    # rank 3: a rollout reloads it (a new cluster CA: its checks verify the apiservers with it)
+    # before it restarts kubelet and kube-proxy, which reach the API through it
+    Component("api-balancer", WORKER, "hiddenplane-api-balancer.service", ("haproxy",), rank=3,
               health="systemctl is-active; each apiserver's /readyz checked by haproxy itself",
               addon=True, reload=True),
     Component("hiddenplane-routes", ANY, "hiddenplane-routes.service",

@@ -173,7 +173,9 @@ def render_worker(inv: Inventory, host: HostSpec, material: Material, facts: Hos
 
     ca = material.pair(CLUSTER_CA)
     ca_pem = issue.cert_pem(ca.cert)
-    plan.add(HostFile(f"{PKI_DIR}/ca.crt", ca_pem, 0o644, restarts=(kubelet,), trust=True))
+    # the balancer verifies the apiservers with it too (its health checks)
+    balancer = (components.unit("api-balancer"),) if inv.local_balancer else ()
+    plan.add(HostFile(f"{PKI_DIR}/ca.crt", ca_pem, 0o644, restarts=(kubelet, *balancer), trust=True))
     serving = material.pair(kubelet_serving_cert(host.name))
     plan.add(HostFile(f"{KUBELET_DIR}/pki/kubelet.crt", issue.cert_pem(serving.cert), 0o644, restarts=(kubelet,)))
     plan.add(HostFile(f"{KUBELET_DIR}/pki/kubelet.key", issue.key_pem(serving.key), 0o600, secret=True,
