@@ -41,7 +41,7 @@ from installer.core.errors import InstallerError
 from installer.core.inventory import HostSpec, Inventory
 from installer.engine.phases.select import BALANCER_UNIT, CONTROL_UNITS as CONTROL_PLANE_UNITS, ETCD_UNIT, WORKER_UNITS
 from installer.core.render.files import HostPlan
-from installer.core.render.worker import BOOTSTRAP_KUBECONFIG
+from installer.core.render.worker import BOOTSTRAP_KUBECONFIG, KUBELET_CLIENT_PEM
 from installer.core import components
 from installer.core.inventory import load as load_inventory
 from installer.core.state import state_for
@@ -59,7 +59,7 @@ CONTROL_UNITS = (ETCD_UNIT, *CONTROL_PLANE_UNITS)
 # a worker never holds what signs cluster identities
 SIGNING_KEYS = ("/etc/kubernetes/pki/ca.key", "/etc/kubernetes/pki/front-proxy-ca.key",
                 "/etc/kubernetes/pki/etcd/ca.key", "/etc/kubernetes/pki/sa.key")
-KUBELET_CLIENT_CERT = "/var/lib/kubelet/pki/kubelet-client-current.pem"
+KUBELET_CLIENT_CERT = KUBELET_CLIENT_PEM        # the kubelet's rotating pair (render/worker.py)
 # files found on the host (not only the planned ones) that must be private: (find arguments, owner)
 KEYS = ("-type", "f", "-name", "*.key")
 KUBECONFIGS = ("-maxdepth", "1", "-type", "f", "-name", "*.conf")
