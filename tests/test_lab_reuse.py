@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from installer.lab import lab as lab_mod
-from installer.lab import nspawn, watch
+from installer.lab import net, nspawn, watch
 from installer.lab.model import LabError, LabPaths, LabSpec
 
 from .labfixtures import require_lab_tools
@@ -123,6 +123,49 @@ def test_down_waits_for_a_host_whose_shutdown_hangs(lab_name, tmp_path):
     assert run_on(name, "w1", hang).returncode == 0
     lab_mod.down(name, **QUIET)
     assert nothing_left(spec, paths) == EMPTY
+
+
+def inner_pid(pid: int) -> int | None:
+    """``pid``'s number in its innermost PID namespace (a host's own view)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("NSpid:"):
+            return int(line.split()[-1])
+    return None
+
+
+def test_down_after_chaos_a_peer_cut_a_stop_job_hung_on_it_and_a_frozen_process(lab_name, tmp_path):
+    """What a fault test leaves behind: cp1 cut off the network, a unit on w1 whose stop waits on
+    cp1 with no time limit (as a member waits for a lost peer), and a process frozen in a cgroup
+    of w1 (state D: SIGKILL takes effect only once thawed). `down` leaves nothing, and `up` of the
+    same name boots every host."""
+    name, subnet = lab_name("chaos"), "10.213.238.0/24"
+    spec, paths = LabSpec.create(name, 1, 1, 0, subnet), LabPaths.of(name)
+    lab_mod.up(name, 1, 1, 0, subnet, tmp_path / "chaos.inventory.yaml", **QUIET)
+    cp1 = spec.host("cp1")
+    peer = ("printf '[Service]\\nExecStart=/bin/sleep infinity\\nExecStop=/bin/bash -c "
+            f"\\x27exec 3<>/dev/tcp/{cp1.address}/2380\\x27\\nTimeoutStopSec=infinity\\n' "
+            "> /etc/systemd/system/peer.service && systemctl daemon-reload && systemctl start peer && "
+            "systemd-run --unit=frozen /bin/sleep infinity && sleep 1 && systemctl show -P MainPID frozen")
+    out = run_on(name, "w1", peer)
+    assert out.returncode == 0, out.stderr
+    inner = int(out.stdout.split()[-1])
+    host_dir = paths.host_dir("w1")
+    # the frozen process, as seen on this machine: the one in w1's cgroups running that sleep
+    sleeper = next(p for p in nspawn.cgroup_pids(host_dir) if inner_pid(p) == inner)
+    freezer = next(d for d in nspawn.cgroup_dirs(host_dir) if "freezer" in d.parts[-4]) / "chaos-frozen"
+    freezer.mkdir()
+    (freezer / "cgroup.procs").write_text(str(sleeper))
+    (freezer / "freezer.state").write_text("FROZEN")
+    time.sleep(0.5)
+    assert nspawn._state(sleeper) == "D"
+    net.cut_link(cp1)
+    started = time.monotonic()
+    lab_mod.down(name, **QUIET)
+    print(f"\ndown after the chaos: {time.monotonic() - started:.1f} s")
+    assert nothing_left(spec, paths) == EMPTY
+    lab_mod.up(name, 1, 1, 0, subnet, tmp_path / "chaos.inventory.yaml", **QUIET)
+    for h in spec.hosts:
+        assert run_on(name, h.name, "hostname").stdout.strip() == h.name
 
 
 def test_up_stops_what_an_earlier_boot_left_running(lab_name, tmp_path):

@@ -323,7 +323,21 @@ def _comm(pid: int) -> str:
         return "?"
 
 
+def _thaw(host_dir: Path) -> None:
+    """Thaw every frozen cgroup of the host (v1 freezer.state, v2 cgroup.freeze): a frozen
+    process shows as D and a SIGKILL takes effect only once it runs again."""
+    for top in cgroup_dirs(host_dir):
+        for name, thawed in (("freezer.state", "THAWED"), ("cgroup.freeze", "0")):
+            for f in top.rglob(name) if top.is_dir() else ():
+                try:
+                    if f.read_text().strip() not in ("THAWED", "0"):
+                        f.write_text(thawed)
+                except OSError:
+                    continue
+
+
 def _kill_all(host_dir: Path) -> None:
+    _thaw(host_dir)
     for pid in cgroup_pids(host_dir):
         try:
             os.kill(pid, signal.SIGKILL)
