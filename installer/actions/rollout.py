@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterator
 
@@ -45,7 +45,7 @@ from installer.engine.phases.start_etcd import health_script
 from installer.core.pki.material import Changes, Material
 from installer.core.render.balancer import SETTLE_SECONDS as BALANCER_SETTLE
 from installer.core.render.plan import render_cluster
-from installer.host import probes
+from installer.host import apiserver_aside, probes
 from installer.host.ssh import HostError, Remote
 from installer.core.state import StateDir
 
@@ -244,15 +244,17 @@ def roll(ctx: Context, pending: dict[str, list[str]], report: Report, etcd_toget
             continue
         for h in order:
             units = [u for u in pending.get(h, ()) if components.rank(u) == rank]
-            for u in units:
-                _restart(ctx, h, u, report)
-            for u in units:
-                ctx.log(f"{h}: wait for {u}")
-                _wait(ctx, h, u, nodes_ready)
-                if u == APISERVER and ctx.inv.local_balancer:
-                    # ready: the workers' balancers mark it up at their next check; only then
-                    # may the next apiserver leave them (render/balancer.py's interval)
-                    time.sleep(BALANCER_SETTLE)
+            # a restarting etcd member: its own apiserver (the only one using it) steps aside
+            with apiserver_aside.aside(ctx, h) if ETCD in units else nullcontext():
+                for u in units:
+                    _restart(ctx, h, u, report)
+                for u in units:
+                    ctx.log(f"{h}: wait for {u}")
+                    _wait(ctx, h, u, nodes_ready)
+                    if u == APISERVER and ctx.inv.local_balancer:
+                        # ready: the workers' balancers mark it up at their next check; only then
+                        # may the next apiserver leave them (render/balancer.py's interval)
+                        time.sleep(BALANCER_SETTLE)
 
 
 def stop_units(ctx: Context, host: str, units: list[str]) -> None:

@@ -20,6 +20,7 @@ import threading
 from installer.core.render.control import ETCD_DATA_DIR, client_url, etcd_servers
 from installer.core.render.plan import render_cluster
 from installer.core.etcd_rules import Guard, MembershipRefused, apply_guard, parse_members
+from installer.host import apiserver_aside
 from installer.host.ssh import HostError, Remote, Result
 from installer.engine.phases.base import Context, Event, Phase, render_facts
 from installer.engine.phases.select import ETCD_UNIT, etcd_part
@@ -159,7 +160,8 @@ class StartEtcd(Phase):
         # a running member: one restart at a time, and back to healthy before the next, so
         # the cluster never loses more than one member to a restart. The restart blocks until
         # etcd reports ready (Type=notify: it has rejoined its cluster), then health confirms.
-        with _restart_lock:
+        # Its host's apiserver, which uses this member alone, steps aside meanwhile.
+        with _restart_lock, apiserver_aside.aside(ctx, host) as aside:
             ev = ctx.execute(self.name, host, changes)
             wait = (status_script(ctx.options.wait_timeout) if host in ctx.etcd_guard.learners
                     else endpoint_health_script(LOCAL, ctx.options.wait_timeout))
@@ -167,8 +169,9 @@ class StartEtcd(Phase):
                                       timeout=ctx.options.wait_timeout + 30)
             if r.rc != 0:
                 raise HostError(host, f"etcd is not healthy after its restart: {r.stderr.strip()[-500:]}")
-            ev.detail.append("restarted alone; healthy again")
-            return ev
+            ev.detail.append("restarted alone; healthy again" + ("; its apiserver stepped aside meanwhile"
+                                                                  if aside else ""))
+        return ev
 
     def finish(self, ctx: Context, events: list[Event]) -> None:
         if ctx.options.dry_run or ctx.settled(events, (ETCD_UNIT,)):
