@@ -46,7 +46,10 @@ from installer.host.runmark import shell_command
 
 
 class HostError(InstallerError):
-    """Something failed on (or on the way to) one host; the message names it."""
+    """Something failed on (or on the way to) one host; the message names it. Exit 3, as
+    for every command that cannot reach a host (2 is for what the operator gave)."""
+
+    exit_code = 3
 
     def __init__(self, host: str, message: str):
         self.host = host
