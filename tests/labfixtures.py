@@ -100,6 +100,12 @@ def standin_lab(name: str, subnet: str, tmp: Path, *, controls=1, workers=2, vm_
     the_lab = start_lab(name, subnet, tmp, controls, workers, vm_workers)
     try:
         install_standins(the_lab.paths.artifacts)
+        if controls > 1:
+            # the stand-ins serve no API for the workers' balancer to route to: these labs test
+            # the single-endpoint path (a user's own VIP or load balancer), cp1 standing in for it
+            doc = yaml.safe_load(the_lab.inventory.read_text())
+            doc["spec"]["apiServer"]["endpoint"] = the_lab.spec.hosts[0].address
+            the_lab.inventory.write_text(yaml.safe_dump(doc, sort_keys=False))
         the_lab.state = tmp / "state"
         yield the_lab
     finally:

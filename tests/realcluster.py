@@ -167,10 +167,9 @@ def real_cluster(tmp_path_factory, built_artifacts, kubectl) -> RealCluster:
         cp1 = lab.spec.host("cp1").address
         doc = yaml.safe_load(lab.inventory.read_text())
         doc["spec"]["network"] = {"upstreamDNS": [cp1]}
-        # no endpoint: with 3 control hosts every worker balances over the 3 apiservers
-        # (spec.apiServer.balancer auto; tests/test_real_ha.py); the stand-in and upgrade labs
-        # keep `installer lab up`'s endpoint (cp1), the single-endpoint path
-        doc["spec"]["apiServer"].pop("endpoint")
+        # no endpoint (as `installer lab up` writes it): with 3 control hosts every worker
+        # balances over the 3 apiservers (spec.apiServer.balancer auto; tests/test_real_ha.py)
+        assert "endpoint" not in doc["spec"]["apiServer"]
         inventory = tmp / "real.inventory.yaml"
         inventory.write_text(yaml.safe_dump(doc, sort_keys=False))
         start_upstream_dns(lab, cp1)

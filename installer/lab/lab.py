@@ -76,13 +76,14 @@ def inventory_doc(spec: LabSpec, paths: LabPaths, k8s_version: str | None = None
     the lab has no registry (images come from the artifacts), so AlwaysPullImages is off; the
     versions are those of the binaries in its artifacts when they differ from the defaults
     (Debian's containerd is 1.6, which reads another config format)."""
-    cp1 = spec.hosts[0]
     doc = {
         "apiVersion": API_VERSION,
         "kind": "Cluster",
         "metadata": {"name": spec.name},
         "spec": {
-            "apiServer": {"endpoint": cp1.address, "alwaysPullImages": False},
+            # no endpoint: one control host is its own; with more, every worker balances over
+            # all their apiservers (spec.apiServer.balancer auto), as a user's inventory would
+            "apiServer": {"alwaysPullImages": False},
             "ssh": {"user": "root", "port": 22, "keyPath": str(paths.ssh_key), "knownHosts": str(paths.known_hosts)},
             "hosts": [{"name": h.name, "address": h.address, "role": h.role} for h in spec.hosts],
             "artifacts": {"source": "dir", "path": str(paths.artifacts)},
