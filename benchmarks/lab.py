@@ -8,11 +8,13 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from installer.lab import images
 from installer.lab import lab as lab_mod
-from installer.lab.model import LabPaths
+from installer.lab.model import LabPaths, built_artifacts
 
 NAME, SUBNET = "bench", "10.213.210.0/24"
 
@@ -33,6 +35,29 @@ def pss_kib_in_netns(netns: str) -> int:
         except (FileNotFoundError, ProcessLookupError, PermissionError):
             continue
     return total
+
+
+@contextmanager
+def real_lab(name: str, subnet: str, controls: int, workers: int, tmp: str, *, needs: str = "kube-apiserver",
+             keep: bool = False) -> Iterator[tuple[Path, float]]:
+    """A lab of nspawn hosts with the built real binaries (scripts/build-kubernetes; ``needs``
+    one of them): (its inventory, seconds its `up` took). Any earlier lab of the name goes
+    first; this one goes after, unless ``keep``, with how long `down` took printed."""
+    artifacts = built_artifacts()
+    if artifacts is None or not (artifacts / needs).is_file():
+        raise SystemExit(f"no built real binaries with {needs}: run scripts/build-kubernetes first")
+    quiet = lambda *_: None  # noqa: E731
+    lab_mod.down(name, quiet)
+    inv = Path(tmp) / f"{name}.inventory.yaml"
+    try:
+        t = time.perf_counter()
+        lab_mod.up(name, controls, workers, 0, subnet, inv, quiet, artifacts=artifacts)
+        yield inv, time.perf_counter() - t
+    finally:
+        if not keep:
+            t = time.perf_counter()
+            lab_mod.down(name, quiet)
+            print(f"lab down: {time.perf_counter() - t:.1f} s")
 
 
 def main() -> None:

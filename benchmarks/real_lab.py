@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 
 from installer.lab import lab as lab_mod
-from installer.lab.model import LabPaths, built_artifacts
+from installer.lab.model import LabPaths
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from lab import pss_kib_in_netns  # noqa: E402
+from lab import pss_kib_in_netns, real_lab  # noqa: E402
 
 NAME, SUBNET = "breal", "10.213.211.0/24"
 INSTALLER = str(Path(sys.executable).with_name("installer"))
@@ -39,39 +39,26 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--noop-runs", type=int, default=3)
     args = ap.parse_args()
-    artifacts = built_artifacts()
-    if artifacts is None or lab_mod.binaries_version(artifacts) is None:
-        raise SystemExit("no built real binaries: run scripts/build-kubernetes first")
-    quiet = lambda *_: None  # noqa: E731
-    lab_mod.down(NAME, quiet)
-    with tempfile.TemporaryDirectory() as tmp:
-        inv = Path(tmp) / "breal.inventory.yaml"
-        try:
-            t = time.perf_counter()
-            lab_mod.up(NAME, 1, 2, 0, SUBNET, inv, quiet, artifacts=artifacts)
-            print(f"lab up, 1 control + 2 nspawn workers: {time.perf_counter() - t:.1f} s")
-            cold, proc = timed([INSTALLER, "apply", str(inv), "--output", "json", "--wait-timeout", "900"])
-            report = json.loads(proc.stdout)
-            print(f"cold apply up to every Node Ready: {cold:.1f} s (the run's own report: {report['seconds']:.1f} s, "
-                  f"{sum(report['bytesUploaded'].values()) / 2**20:.0f} MiB uploaded)")
-            phases: dict[str, float] = {}
-            for ev in report["events"]:
-                phases[ev["phase"]] = max(phases.get(ev["phase"], 0.0), ev.get("seconds") or 0.0)
-            print("  slowest host per phase: " + ", ".join(f"{p} {s:.1f} s" for p, s in phases.items()))
-            noops = []
-            for _ in range(args.noop_runs):
-                s, proc = timed([INSTALLER, "apply", str(inv), "--output", "json"])
-                assert json.loads(proc.stdout)["changes"] == 0, proc.stdout[-500:]
-                noops.append(s)
-            print(f"no-op apply (whole process), {len(noops)} runs: median {statistics.median(noops):.2f} s, "
-                  f"min {min(noops):.2f} s, max {max(noops):.2f} s")
-            spec = lab_mod.load_spec(LabPaths.of(NAME))
-            for h in spec.hosts:
-                print(f"memory {h.name} ({h.role}): {pss_kib_in_netns(h.netns) / 1024:.0f} MiB PSS")
-        finally:
-            t = time.perf_counter()
-            lab_mod.down(NAME, quiet)
-            print(f"lab down: {time.perf_counter() - t:.1f} s")
+    with tempfile.TemporaryDirectory() as tmp, real_lab(NAME, SUBNET, 1, 2, tmp) as (inv, up_seconds):
+        print(f"lab up, 1 control + 2 nspawn workers: {up_seconds:.1f} s")
+        cold, proc = timed([INSTALLER, "apply", str(inv), "--output", "json", "--wait-timeout", "900"])
+        report = json.loads(proc.stdout)
+        print(f"cold apply up to every Node Ready: {cold:.1f} s (the run's own report: {report['seconds']:.1f} s, "
+              f"{sum(report['bytesUploaded'].values()) / 2**20:.0f} MiB uploaded)")
+        phases: dict[str, float] = {}
+        for ev in report["events"]:
+            phases[ev["phase"]] = max(phases.get(ev["phase"], 0.0), ev.get("seconds") or 0.0)
+        print("  slowest host per phase: " + ", ".join(f"{p} {s:.1f} s" for p, s in phases.items()))
+        noops = []
+        for _ in range(args.noop_runs):
+            s, proc = timed([INSTALLER, "apply", str(inv), "--output", "json"])
+            assert json.loads(proc.stdout)["changes"] == 0, proc.stdout[-500:]
+            noops.append(s)
+        print(f"no-op apply (whole process), {len(noops)} runs: median {statistics.median(noops):.2f} s, "
+              f"min {min(noops):.2f} s, max {max(noops):.2f} s")
+        spec = lab_mod.load_spec(LabPaths.of(NAME))
+        for h in spec.hosts:
+            print(f"memory {h.name} ({h.role}): {pss_kib_in_netns(h.netns) / 1024:.0f} MiB PSS")
 
 
 if __name__ == "__main__":

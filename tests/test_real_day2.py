@@ -45,6 +45,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from . import hostprobes
 from .realcluster import BUSYBOX, INSTALLER, run_installer, wait_for
 
 pytestmark = [pytest.mark.lab, pytest.mark.real]
@@ -638,11 +639,19 @@ def test_certs_renew_keeps_the_cluster_working(rc, web_w1, tmp_path):
     serial = x509.load_pem_x509_certificate(rc.lab.host("w1").file(KUBELET_CLIENT).content_string.encode()).serial_number
     endpoints = {f"{h}:{port}": (rc.address(h), port) for h, port in [(c, 6443) for c in rc.controls] + [("w1", 10250)]}
     before = {e: served_serial(*a) for e, a in endpoints.items()}
+    # w1 asks the API through its balancer and through the kubernetes Service meanwhile: every
+    # apiserver and etcd member restarts, one host at a time, and none of it may fail
+    for name, url in hostprobes.api("w1"):
+        hostprobes.start(rc.lab.ssh_config, "w1", f"hp-renew-{name}", url)
     with Probe("pod on w1 during certs renew", lambda: pod_answers(rc, web_w1)) as pod_probe:
         proc = run_installer("certs", "renew", str(inv), "--state", str(rc.state), "--wait-timeout", "600",
                              timeout=2400)
     print(proc.stdout[-1500:])
     assert pod_probe.failed == 0 and pod_probe.ok > 0
+    for name, _ in hostprobes.api("w1"):
+        rows = hostprobes.rows(rc.lab.ssh_config, "w1", f"hp-renew-{name}")
+        print(f"w1 API probe {name} during certs renew: requests / failed / longest (s) {hostprobes.summary(rows)}")
+        assert len(rows) > 100 and [r for r in rows if not r.ok] == [], [r for r in rows if not r.ok][:5]
     # read here, apart from the installer's own checks: each server presents the state's new leaf
     pki = rc.state / "pki"
     for e, a in endpoints.items():

@@ -1,14 +1,19 @@
-"""`installer upgrade` on a real cluster: one control host and two workers (nspawn), the real
-components built at the default version (v1.36.5) and at ``UPGRADE_TO`` (v1.37.2), both from
-their Go modules (tests/builtfixtures.py), the cluster rolled from one to the other while a
-Deployment of two replicas (one per worker) behind a NodePort Service, guarded by a
-PodDisruptionBudget, is probed from the control host every 200 ms, alternately through each
-worker's NodePort.
+"""`installer upgrade` on real clusters, the components built from their Go modules
+(tests/builtfixtures.py) at the default version (v1.36.5) and at ``UPGRADE_TO`` (v1.37.2).
 
-The tests run in order on one lab: the plan and the refusals first, then the upgrade, killed
-(SIGKILL) during the worker step and run again to the end, then what must hold afterwards.
-The probe's failures are printed and bounded: the goal is none; one replica's restart may cost
-a few (``ALLOWED_FAILURES``).
+First an etcd patch rolled over three members (3 control hosts, 1 worker, the workers' API
+balancer on): an API probe from the test machine and, on the worker, probes through its balancer
+and through the kubernetes Service; none may fail (each member's apiserver steps aside while the
+member restarts).
+
+Then a Kubernetes minor upgrade on 3 control hosts and 2 workers (balanced) while a Deployment of
+two replicas (one per worker) behind a NodePort Service, guarded by a PodDisruptionBudget, is
+probed from cp1 every 200 ms, alternately through each worker's NodePort, and each worker probes
+the API through its balancer and the kubernetes Service every 250 ms. These tests run in order on
+one lab: the plan and the refusals first, then the upgrade, killed (SIGKILL) during the worker
+step and run again to the end, then what must hold afterwards. The API probes may not fail; the
+workload probe's failures are printed and bounded: the goal is none; one replica's restart may
+cost a few (``ALLOWED_FAILURES``).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import yaml
 from installer.core.upgrade_rules import RULES
 from installer.lab import lab as lab_mod
 
+from . import hostprobes
 from .builtfixtures import UPGRADE_TO, upgrade_artifacts_dir
 from .labfixtures import start_lab, wait_for
 from .realcluster import BUSYBOX, INSTALLER, WAIT, RealCluster, run_installer
@@ -80,7 +86,7 @@ def workload() -> list[dict]:
 def up(tmp_path_factory, built_artifacts, kubectl):
     target_artifacts = upgrade_artifacts_dir()
     tmp = tmp_path_factory.mktemp("upg")
-    lab = start_lab(NAME, SUBNET, tmp, controls=1, workers=2, images=True)
+    lab = start_lab(NAME, SUBNET, tmp, controls=3, workers=2, images=True)
     try:
         inventory, state = tmp / "upg.inventory.yaml", tmp / "state"
         doc = yaml.safe_load(lab.inventory.read_text())
@@ -105,6 +111,11 @@ def up(tmp_path_factory, built_artifacts, kubectl):
                       f"systemd-run --unit=hp-prober /usr/bin/python3 /root/prober.py /root/probe.json "
                       f"{' '.join(targets)}")
         wait_for("the prober answered", lambda: sum(probes(rc)["ok"].values()) >= 10, timeout=120)
+        # and on each worker what its kubelet and its pods see of the API (its balancer, the
+        # kubernetes Service) while the apiservers restart
+        for w in rc.workers:
+            for name, url in hostprobes.api(w):
+                hostprobes.start(lab.ssh_config, w, f"hp-probe-{name}", url)
         rc.target = tmp / "target.yaml"
         yield rc
     finally:
@@ -123,6 +134,111 @@ def versions_on_hosts(rc: RealCluster) -> dict[str, str]:
     return out
 
 
+# --- an etcd patch rolled on three members while the API keeps answering ---------------------------
+
+ETCD_NAME, ETCD_SUBNET = "upge", "10.213.234.0/24"
+
+
+class ApiProber:
+    """From the test machine, every 200 ms: GET /readyz of the first apiserver that answers, in
+    control-host order (admin client certificate from the state). Counts the ticks at which none
+    answered, and each apiserver's refusals."""
+
+    def __init__(self, addresses: list[str], state):
+        import ssl
+        import threading
+        self.ctx = ssl.create_default_context(cafile=str(state / "pki" / "ca.crt"))
+        self.ctx.load_cert_chain(str(state / "pki" / "admin.crt"), str(state / "pki" / "admin.key"))
+        self.addresses, self.ticks, self.down, self.refused = addresses, 0, [], {a: 0 for a in addresses}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self) -> None:
+        import urllib.request
+        while not self.stop.wait(0.2):
+            self.ticks += 1
+            for a in self.addresses:
+                try:
+                    urllib.request.urlopen(f"https://{a}:6443/readyz", context=self.ctx, timeout=1).read()
+                    break
+                except Exception:          # noqa: BLE001 - any failure of one apiserver counts the same
+                    self.refused[a] += 1
+            else:
+                self.down.append(time.strftime("%H:%M:%S"))
+
+    def finish(self) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def test_0_an_etcd_patch_is_rolled_one_member_at_a_time_and_the_api_keeps_answering(tmp_path, built_artifacts):
+    from .builtfixtures import ETCD_FROM, with_etcd
+    lab = start_lab(ETCD_NAME, ETCD_SUBNET, tmp_path, controls=3, workers=1, images=True,
+                    artifacts=with_etcd(built_artifacts, ETCD_FROM))
+    try:
+        inventory, target, state = tmp_path / "from.yaml", tmp_path / "to.yaml", tmp_path / "state"
+        doc = yaml.safe_load(lab.inventory.read_text())
+        default_etcd = doc["spec"].get("artifacts", {}).get("versions", {}).get("etcd")
+        doc["spec"]["artifacts"].setdefault("versions", {})["etcd"] = ETCD_FROM
+        inventory.write_text(yaml.safe_dump(doc, sort_keys=False))
+        run_installer("apply", str(inventory), "--state", str(state), "--wait-timeout", WAIT)
+        # the edit: the default etcd, from the default build
+        doc["spec"]["artifacts"]["versions"]["etcd"] = default_etcd or "v3.6.16"
+        doc["spec"]["artifacts"]["path"] = str(built_artifacts)
+        target.write_text(yaml.safe_dump(doc, sort_keys=False))
+        to_etcd = doc["spec"]["artifacts"]["versions"]["etcd"]
+        controls = [h for h in lab.spec.hosts if h.role == "control"]
+
+        def etcd_versions() -> list[str]:
+            return [subprocess.run(["ssh", "-F", str(lab.ssh_config), h.name, "/usr/local/bin/etcd --version"],
+                                   capture_output=True, text=True, timeout=60).stdout.split("\n")[0] for h in controls]
+        assert etcd_versions() == [f"etcd Version: {ETCD_FROM.lstrip('v')}"] * 3
+
+        plan = json.loads(run_installer("upgrade", str(target), "--state", str(state), "--plan", "--output",
+                                        "json").stdout)
+        print("\n" + "\n".join(plan["steps"]))
+        assert plan["kind"] == "none" and [s.split(":")[0] for s in plan["steps"][1:4]] == ["cp1", "cp2", "cp3"]
+        assert all(f"etcd {ETCD_FROM} -> {to_etcd}, this member alone" in s for s in plan["steps"][1:4])
+
+        prober = ApiProber([h.address for h in controls], state)
+        for name, url in hostprobes.api("w1"):           # w1: its balancer, the kubernetes Service
+            hostprobes.start(lab.ssh_config, "w1", f"hp-probe-{name}", url)
+        try:
+            time.sleep(2)
+            done = json.loads(run_installer("upgrade", str(target), "--state", str(state), "--output", "json",
+                                            "--wait-timeout", WAIT).stdout)
+            time.sleep(2)
+        finally:
+            prober.finish()
+        for t in done["timings"]:
+            print(f"{t['seconds']:7.1f} s  {t['step'][:100]}")
+        print(f"API probes: {prober.ticks} ticks, none answering at {len(prober.down)} {prober.down[:10]}; "
+              f"refusals per apiserver {prober.refused}")
+        assert prober.ticks > 50 and prober.down == []
+        # each member's own apiserver stepped aside while it restarted (host/apiserver_aside.py):
+        # the worker saw no failure through its balancer or the Service
+        for name, _ in hostprobes.api("w1"):
+            rows = hostprobes.rows(lab.ssh_config, "w1", f"hp-probe-{name}")
+            print(f"w1 API probe {name}: requests / failed / longest (s) {hostprobes.summary(rows)}")
+            assert len(rows) > 50 and [r for r in rows if not r.ok] == [], rows[-5:]
+        assert etcd_versions() == [f"etcd Version: {to_etcd.lstrip('v')}"] * 3
+        health = subprocess.run(["ssh", "-F", str(lab.ssh_config), "cp1",
+                                 "ETCDCTL_API=3 /usr/local/bin/etcdctl --endpoints=" + ",".join(
+                                     f"https://{h.address}:2379" for h in controls)
+                                 + " --cacert=/etc/kubernetes/pki/etcd/ca.crt"
+                                 " --cert=/etc/kubernetes/pki/etcd/healthcheck-client.crt"
+                                 " --key=/etc/kubernetes/pki/etcd/healthcheck-client.key endpoint health -w json"],
+                                capture_output=True, text=True, timeout=60)
+        assert [e["health"] for e in json.loads(health.stdout)] == [True] * 3, health.stdout + health.stderr
+        again = json.loads(run_installer("upgrade", str(target), "--state", str(state), "--output", "json").stdout)
+        assert len(again["steps"]) == 1, again["steps"]
+    finally:
+        lab_mod.down(ETCD_NAME, log=lambda *_: None)
+
+
+# --- a Kubernetes minor upgrade on three control hosts and two workers ------------------------------
+
 def test_1_plan_shows_the_order_and_apply_refuses_the_new_version(up):
     before = versions_on_hosts(up)
     assert set(before.values()) == {f"Kubernetes {FROM}"}, before
@@ -132,9 +248,10 @@ def test_1_plan_shows_the_order_and_apply_refuses_the_new_version(up):
     assert (doc["from"], doc["to"], doc["kind"], doc["dryRun"]) == (FROM, UPGRADE_TO, "minor", True)
     steps = doc["steps"]
     assert steps[0].startswith("save an etcd snapshot")
-    assert [s.split(":")[0] for s in steps[1:5]] == ["cp1", steps[2].split(":")[0], "w1", "w2"], steps
-    assert steps[2].startswith("wait until a restarted kube-controller-manager and kube-scheduler lead")
-    assert "cordon, drain" in steps[3] and steps[-1].startswith(f"converge every host at {UPGRADE_TO}")
+    # the control hosts one at a time, then the workers
+    assert [s.split(":")[0] for s in steps[1:7]] == ["cp1", "cp2", "cp3", steps[4].split(":")[0], "w1", "w2"], steps
+    assert steps[4].startswith("wait until a restarted kube-controller-manager and kube-scheduler lead")
+    assert "cordon, drain" in steps[5] and steps[-1].startswith(f"converge every host at {UPGRADE_TO}")
     assert any("Nodes: 2/2 Ready" in c for c in doc["checks"]), doc["checks"]
     # apply would restart everything at once: refused, pointing to upgrade
     proc = run_installer("apply", str(up.target), "--state", str(up.state), check_rc=2)
@@ -192,6 +309,14 @@ def test_3_killed_in_the_worker_step_then_run_again_it_finishes_and_the_workload
     print("\n".join(seen["failures"]))
     assert sum(seen["ok"].values()) > 100
     assert sum(seen["failed"].values()) <= ALLOWED_FAILURES, seen
+    failed = {}
+    for w in up.workers:
+        for name, _ in hostprobes.api(w):
+            rows = hostprobes.rows(up.lab.ssh_config, w, f"hp-probe-{name}")
+            print(f"{w} API probe {name}: requests / failed / longest (s) {hostprobes.summary(rows)}")
+            failed[f"{w} {name}"] = [r for r in rows if not r.ok][:5]
+            assert len(rows) > 100, (w, name)
+    assert not any(failed.values()), failed
     assert not (up.state / "upgrade.yaml").exists()
     assert done["snapshot"] is None or done["snapshot"].endswith("etcd.db")
     assert list(up.state.glob("backups/upgrade-*/etcd.db")), "the first run's snapshot is kept"
@@ -225,98 +350,3 @@ def test_6_going_down_a_minor_is_refused_with_the_rule(up):
     # the old inventory is refused by apply as well
     proc = run_installer("apply", str(up.inventory), "--state", str(up.state), check_rc=2)
     assert f"kubernetes {UPGRADE_TO} -> {FROM}" in proc.stderr
-
-
-# --- an etcd patch rolled on three members while the API keeps answering ---------------------------
-
-ETCD_NAME, ETCD_SUBNET = "upge", "10.213.234.0/24"
-
-
-class ApiProber:
-    """From the test machine, every 200 ms: GET /readyz of the first apiserver that answers, in
-    control-host order (admin client certificate from the state). Counts the ticks at which none
-    answered, and each apiserver's refusals."""
-
-    def __init__(self, addresses: list[str], state):
-        import ssl
-        import threading
-        self.ctx = ssl.create_default_context(cafile=str(state / "pki" / "ca.crt"))
-        self.ctx.load_cert_chain(str(state / "pki" / "admin.crt"), str(state / "pki" / "admin.key"))
-        self.addresses, self.ticks, self.down, self.refused = addresses, 0, [], {a: 0 for a in addresses}
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.run, daemon=True)
-        self.thread.start()
-
-    def run(self) -> None:
-        import urllib.request
-        while not self.stop.wait(0.2):
-            self.ticks += 1
-            for a in self.addresses:
-                try:
-                    urllib.request.urlopen(f"https://{a}:6443/readyz", context=self.ctx, timeout=1).read()
-                    break
-                except Exception:          # noqa: BLE001 - any failure of one apiserver counts the same
-                    self.refused[a] += 1
-            else:
-                self.down.append(time.strftime("%H:%M:%S"))
-
-    def finish(self) -> None:
-        self.stop.set()
-        self.thread.join()
-
-
-def test_an_etcd_patch_is_rolled_one_member_at_a_time_and_the_api_keeps_answering(tmp_path, built_artifacts):
-    from .builtfixtures import ETCD_FROM, with_etcd
-    lab = start_lab(ETCD_NAME, ETCD_SUBNET, tmp_path, controls=3, workers=1, images=True,
-                    artifacts=with_etcd(built_artifacts, ETCD_FROM))
-    try:
-        inventory, target, state = tmp_path / "from.yaml", tmp_path / "to.yaml", tmp_path / "state"
-        doc = yaml.safe_load(lab.inventory.read_text())
-        default_etcd = doc["spec"].get("artifacts", {}).get("versions", {}).get("etcd")
-        doc["spec"]["artifacts"].setdefault("versions", {})["etcd"] = ETCD_FROM
-        inventory.write_text(yaml.safe_dump(doc, sort_keys=False))
-        run_installer("apply", str(inventory), "--state", str(state), "--wait-timeout", WAIT)
-        # the edit: the default etcd, from the default build
-        doc["spec"]["artifacts"]["versions"]["etcd"] = default_etcd or "v3.6.16"
-        doc["spec"]["artifacts"]["path"] = str(built_artifacts)
-        target.write_text(yaml.safe_dump(doc, sort_keys=False))
-        to_etcd = doc["spec"]["artifacts"]["versions"]["etcd"]
-        controls = [h for h in lab.spec.hosts if h.role == "control"]
-
-        def etcd_versions() -> list[str]:
-            return [subprocess.run(["ssh", "-F", str(lab.ssh_config), h.name, "/usr/local/bin/etcd --version"],
-                                   capture_output=True, text=True, timeout=60).stdout.split("\n")[0] for h in controls]
-        assert etcd_versions() == [f"etcd Version: {ETCD_FROM.lstrip('v')}"] * 3
-
-        plan = json.loads(run_installer("upgrade", str(target), "--state", str(state), "--plan", "--output",
-                                        "json").stdout)
-        print("\n" + "\n".join(plan["steps"]))
-        assert plan["kind"] == "none" and [s.split(":")[0] for s in plan["steps"][1:4]] == ["cp1", "cp2", "cp3"]
-        assert all(f"etcd {ETCD_FROM} -> {to_etcd}, this member alone" in s for s in plan["steps"][1:4])
-
-        prober = ApiProber([h.address for h in controls], state)
-        try:
-            time.sleep(2)
-            done = json.loads(run_installer("upgrade", str(target), "--state", str(state), "--output", "json",
-                                            "--wait-timeout", WAIT).stdout)
-            time.sleep(2)
-        finally:
-            prober.finish()
-        for t in done["timings"]:
-            print(f"{t['seconds']:7.1f} s  {t['step'][:100]}")
-        print(f"API probes: {prober.ticks} ticks, none answering at {len(prober.down)} {prober.down[:10]}; "
-              f"refusals per apiserver {prober.refused}")
-        assert prober.ticks > 50 and prober.down == []
-        assert etcd_versions() == [f"etcd Version: {to_etcd.lstrip('v')}"] * 3
-        health = subprocess.run(["ssh", "-F", str(lab.ssh_config), "cp1",
-                                 "ETCDCTL_API=3 /usr/local/bin/etcdctl --endpoints=" + ",".join(
-                                     f"https://{h.address}:2379" for h in controls)
-                                 + " --cacert=/etc/kubernetes/pki/etcd/ca.crt"
-                                 " --cert=/etc/kubernetes/pki/etcd/healthcheck-client.crt"
-                                 " --key=/etc/kubernetes/pki/etcd/healthcheck-client.key endpoint health -w json"],
-                                capture_output=True, text=True, timeout=60)
-        assert [e["health"] for e in json.loads(health.stdout)] == [True] * 3, health.stdout + health.stderr
-        again = json.loads(run_installer("upgrade", str(target), "--state", str(state), "--output", "json").stdout)
-        assert len(again["steps"]) == 1, again["steps"]
-    finally:
-        lab_mod.down(ETCD_NAME, log=lambda *_: None)
