@@ -77,3 +77,17 @@ def test_on_a_terminal_one_line_is_redrawn_a_few_times_a_second_then_erased():
     p.update("cp1", 60 * MiB, 60 * MiB)
     p.update("w1", 100 * MiB, 100 * MiB)                # the last upload done: the line is erased
     assert out.getvalue().endswith("\r" + " " * len(draws[-1].rstrip()) + "\r")
+
+
+def test_an_event_line_says_what_was_done():
+    from installer.cli.output import what_it_did
+    from installer.engine.phases.base import Event
+    api = Event("cluster-bootstrap", "(api)", "changed", detail=["created Secret kube-system/bootstrap-token-w1",
+                                                                 "created Secret kube-system/bootstrap-token-w2"])
+    assert what_it_did(api) == ["created Secret kube-system/bootstrap-token-w1 (+1 more)"]
+    assert what_it_did(api, verbose=True) == []          # verbose prints every line below instead
+    pushed = Event("workers", "w1", "changed", files=2, bytes=2048, restarts=["kubelet.service"], detail=["~ a"])
+    assert what_it_did(pushed) == ["2 file(s), 2.0 KiB", "restarted kubelet"]
+    assert what_it_did(Event("etcd", "cp1", "unchanged")) == []
+    long = Event("addons", "(api)", "changed", detail=["x" * 200])
+    assert what_it_did(long)[0].endswith("...") and len(what_it_did(long)[0]) == 90

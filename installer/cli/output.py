@@ -59,12 +59,7 @@ class Progress:
         if ev.phase != self.phase:
             self.phase = ev.phase
             click.echo(click.style(ev.phase, bold=True))
-        extra = []
-        if ev.files:
-            extra.append(f"{ev.files} file(s), {human_size(ev.bytes)}")
-        if ev.restarts:
-            extra.append("restarted " + ", ".join(u.removesuffix(".service") for u in ev.restarts))
-        click.echo(f"  {_symbol(ev.action)} {ev.host:<12} {ev.action:<9} {'; '.join(extra)} "
+        click.echo(f"  {_symbol(ev.action)} {ev.host:<12} {ev.action:<9} {'; '.join(what_it_did(ev, self.verbose))} "
                    + click.style(f"({ev.seconds:.2f} s)", dim=True))
         if self.verbose or ev.action == "failed":
             for line in ev.detail:
@@ -78,6 +73,21 @@ class Progress:
         click.echo(click.style(title, bold=True) + f": {len(report.changed)} change(s), {len(report.restarts)} "
                    f"restart(s), {human_size(sum(report.bytes_up.values()))} uploaded, {trips} SSH round trip(s), "
                    f"{report.seconds:.1f} s")
+
+
+def what_it_did(ev: Event, verbose: bool = False, width: int = 90) -> list[str]:
+    """The words on an event's line: files pushed and units restarted; otherwise, when not
+    verbose (which prints every detail line below), its first detail line and how many more
+    (an API step names the objects it created or changed)."""
+    said = []
+    if ev.files:
+        said.append(f"{ev.files} file(s), {human_size(ev.bytes)}")
+    if ev.restarts:
+        said.append("restarted " + ", ".join(u.removesuffix(".service") for u in ev.restarts))
+    if not said and ev.detail and not verbose and ev.action != "failed":
+        first = ev.detail[0] if len(ev.detail[0]) <= width else ev.detail[0][:width - 3] + "..."
+        said.append(first + (f" (+{len(ev.detail) - 1} more)" if len(ev.detail) > 1 else ""))
+    return said
 
 
 def human_size(n: int) -> str:

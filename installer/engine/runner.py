@@ -143,7 +143,7 @@ def _run(inventory_path, state_dir, options: Options | None, log: Callable[[str]
                 hosts = phase.prepare(ctx)
                 if not hosts:
                     continue
-                futures = {h: pool.submit(phase.run_host, ctx, h) for h in hosts}
+                futures = {h: pool.submit(_timed, phase.run_host, ctx, h) for h in hosts}
                 events, failures = [], []
                 for h, fut in futures.items():
                     try:
@@ -158,10 +158,14 @@ def _run(inventory_path, state_dir, options: Options | None, log: Callable[[str]
                 if failures:
                     raise ApplyError(f"phase {phase.name} failed on " + "; ".join(str(f) for f in failures))
                 before = len(ctx.events)
+                finish_started = time.monotonic()
                 try:
                     phase.finish(ctx, events)
                 except HostError as e:
                     raise ApplyError(f"phase {phase.name} failed on {e}") from None
+                for ev in ctx.events[before:]:
+                    # what the phase's finish waited for, when the event does not time itself
+                    ev.seconds = ev.seconds or time.monotonic() - finish_started
                 events += ctx.events[before:]
                 if on_event:
                     for ev in ctx.events[before:]:
@@ -185,6 +189,16 @@ def _run(inventory_path, state_dir, options: Options | None, log: Callable[[str]
             remote.close()
         report.seconds = time.monotonic() - started
     return report
+
+
+def _timed(run_host, ctx: Context, host: str) -> Event | None:
+    """``run_host``'s event with the host's whole time in the phase (its push, restarts and
+    waits), not only the push that ``Context.execute`` times."""
+    started = time.monotonic()
+    ev = run_host(ctx, host)
+    if ev is not None:
+        ev.seconds = max(ev.seconds, time.monotonic() - started)
+    return ev
 
 
 def now() -> str:
