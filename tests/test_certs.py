@@ -127,3 +127,36 @@ def test_unreachable_host_is_named_with_exit_3(prepared):
     assert e.value.exit_code == 3 and f"{fail}: cannot reach" in str(e.value) and "--offline" in str(e.value)
     rows = certs_mod.check(EXAMPLE, prepared.state.root, remote_for=lambda h: _Stub(h))
     assert {r.where for r in rows} == {"state"}
+
+
+def _short_lived(not_before: dt.datetime, hours: float) -> bytes:
+    """A kubelet client certificate as the cluster signs them: short-lived (made here, self-signed:
+    only its dates matter to the check)."""
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "system:node:node2")])
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(not_before)
+            .not_valid_after(not_before + dt.timedelta(hours=hours)).sign(key, hashes.SHA256()))
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def test_the_kubelets_own_certificate_is_judged_by_its_rotation_not_by_days_left():
+    """A healthy new cluster: the kubelet's client certificate lives a day and is renewed by the
+    kubelet at 70-90 % of that; `certs check` must not flag it every day, only when its renewal
+    is late (past 90 %) or it expired."""
+    now = dt.datetime.now(dt.timezone.utc)
+    path = certs_mod.KUBELET_CLIENT
+    fresh = certs_mod.host_rows("node2", {path: None}, f"== {path}\n".encode()
+                                + _short_lived(now - dt.timedelta(hours=2), 24))[0]
+    assert fresh.self_rotated and not fresh.expiring(now, 30)
+    assert fresh.notes and fresh.notes[0].startswith("renewed by its holder (due by ")
+    late = certs_mod.host_rows("node2", {path: None}, f"== {path}\n".encode()
+                               + _short_lived(now - dt.timedelta(hours=22), 24))[0]
+    assert late.expiring(now, 30) and late.as_dict(now, 30)["selfRotated"] is True
+    # any other short-lived certificate on a host is judged by its days left, as before
+    other = certs_mod.host_rows("node2", {"/etc/x.crt": None}, b"== /etc/x.crt\n"
+                                + _short_lived(now - dt.timedelta(hours=2), 24))[0]
+    assert not other.self_rotated and other.expiring(now, 30)

@@ -101,6 +101,12 @@ def test_second_apply_changes_nothing_and_plan_check_passes(rc):
     assert again["changes"] == 0 and again["restarts"] == [] and set(again["bytesUploaded"].values()) == {0}
     assert imports(again) == []
     run_installer("plan", str(rc.inventory), "--state", str(rc.state), "--check")
+    # and a healthy new cluster passes the certificate check: the kubelets' own short-lived
+    # client certificates count by whether the kubelet renews them in time, not by days left
+    checked = json.loads(run_installer("certs", "check", str(rc.inventory), "--state", str(rc.state),
+                                       "--output", "json").stdout)
+    own = [c for c in checked["certificates"] if c["name"] == KUBELET_CLIENT]
+    assert checked["expiring"] == 0 and len(own) == len(rc.workers) and all(c["selfRotated"] for c in own), own
 
 
 # --- images without a registry ---------------------------------------------------------------------

@@ -34,6 +34,11 @@ from installer.core.state import state_for
 
 STATE = "state"
 KUBELET_CLIENT = KUBELET_CLIENT_PEM             # the kubelet's rotating pair (render/worker.py)
+# certificates their holder renews itself: the kubelet's client pair (the cluster signs it,
+# short-lived on purpose). client-go's certificate manager renews at a random point between 70 %
+# and 90 % of the lifetime, so one past 90 % means rotation is not working.
+SELF_ROTATED = frozenset({KUBELET_CLIENT})
+ROTATED_BY = 0.9
 MARK = "== "
 
 
@@ -50,18 +55,29 @@ class CertRow:
     not_after: dt.datetime
     serial: int
     notes: list[str] = field(default_factory=list)
+    not_before: dt.datetime | None = None
+    self_rotated: bool = False    # renewed by its holder (SELF_ROTATED): judged by rotation, not by days left
 
     def days_left(self, now: dt.datetime) -> int:
         return (self.not_after - now) // dt.timedelta(days=1)
 
+    def rotation_due(self) -> dt.datetime | None:
+        """When a self-rotated certificate must have been replaced by (None: not one)."""
+        if not self.self_rotated or self.not_before is None:
+            return None
+        return self.not_before + (self.not_after - self.not_before) * ROTATED_BY
+
     def expiring(self, now: dt.datetime, within_days: float) -> bool:
+        due = self.rotation_due()
+        if due is not None:
+            return now >= due
         return self.not_after - now <= dt.timedelta(days=within_days)
 
     def as_dict(self, now: dt.datetime, within_days: float) -> dict:
         return {"where": self.where, "name": self.name, "subject": self.subject, "issuer": self.issuer,
                 "notAfter": self.not_after.isoformat(), "daysLeft": self.days_left(now),
                 "serial": format(self.serial, "x"), "expiring": self.expiring(now, within_days),
-                "notes": self.notes}
+                "selfRotated": self.self_rotated, "notes": self.notes}
 
 
 def _cn(name: x509.Name) -> str:
@@ -70,7 +86,8 @@ def _cn(name: x509.Name) -> str:
 
 
 def row(where: str, name: str, cert: x509.Certificate) -> CertRow:
-    return CertRow(where, name, _cn(cert.subject), _cn(cert.issuer), cert.not_valid_after_utc, cert.serial_number)
+    return CertRow(where, name, _cn(cert.subject), _cn(cert.issuer), cert.not_valid_after_utc, cert.serial_number,
+                   not_before=cert.not_valid_before_utc, self_rotated=name in SELF_ROTATED and where != STATE)
 
 
 def state_rows(material: Material) -> list[CertRow]:
@@ -158,6 +175,8 @@ def host_rows(name: str, expected: dict[str, int | None], raw: bytes) -> list[Ce
                                 ["no readable certificate in the file"]))
             continue
         r = row(name, path, certs[0])
+        if r.self_rotated:
+            r.notes.append(f"renewed by its holder (due by {r.rotation_due():%Y-%m-%d %H:%M})")
         want = expected.get(path)
         if want is not None and r.serial != want:
             r.notes.append("differs from state")

@@ -32,7 +32,9 @@ def check(inventory, state_dir, within, offline, fmt):
     """Every certificate in the state and as deployed on each host, soonest expiry first.
 
     Exit 0 when none expires within --within days, 1 when one does (or has expired),
-    2/3 when the state or a host cannot be read. Read-only."""
+    2/3 when the state or a host cannot be read. Read-only. The kubelet's own client
+    certificate, short-lived and renewed by the kubelet, counts only when its renewal is late
+    (past 90 % of its lifetime)."""
     from installer.api import certs as certs_api
     rows = certs_api.check(inventory, state_dir, offline=offline, log=lambda m: click.echo(m, err=True))
     now = dt.datetime.now(dt.timezone.utc)
@@ -46,11 +48,13 @@ def check(inventory, state_dir, within, offline, fmt):
             (r.where, r.name, r.subject, r.issuer,
              r.not_after.strftime("%Y-%m-%d %H:%M") if r.serial else "-",
              str(r.days_left(now)) if r.serial else "-",
-             "; ".join((["EXPIRED"] if r.not_after <= now else ["EXPIRING"] if r in expiring else []) + r.notes))
+             "; ".join((["EXPIRED"] if r.not_after <= now else ["ROTATION LATE"] if r in expiring and r.self_rotated
+                        else ["EXPIRING"] if r in expiring else []) + r.notes))
             for r in rows]
         table(lines)
         if expiring:
-            click.echo(f"{len(expiring)} certificate(s) expire within {within:g} days:")
+            click.echo(f"{len(expiring)} certificate(s) expire within {within:g} days or are not renewed "
+                       "by their holder in time:")
             for r in expiring:
                 click.echo(f"  {r.where}: {r.name}")
         else:
