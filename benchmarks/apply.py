@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from installer.engine import runner
+from installer.engine.phases.base import Options
 from installer.lab import lab as lab_mod
 from installer.lab.model import LabPaths
-from installer.engine.phases.base import Options
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lab import pss_kib_in_netns  # noqa: E402 - benchmarks/lab.py
@@ -120,7 +120,8 @@ def met(ok: bool) -> str:
 def report(figs: list[Figures]) -> None:
     print()
     print(f"{'cluster':>8} {'lab up':>8} {'lab PSS':>9} {'cold apply':>11} {'cold up':>10} {'restarts':>9} "
-          f"{'no-op (median of 3)':>20} {'no-op runs':>20} {'RT max/mean':>12} {'no-op bytes':>12} {'no-op changes':>14}")
+          f"{'no-op (median of 3)':>20} {'no-op runs':>20} {'RT max/mean':>12} {'no-op bytes':>12} "
+          f"{'no-op changes':>14}")
     for f in figs:
         cold_bytes = sum(f.cold.bytes_up.values())
         runs = " ".join(f"{r.seconds:.2f}" for r in f.noops)
@@ -149,7 +150,8 @@ def report(figs: list[Figures]) -> None:
     for f in figs:
         print(f"target: {f.cluster} no-op <= {TARGET_ROUND_TRIPS} SSH round trips per host: max {max(f.trips)} "
               f"{met(max(f.trips) <= TARGET_ROUND_TRIPS)}")
-        print(f"target: {f.cluster} no-op uploads {TARGET_BYTES} bytes: {f.noop_bytes} {met(f.noop_bytes == TARGET_BYTES)}")
+        print(f"target: {f.cluster} no-op uploads {TARGET_BYTES} bytes: {f.noop_bytes} "
+              f"{met(f.noop_bytes == TARGET_BYTES)}")
     if small and large:
         ratio = large.noop_seconds / small.noop_seconds
         print(f"target: 1+10 no-op within {TARGET_RATIO:.0f}x of 1+2: {large.noop_seconds:.2f} s / "

@@ -2,7 +2,8 @@
 binary cache, as on a fresh machine) and warm (everything cached), for the default version.
 
 Prints wall time, CPU time and the peak resident memory of the largest single process of the
-build; also the sampled peak of the whole machine's used memory during each build. Never fails on a time. Run: sudo .venv/bin/python benchmarks/build.py
+build; also the sampled peak of the whole machine's used memory during each build. Never fails
+on a time. Run: sudo .venv/bin/python benchmarks/build.py
 (``--warm-only`` skips the cold build, which takes about ten minutes on two cores).
 """
 

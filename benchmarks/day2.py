@@ -20,11 +20,10 @@ from pathlib import Path
 import yaml
 
 from installer.actions import node_ops
-
 from installer.engine import runner
+from installer.engine.phases.base import Options
 from installer.lab import lab as lab_mod
 from installer.lab.model import LabPaths
-from installer.engine.phases.base import Options
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME, SUBNET = "bday2", "10.213.213.0/24"

@@ -33,6 +33,7 @@ from installer.lab.model import LabPaths
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lab import real_lab  # noqa: E402 - benchmarks/lab.py
+
 from tests import hostprobes  # noqa: E402 - probes shared with tests/test_real_ha.py
 
 NAME, SUBNET = "bfail", "10.213.212.0/24"

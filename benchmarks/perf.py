@@ -110,7 +110,8 @@ def timed(cmd: list, ok=(0,), env=None, cwd=None) -> tuple[float, subprocess.Com
     proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=1800, env=env, cwd=cwd)
     seconds = time.perf_counter() - t
     if proc.returncode not in ok:
-        raise RuntimeError(f"{' '.join(map(str, cmd))}: exit {proc.returncode}\n{proc.stdout[-1500:]}{proc.stderr[-1500:]}")
+        raise RuntimeError(f"{' '.join(map(str, cmd))}: exit {proc.returncode}\n"
+                           f"{proc.stdout[-1500:]}{proc.stderr[-1500:]}")
     return seconds, proc
 
 

@@ -48,7 +48,6 @@ for _p in (str(HERE.parent), str(HERE)):
         sys.path.insert(0, _p)
 
 import _harness  # noqa: E402
-
 from cryptography.hazmat.primitives import serialization  # noqa: E402  (not under test: not instrumented)
 from cryptography.hazmat.primitives.asymmetric import ed25519  # noqa: E402
 

@@ -173,7 +173,7 @@ W1 = request(node("w1"))
 W9 = request(node("w9"))
 EC_W1 = request(node("w1"), key=ec.derive_private_key(0x1234567, ec.SECP256R1()))
 DER_W1 = x509.load_pem_x509_csr(W1).public_bytes(serialization.Encoding.DER)
-CN, O = F.OID_CN, F.OID_O
+CN, ORG = F.OID_CN, F.OID_O
 U = "system:bootstrap:abc123"      # w1's token
 B64 = base64.b64encode(DER_W1)
 
@@ -213,23 +213,23 @@ CSRS = {
     "der-in-pem": F.encode(U, DER_W1, form=1),
     "der-trailing-bytes": F.encode(U, DER_W1 + b"\x00\x00", form=1),
     "der-raw": F.encode(U, DER_W1),
-    "subject-cn-first": F.encode(U, name_der([[(CN, 0x0C, b"system:node:w1")], [(O, 0x0C, b"system:nodes")]]),
+    "subject-cn-first": F.encode(U, name_der([[(CN, 0x0C, b"system:node:w1")], [(ORG, 0x0C, b"system:nodes")]]),
                                  keys=1, form=2),
-    "subject-printable": F.encode(U, name_der([[(O, 0x13, b"system:nodes")], [(CN, 0x13, b"system:node:w1")]]),
+    "subject-printable": F.encode(U, name_der([[(ORG, 0x13, b"system:nodes")], [(CN, 0x13, b"system:node:w1")]]),
                                   form=2),
-    "subject-bmp": F.encode(U, name_der([[(O, 0x1E, "system:nodes".encode("utf-16-be"))],
+    "subject-bmp": F.encode(U, name_der([[(ORG, 0x1E, "system:nodes".encode("utf-16-be"))],
                                          [(CN, 0x1E, "system:node:w1".encode("utf-16-be"))]]), form=2),
-    "subject-multivalued-rdn": F.encode(U, name_der([[(O, 0x0C, b"system:nodes"), (CN, 0x0C, b"system:node:w1")]]),
+    "subject-multivalued-rdn": F.encode(U, name_der([[(ORG, 0x0C, b"system:nodes"), (CN, 0x0C, b"system:node:w1")]]),
                                         form=2),
-    "subject-two-cns": F.encode(U, name_der([[(O, 0x0C, b"system:nodes")], [(CN, 0x0C, b"system:node:w1")],
+    "subject-two-cns": F.encode(U, name_der([[(ORG, 0x0C, b"system:nodes")], [(CN, 0x0C, b"system:node:w1")],
                                              [(CN, 0x0C, b"system:node:w9")]]), form=2),
     "subject-empty": F.encode(U, name_der([]), form=2),
     "info-with-attributes": F.encode(
         U, x509.load_pem_x509_csr(request(node("w1"), san="w1")).tbs_certrequest_bytes, form=3),
-    "info-version-1": F.encode(U, F.wrap(0x30, b"\x02\x01\x01" + name_der([[(O, 0x0C, b"system:nodes")],
+    "info-version-1": F.encode(U, F.wrap(0x30, b"\x02\x01\x01" + name_der([[(ORG, 0x0C, b"system:nodes")],
                                                                             [(CN, 0x0C, b"system:node:w1")]])
                                          + F.SEED_SPKI + b"\xa0\x00"), form=3),
-    "info-no-attributes": F.encode(U, F.wrap(0x30, b"\x02\x01\x00" + name_der([[(O, 0x0C, b"system:nodes")],
+    "info-no-attributes": F.encode(U, F.wrap(0x30, b"\x02\x01\x00" + name_der([[(ORG, 0x0C, b"system:nodes")],
                                                                                 [(CN, 0x0C, b"system:node:w1")]])
                                              + F.SEED_SPKI), form=3),
     "empty": b"",

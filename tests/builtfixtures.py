@@ -85,7 +85,8 @@ def etcd_dir(version: str) -> Path:
         proc = subprocess.run([sys.executable, str(ROOT / "tools/kubebuild/build.py"), "default", str(dest),
                                "--etcd", version, "--only", "etcd"], capture_output=True, text=True)
         if proc.returncode != 0:
-            pytest.fail(f"scripts/build-kubernetes --etcd {version} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+            pytest.fail(f"scripts/build-kubernetes --etcd {version} failed:\n"
+                        f"{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
     return dest
 
 

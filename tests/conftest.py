@@ -11,7 +11,6 @@ import pytest
 import yaml
 
 from installer import api
-
 from installer.core import inventory
 from installer.core.render.plan import write_tree
 

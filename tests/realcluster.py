@@ -67,7 +67,8 @@ while True:
 def run_installer(*args: str, check_rc: int | None = 0, timeout: float = 1800) -> subprocess.CompletedProcess:
     proc = subprocess.run([INSTALLER, *args], capture_output=True, text=True, timeout=timeout)
     if check_rc is not None:
-        assert proc.returncode == check_rc, f"rc={proc.returncode}\nstdout:{proc.stdout[-4000:]}\nstderr:{proc.stderr[-4000:]}"
+        assert proc.returncode == check_rc, \
+            f"rc={proc.returncode}\nstdout:{proc.stdout[-4000:]}\nstderr:{proc.stderr[-4000:]}"
     return proc
 
 

@@ -24,25 +24,43 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from installer import api
-
-from installer.host import kube, kube_objects
-
 from installer.core import versions
 from installer.core.pki import issue
 from installer.core.pki.specs import CLUSTER_CA, cert_specs
 from installer.core.render import control
-from installer.core.render.addons import (AGENT_IMAGE, CILIUM_CHART, COREDNS_IMAGE, addon_objects, agent_objects,
-                                     apiserver_egress_flags, cilium_chart, cilium_values, cilium_values_yaml,
-                                     coredns_objects, corefile, egress_mode, egress_selector_config, helm_argv,
-                                     render_konnectivity_server)
+from installer.core.render.addons import (
+    AGENT_IMAGE,
+    CILIUM_CHART,
+    COREDNS_IMAGE,
+    addon_objects,
+    agent_objects,
+    apiserver_egress_flags,
+    cilium_chart,
+    cilium_values,
+    cilium_values_yaml,
+    coredns_objects,
+    corefile,
+    egress_mode,
+    egress_selector_config,
+    helm_argv,
+    render_konnectivity_server,
+)
 from installer.core.render.addons import konnectivity as konn
 from installer.core.render.control import render_control
+from installer.host import kube_objects
 
 from . import reference as ref
 from .conftest import write_inventory
 from .rendered import write
-from .test_real_flags import (_append, _edit, _replace, apiserver_problems, apiserver_results,  # noqa: F401
-                              flag_problems, real)                              # (real: a fixture)
+from .test_real_flags import (  # noqa: F401
+    _append,
+    _edit,
+    _replace,
+    apiserver_problems,
+    apiserver_results,
+    flag_problems,
+    real,  # (real: a fixture)
+)
 from .test_units import make_root, problems_of, system_units  # noqa: F401 (a fixture)
 
 UNIT_PATH = f"/etc/systemd/system/{konn.UNIT}"
@@ -344,7 +362,7 @@ def test_the_real_apiserver_decodes_and_validates_the_egress_selector_config(kon
         assert any(says in p or says.replace('"', '\\"') in p for p in spoiled), (name, results[name].output[-2000:])
 
 
-def test_apiserver_egress_flags_are_real_and_merge_cleanly(konnectivity_cluster, real):
+def test_apiserver_egress_flags_are_real_and_merge_cleanly(konnectivity_cluster, real):  # noqa: F811 (a fixture)
     inv = konnectivity_cluster.inventory
     extra = apiserver_egress_flags(inv)
     assert set(extra) == {"--egress-selector-config-file", "--api-audiences"}
@@ -418,7 +436,7 @@ def test_server_kubeconfig_identity(konnectivity_cluster):
         assert issue.cert_pem(cert) == issue.cert_pem(p.material.pair(konn.CERT_NAME).cert)
 
 
-def test_konnectivity_server_unit_passes_systemd_analyze_verify(konnectivity_cluster, system_units, tmp_path):
+def test_konnectivity_server_unit_passes_systemd_analyze_verify(konnectivity_cluster, system_units, tmp_path):  # noqa: F811 (a fixture)
     checked = 0
     for plan in _control_plans(konnectivity_cluster).values():
         root = make_root(tmp_path, plan, system_units)
@@ -429,7 +447,7 @@ def test_konnectivity_server_unit_passes_systemd_analyze_verify(konnectivity_clu
     assert checked >= 5
 
 
-def test_verify_harness_sees_a_broken_konnectivity_unit(cilium, system_units, tmp_path):
+def test_verify_harness_sees_a_broken_konnectivity_unit(cilium, system_units, tmp_path):  # noqa: F811 (a fixture)
     plan = next(iter(_control_plans(cilium).values()))
     broken = plan.files[UNIT_PATH].content.replace(b"ProtectHome=true", b"ProtectHome=true\nProtectHomes=true")
     root = make_root(tmp_path, plan, system_units, {konn.UNIT: broken})

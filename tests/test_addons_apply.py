@@ -15,17 +15,15 @@ import pytest
 import yaml
 
 from installer import api
-
-from installer.host import kube, kube_objects
-
-from installer.engine import runner
 from installer.core.artifacts import ArtifactError, add_files
 from installer.core.errors import InstallerError
-from installer.host.fetch import ALL_BINARIES, ResolvedArtifact, binary_files, resolve, role_binaries
+from installer.core.render.addons import CILIUM_CHART, addon_objects, cilium_values_yaml, coredns_objects
+from installer.engine import runner
 from installer.engine.phases import PHASE_NAMES
 from installer.engine.phases.apply_addons import ApplyAddons
 from installer.engine.phases.base import Context, Options
-from installer.core.render.addons import CILIUM_CHART, addon_objects, cilium_values_yaml, coredns_objects
+from installer.host import kube, kube_objects
+from installer.host.fetch import ALL_BINARIES, ResolvedArtifact, binary_files, resolve, role_binaries
 
 from .conftest import write_inventory
 from .test_kube import CRB, FakeApiServer

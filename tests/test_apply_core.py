@@ -11,8 +11,8 @@ import json
 import os
 import platform
 import pwd
-import socket
 import shutil
+import socket
 import stat
 import subprocess
 import time
@@ -21,21 +21,37 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from installer.engine import runner
 from installer.cli.main import cli
 from installer.core.diff import HostChanges, Selection, diff
 from installer.core.errors import InstallerError
-from installer.core.facts import (LOCK, MANIFEST, PENDING, PROBE, STATE_DIR, DirFact, FileFact, HostFacts, parse,
-                             probe_input)
-from installer.host.hostops import LARGE, Payloads, codec_for, compress, script, tarball
+from installer.core.facts import (
+    LOCK,
+    MANIFEST,
+    PENDING,
+    PROBE,
+    STATE_DIR,
+    DirFact,
+    FileFact,
+    HostFacts,
+    parse,
+    probe_input,
+)
 from installer.core.network import ROUTES_UNIT
+from installer.core.render.files import HostDir, HostFile, SystemUser
+from installer.engine import runner
 from installer.engine.phases import PHASE_NAMES
 from installer.engine.phases.acquire_lock import LOCK_TTL, Identity, stale_reason
 from installer.engine.phases.run_preflight import problems
-from installer.engine.phases.select import (CONTROL_UNITS, ETCD_UNIT, WORKER_UNITS, control_plane_part, etcd_part,
-                                     worker_part)
+from installer.engine.phases.select import (
+    CONTROL_UNITS,
+    ETCD_UNIT,
+    WORKER_UNITS,
+    control_plane_part,
+    etcd_part,
+    worker_part,
+)
 from installer.engine.phases.verify_hidden import violations
-from installer.core.render.files import HostDir, HostFile, SystemUser
+from installer.host.hostops import LARGE, Payloads, codec_for, compress, script, tarball
 
 from .conftest import EXAMPLE
 
@@ -71,7 +87,8 @@ case "$cmd" in
     sep=""
     for u in $units; do case "$u" in -p|--|*,*) continue;; esac
       printf '%sId=%s\nActiveState=%s\nUnitFileState=%s\n' "$sep" "$u" \
-        "$(cat "$d/active.$u" 2>/dev/null || echo inactive)" "$(cat "$d/enabled.$u" 2>/dev/null || echo disabled)"; sep="
+        "$(cat "$d/active.$u" 2>/dev/null || echo inactive)" \
+        "$(cat "$d/enabled.$u" 2>/dev/null || echo disabled)"; sep="
 "; done;;
   *)
     echo "$cmd${*:+ $*}" >> "$d/calls"
@@ -679,6 +696,7 @@ END
 
 def test_preflight_refuses_a_host_of_another_architecture_than_the_artifacts(prepared):
     from types import SimpleNamespace
+
     from installer.engine.phases.run_preflight import RunPreflight
     from installer.host.ssh import HostError
     facts = parse(AARCH64_PROBE)

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from installer.host.health import client_context, https_get
 from installer.core.pki import issue
+from installer.host.health import client_context, https_get
 
 from .conftest import ROOT
 from .labfixtures import standin_lab
@@ -28,7 +28,8 @@ PKI = "/etc/kubernetes/pki"
 def run_installer(*args: str, check_rc: int | None = 0, timeout: float = 600) -> subprocess.CompletedProcess:
     proc = subprocess.run([INSTALLER, *args], capture_output=True, text=True, timeout=timeout)
     if check_rc is not None:
-        assert proc.returncode == check_rc, f"rc={proc.returncode}\nstdout:{proc.stdout[-3000:]}\nstderr:{proc.stderr[-3000:]}"
+        assert proc.returncode == check_rc, \
+            f"rc={proc.returncode}\nstdout:{proc.stdout[-3000:]}\nstderr:{proc.stderr[-3000:]}"
     return proc
 
 
@@ -54,6 +55,7 @@ def etcdctl(host, *args: str) -> str:
 def served_certificate(inventory: Path, state: Path, address: str, port: int) -> bytes:
     """The DER certificate the apiserver presents, read over a handshake with the admin client."""
     import socket
+
     from installer.api import prepare
     material = prepare(inventory, state).material
     with client_context(material) as ctx, socket.create_connection((address, port), timeout=5) as raw, \
@@ -155,7 +157,8 @@ def test_a_live_lock_is_respected(applab, tmp_path):
                    "> /var/lib/hiddenplane/apply.lock")
     try:
         doc = yaml.safe_load(applab.inventory.read_text())
-        doc["spec"]["apiServer"]["alwaysPullImages"] = True      # something to change (the lab has it off), so a lock is needed
+        # something to change (the lab has it off), so a lock is needed
+        doc["spec"]["apiServer"]["alwaysPullImages"] = True
         changed = tmp_path / "apply.inventory.yaml"
         changed.write_text(yaml.safe_dump(doc))
         proc = run_installer("apply", str(changed), "--state", str(applab.state), "--skip", "cluster-bootstrap",
@@ -261,7 +264,8 @@ def test_sigkill_in_a_phase_then_rerun_converges(applab, tmp_path, phase):
                   "--wait-timeout", "60")
     run_installer("plan", str(applab.inventory), "--state", str(state), "--skip", "cluster-bootstrap", "--check")
     for name, host in applab.hosts().items():
-        leftovers = host.check_output("find /etc /usr/local/bin /var/lib/kubelet /opt -name '*.hp-new' 2>/dev/null || true")
+        leftovers = host.check_output("find /etc /usr/local/bin /var/lib/kubelet /opt -name '*.hp-new' 2>/dev/null "
+                                      "|| true")
         assert leftovers == "", f"{name}: {leftovers}"
     # the restart that the killed run owed happened: the apiserver serves the new certificate
     served = served_certificate(applab.inventory, state, applab.spec.host("cp1").address, 6443)

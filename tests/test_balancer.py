@@ -207,6 +207,7 @@ def _pair(name: str, issuer=None, sans: tuple[str, ...] = ()):
     """An EC key and its certificate: a CA when ``issuer`` is None, else a server certificate
     signed by ``issuer`` (cert, key) with DNS ``sans`` and IP 127.0.0.1."""
     import datetime
+
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -232,6 +233,7 @@ def _readyz_server(tmp: Path, name: str, pair) -> int:
     import http.server
     import ssl
     import threading
+
     from cryptography.hazmat.primitives import serialization
     crt, key = tmp / f"{name}.crt", tmp / f"{name}.key"
     crt.write_bytes(pair[0].public_bytes(serialization.Encoding.PEM))

@@ -89,6 +89,7 @@ def test_fetched_pems_parsed_and_compared(prepared):
 
 def test_fetch_script_sends_only_certificate_blocks(tmp_path):
     import subprocess
+
     from cryptography.hazmat.primitives.asymmetric import ec
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(x509.oid.NameOID.COMMON_NAME, "t")])

@@ -17,7 +17,8 @@ from installer.cli.main import cli
 try:
     cli(sys.argv[1:], standalone_mode=False)
 finally:
-    print("LOADED", " ".join(sorted(m for m in sys.modules if m.split(".")[0] in ("urllib3", "jsonschema", "kubernetes_validate", "fabric", "paramiko"))))
+    print("LOADED", " ".join(sorted(m for m in sys.modules if m.split(".")[0] in
+                                    ("urllib3", "jsonschema", "kubernetes_validate", "fabric", "paramiko"))))
 """
 
 

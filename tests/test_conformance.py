@@ -24,14 +24,17 @@ JUNIT = """<?xml version="1.0" encoding="UTF-8"?>
     <testcase name="[SynchronizedBeforeSuite]" classname="Kubernetes e2e suite" status="passed" time="0.4"></testcase>
     <testcase name="[It] [sig-network] DNS should provide DNS for services [Conformance] [Conformance]"
               classname="Kubernetes e2e suite" status="passed" time="8.1"></testcase>
-    <testcase name="[It] [sig-node] Kubelet when scheduling a read only busybox container should not write to root filesystem [LinuxOnly] [NodeConformance] [Conformance] [Conformance, NodeConformance]"
+    <testcase name="[It] [sig-node] Kubelet when scheduling a read only busybox container should not write to \
+root filesystem [LinuxOnly] [NodeConformance] [Conformance] [Conformance, NodeConformance]"
               classname="Kubernetes e2e suite" status="failed" time="60.0">
       <failure message="Timed out after 60.000s.&#xA;Expected ..." type="failed">details</failure>
     </testcase>
-    <testcase name="[It] [sig-apps] Job should delete a job [Conformance] [Conformance]" classname="Kubernetes e2e suite"
-              status="skipped" time="0"><skipped message="skipped"></skipped></testcase>
-    <testcase name="[It] [sig-node] RuntimeClass should run [Conformance] [Conformance]" classname="Kubernetes e2e suite"
-              status="skipped" time="0.1"><skipped message="skipped - Only supported for providers [gce]"></skipped></testcase>
+    <testcase name="[It] [sig-apps] Job should delete a job [Conformance] [Conformance]"
+              classname="Kubernetes e2e suite" status="skipped" time="0">
+      <skipped message="skipped"></skipped></testcase>
+    <testcase name="[It] [sig-node] RuntimeClass should run [Conformance] [Conformance]"
+              classname="Kubernetes e2e suite" status="skipped" time="0.1">
+      <skipped message="skipped - Only supported for providers [gce]"></skipped></testcase>
   </testsuite>
 </testsuites>
 """
@@ -43,7 +46,8 @@ def test_a_junit_report_counts_what_ran_and_why_it_failed_or_skipped(tmp_path):
     s = conformance.read_junit(path)
     assert s.passed == ["[sig-network] DNS should provide DNS for services [Conformance] [Conformance]"]
     [(name, why)] = s.failed
-    assert name.startswith("[sig-node] Kubelet when scheduling a read only busybox") and why == "Timed out after 60.000s."
+    assert (name.startswith("[sig-node] Kubelet when scheduling a read only busybox")
+            and why == "Timed out after 60.000s.")
     assert s.skipped == [("[sig-node] RuntimeClass should run [Conformance] [Conformance]",
                           "Only supported for providers [gce]")]
     s.seconds = 75
@@ -54,6 +58,7 @@ def upstream_names() -> list[str]:
     """The [Conformance] tests of the default version, from the k8s.io/kubernetes module."""
     import os
     import subprocess
+
     from installer.core.versions import DEFAULT_KUBERNETES_VERSION
     pin = ROOT / f"tools/kubebuild/kubernetes-e2e-{DEFAULT_KUBERNETES_VERSION}"
     proc = subprocess.run(["go", "list", "-m", "-f", "{{.Dir}}", "k8s.io/kubernetes"], cwd=pin, capture_output=True,

@@ -680,7 +680,8 @@ def test_workers_get_only_their_own_keys_and_token(cluster):
                 found[allowed[der]] = f.path
         assert set(found) == set(allowed.values()), f"{plan.name}: expected its own keys, found {found}"
         blob = b"\n".join(f.content for f in plan.files.values())
-        assert public_der(m.sa_key) not in [public_der(k) for f in plan.files.values() for k in _private_keys(f.content)]
+        assert public_der(m.sa_key) not in [public_der(k) for f in plan.files.values()
+                                            for k in _private_keys(f.content)]
         assert m.encryption_key_b64.encode() not in blob and m.encryption_key not in blob
         for node, token in m.tokens.items():
             assert (token.secret.encode() in blob) == (node == plan.name), \

@@ -77,12 +77,14 @@ def test_one_certificate_per_token():
 
 
 @pytest.mark.parametrize("user,pem,usages,why", [
-    ("system:bootstrap:abc123", request("system:node:w2"), USAGES, "belongs to node w1: it may ask only for CN=system:node:w1"),
+    ("system:bootstrap:abc123", request("system:node:w2"), USAGES,
+     "belongs to node w1: it may ask only for CN=system:node:w1"),
     ("system:bootstrap:abc123", W9, USAGES, "not CN=system:node:w9"),
     ("system:bootstrap:zzz999", OWN, USAGES, "zzz999 was not issued by hiddenplane"),
     ("system:bootstrap:abc123", request("system:node:w1", ("system:nodes", "system:masters"), key=KUBELET_KEY), USAGES,
      "O must be exactly system:nodes"),
-    ("system:bootstrap:abc123", request("system:node:w1", (), key=KUBELET_KEY), USAGES, "O must be exactly system:nodes"),
+    ("system:bootstrap:abc123", request("system:node:w1", (), key=KUBELET_KEY), USAGES,
+     "O must be exactly system:nodes"),
     ("system:bootstrap:abc123", request("system:node:w1", san="evil.example", key=KUBELET_KEY), USAGES,
      "no subject alternative"),
     ("system:bootstrap:abc123", OWN, ["digital signature", "server auth"], "usages must be"),
@@ -246,7 +248,8 @@ def test_the_kubelets_keys_are_read_from_both_files_it_may_use():
     certificate and its key) when one is there; anything else in the output is ignored."""
     tmp = ec.generate_private_key(ec.SECP256R1())
     current = ec.generate_private_key(ec.SECP256R1())
-    out = (tmp.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    out = (tmp.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
            + b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"
            + current.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
                                    serialization.NoEncryption())

@@ -38,12 +38,11 @@ from typing import Callable, Iterator
 import pytest
 import yaml
 
-from installer.core.etcd_rules import EtcdOpError
-from installer.host import probes
-
 from installer import api
 from installer.actions.etcd_ops import ETCDUTL, snapshot_info, snapshot_restore_argv, snapshot_status_argv
+from installer.core.etcd_rules import EtcdOpError
 from installer.core.inventory import Inventory
+from installer.host import probes
 
 from . import reference as ref
 from .conftest import write_inventory
@@ -337,7 +336,9 @@ def test_only_cis_cipher_suites_are_offered(etcd):
 
 def test_peer_port_requires_an_etcd_peer_certificate(etcd):
     peer = etcd.ports[2380]
-    assert _handshake(_tls_context(etcd, str(etcd.host / "etc/etcd/pki/peer.crt"), str(etcd.host / "etc/etcd/pki/peer.key")), peer, HOST_ADDRESS)
+    assert _handshake(_tls_context(etcd, str(etcd.host / "etc/etcd/pki/peer.crt"),
+                                   str(etcd.host / "etc/etcd/pki/peer.key")),
+                      peer, HOST_ADDRESS)
     with pytest.raises(ssl.SSLError):
         _handshake(_tls_context(etcd, None, None), peer, HOST_ADDRESS)
     with pytest.raises(ssl.SSLError):

@@ -10,17 +10,17 @@ import json
 
 import pytest
 
+from installer.actions.etcd_members import MembershipRefused, apply_guard, check_add, check_remove, quorum
+from installer.actions.etcd_ops import Member, parse_members
 from installer.core import inventory
 from installer.core.diff import diff
 from installer.core.errors import InventoryError
-from installer.actions.etcd_members import MembershipRefused, apply_guard, check_add, check_remove, quorum
-from installer.actions.etcd_ops import Member, parse_members
 from installer.core.facts import PROBE, DirFact, FileFact, HostFacts, parse
+from installer.core.render.control import ETCD_RESTART_KEY, etcd_unit_files
+from installer.core.render.plan import render_cluster
 from installer.engine.phases.base import Context, Options
 from installer.engine.phases.select import ETCD_UNIT, etcd_part
 from installer.engine.phases.start_etcd import ReadEtcdMembership, StartEtcd
-from installer.core.render.control import ETCD_RESTART_KEY, etcd_unit_files
-from installer.core.render.plan import render_cluster
 from installer.host.ssh import Result
 
 from . import reference as ref
@@ -295,7 +295,8 @@ class FakeRemote:
 
 
 def context(prepared, facts: dict[str, HostFacts], members) -> Context:
-    ctx = Context(prepared.inventory, prepared.state, Options(), prepared.material, prepared.changes, log=lambda m: None)
+    ctx = Context(prepared.inventory, prepared.state, Options(), prepared.material, prepared.changes,
+                  log=lambda m: None)
     ctx.plans = render_cluster(prepared.inventory, prepared.material)
     ctx.facts = facts
     ctx.remotes = {h.name: FakeRemote(h.name, members) for h in prepared.inventory.spec.hosts}

@@ -84,7 +84,8 @@ def test_day2_commands_respect_a_live_lock(lab, tmp_path):
                      ["etcd", "member", "remove", str(lab.inventory), "cp3", "--allow-even", "--yes"],
                      ["node", "remove", str(lab.inventory), "w1", "--yes", "--state", str(lab.state)]):
             proc = run_installer(*args, check_rc=3)
-            assert "cp2: another command holds the apply lock" in proc.stderr and "elsewhere" in proc.stderr, proc.stderr
+            assert ("cp2: another command holds the apply lock" in proc.stderr
+                    and "elsewhere" in proc.stderr), proc.stderr
         assert {h: etcd_pid(lab, h) for h in pids} == pids
         for h in ("cp1", "cp2", "cp3"):
             assert lab.host(h).service("kube-apiserver").is_running
@@ -164,7 +165,8 @@ def test_4_apply_without_cp3_restarts_no_etcd_member(lab):
     for h in ("cp1", "cp2"):
         assert "10.213.242.13" not in unit_flag(lab, h, "etcd.service", "--initial-cluster"), h
         # each apiserver uses its own host's member: the membership change is not its
-        assert unit_flag(lab, h, "kube-apiserver.service", "--etcd-servers") == "--etcd-servers=https://127.0.0.1:2379", h
+        assert (unit_flag(lab, h, "kube-apiserver.service", "--etcd-servers")
+                == "--etcd-servers=https://127.0.0.1:2379"), h
         assert lab.host(h).service("kube-apiserver").is_running, h
     assert names(members(lab)) == ["cp1", "cp2"]
     assert healthy_endpoints(lab, ["cp1", "cp2"]) == 2
@@ -212,7 +214,8 @@ def test_6_add_cp3_back_as_a_learner_then_promoted(lab):
     assert etcdctl(cp3, "put", "/hiddenplane-test/after-add", "3") == "OK"
     assert etcdctl(lab.host("cp1"), "get", "/hiddenplane-test/after-add", "--print-value-only") == "3"
     for h in ("cp1", "cp2", "cp3"):
-        assert unit_flag(lab, h, "kube-apiserver.service", "--etcd-servers") == "--etcd-servers=https://127.0.0.1:2379", h
+        assert (unit_flag(lab, h, "kube-apiserver.service", "--etcd-servers")
+                == "--etcd-servers=https://127.0.0.1:2379"), h
         for unit in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"):
             assert lab.host(h).service(unit).is_running and lab.host(h).service(unit).is_enabled, f"{h}: {unit}"
     # the member runs as one that joined an existing cluster, not as a new cluster

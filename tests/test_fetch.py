@@ -17,11 +17,9 @@ from pathlib import Path
 import pytest
 
 from installer.core import inventory
-from installer.core.artifacts import (CNI_PLUGINS, CONTROL_BINARIES, WORKER_BINARIES, ArtifactError, add_files,
-                                 read_sums)
+from installer.core.artifacts import CNI_PLUGINS, CONTROL_BINARIES, WORKER_BINARIES, ArtifactError, add_files, read_sums
 from installer.host.download import MIRROR_ENV, mirrored
-from installer.host.fetch import (ALL_BINARIES, binary_files, cache_dir, component_versions,
-                             resolve)
+from installer.host.fetch import ALL_BINARIES, binary_files, cache_dir, component_versions, resolve
 
 K8S = "v1.36.4"
 VERSIONS = {"etcd": "v3.6.7", "containerd": "2.2.3", "runc": "v1.4.2", "cni": "v1.8.0"}
@@ -160,7 +158,8 @@ def test_cold_download_verifies_everything_then_the_cache_makes_no_request(examp
     assert got["kube-apiserver"].path == cache / "kubernetes/v1.36.4/linux-amd64/kube-apiserver"
     assert got["etcdctl"].path == cache / "etcd/v3.6.7/linux-amd64/etcdctl"
     assert got["etcdutl"].path == cache / "etcd/v3.6.7/linux-amd64/etcdutl"
-    assert read_sums(cache / "etcd/v3.6.7/linux-amd64") == {b: sha(mirror.bins[b]) for b in ("etcd", "etcdctl", "etcdutl")}
+    assert read_sums(cache / "etcd/v3.6.7/linux-amd64") == {
+        b: sha(mirror.bins[b]) for b in ("etcd", "etcdctl", "etcdutl")}
     assert got["containerd-shim-runc-v2"].path == cache / "containerd/2.2.3/linux-amd64/containerd-shim-runc-v2"
     assert got["runc"].path == cache / "runc/v1.4.2/linux-amd64/runc"
     assert got["portmap"].path == cache / "cni/v1.8.0/linux-amd64/portmap"
@@ -292,7 +291,8 @@ def test_versions_and_cache_location(example_doc, tmp_path, monkeypatch):
 
 
 def test_arm64_fetches_arm64_files(example_doc, tmp_path, mirror):
-    with pytest.raises(ArtifactError, match=f"/dl.k8s.io/release/{K8S}/bin/linux/arm64/kube-apiserver.sha256: HTTP 404"):
+    with pytest.raises(ArtifactError,
+                       match=f"/dl.k8s.io/release/{K8S}/bin/linux/arm64/kube-apiserver.sha256: HTTP 404"):
         resolve(make_inv(example_doc, tmp_path), log=lambda _: None, arch="arm64")
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from installer.core import inventory
 from installer.cli.main import cli
+from installer.core import inventory
 from installer.core.errors import InventoryError
 
 from .conftest import EXAMPLE, write_inventory

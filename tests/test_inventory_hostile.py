@@ -13,8 +13,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from installer.core import inventory, yamlsafe
 from installer.cli.main import cli
+from installer.core import inventory, yamlsafe
 
 from .conftest import EXAMPLE, write_inventory
 

@@ -28,18 +28,16 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import kubernetes_validate
 import paramiko
 import pytest
-import urllib3
-import kubernetes_validate
 import yaml
 from click.testing import CliRunner
 
-from installer.core import inventory
-
-from installer.host import kube, kube_objects
 from installer.cli.main import cli
+from installer.core import inventory
 from installer.core.pki import issue
+from installer.host import kube, kube_objects
 from installer.host.ssh import Remote
 
 from .conftest import EXAMPLE
@@ -420,7 +418,8 @@ def test_tls_server_name_is_what_the_certificate_is_checked_against(prepared, tl
         assert kube.rest(a, "GET", "/version", "version")["major"] == "1"
     assert seen["sni"][-1] == "kubernetes.default.svc"
     with kube.api_client(f"https://127.0.0.1:{port}", prepared.material, tls_server_name="not-a-san.example") as a:
-        with pytest.raises(kube.KubeError, match=r"Node/node2: TLS with the API failed: hostname 'not-a-san.example' doesn't match"):
+        with pytest.raises(kube.KubeError,
+                           match=r"Node/node2: TLS with the API failed: hostname 'not-a-san.example' doesn't match"):
             kube.token_consumed(a, "node2")
 
 
@@ -428,6 +427,7 @@ def test_a_server_with_a_certificate_of_another_ca_is_refused(prepared, tmp_path
     """On the network: a man in the middle with an apiserver-like certificate (same names) from
     a CA of its own gets no request."""
     import datetime as dt
+
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes
     from cryptography.hazmat.primitives.asymmetric import ec

@@ -330,6 +330,7 @@ def test_kubelet_serving_certificates_name_only_their_node(doc, tmp_path):
 
 def test_inventory_reports_every_worker_named_like_the_api_at_once(doc, tmp_path):
     from click.testing import CliRunner
+
     from installer.cli.main import cli
     doc["spec"]["apiServer"].update(endpoint="api.example.com", extraSANs=["192.168.56.240"])
     doc["spec"]["hosts"] += [{"name": "kubernetes", "address": "192.168.56.241", "role": "worker"},

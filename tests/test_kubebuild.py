@@ -17,7 +17,8 @@ import pytest
 
 from installer.core import versions
 from installer.core.artifacts import read_sums, write_sums
-from installer.lab import debian_artifacts, lab as lab_mod
+from installer.lab import debian_artifacts
+from installer.lab import lab as lab_mod
 from installer.lab.model import LabError
 
 ROOT = Path(__file__).resolve().parent.parent

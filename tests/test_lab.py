@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from installer.cli.main import cli
 from installer.core import inventory
 from installer.core.artifacts import verify
-from installer.cli.main import cli
-from installer.lab import lab as lab_mod
 from installer.lab import archives, nspawn
+from installer.lab import lab as lab_mod
 from installer.lab.debian_artifacts import PACKAGES
 from installer.lab.model import LabError, LabPaths, LabSpec
 

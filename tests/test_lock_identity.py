@@ -19,8 +19,17 @@ from types import SimpleNamespace
 
 import pytest
 
-from installer.engine.phases.acquire_lock import (LOCK_TTL, REBOOTED, Identity, LockHeld, acquire, dead_here, holder,
-                                                  local_identity, stale_reason)
+from installer.engine.phases.acquire_lock import (
+    LOCK_TTL,
+    REBOOTED,
+    Identity,
+    LockHeld,
+    acquire,
+    dead_here,
+    holder,
+    local_identity,
+    stale_reason,
+)
 
 BOOT = "0d9c4f6a-1b2c-4d3e-8f40-5a6b7c8d9e0f"
 OTHER_BOOT = "11111111-2222-4333-8444-555555555555"

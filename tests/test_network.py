@@ -12,7 +12,6 @@ import pytest
 import yaml
 
 from installer import api
-
 from installer.core import network
 from installer.core.errors import StateError
 from installer.core.network import ROUTE_PROTO, ROUTES_UNIT, allocate, capacity, release, routes_for, slice_prefix
@@ -207,7 +206,8 @@ def test_konnectivity_egress_leaves_control_hosts_without_routes(doc, tmp_path):
     p = _prepare(tmp_path, doc)
     cp = p.plans["cp1"]
     assert ROUTES_UNIT not in cp.units and f"/etc/systemd/system/{ROUTES_UNIT}" not in cp.files
-    assert "--enable-aggregator-routing" not in ref.unit_flags(cp.files["/etc/systemd/system/kube-apiserver.service"].content)
+    assert "--enable-aggregator-routing" not in ref.unit_flags(
+        cp.files["/etc/systemd/system/kube-apiserver.service"].content)
     assert _routes(p.plans["node2"]) == [(p.material.pod_cidrs["node3"], "192.168.56.232")]
 
 

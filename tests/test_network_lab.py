@@ -18,8 +18,8 @@ import threading
 import pytest
 import yaml
 
-from installer.lab import lab as lab_mod
 from installer.core.network import CONFLIST, ROUTE_PROTO
+from installer.lab import lab as lab_mod
 
 from .labfixtures import install_standins, start_lab
 from .test_apply_lab import apply_json

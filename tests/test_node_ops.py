@@ -5,10 +5,9 @@ hosts, and drain/remove/revoke through the real Kubernetes client over a fake tr
 
 from __future__ import annotations
 
-import json
-
 import base64
 import datetime as dt
+import json
 import shutil
 import stat
 
@@ -22,19 +21,16 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from installer import api
-
-from installer.host import kube, kube_objects, node_api
-
 from installer.actions import node_ops, node_retire
-
-from installer.engine import runner
 from installer.cli.main import cli
 from installer.core.errors import InstallerError, StateError
 from installer.core.inventory import HostSpec
 from installer.core.ledger import Ledger, NodeRetiredError, check_inventory
-from installer.engine.phases.base import Event, Options
 from installer.core.pki import issue
 from installer.core.render import revocation
+from installer.engine import runner
+from installer.engine.phases.base import Event, Options
+from installer.host import kube, kube_objects, node_api
 
 from .conftest import EXAMPLE
 from .fakeapi import FakeCluster, client_factory
@@ -347,8 +343,8 @@ def test_remove_stops_when_the_drain_is_blocked(prepared, cluster, fake_api, sta
     cluster.add("/api/v1/namespaces/db/pods", pod("primary", "node2", "db"))
     cluster.block_evictions["db/primary"] = 10**6
     with pytest.raises(node_ops.NodeOpError, match="stays cordoned and nothing else was done"):
-        node_retire.remove(EXAMPLE, "node2", state_copy, hold_lock=False, api_factory=fake_api, refresh_others=False, timeout=0.05,
-                        log=lambda m: None)
+        node_retire.remove(EXAMPLE, "node2", state_copy, hold_lock=False, api_factory=fake_api, refresh_others=False,
+                           timeout=0.05, log=lambda m: None)
     assert f"{NODES}/node2" in cluster.store and cluster.store[f"{NODES}/node2"]["spec"]["unschedulable"]
     assert not Ledger.path(api.state_for(prepared.inventory, state_copy)).exists()
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from click.testing import CliRunner
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
@@ -25,15 +26,11 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from installer import api
-
+from installer.cli.main import cli
 from installer.core import inventory
 from installer.core.errors import StateError
 from installer.core.pki import issue
 from installer.core.pki.material import ensure
-
-from click.testing import CliRunner
-
-from installer.cli.main import cli
 
 from .conftest import NOW, write_inventory
 
@@ -606,8 +603,8 @@ def test_changing_key_algorithm_on_existing_state_is_refused(doc, tmp_path):
 
 
 def test_changed_usages_are_reissued(prepared):
-    from installer.core.pki.specs import cert_specs
     from installer.core.pki.issue import why_reissue
+    from installer.core.pki.specs import cert_specs
     spec = next(s for s in cert_specs(prepared.inventory) if s.name == "kube-proxy/node2")
     server_too = dataclasses.replace(spec, server=True)
     pair, ca = prepared.material.certs["kube-proxy/node2"], prepared.material.cas["ca"]

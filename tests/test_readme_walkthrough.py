@@ -233,8 +233,8 @@ def command_table() -> dict[str, str]:
 def test_command_table_names_real_commands_and_their_exit_codes():
     from installer.actions.etcd_members import MembershipRefused
     from installer.actions.rollout import RenewError
-    from installer.engine.runner import ApplyError
     from installer.actions.verify import VerifyError
+    from installer.engine.runner import ApplyError
     table = command_table()
     for cell in table:
         for path in _command_paths(cell):

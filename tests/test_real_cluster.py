@@ -37,9 +37,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 
 from installer.core import versions
-
-from installer.core.render.addons import COREDNS_IMAGE
 from installer.core.inventory_model import SANDBOX_IMAGE
+from installer.core.render.addons import COREDNS_IMAGE
 
 from .realcluster import BUSYBOX, DNS_LOG, OUTSIDE, run_installer, wait_for
 
@@ -208,7 +207,8 @@ def _signed_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
 
 
 def test_each_worker_joined_with_its_own_token_approved_for_its_own_name(rc):
-    token_ids = {node: t["id"] for node, t in yaml.safe_load((rc.state / "secrets" / "tokens.yaml").read_text()).items()}
+    token_ids = {node: t["id"]
+                 for node, t in yaml.safe_load((rc.state / "secrets" / "tokens.yaml").read_text()).items()}
     csrs = rc.get("csr")["items"]
     for w in rc.workers:
         mine = [c for c in csrs if c["spec"]["username"] == f"system:bootstrap:{token_ids[w]}"]
@@ -267,7 +267,8 @@ def _csr_for(name: str, request: bytes | None = None) -> dict:
     req = request or _request_for(name)
     return {"apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest",
             "metadata": {"generateName": f"thief-{name}-"},
-            "spec": {"request": base64.b64encode(req).decode(), "signerName": "kubernetes.io/kube-apiserver-client-kubelet",
+            "spec": {"request": base64.b64encode(req).decode(),
+                     "signerName": "kubernetes.io/kube-apiserver-client-kubelet",
                      "usages": ["digital signature", "client auth"]}}
 
 
@@ -449,7 +450,8 @@ def test_coredns_is_ready_and_resolves_inside_and_outside(rc, web):
 # --- etcd ------------------------------------------------------------------------------------------
 
 ETCDCTL = ("/usr/local/bin/etcdctl --endpoints=https://127.0.0.1:2379 --cacert=/etc/kubernetes/pki/etcd/ca.crt "
-           "--cert=/etc/kubernetes/pki/etcd/healthcheck-client.crt --key=/etc/kubernetes/pki/etcd/healthcheck-client.key")
+           "--cert=/etc/kubernetes/pki/etcd/healthcheck-client.crt "
+           "--key=/etc/kubernetes/pki/etcd/healthcheck-client.key")
 
 
 def test_etcd_is_3_6_with_mutual_tls(rc):
@@ -461,6 +463,7 @@ def test_etcd_is_3_6_with_mutual_tls(rc):
     assert {s["Status"]["version"] for s in statuses} == {versions.DEFAULT_COMPONENTS["etcd"].lstrip("v")}
     assert len({s["Status"]["header"]["cluster_id"] for s in statuses}) == 1        # one cluster
     refused = rc.ssh("cp1", "/usr/local/bin/etcdctl --endpoints=https://127.0.0.1:2379 "
-                            "--cacert=/etc/kubernetes/pki/etcd/ca.crt --dial-timeout=3s --command-timeout=5s endpoint health")
+                            "--cacert=/etc/kubernetes/pki/etcd/ca.crt --dial-timeout=3s --command-timeout=5s "
+                            "endpoint health")
     assert refused.returncode != 0
     assert re.search(r"certificate required|bad certificate|unhealthy", refused.stdout + refused.stderr), refused

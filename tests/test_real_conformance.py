@@ -23,7 +23,7 @@ import yaml
 
 from installer.core.artifacts import read_sums
 
-from .builtfixtures import ROOT, e2e_dir, _linked_dir
+from .builtfixtures import ROOT, _linked_dir, e2e_dir
 from .realcluster import WAIT, run_installer
 
 pytestmark = [pytest.mark.lab, pytest.mark.real]

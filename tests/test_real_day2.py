@@ -143,7 +143,8 @@ def test_node_remove_evicts_deletes_wipes_and_drops_the_routes(rc):
     assert left == []
     for unit in ("kubelet", "kube-proxy", "containerd"):
         assert rc.ssh("w2", f"systemctl cat {unit}.service").returncode != 0, unit
-    for path in ("/var/lib/kubelet", "/etc/kubernetes", "/var/lib/containerd", "/etc/cni/net.d/10-hiddenplane.conflist"):
+    for path in ("/var/lib/kubelet", "/etc/kubernetes", "/var/lib/containerd",
+                 "/etc/cni/net.d/10-hiddenplane.conflist"):
         assert gone(rc, "w2", path), path
     for h in ("cp1", "cp2", "cp3", "w1"):
         assert cidr not in proto199(rc, h), h
@@ -279,6 +280,7 @@ def shared_kube_proxy_thief(rc, tmp_path: Path) -> Thief:
     """What an earlier release put on every worker: a system:kube-proxy client certificate signed
     by the cluster CA (made here with the state's CA, as a copy kept from then would be)."""
     import datetime as dt
+
     from installer.core.pki import issue
     from installer.core.pki.issue import Pair
     from installer.core.pki.specs import CertSpec
@@ -403,7 +405,8 @@ def test_revoke_refuses_a_stolen_certificate_everywhere(rc, tmp_path):
                                     "volumeMounts": [{"name": "s", "mountPath": "/s"}]}],
                     "volumes": [{"name": "s", "secret": {"secretName": "w2-secret"}}]}}
     rc.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
-    wait_for("uses-secret running", lambda: rc.get("pod", "uses-secret")["status"].get("phase") == "Running", timeout=300)
+    wait_for("uses-secret running", lambda: rc.get("pod", "uses-secret")["status"].get("phase") == "Running",
+             timeout=300)
     stolen = tmp_path / "stolen.pem"
     stolen.write_text(rc.lab.host("w2").file(KUBELET_CLIENT).content_string)
     stolen.chmod(0o600)
@@ -447,7 +450,8 @@ def test_revoke_refuses_a_stolen_certificate_everywhere(rc, tmp_path):
     for c, url in apiservers.items():
         code, answer = thief.request(f"{url}/api/v1/nodes", "POST", node)
         first = time.monotonic() - returned
-        print(f"{c}: create Node w2 with the stolen certificate {first:.2f} s after revoke returned: {code} {answer[:200]}")
+        print(f"{c}: create Node w2 with the stolen certificate {first:.2f} s after revoke returned: "
+              f"{code} {answer[:200]}")
         assert code == 403 and "this node identity was revoked" in answer, (c, code, answer)
     # an operator working from a copy of the state taken before this revoke revokes another
     # name: w2 stays revoked
@@ -487,7 +491,8 @@ def test_revoke_refuses_a_stolen_certificate_everywhere(rc, tmp_path):
     }
     for what, (u, method, body, ctype) in attempts.items():
         code, answer = thief.request(u, method, body, ctype)
-        print(f"{what}: {code} {json.loads(answer).get('message', answer)[:220] if answer.startswith('{') else answer[:220]}")
+        print(f"{what}: {code} "
+              f"{json.loads(answer).get('message', answer)[:220] if answer.startswith('{') else answer[:220]}")
         if what == "update its status":          # the Node is gone (and cannot be made again: above)
             assert code == 404, (what, code, answer)
         elif "Lease" in what or "client CSR" in what:
@@ -572,7 +577,8 @@ class Probe:
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join(timeout=60)
-        print(f"\n{self.what}: {self.ok} answered, {self.failed} failed" + (f" ({self.errors[:3]})" if self.errors else ""))
+        print(f"\n{self.what}: {self.ok} answered, {self.failed} failed"
+              + (f" ({self.errors[:3]})" if self.errors else ""))
 
 
 def no_w2(rc) -> Path:
@@ -605,7 +611,8 @@ def verifies(address: str, port: int, cafile: Path) -> bool:
     import socket
     ctx = ssl.create_default_context(cafile=str(cafile))
     try:
-        with socket.create_connection((address, port), timeout=10) as raw, ctx.wrap_socket(raw, server_hostname=address):
+        with socket.create_connection((address, port), timeout=10) as raw, \
+                ctx.wrap_socket(raw, server_hostname=address):
             return True
     except ssl.SSLCertVerificationError:
         return False
@@ -636,7 +643,8 @@ def web_w1(rc):
 
 def test_certs_renew_keeps_the_cluster_working(rc, web_w1, tmp_path):
     inv = no_w2(rc)
-    serial = x509.load_pem_x509_certificate(rc.lab.host("w1").file(KUBELET_CLIENT).content_string.encode()).serial_number
+    serial = x509.load_pem_x509_certificate(
+        rc.lab.host("w1").file(KUBELET_CLIENT).content_string.encode()).serial_number
     endpoints = {f"{h}:{port}": (rc.address(h), port) for h, port in [(c, 6443) for c in rc.controls] + [("w1", 10250)]}
     before = {e: served_serial(*a) for e, a in endpoints.items()}
     # w1 asks the API through its balancer and through the kubernetes Service meanwhile: every
@@ -790,7 +798,8 @@ def test_ca_rotate_leaves_no_old_ca_trusted_and_the_cluster_working(rc, web_w1, 
                           f"https://{rc.address('cp1')}:6443/apis/authentication.k8s.io/v1/selfsubjectreviews",
                           "-X", "POST", "-H", "Content-Type: application/json", "-d",
                           '{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectReview"}'],
-                         input=f"Authorization: Bearer {sa_token.strip()}\n", capture_output=True, text=True, timeout=30)
+                         input=f"Authorization: Bearer {sa_token.strip()}\n", capture_output=True, text=True,
+                         timeout=30)
     assert "system:serviceaccount:default:default" in who.stdout, who.stdout[-500:]
     rc.kubectl("delete", "configmap", "before-rotate")
 
@@ -811,7 +820,8 @@ def test_reset_leaves_clean_hosts_and_apply_builds_the_cluster_again(rc):
     w1 = rc.lab.host("w1")
     chains = w1.check_output("iptables-save | grep -E '^:(KUBE|CNI|HIDDENPLANE)' || true")
     assert chains == "", chains
-    mounts = w1.check_output("grep -E '/run/containerd|/var/lib/kubelet|/var/lib/containerd/|netns' /proc/mounts || true")
+    mounts = w1.check_output("grep -E '/run/containerd|/var/lib/kubelet|/var/lib/containerd/|netns' /proc/mounts "
+                             "|| true")
     assert mounts == "", mounts
     assert gone(rc, "w1", "/var/lib/containerd")
     assert not w1.file("/var/lib/cni").exists and not w1.file("/etc/cni/net.d/10-hiddenplane.conflist").exists

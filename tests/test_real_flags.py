@@ -188,7 +188,7 @@ def probe(path: Path, tok: str) -> tuple[int, str]:
 
 def _said(text: str) -> str:
     """The binary's complaint, out of the usage that cobra and Go's flag print after it."""
-    lines = [l.strip() for l in text.splitlines() if l.strip()]
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     for pattern in (r"^Error:", r"invalid|unknown flag|not defined|failed", r"has been deprecated"):
         for line in lines:
             if re.search(pattern, line, re.I):
@@ -332,7 +332,10 @@ def sandbox(artifacts: Path, runs: list[Proc], daemons: list[Proc] = (), address
             lines.append(f"mount --bind {q(str(artifacts / Path(p.argv[0]).name))} {q(str(exe))}")
             mounted.add(exe)
     chroot = shutil.which("chroot", path="/usr/sbin:/usr/bin:/sbin:/bin")
-    cmd = lambda p: f"env -i {q(chroot)} {q(str(p.root))} {' '.join(map(q, p.argv))}"
+
+    def cmd(p):
+        return f"env -i {q(chroot)} {q(str(p.root))} {' '.join(map(q, p.argv))}"
+
     for i, d in enumerate(daemons):
         lines.append(f"{cmd(d)} >{q(str(d.root / 'tmp' / f'daemon-{i}.log'))} 2>&1 &")
     lines.append("set +e")
@@ -358,7 +361,7 @@ def bad_signs(output: str) -> list[str]:
     found = []
     for i, line in enumerate(lines):
         if any(s.search(line) for s in BAD_SIGNS):
-            found.append(" / ".join(l.strip() for l in lines[max(0, i - 1):i + 3]))
+            found.append(" / ".join(ln.strip() for ln in lines[max(0, i - 1):i + 3]))
     return found
 
 
@@ -438,7 +441,7 @@ def decoder_problems(component: str, plan: HostPlan, root: Path, result: Result)
             return problems + [f"{plan.name}: kubelet stopped before its lock file: {result.failure()}"]
         m = re.search(r'"KubeletConfiguration" configuration=<\n(.*?)\n >', result.output, re.S)
         assert m, f"{plan.name}: the kubelet logged no decoded configuration at --v=5"
-        decoded = json.loads("\n".join(l[1:] for l in m[1].splitlines()))
+        decoded = json.loads("\n".join(ln[1:] for ln in m[1].splitlines()))
         # the kubelet logs its internal type: Go field names, which match the YAML names but
         # for their case (and the renames above); apiVersion and kind are gone after decoding
         problems += [f"{plan.name}: kubelet {p}" for p in

@@ -72,7 +72,8 @@ def workload() -> list[dict]:
                     {"labelSelector": {"matchLabels": labels}, "topologyKey": "kubernetes.io/hostname"}]}},
                 "containers": [{
                     "name": "httpd", "image": BUSYBOX, "imagePullPolicy": "Never",
-                    "command": ["sh", "-c", "mkdir -p /www && hostname > /www/index.html && exec httpd -f -p 8080 -h /www"],
+                    "command": ["sh", "-c",
+                                "mkdir -p /www && hostname > /www/index.html && exec httpd -f -p 8080 -h /www"],
                     "readinessProbe": {"httpGet": {"path": "/", "port": 8080}, "periodSeconds": 1}}]}}}}
     service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "echo"},
                "spec": {"type": "NodePort", "selector": labels,

@@ -46,7 +46,8 @@ def test_render_tree_matches_manifest(tmp_path):
             assert stat.S_IMODE(f.stat().st_mode) == mode, path
             assert hashlib.sha256(f.read_bytes()).hexdigest() == digest, path
             assert owner in ("root:root", "etcd:etcd"), path
-            if path.endswith(".key") or path.startswith("/etc/kubernetes/") and path.endswith((".conf", "-config.yaml")):
+            if (path.endswith(".key")
+                    or path.startswith("/etc/kubernetes/") and path.endswith((".conf", "-config.yaml"))):
                 assert mode == 0o600, f"{path} holds a secret but is {mode:o}"
 
 
@@ -85,8 +86,9 @@ def test_resolv_conf_follows_systemd_resolved(prepared):
 
 
 def test_explicit_resolv_conf_wins(doc, tmp_path):
-    from installer import api
     import yaml
+
+    from installer import api
     doc["spec"]["network"]["resolvConf"] = "/etc/kubernetes/upstream-resolv.conf"
     p = api.prepare(write_inventory(tmp_path, doc), tmp_path / "state")
     cfg = yaml.safe_load(p.plans["node2"].files["/var/lib/kubelet/config.yaml"].content)

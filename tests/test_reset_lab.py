@@ -97,7 +97,8 @@ def snapshot(lab, host: str) -> dict[str, list[str]]:
         # the lab bind-mounts a machine directory at /var/lib/containerd on nspawn workers (overlayfs
         # cannot hold containerd's snapshots): a mount point cannot be removed, so reset empties it,
         # and the mode containerd gave the directory (0700) stays. Not a file the installer put there.
-        sections["files"] = [line if not line.startswith("/var/lib/containerd d ") else "/var/lib/containerd d (mount point)"
+        sections["files"] = [line if not line.startswith("/var/lib/containerd d ")
+                             else "/var/lib/containerd d (mount point)"
                              for line in sections["files"]]
     return sections
 

@@ -23,11 +23,11 @@ import yaml
 
 from installer.core import inventory
 from installer.core.facts import LOCK
-from installer.lab import net
 from installer.engine.phases.acquire_lock import break_stale, drop, take
 from installer.host.liveness import DEAD_AFTER, KEEPALIVE_INTERVAL
 from installer.host.runmark import stop_scopes
 from installer.host.ssh import HostError, Remote
+from installer.lab import net
 
 from .labfixtures import standin_lab, wait_for
 
@@ -115,7 +115,8 @@ def test_stop_scopes_ends_a_dead_runs_processes(inv):
         dead.run("setsid sleep 3001 </dev/null >/dev/null 2>&1 &")      # outlives its command
         waiting = in_thread(lambda: dead.run("sleep 3002; echo finished"))
         other.run("setsid sleep 3003 </dev/null >/dev/null 2>&1 &")
-        wait_for("sleep 3002", lambda: "3002" in other.run("pgrep -a sleep || true", scoped=False).stdout, timeout=60, interval=0.05)
+        wait_for("sleep 3002", lambda: "3002" in other.run("pgrep -a sleep || true", scoped=False).stdout,
+                 timeout=60, interval=0.05)
         with Remote(host, inv) as next_run:
             stopped = stop_scopes(next_run, "hp-dead")
             assert len(stopped) == 2 and all(s.startswith("hp-dead-") for s in stopped), stopped
@@ -134,7 +135,8 @@ def test_stop_scopes_ends_a_dead_runs_processes(inv):
 def test_a_cut_during_a_long_command_fails_within_the_bound(inv, cut):
     with Remote(inv.host("w1"), inv) as r, Remote(inv.host("w1"), inv) as probe:
         job = in_thread(lambda: r.run("sleep 301", timeout=600, what="wait for etcd"))
-        wait_for("sleep 301 on w1", lambda: "sleep 301" in probe.run("pgrep -a sleep || true").stdout, timeout=60, interval=0.05)
+        wait_for("sleep 301 on w1", lambda: "sleep 301" in probe.run("pgrep -a sleep || true").stdout,
+                 timeout=60, interval=0.05)
         at = cut("w1")
         err = ended(job).get("error")
         seconds = job["at"] - at
@@ -156,7 +158,8 @@ def test_a_cut_during_an_upload_fails_within_the_bound(lostlab, inv, cut):
         job = in_thread(lambda: r.put("/var/tmp/big", data, what="upload big"))
         root = lostlab.paths.host_dir("w2") / "root"
         partial = root / "var/tmp/big.hp-new"
-        wait_for("the upload under way", lambda: partial.exists() and partial.stat().st_size > (8 << 20), timeout=60, interval=0.05)
+        wait_for("the upload under way", lambda: partial.exists() and partial.stat().st_size > (8 << 20),
+                 timeout=60, interval=0.05)
         at = cut("w2")
         err = ended(job).get("error")
         report("Remote.put of 400 MiB", job["at"] - at)
@@ -175,7 +178,8 @@ def test_a_cut_behind_a_bastion_fails_within_the_bound(lostlab, cut, tmp_path):
     binv = inventory.load(path)
     with Remote(binv.host("w1"), binv) as r, Remote(binv.host("w1"), binv) as probe:
         job = in_thread(lambda: r.run("sleep 302", timeout=600, what="long wait"))
-        wait_for("sleep 302 on w1", lambda: "sleep 302" in probe.run("pgrep -a sleep || true").stdout, timeout=60, interval=0.05)
+        wait_for("sleep 302 on w1", lambda: "sleep 302" in probe.run("pgrep -a sleep || true").stdout,
+                 timeout=60, interval=0.05)
         at = cut("w1")
         err = ended(job).get("error")
         report("through a bastion, Remote.run('sleep 302')", job["at"] - at)
@@ -203,7 +207,9 @@ def test_apply_with_a_worker_lost_mid_upload_fails_fast_and_the_next_run_converg
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         # mid-way: w1 is receiving its binaries (an upload's temporary file is there)
-        wait_for("w1's artifacts upload", lambda: proc.poll() is not None or any((root / "usr/local/bin").glob("*.hp-new")), timeout=600, interval=0.02)
+        wait_for("w1's artifacts upload",
+                 lambda: proc.poll() is not None or any((root / "usr/local/bin").glob("*.hp-new")),
+                 timeout=600, interval=0.02)
         assert proc.poll() is None, "apply ended before w1's upload was seen"
         at = cut("w1")
         out, err = proc.communicate(timeout=SANITY)

@@ -19,10 +19,10 @@ import yaml
 
 from installer.core import inventory
 from installer.core.errors import InventoryError
+from installer.host.ssh import HostError, Remote
 from installer.lab import debian_artifacts
 from installer.lab import lab as lab_mod
 from installer.lab.seed import new_ed25519
-from installer.host.ssh import HostError, Remote
 
 from .labfixtures import start_lab
 
@@ -115,11 +115,13 @@ def test_run_binary_stdin_failure_and_counters(sshlab, lab_doc, tmp_path):
         assert r.get("/tmp/hp-test/blob.bin") == b"replaced\n"
         # the content never appears in a command line: a secret travels on stdin only
         commands, exec_ = [], r._exec
-        r._exec = lambda command, stdin, timeout, progress=None: (commands.append(command), exec_(command, stdin, timeout, progress))[1]
+        r._exec = (lambda command, stdin, timeout, progress=None:
+                   (commands.append(command), exec_(command, stdin, timeout, progress))[1])
         r.put("/tmp/hp-test/secret", b"s3cr3t-token\n")
         del r._exec
         assert len(commands) == 1 and "s3cr3t" not in commands[0]
-        assert r.run("cat /tmp/hp-test/secret; stat -c %a /tmp/hp-test/secret").stdout.split() == ["s3cr3t-token", "644"]
+        assert (r.run("cat /tmp/hp-test/secret; stat -c %a /tmp/hp-test/secret").stdout.split()
+                == ["s3cr3t-token", "644"])
         with pytest.raises(HostError, match=r"cp1: read /nonexistent failed \(exit 1\)"):
             r.get("/nonexistent")
         with pytest.raises(ValueError):
@@ -179,7 +181,8 @@ def test_unreachable_address_and_closed_port(sshlab, lab_doc, tmp_path):
     t0 = time.monotonic()
     with pytest.raises(HostError) as e:
         Remote(inv.host("w1"), inv, connect_timeout=5).open()
-    assert str(e.value) in (f"w1: cannot reach {UNUSED}:22: No route to host", f"w1: cannot reach {UNUSED}:22: timed out")
+    assert str(e.value) in (f"w1: cannot reach {UNUSED}:22: No route to host",
+                            f"w1: cannot reach {UNUSED}:22: timed out")
     assert time.monotonic() - t0 < 8
 
     inv = make_inventory(tmp_path, lab_doc, port=2222)
@@ -293,7 +296,8 @@ def test_non_root_user_runs_through_sudo(sshlab, lab_doc, tmp_path):
 
         deploy_inv = make_inventory(tmp_path, lab_doc, "deploy.yaml", user="deploy")
         with Remote(deploy_inv.host("w1"), deploy_inv) as r:
-            with pytest.raises(HostError, match="w1: command: the SSH user deploy is not root and the host has no sudo"):
+            with pytest.raises(HostError,
+                               match="w1: command: the SSH user deploy is not root and the host has no sudo"):
                 r.run("id -u", check=False)
 
         root.put("/tmp/sudo.deb", deb.read_bytes(), mode=0o600)

@@ -70,6 +70,7 @@ def test_a_bad_scope_is_refused_before_connecting(inv, bad):
 def test_the_stop_script_ends_only_its_prefixes_processes():
     """stop_scopes' script, run by this machine's sh on two marked background processes."""
     import time
+
     from installer.host.runmark import _STOP_MARKED
     procs = {m: subprocess.Popen(["sleep", "3911"], env={"HIDDENPLANE_RUN": m, "PATH": "/usr/bin:/bin"})
              for m in ("hp-dead-4", "hp-alive-1")}

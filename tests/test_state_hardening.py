@@ -226,7 +226,8 @@ def test_a_link_on_the_path_is_judged_by_its_target(site, tmp_path):
     api.prepare(site, link / "state")           # our own link to our own directory: fine
     assert (real / "state" / "pki" / "ca.key").is_file()
     real.chmod(0o777)
-    with pytest.raises(StateError, match=re.escape(f"state directory {link / 'state'}: {real} is group- and world-writable")):
+    with pytest.raises(StateError,
+                       match=re.escape(f"state directory {link / 'state'}: {real} is group- and world-writable")):
         api.prepare(site, link / "state")
 
 

@@ -17,14 +17,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from installer.host import hostops
-
 from installer.actions import reset, teardown, teardown_script, teardown_shell
 from installer.core.facts import MANIFEST, STATE_DIR
-from installer.host.fetch import binary_path, role_binaries
 from installer.core.inventory import HostSpec
 from installer.core.render.network import SYSCTL_FILE
 from installer.core.render.worker import SYSCTLS
+from installer.host import hostops
+from installer.host.fetch import binary_path, role_binaries
 from installer.host.ssh import Result
 
 WORKER, CONTROL = "node2", "cp1"
@@ -243,6 +242,7 @@ def test_reset_dry_run_lists_the_same_plan_and_exits_0_touching_no_host(inv, pre
         raise AssertionError("reset --dry-run connected to a host")
     monkeypatch.setattr(reset, "Remote", no_ssh)
     from click.testing import CliRunner
+
     from installer.cli.main import cli
     path = tmp_path / "inventory.yaml"
     path.write_text(yaml.safe_dump(inv.model_dump(mode="json", exclude={"base_dir"}), sort_keys=False))
@@ -257,7 +257,8 @@ def test_reset_dry_run_lists_the_same_plan_and_exits_0_touching_no_host(inv, pre
         reset.reset(inv, state_dir=prepared.state.root, log=logged.append)
     # the plan without --yes and the dry run are one list
     assert [f"  - {step}" for step in doc["hosts"][WORKER]] == \
-        logged[logged.index(f"{WORKER} (worker):") + 1:logged.index(f"{WORKER} (worker):") + 1 + len(doc["hosts"][WORKER])]
+        logged[logged.index(f"{WORKER} (worker):") + 1:
+               logged.index(f"{WORKER} (worker):") + 1 + len(doc["hosts"][WORKER])]
     assert f"  - {doc['hosts'][CONTROL][0]}" in text.output
     assert prepared.state.root.is_dir()
 
@@ -288,7 +289,8 @@ def test_reset_does_nothing_when_a_host_is_unreachable(inv, plans, prepared, mon
 STUB = r"""#!/bin/sh
 echo "@NAME@ $*" >> "@LOG@"
 case "@NAME@ $*" in
-  "systemctl is-active "*) u=$2; [ -e "@STATE@/active.$u" ] && { cat "@STATE@/active.$u"; exit 0; }; echo inactive; exit 3;;
+  "systemctl is-active "*) u=$2; [ -e "@STATE@/active.$u" ] && { cat "@STATE@/active.$u"; exit 0; }
+    echo inactive; exit 3;;
   "systemctl is-enabled "*) u=$2; [ -e "@STATE@/enabled.$u" ] && { echo enabled; exit 0; }; echo disabled; exit 1;;
   "systemctl stop "*) rm -f "@STATE@/active.$2";;
   "systemctl disable "*) rm -f "@STATE@/enabled.$3";;
@@ -469,7 +471,8 @@ def test_worker_script_for_real(worker_root, inv, plans):
     assert umounts == ["/var/lib/kubelet/pods/p1/volumes/v", "/run/netns/cni-1234",
                        "/run/containerd/io.containerd.runtime.v2.task/k8s.io/t1/rootfs"]
     # network: bridge, route, masquerade jump and chain, forwarding back to the kernel default
-    for c in ("ip link delete cni0", "ip -4 route flush proto 199", "iptables -w -t nat -D POSTROUTING -j HIDDENPLANE-MASQ",
+    for c in ("ip link delete cni0", "ip -4 route flush proto 199",
+              "iptables -w -t nat -D POSTROUTING -j HIDDENPLANE-MASQ",
               "iptables -w -t nat -F HIDDENPLANE-MASQ", "iptables -w -t nat -X HIDDENPLANE-MASQ"):
         assert c in calls, c
     assert (h.r / "proc/sys/net/ipv4/ip_forward").read_text() == "0\n"
@@ -586,7 +589,8 @@ def test_reset_respects_a_live_apply_lock(inv, prepared, monkeypatch):
     live = json.dumps({"machine": "elsewhere", "pid": 1, "since": int(time.time()), "run": "abc"})
     ran = fake_hosts(monkeypatch, lambda name, script: Result(live + "\n", "", 3) if "set -C" in script
                      else Result("", "", 0))
-    with pytest.raises(teardown.TeardownError, match=f"{CONTROL}: another command holds the apply lock: .*elsewhere.*nothing was done"):
+    with pytest.raises(teardown.TeardownError,
+                       match=f"{CONTROL}: another command holds the apply lock: .*elsewhere.*nothing was done"):
         reset.reset(inv, state_dir=prepared.state.root, yes=True, log=lambda m: None)
     assert not [name for name, script in ran if "off " in script]      # no host was wiped
     # a worker alone: no control host to lock, it is reset

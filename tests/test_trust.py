@@ -82,6 +82,7 @@ def test_the_probe_returns_the_ca_files(tmp_path):
     """The probe script itself, run locally on a file tree: C lines carry the content."""
     import base64
     import subprocess
+
     from installer.core.facts import PROBE, parse, probe_input
     pem = issue.cert_pem(issue.make_ca("probe-ca", issue.new_key("ecdsa-p256"), 1, NOW))
     (tmp_path / "ca.crt").write_bytes(pem)

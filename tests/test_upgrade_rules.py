@@ -10,8 +10,15 @@ from click.testing import CliRunner
 
 from installer import api
 from installer.cli.main import cli
-from installer.core.upgrade_rules import (RULES, HostState, SkewError, check_etcd, check_kubernetes, current_version,
-                                          upgrade_order)
+from installer.core.upgrade_rules import (
+    RULES,
+    HostState,
+    SkewError,
+    check_etcd,
+    check_kubernetes,
+    current_version,
+    upgrade_order,
+)
 from installer.engine import runner
 from tests.conftest import write_inventory
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from installer.actions.verify import ssh_config
 from installer.core.inventory import load
 from installer.lab import lab as lab_mod
-from installer.actions.verify import ssh_config
 
 from .conftest import ROOT
 from .labfixtures import start_lab
@@ -63,12 +63,15 @@ def test_converged_lab_passes_every_check(vlab):
     assert not [line for line in lines if line.startswith("✗")]
     checks = [line for line in lines if line.startswith("✓")]
     for expected in ("✓ cp1  no kubelet binary", "✓ cp1  no containerd.service unit", "✓ cp1  no containerd socket",
-                     "✓ cp1  no node credential /etc/kubernetes/kubelet.conf", "✓ cp1  etcd.service running and enabled",
+                     "✓ cp1  no node credential /etc/kubernetes/kubelet.conf",
+                     "✓ cp1  etcd.service running and enabled",
                      "✓ cp1  /var/lib/etcd 0700 etcd:etcd", "✓ cp1  /etc/kubernetes/pki/ca.key 0600 root:root",
-                     "✓ cp1  /etc/etcd/pki/server.key 0600 etcd:etcd", "✓ cp1  /etc/kubernetes/admin.conf 0600 root:root",
+                     "✓ cp1  /etc/etcd/pki/server.key 0600 etcd:etcd",
+                     "✓ cp1  /etc/kubernetes/admin.conf 0600 root:root",
                      "✓ cp1  /etc/systemd/system/kube-apiserver.service 0600 root:root",
                      "✓ w1  kube-proxy.service running and enabled", "✓ w2  no etcd binary",
-                     "✓ w1  no signing key /etc/kubernetes/pki/ca.key", "✓ w2  /var/lib/kubelet/config.yaml 0600 root:root",
+                     "✓ w1  no signing key /etc/kubernetes/pki/ca.key",
+                     "✓ w2  /var/lib/kubelet/config.yaml 0600 root:root",
                      "✓ w1  /etc/kubernetes/kube-proxy.conf 0600 root:root"):
         assert expected in checks, expected
     assert {line.split()[1] for line in checks} == {"cp1", "w1", "w2"}

@@ -18,7 +18,8 @@ import yaml
 from installer.core import components, inventory
 from installer.core.diff import diff
 from installer.core.errors import InventoryError
-from installer.core.facts import FileFact, HostFacts as Facts
+from installer.core.facts import FileFact
+from installer.core.facts import HostFacts as Facts
 from installer.core.render.plan import render_cluster
 from installer.core.render.worker import CONNTRACK_IN_CONTAINER
 from installer.engine.phases.select import worker_part
@@ -32,7 +33,8 @@ CONTAINERD = "/etc/containerd/config.toml"
 # the lines each field adds, and to which file (none when false)
 ADDED = {
     "cgroupV1": {KUBELET: ["failCgroupV1: false"]},
-    "inContainer": {PROXY: ["conntrack:", "  maxPerCore: 0", "  tcpEstablishedTimeout: 0s", "  tcpCloseWaitTimeout: 0s"],
+    "inContainer": {PROXY: ["conntrack:", "  maxPerCore: 0", "  tcpEstablishedTimeout: 0s",
+                            "  tcpCloseWaitTimeout: 0s"],
                     CONTAINERD: ["restrict_oom_score_adj = true"]},
 }
 CONTAINERD_1X = {"versions": {"containerd": "1.6.20"}}
@@ -123,7 +125,7 @@ def test_true_adds_only_its_lines_to_its_files_on_every_worker(prepared, example
         ops = difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes()
         # false == true without the inserted lines: nothing else moved or changed
         assert {op for op, *_ in ops} == {"equal", "insert"}, (path, ops)
-        added = [l.strip() for op, _, _, j1, j2 in ops if op == "insert" for l in new[j1:j2]]
+        added = [ln.strip() for op, _, _, j1, j2 in ops if op == "insert" for ln in new[j1:j2]]
         for line in ADDED[field][path]:
             assert line.strip() in added, (path, line, added)
         assert before[(host, path)][1:] == after[(host, path)][1:]      # mode and restarts unchanged
@@ -173,8 +175,8 @@ def test_the_rendered_field_names_are_the_go_types(prepared, example_doc, tmp_pa
     generated from the built binaries); the real binaries decode them in test_real_flags."""
     plans = plans_for(prepared, example_doc, tmp_path, {"cgroupV1": True, "inContainer": True})
     for path, kind in ((KUBELET, "KubeletConfiguration"), (PROXY, "KubeProxyConfiguration")):
-        listed = {l.strip() for l in (REFDATA / "config" / f"{kind}.txt").read_text().splitlines()
-                  if l.strip() and not l.startswith("#")}
+        listed = {ln.strip() for ln in (REFDATA / "config" / f"{kind}.txt").read_text().splitlines()
+                  if ln.strip() and not ln.startswith("#")}
         rendered = flatten(yaml.safe_load(content(plans, "node2", path)))
         assert rendered <= listed, sorted(rendered - listed)
     assert {"failCgroupV1", "conntrack.maxPerCore", "conntrack.tcpEstablishedTimeout",

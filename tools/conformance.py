@@ -32,13 +32,16 @@ ROOT = Path(__file__).resolve().parent.parent
 # are upstream's; a row's regular expression matches within the [Conformance] set).
 CI_SELECTION: tuple[tuple[str, str], ...] = (
     ("admission webhooks (apiserver -> pod)",
-     r"AdmissionWebhook .*should (be able to deny pod and configmap creation|mutate pod and apply defaults after mutation)"),
-    ("CRD conversion webhook (apiserver -> pod)", r"CustomResourceConversionWebhook .*should be able to convert from CR v1 to CR v2"),
+     r"AdmissionWebhook .*should (be able to deny pod and configmap creation"
+     r"|mutate pod and apply defaults after mutation)"),
+    ("CRD conversion webhook (apiserver -> pod)",
+     r"CustomResourceConversionWebhook .*should be able to convert from CR v1 to CR v2"),
     ("aggregated API (apiserver -> pod)", r"Aggregator Should be able to support the 1\.17 Sample API Server"),
     ("logs and exec through the kubelet",
      r"Pods should support (remote command execution|retrieving logs from the container) over websockets"
      r"|Kubectl logs logs should be able to retrieve and filter logs"),
-    ("apiserver proxy to pods and services", r"Proxy version v1 (should proxy through a service and a pod|A set of valid responses)"),
+    ("apiserver proxy to pods and services",
+     r"Proxy version v1 (should proxy through a service and a pod|A set of valid responses)"),
     ("DNS", r"DNS should provide DNS for (the cluster|services) "),
     ("Services: ClusterIP, NodePort, session affinity",
      r"Services should (serve a basic endpoint from pods|be able to create a functioning NodePort service"
@@ -56,7 +59,8 @@ CI_SELECTION: tuple[tuple[str, str], ...] = (
      r"(Job should run a job to completion when tasks sometimes fail|RollingUpdateDeployment should delete old pods"
      r"|StatefulSet Basic StatefulSet functionality .*should have a working scale subresource)"),
     ("ServiceAccounts (pods reach the apiserver)",
-     r"ServiceAccounts (should mount an API token into pods|ServiceAccountIssuerDiscovery should support OIDC discovery)"),
+     r"ServiceAccounts (should mount an API token into pods"
+     r"|ServiceAccountIssuerDiscovery should support OIDC discovery)"),
     ("certificates API", r"Certificates API .*should support CSR API operations"),
     ("the kubernetes Service (its endpoints: the workers' balancer address)",
      r"API Server should (have Endpoints and EndpointSlices pointing to API Server|provide secure master service)"),
@@ -73,7 +77,8 @@ CI_EXTRA: tuple[tuple[str, str], ...] = (
 # [Conformance] tests that cannot pass without a registry, whatever the images on the workers:
 # left out unless --registry says one is reachable (the summary names them)
 NEEDS_REGISTRY: tuple[tuple[str, str], ...] = (
-    ("pulls its image volume with imagePullPolicy Always", r"ImageVolume .*should succeed with pod and pull policy of Always"),
+    ("pulls its image volume with imagePullPolicy Always",
+     r"ImageVolume .*should succeed with pod and pull policy of Always"),
 )
 
 
@@ -203,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
                    "cluster's version, cached)")
     p.add_argument("--kubectl", default=shutil.which("kubectl") or "kubectl", help="kubectl to read the version with")
     p.add_argument("--registry", action="store_true", help="the workers can pull from registry.k8s.io: also run "
-                   "the tests that need a registry (left out by default: " + "; ".join(w for w, _ in NEEDS_REGISTRY) + ")")
+                   "the tests that need a registry (left out by default: "
+                   + "; ".join(w for w, _ in NEEDS_REGISTRY) + ")")
     p.add_argument("--dry-run", action="store_true", help="list the selected tests; run none")
     args = p.parse_args(argv)
     if not args.kubeconfig or not Path(args.kubeconfig).is_file():

@@ -2,9 +2,10 @@
 
 The real-cluster lab (tests/test_real_cluster.py, test_real_conformance.py and test_real_day2.py: one session
 fixture, three control hosts and two workers) is the long pole of the suite, and most of its
-time is spent waiting for restarted components, not on this machine's two cores. Everything else (pure tests, stand-in labs, the README walkthrough) runs in a second
-process meanwhile. Each gets its own --basetemp: pytest prunes old numbered temp directories,
-and two processes sharing /tmp/pytest-of-root would prune each other's.
+time is spent waiting for restarted components, not on this machine's two cores. Everything
+else (pure tests, stand-in labs, the README walkthrough) runs in a second process meanwhile.
+Each gets its own --basetemp: pytest prunes old numbered temp directories, and two processes
+sharing /tmp/pytest-of-root would prune each other's.
 
 The real lab's output streams live (it is the one still running when a CI limit strikes); the
 rest's is printed once it ends. The last line adds both up in the plain "N passed, N failed"

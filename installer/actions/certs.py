@@ -22,15 +22,14 @@ from cryptography.x509.oid import NameOID
 
 from installer.core.errors import InstallerError, StateError
 from installer.core.inventory import Inventory
-from installer.engine.parallel import each
+from installer.core.inventory import load as load_inventory
 from installer.core.pki.material import Material, ensure
 from installer.core.pki.specs import CAS
 from installer.core.render.plan import render_cluster
 from installer.core.render.worker import KUBELET_CLIENT_PEM
+from installer.core.state import StateDir, state_for
+from installer.engine.parallel import each
 from installer.host.ssh import HostError, Remote
-from installer.core.state import StateDir
-from installer.core.inventory import load as load_inventory
-from installer.core.state import state_for
 
 STATE = "state"
 KUBELET_CLIENT = KUBELET_CLIENT_PEM             # the kubelet's rotating pair (render/worker.py)

@@ -15,15 +15,26 @@ from typing import Iterator
 
 from cryptography import x509
 
-from installer.actions.rollout import (APISERVER, CONTROLLER_MANAGER, ETCD, KONNECTIVITY, KUBELET, SCHEDULER,
-                                       EndpointCheck, RenewError, Report, hex_serial)
+from installer.actions.rollout import (
+    APISERVER,
+    CONTROLLER_MANAGER,
+    ETCD,
+    KONNECTIVITY,
+    KUBELET,
+    SCHEDULER,
+    EndpointCheck,
+    RenewError,
+    Report,
+    hex_serial,
+)
 from installer.core import components
 from installer.core.inventory import Inventory
 from installer.core.pki import issue
 from installer.core.pki.issue import Pair
 from installer.core.pki.material import Material
 from installer.core.pki.specs import CLUSTER_CA, ETCD_CA
-from installer.core.render.addons.konnectivity import AGENT_PORT, enabled as konnectivity_enabled
+from installer.core.render.addons.konnectivity import AGENT_PORT
+from installer.core.render.addons.konnectivity import enabled as konnectivity_enabled
 from installer.core.tlsfiles import load_client_cert
 from installer.engine.phases.base import Context
 from installer.host.ssh import Remote
@@ -95,20 +106,22 @@ class Endpoint:
 def endpoints(inv: Inventory) -> list[Endpoint]:
     out = []
     for h in inv.controls:
-        out += [Endpoint(h.name, "etcd client", h.address, components.port("etcd", "client"), f"etcd/server-{h.name}", "etcd/healthcheck-client", ETCD,
-                         ETCD_CA),
-                Endpoint(h.name, "etcd peer", h.address, components.port("etcd", "peer"), f"etcd/peer-{h.name}", "etcd/healthcheck-client", ETCD,
-                         ETCD_CA),
+        out += [Endpoint(h.name, "etcd client", h.address, components.port("etcd", "client"), f"etcd/server-{h.name}",
+                         "etcd/healthcheck-client", ETCD, ETCD_CA),
+                Endpoint(h.name, "etcd peer", h.address, components.port("etcd", "peer"), f"etcd/peer-{h.name}",
+                         "etcd/healthcheck-client", ETCD, ETCD_CA),
                 Endpoint(h.name, "kube-apiserver", h.address, inv.spec.apiServer.port, "apiserver", "admin", APISERVER)]
         if konnectivity_enabled(inv):
             out.append(Endpoint(h.name, "konnectivity-server", h.address, AGENT_PORT, "apiserver", None, KONNECTIVITY))
         # no --tls-cert-file: they serve a self-signed certificate made at each start; what we
         # renew for them is the client certificate in their kubeconfig
-        out += [Endpoint(h.name, "kube-controller-manager", "127.0.0.1", components.port("kube-controller-manager", "secure"), None, None, CONTROLLER_MANAGER),
-                Endpoint(h.name, "kube-scheduler", "127.0.0.1", components.port("kube-scheduler", "secure"), None, None, SCHEDULER)]
+        out += [Endpoint(h.name, "kube-controller-manager", "127.0.0.1",
+                         components.port("kube-controller-manager", "secure"), None, None, CONTROLLER_MANAGER),
+                Endpoint(h.name, "kube-scheduler", "127.0.0.1", components.port("kube-scheduler", "secure"),
+                         None, None, SCHEDULER)]
     for h in inv.workers:
-        out.append(Endpoint(h.name, "kubelet", h.address, components.port("kubelet", "secure"), f"kubelet/{h.name}-serving",
-                            "apiserver-kubelet-client", KUBELET))
+        out.append(Endpoint(h.name, "kubelet", h.address, components.port("kubelet", "secure"),
+                            f"kubelet/{h.name}-serving", "apiserver-kubelet-client", KUBELET))
     return out
 
 

@@ -29,23 +29,33 @@ from dataclasses import dataclass, field
 from typing import Callable
 from urllib.parse import urlsplit
 
-
-from installer.engine import runner
+from installer.actions.etcd_ops import control_remotes, day2_etcdctl
 from installer.core.errors import InstallerError
-from installer.actions.etcd_ops import day2_etcdctl, control_remotes
-from installer.core.etcd_rules import (Change, EtcdOpError, Guard, Member, MembershipRefused, apply_guard,
-                                       check_add, check_remove, member_label, named_members, names_list, parse_members,
-                                       quorum)
-from installer.core.inventory import HostSpec, Inventory
+from installer.core.etcd_rules import (
+    Change,
+    EtcdOpError,
+    Guard,
+    Member,
+    MembershipRefused,
+    apply_guard,
+    check_add,
+    check_remove,
+    member_label,
+    named_members,
+    names_list,
+    parse_members,
+    quorum,
+)
+from installer.core.inventory import HostSpec, Inventory, as_inventory
+from installer.core.render.control import ETCD_DATA_DIR, ETCD_REMOVED_ASIDE, peer_url
+from installer.engine import runner
 from installer.engine.phases.acquire_lock import cluster_lock
 from installer.engine.phases.base import Event, Options
 from installer.engine.phases.select import CONTROL_UNITS, ETCD_UNIT
-from installer.engine.steps import Step, plan, run_steps
 from installer.engine.phases.start_etcd import LOCAL, endpoint_health_script, error_line, member_list
-from installer.core.render.control import ETCD_DATA_DIR, ETCD_REMOVED_ASIDE, peer_url
+from installer.engine.steps import Step, plan, run_steps
 from installer.host import probes
 from installer.host.ssh import HostError, Remote
-from installer.core.inventory import as_inventory
 
 __all__ = ["MembershipRefused", "Change", "Guard", "add", "remove", "check_add", "check_remove", "apply_guard",
            "quorum", "parse_members"]
@@ -122,7 +132,8 @@ def _members(via: Remote, inv: Inventory) -> list[Member]:
 def _converge(inv: Inventory, state_dir, options: Options, log: Callable[[str], None]) -> None:
     def event(ev: Event) -> None:
         if ev.action not in ("checked", "unchanged"):
-            log(f"  {ev.phase} {ev.host}: {ev.action}" + (f" (restarted {', '.join(ev.restarts)})" if ev.restarts else ""))
+            log(f"  {ev.phase} {ev.host}: {ev.action}"
+                + (f" (restarted {', '.join(ev.restarts)})" if ev.restarts else ""))
     runner.run(inv, state_dir, options, log=log, on_event=event)
 
 

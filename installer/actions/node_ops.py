@@ -18,24 +18,21 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Callable, ContextManager, Iterator
 
-
-from installer.host import kube, node_api
-from installer.engine import runner
+from installer.actions import etcd_members
+from installer.core import components
 from installer.core.errors import InstallerError
 from installer.core.etcd_rules import Change
-from installer.core.inventory import HostSpec, Inventory
+from installer.core.inventory import HostSpec, Inventory, as_inventory
 from installer.core.ledger import Ledger, NodeRetiredError, check_inventory, revoked_message
-from installer.core import components
 from installer.core.network import ROUTES_UNIT
+from installer.core.pki.material import Material, ensure
 from installer.core.render.balancer import BALANCER_CONFIG
+from installer.core.state import StateDir, state_for
+from installer.engine import runner
 from installer.engine.phases.base import Options
 from installer.engine.phases.select import planned_changes
-from installer.core.pki.material import Material, ensure
+from installer.host import kube, node_api
 from installer.host.ssh import Remote
-from installer.core.state import StateDir
-from installer.core.inventory import as_inventory
-from installer.core.state import state_for
-from installer.actions import etcd_members
 
 ApiFactory = Callable[[], ContextManager[kube.ApiClient]]
 ROUTES_PATH = f"/etc/systemd/system/{ROUTES_UNIT}"
@@ -146,7 +143,8 @@ class NodeRow:
         return dataclasses.asdict(self)
 
 
-def list_nodes(inventory, state_dir=None, *, use_api: bool = False, api_factory: ApiFactory | None = None) -> list[NodeRow]:
+def list_nodes(inventory, state_dir=None, *, use_api: bool = False,
+               api_factory: ApiFactory | None = None) -> list[NodeRow]:
     inv = as_inventory(inventory)
     state = state_for(inv, state_dir)
     ledger = Ledger.load(state)

@@ -10,10 +10,18 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Callable, ContextManager
 
-
 from installer.actions import etcd_members, teardown
-from installer.actions.node_ops import (ApiFactory, NodeOpError, Target, cluster_api, converge, material_for,
-                                        node_target, with_host, without)
+from installer.actions.node_ops import (
+    ApiFactory,
+    NodeOpError,
+    Target,
+    cluster_api,
+    converge,
+    material_for,
+    node_target,
+    with_host,
+    without,
+)
 from installer.core.errors import InstallerError
 from installer.core.inventory import Inventory
 from installer.core.ledger import Entry, Ledger
@@ -135,7 +143,8 @@ def remove_steps(t: Target, *, skip_cluster: bool = False, host_unreachable: boo
     steps = []
     if not skip_cluster:
         steps += [Step(f"cordon and drain Node {n} (evictions respect PodDisruptionBudgets)", drain),
-                  Step(f"delete Node {n}, its bootstrap token Secrets, its renewal and kube-proxy bindings and pending CSRs", delete)]
+                  Step(f"delete Node {n}, its bootstrap token Secrets, its renewal and kube-proxy bindings and "
+                       "pending CSRs", delete)]
     if not host_unreachable:
         steps.append(_wipe_step(t))
     steps.append(_mark_step(t, "removed"))

@@ -32,22 +32,29 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from installer.actions.certs import existing_state
+from installer.actions.endpoints import endpoints, read_endpoints, verify
+from installer.actions.rollout import (
+    Reissued,
+    RenewError,
+    Report,
+    Rollout,
+    hex_serial,
+    push,
+    restart_order,
+    roll,
+    session,
+)
 from installer.core.errors import InstallerError, StateError
-from installer.core.inventory import Inventory
-from installer.engine.phases.base import Context
-from installer.engine.phases.connect_hosts import ConnectHosts
-from installer.engine.steps import Step, plan, run_steps
+from installer.core.inventory import Inventory, as_inventory
 from installer.core.pki import issue
 from installer.core.pki.issue import Pair
 from installer.core.pki.material import Material, ensure
 from installer.core.pki.specs import CAS, CLUSTER_CA, ETCD_CA, FRONT_PROXY_CA, cert_specs
 from installer.core.render.plan import render_cluster
-from installer.actions.endpoints import endpoints, read_endpoints, verify
-from installer.actions.rollout import (Reissued, RenewError, Report, Rollout, hex_serial, push, restart_order, roll,
-                      session)
-from installer.core.state import StateDir, write_atomic
-from installer.core.inventory import as_inventory
-from installer.core.state import write_admin_kubeconfig
+from installer.core.state import StateDir, write_admin_kubeconfig, write_atomic
+from installer.engine.phases.base import Context
+from installer.engine.phases.connect_hosts import ConnectHosts
+from installer.engine.steps import Step, plan, run_steps
 
 BACKUPS = "backups"
 CA_CHOICES = {"ca": CLUSTER_CA, "etcd-ca": ETCD_CA, "front-proxy-ca": FRONT_PROXY_CA}

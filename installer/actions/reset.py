@@ -15,21 +15,20 @@ import uuid
 from collections.abc import Iterable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import Callable
 from pathlib import Path
+from typing import Callable
 
+from installer.actions.teardown import Log, TeardownError, host_plan, wipe_host
 from installer.core.errors import InstallerError
-from installer.core.inventory import HostSpec, Inventory
-from installer.engine import steps
-from installer.engine.parallel import each
-from installer.engine.phases.acquire_lock import break_stale, drop, stale_reason, take
+from installer.core.inventory import HostSpec, Inventory, as_inventory
 from installer.core.pki.material import Material, ensure
 from installer.core.render.files import HostPlan
 from installer.core.render.plan import render_cluster
-from installer.host.ssh import Remote
-from installer.actions.teardown import Log, TeardownError, host_plan, wipe_host
-from installer.core.inventory import as_inventory
 from installer.core.state import StateDir, state_for
+from installer.engine import steps
+from installer.engine.parallel import each
+from installer.engine.phases.acquire_lock import break_stale, drop, stale_reason, take
+from installer.host.ssh import Remote
 
 
 class NotConfirmed(InstallerError):
@@ -149,7 +148,8 @@ def _lock(r: _Reset) -> None:
     if held:
         drop_all()
         raise TeardownError("; ".join(
-            f"{n}: another command holds the apply lock: {v}" if isinstance(v, str) else str(v) for n, v in held.items())
+            f"{n}: another command holds the apply lock: {v}" if isinstance(v, str) else str(v)
+            for n, v in held.items())
             + ": nothing was done")
 
     def on_failure(exc_type, exc, tb) -> bool:

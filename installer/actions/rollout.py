@@ -27,13 +27,15 @@ from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterator
 
-
+from installer.core import components
 from installer.core.diff import HostChanges, Selection
 from installer.core.errors import InstallerError
 from installer.core.facts import PROBE, parse, probe_input
-from installer.core import components
-from installer.host.health import client_context, wait_ok
 from installer.core.inventory import Inventory
+from installer.core.pki.material import Changes, Material
+from installer.core.render.balancer import SETTLE_SECONDS as BALANCER_SETTLE
+from installer.core.render.plan import render_cluster
+from installer.core.state import StateDir
 from installer.engine.parallel import each
 from installer.engine.phases.acquire_lock import AcquireLock, acquire, release
 from installer.engine.phases.base import Context, Options
@@ -42,12 +44,9 @@ from installer.engine.phases.join_workers import KUBELET_PORTS, active_script
 from installer.engine.phases.select import control_plane_part, etcd_part, probed_files, worker_part
 from installer.engine.phases.start_control_plane import listening_script
 from installer.engine.phases.start_etcd import health_script
-from installer.core.pki.material import Changes, Material
-from installer.core.render.balancer import SETTLE_SECONDS as BALANCER_SETTLE
-from installer.core.render.plan import render_cluster
 from installer.host import apiserver_aside, probes
+from installer.host.health import client_context, wait_ok
 from installer.host.ssh import HostError, Remote
-from installer.core.state import StateDir
 
 ETCD, APISERVER, KONNECTIVITY, CONTROLLER_MANAGER, SCHEDULER, KUBELET, KUBE_PROXY = components.units(
     "etcd", "kube-apiserver", "konnectivity-server", "kube-controller-manager", "kube-scheduler", "kubelet",
@@ -186,7 +185,7 @@ def _wait_node_ready(ctx: Context, host: str, since: float | None, timeout: floa
     """The Node of ``host`` Ready again through the API, as posted by the kubelet started at
     ``since`` (the host's clock): a restarted kubelet reports NotReady until its first
     pod-lifecycle relist, seconds later. The next worker waits for it."""
-    from installer.host import kube   # lazy: runs that never reach the API skip urllib3 and the schemas
+    from installer.host import kube  # lazy: runs that never reach the API skip urllib3 and the schemas
     ctx.log(f"{host}: wait for Node {host} Ready")
     with kube.api_access(ctx.inv, ctx.remotes, ctx.material) as url, \
             kube.api_client(url, ctx.material) as client:

@@ -22,32 +22,55 @@ bootstrapping) and the kubelet renews them itself.
 
 from __future__ import annotations
 
+import datetime as dt
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-
-import datetime as dt
 from typing import Callable
 
 from installer.actions.certs import existing_state
+from installer.actions.endpoints import verify
+from installer.actions.renew import (
+    CA_CHOICES,
+    CONNECT,
+    NOT_OURS,
+    Roll,
+    connect,
+    copy_material,
+    keep_and_save,
+    pki_paths,
+    reissue,
+    reissued_rows,
+    run_roll,
+)
+from installer.actions.rollout import (
+    APISERVER,
+    CONTROLLER_MANAGER,
+    ETCD,
+    KONNECTIVITY,
+    KUBE_PROXY,
+    KUBELET,
+    SCHEDULER,
+    Reissued,
+    Report,
+    hex_serial,
+    push,
+    restart_order,
+    roll,
+    stop_units,
+)
 from installer.core.errors import InstallerError, StateError
-from installer.core.inventory import Inventory
-from installer.engine.phases.base import Context
-from installer.engine.phases.connect_hosts import ConnectHosts
-from installer.engine.steps import Step, plan
+from installer.core.inventory import Inventory, as_inventory
 from installer.core.pki import issue
 from installer.core.pki.issue import Pair
 from installer.core.pki.material import Material, new_token
 from installer.core.pki.specs import CAS, ETCD_CA, cert_specs
-from installer.core.render.addons.konnectivity import enabled as konnectivity_enabled
-from installer.actions.renew import (CA_CHOICES, CONNECT, NOT_OURS, Roll, connect, copy_material, keep_and_save, pki_paths,
-                                     reissue, reissued_rows, run_roll)
-from installer.actions.endpoints import verify
-from installer.actions.rollout import (APISERVER, CONTROLLER_MANAGER, ETCD, KONNECTIVITY, KUBE_PROXY, KUBELET, SCHEDULER, Reissued,
-                      Report, hex_serial, push, restart_order, roll, stop_units)
-from installer.core.inventory import as_inventory
-from installer.host import csr_approval
 from installer.core.render.addons import addon_objects
+from installer.core.render.addons.konnectivity import enabled as konnectivity_enabled
+from installer.engine.phases.base import Context
 from installer.engine.phases.bootstrap_cluster import BootstrapCluster
+from installer.engine.phases.connect_hosts import ConnectHosts
+from installer.engine.steps import Step, plan
+from installer.host import csr_approval
 
 KUBELET_CLIENT_FILES = ("/var/lib/kubelet/pki/kubelet-client-*.pem", "/etc/kubernetes/kubelet.conf")
 
@@ -88,7 +111,7 @@ def rotate_plan(inv: Inventory, cas: list[str], use_api: bool) -> list[str]:
 # --- ca rotate ---------------------------------------------------------------------------------
 
 def _api_tokens(ctx: Context, old: Material, report: Report) -> None:
-    from installer.host import kube   # lazy: runs that never reach the API skip urllib3 and the schemas
+    from installer.host import kube  # lazy: runs that never reach the API skip urllib3 and the schemas
     ev = BootstrapCluster().run_host(ctx, "(api)")
     report.steps += ev.detail
     gone = {t.id for t in old.tokens.values()} - {t.id for t in ctx.material.tokens.values()}
@@ -114,7 +137,7 @@ def _restart_api_clients(ctx: Context, report: Report) -> None:
     """Pods read the cluster CA once, at start: the add-ons' pods would keep refusing the
     apiserver's new certificate (CoreDNS: "x509: certificate signed by unknown authority"), so
     they are restarted; their new pods get the new CA from the kube-root-ca.crt ConfigMap."""
-    from installer.host import kube   # lazy: runs that never reach the API skip urllib3 and the schemas
+    from installer.host import kube  # lazy: runs that never reach the API skip urllib3 and the schemas
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     with kube.api_access(ctx.inv, ctx.remotes, ctx.material) as url, \
             kube.api_client(url, ctx.material) as client:
@@ -126,7 +149,7 @@ def _restart_api_clients(ctx: Context, report: Report) -> None:
 def _approve_rebootstrap(ctx: Context, host: str, report: Report, timeout: float) -> None:
     """The kubelet asks again with its new token: approve it (its own token, its own name),
     wait for the certificate, then delete the token's Secret."""
-    from installer.host import kube   # lazy: runs that never reach the API skip urllib3 and the schemas
+    from installer.host import kube  # lazy: runs that never reach the API skip urllib3 and the schemas
     token_nodes = {t.id: n for n, t in ctx.material.tokens.items()}
     token_id = ctx.material.tokens[host].id
     with kube.api_access(ctx.inv, ctx.remotes, ctx.material) as url, \
@@ -285,7 +308,8 @@ def rotate_ca(inventory, *, state_dir=None, which=("all",), yes: bool = False, u
     cas = which_cas(which)
     state = existing_state(inv, state_dir)
     old = state.load(inv)
-    missing = [c.name for c in CAS if c.name not in old.cas] + [s.name for s in cert_specs(inv) if s.name not in old.certs]
+    missing = ([c.name for c in CAS if c.name not in old.cas]
+               + [s.name for s in cert_specs(inv) if s.name not in old.certs])
     if missing:
         raise StateError(f"{state.root} lacks {', '.join(missing)}; run `installer apply` first")
     r = _Rotation(inv, state, old, wait_timeout=wait_timeout, log=log, cas=cas, use_api=use_api)

@@ -20,16 +20,18 @@ Rules:
   holding such a backup is never removed wholesale, only emptied of our files.
 - Directories are removed when empty only (never a system directory such as /usr/local/bin);
   a mount point (e.g. a bind-mounted /var/lib/containerd) is emptied, not unmounted.
-- ``data=False`` keeps etcd's data (``/var/lib/etcd`` and the data dirs a restore or a member removal moved aside), the audit logs,
-  containerd's images and snapshots, and the etcd user that owns the data; ``/var/lib/hiddenplane``
-  keeps only the list of them (and of the originals put back), so that a later teardown with
-  data removes them (and leaves the originals alone).
+- ``data=False`` keeps etcd's data (``/var/lib/etcd`` and the data dirs a restore or a member
+  removal moved aside), the audit logs, containerd's images and snapshots, and the etcd user
+  that owns the data; ``/var/lib/hiddenplane`` keeps only the list of them (and of the
+  originals put back), so that a later teardown with data removes them (and leaves the
+  originals alone).
 - Worker order (no orphan process survives): stop and disable kubelet and kube-proxy; kill
   and delete every container task in every containerd namespace; stop containerd; kill what
   is left in containerd's, the kubelet's and the containers' cgroups and every process running
   one of our binaries (containerd's unit has KillMode=process: shims outlive it); unmount what
   is mounted below /run/containerd, /var/lib/containerd, /var/lib/kubelet (not those
-  directories themselves: they may be the admin's own disks) and the CNI network namespaces; then units, credentials, CNI state, routes, rules, sysctls, binaries, users.
+  directories themselves: they may be the admin's own disks) and the CNI network namespaces;
+  then units, credentials, CNI state, routes, rules, sysctls, binaries, users.
 - Forwarding sysctls go back to the kernel default, then to whatever a remaining sysctl.d
   file says (``systemd-sysctl --prefix``); the installer does not record earlier runtime values.
 
@@ -44,9 +46,21 @@ import posixpath
 from collections.abc import Mapping
 from typing import Callable
 
+from installer.actions.teardown_script import (
+    CNI_STATE,
+    CONTAINERD_DATA,
+    CONTAINERD_OPT,
+    CONTAINERD_RUN,
+    CONTAINERD_UNIT,
+    KUBE_PROXY_UNIT,
+    KUBELET_UNIT,
+    LOG_DIR,
+    Teardown,
+    render_script,
+    steps,
+)
 from installer.core.errors import InstallerError
 from installer.core.facts import STATE_DIR
-from installer.host.fetch import CNI_BIN_DIR, binary_path, role_binaries
 from installer.core.inventory import HostSpec, Inventory
 from installer.core.pki.material import Material, ensure
 from installer.core.render.control import ETCD_DATA_DIR, ETCD_REMOVED_ASIDE, ETCD_RESTORE_ASIDE
@@ -54,9 +68,8 @@ from installer.core.render.files import BIN_DIR, K8S_DIR, SYSTEMD_DIR, HostPlan
 from installer.core.render.network import CNI_CONF_DIR, CNI_DIR
 from installer.core.render.plan import render_cluster
 from installer.core.render.worker import KUBE_PROXY_DIR, KUBELET_DIR
+from installer.host.fetch import CNI_BIN_DIR, binary_path, role_binaries
 from installer.host.ssh import Remote
-from installer.actions.teardown_script import (CNI_STATE, CONTAINERD_DATA, CONTAINERD_OPT, CONTAINERD_RUN, CONTAINERD_UNIT,
-                                              KUBE_PROXY_UNIT, KUBELET_UNIT, LOG_DIR, Teardown, render_script, steps)
 
 Log = Callable[[str], None]
 

@@ -9,14 +9,14 @@ import posixpath
 import shlex
 from dataclasses import dataclass
 
+from installer.actions.teardown_shell import CNI_NETNS, CONTAINERD_DATA, CONTAINERD_RUN, PRELUDE, exe_pids
 from installer.core import components, network
 from installer.core.facts import MANIFEST, STATE_DIR
-from installer.actions.teardown_shell import CNI_NETNS, CONTAINERD_DATA, CONTAINERD_RUN, PRELUDE, exe_pids
-from installer.host.hostops import q
 from installer.core.render.control import AUDIT_DIR
 from installer.core.render.files import BIN_DIR, SYSTEMD_DIR
 from installer.core.render.network import IPTABLES, SYSCTL_BIN, SYSCTL_FILE
 from installer.core.render.worker import KUBELET_DIR, SYSCTLS
+from installer.host.hostops import q
 
 KUBELET_UNIT, KUBE_PROXY_UNIT, CONTAINERD_UNIT = components.units("kubelet", "kube-proxy", "containerd")
 CTR = f"{BIN_DIR}/ctr"
@@ -121,7 +121,8 @@ def _container_steps(t: Teardown) -> list[Step]:
         Step((f"unmount what is mounted below {CONTAINERD_RUN}, {CONTAINERD_DATA}, {KUBELET_DIR}; "
               f"remove the pod network namespaces {CNI_NETNS}*",),
              ("unmount_ours",
-              f'for f in "$R"{q(CNI_NETNS)}*; do if [ -e "$f" ]; then rm -f "$f" && say "removed ${{f#$R}}"; fi; done')),
+              f'for f in "$R"{q(CNI_NETNS)}*; do '
+              f'if [ -e "$f" ]; then rm -f "$f" && say "removed ${{f#$R}}"; fi; done')),
     ]
 
 
@@ -140,13 +141,15 @@ def _network_steps(t: Teardown) -> list[Step]:
             f"# routes of the pod network carry proto {network.ROUTE_PROTO}",
             "if has ip; then for f in 4 6; do",
             f'  if [ -n "$(ip -$f route show proto {network.ROUTE_PROTO} 2>/dev/null)" ]; then',
-            f'    ip -$f route flush proto {network.ROUTE_PROTO} && say "removed the IPv$f routes proto {network.ROUTE_PROTO}"',
+            f'    ip -$f route flush proto {network.ROUTE_PROTO}'
+            f' && say "removed the IPv$f routes proto {network.ROUTE_PROTO}"',
             "  fi",
             "done; fi",
         )),
         Step(("remove the iptables chains " + ", ".join(f"{p}*" if p.endswith("-") else p for p in CHAIN_PREFIXES)
               + " and the rules jumping to them",),
-             (f"clean_rules {posixpath.basename(IPTABLES[4])} ip", f"clean_rules {posixpath.basename(IPTABLES[6])} ip6")),
+             (f"clean_rules {posixpath.basename(IPTABLES[4])} ip",
+              f"clean_rules {posixpath.basename(IPTABLES[6])} ip6")),
     ]
     sysctl = ["# forwarding: back to the kernel default, then to what a remaining sysctl.d file says",
               f'if [ -e "$R"{q(SYSCTL_FILE)} ]; then']
@@ -183,7 +186,8 @@ def _file_steps(t: Teardown) -> list[Step]:
     ]
     data_sh = [f"rmtree {q(d)}" for d in t.data_trees] if t.data else []
     if t.data:
-        data_sh += [f'for d in "$R"{q(g.rstrip("*"))}*; do [ -e "$d" ] && rmtree "${{d#$R}}"; done' for g in t.leftovers]
+        data_sh += [f'for d in "$R"{q(g.rstrip("*"))}*; do [ -e "$d" ] && rmtree "${{d#$R}}"; done'
+                    for g in t.leftovers]
     return [
         Step(tuple(f"remove {f} (or put back the file it replaced)" for f in t.files if f != SYSCTL_FILE),
              ("# our files (an original that was there before comes back), then what the manifest adds",
@@ -242,7 +246,8 @@ def _state_step(t: Teardown) -> Step:
             f'  rm -rf "$R"{q(STATE_DIR)} && say {q("removed " + STATE_DIR)}',
             "fi",
         ]
-    return Step((f"remove {STATE_DIR}" + ("" if t.data else f" but for {KEPT_DATA}, the list of kept data"),), tuple(sh))
+    return Step((f"remove {STATE_DIR}" + ("" if t.data else f" but for {KEPT_DATA}, the list of kept data"),),
+                tuple(sh))
 
 
 def steps(t: Teardown) -> list[Step]:

@@ -8,8 +8,8 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 
-from installer.host.hostops import BACKUP_INFIX
 from installer.core.render.worker import KUBELET_DIR
+from installer.host.hostops import BACKUP_INFIX
 
 CONTAINERD_RUN = "/run/containerd"
 CONTAINERD_DATA = "/var/lib/containerd"

@@ -36,8 +36,14 @@ from installer.core.errors import InstallerError
 from installer.core.inventory import Inventory, as_inventory
 from installer.core.render.control import etcd_servers
 from installer.core.state import StateDir, state_for, write_atomic
-from installer.core.upgrade_rules import HostState, SkewError, check_etcd, check_kubernetes, current_version, \
-    upgrade_order
+from installer.core.upgrade_rules import (
+    HostState,
+    SkewError,
+    check_etcd,
+    check_kubernetes,
+    current_version,
+    upgrade_order,
+)
 from installer.engine import runner
 from installer.engine.parallel import each
 from installer.engine.phases.acquire_lock import cluster_lock
@@ -332,7 +338,8 @@ def _checks(inv: Inventory, found: Survey, force: bool, use_api: bool) -> list[s
         problems += not_ready
         said.append(f"Nodes: {len(inv.workers) - len(not_ready)}/{len(inv.workers)} Ready")
     if problems and not force:
-        raise UpgradeRefused("not upgrading: " + "; ".join(problems) + " (--force upgrades anyway); nothing was changed")
+        raise UpgradeRefused("not upgrading: " + "; ".join(problems)
+                             + " (--force upgrades anyway); nothing was changed")
     return said + [f"ignored (--force): {p}" for p in problems]
 
 

@@ -37,16 +37,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
+from installer.core import components
 from installer.core.errors import InstallerError
 from installer.core.inventory import HostSpec, Inventory
-from installer.engine.phases.select import BALANCER_UNIT, CONTROL_UNITS as CONTROL_PLANE_UNITS, ETCD_UNIT, WORKER_UNITS
-from installer.core.render.files import HostPlan
-from installer.core.render.worker import BOOTSTRAP_KUBECONFIG, KUBELET_CLIENT_PEM
-from installer.core import components
 from installer.core.inventory import load as load_inventory
-from installer.core.state import state_for
 from installer.core.pki.material import ensure
+from installer.core.render.files import HostPlan
 from installer.core.render.plan import render_cluster
+from installer.core.render.worker import BOOTSTRAP_KUBECONFIG, KUBELET_CLIENT_PEM
+from installer.core.state import state_for
+from installer.engine.phases.select import BALANCER_UNIT, ETCD_UNIT, WORKER_UNITS
+from installer.engine.phases.select import CONTROL_UNITS as CONTROL_PLANE_UNITS
 from installer.host.ssh import Remote
 
 RUNTIME_BINARIES = ("kubelet", "containerd", "crio", "dockerd")

@@ -19,7 +19,6 @@ from installer.core.render.files import HostPlan
 from installer.core.render.plan import render_cluster, write_tree
 from installer.core.state import StateDir, state_for, write_admin_kubeconfig
 
-
 # part of the API: every domain error (its exit_code is the CLI's), day-2 callers passing an
 # Inventory or a path, the inventory's JSON schema, the state directory of an inventory
 __all__ = ["InstallerError", "Prepared", "admin_kubeconfig", "as_inventory", "json_schema", "prepare", "render",
@@ -63,7 +62,7 @@ def admin_kubeconfig(path: str | Path, out: str | Path | None = None, state_dir:
     an existing different file is kept unless ``force``. Its server: the endpoint, or the first
     control host whose apiserver answers now (``kube.answering_server``). Returns (inventory,
     path, written, server, why the server is not the first control host's or None)."""
-    from installer.host import kube   # only this command reaches the API
+    from installer.host import kube  # only this command reaches the API
     inv = validate(path)
     material = state_for(inv, state_dir).load(inv)
     kube.check_admin_material(inv, material)

@@ -7,8 +7,8 @@ import json
 
 import click
 
-from installer.cli.options import STATE_DEFAULT
 from installer.cli.errors import domain_errors
+from installer.cli.options import STATE_DEFAULT
 from installer.cli.output import table
 
 STATE_HELP = ("Local state directory holding the PKI. "

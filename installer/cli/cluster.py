@@ -7,7 +7,6 @@ import json
 import click
 
 from installer import api
-
 from installer.api import cluster as cluster_api
 from installer.api.cluster import PHASE_NAMES, Options
 from installer.cli.errors import domain_errors

@@ -7,12 +7,10 @@ import dataclasses
 import click
 
 from installer import api
-
 from installer.api import etcd as etcd_api
 from installer.cli.errors import domain_errors
 from installer.cli.options import DRY_RUN, OUTPUT, echo_json, echo_plan
 from installer.cli.output import human_size, nothing_without_yes, table
-
 
 
 @click.group()

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import click
 
+from installer.cli.errors import domain_errors
 from installer.lab import lab as lab_mod
 from installer.lab.model import DEFAULT_SUBNET, built_artifacts
-from installer.cli.errors import domain_errors
 
 
 @click.group()

@@ -15,7 +15,8 @@ from installer import __version__
 LAZY = {
     "validate": ("installer.cli.inventory", "validate", "Check INVENTORY and report every problem at once."),
     "schema": ("installer.cli.inventory", "schema", "Print the inventory's JSON Schema (for editors)."),
-    "apply": ("installer.cli.cluster", "apply", "Converge every host of INVENTORY: hidden control plane, joined workers."),
+    "apply": ("installer.cli.cluster", "apply",
+              "Converge every host of INVENTORY: hidden control plane, joined workers."),
     "plan": ("installer.cli.cluster", "plan", "Show what apply would change on the live hosts, or render offline."),
     "kubeconfig": ("installer.cli.cluster", "kubeconfig", "Write an admin kubeconfig for the cluster's API endpoint."),
     "verify": ("installer.cli.cluster", "verify", "Check the live hosts: hidden control plane, private secrets."),

@@ -6,10 +6,10 @@ import dataclasses
 
 import click
 
-from installer.cli.options import DRY_RUN, OUTPUT, STATE_DEFAULT, echo_json, echo_plan
 from installer import api
 from installer.api import nodes as nodes_api
 from installer.cli.errors import domain_errors
+from installer.cli.options import DRY_RUN, OUTPUT, STATE_DEFAULT, echo_json, echo_plan
 from installer.cli.output import Progress, nothing_without_yes, table
 
 STATE_HELP = ("Local state directory holding the PKI and the node ledger. "

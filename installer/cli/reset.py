@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
-from installer.cli.options import DRY_RUN, OUTPUT, STATE_DEFAULT, echo_json
 from installer.api import reset as reset_api
 from installer.cli.errors import domain_errors
+from installer.cli.options import DRY_RUN, OUTPUT, STATE_DEFAULT, echo_json
 
 STATE_HELP = ("Local state directory (kept unless --purge). "
               + STATE_DEFAULT)

@@ -130,7 +130,8 @@ def installed_binaries(role: str) -> tuple[str, ...]:
     """What a ``role`` host gets in /usr/local/bin: each row's binaries, then its helpers, in
     table order (add-ons are added by fetch when enabled)."""
     rows = [c for c in COMPONENTS if c.role == role and not c.addon]
-    return tuple(b for c in rows for b in (*c.binaries, *(h for h, owner in HELPER_BINARIES.items() if owner == c.name)))
+    return tuple(b for c in rows
+                 for b in (*c.binaries, *(h for h, owner in HELPER_BINARIES.items() if owner == c.name)))
 
 
 def ports(name: str) -> tuple[int, ...]:

@@ -12,6 +12,7 @@ from installer.core.errors import InstallerError
 from installer.core.inventory import HostSpec
 from installer.core.render.control import ETCD_DATA_DIR, peer_url
 
+
 class EtcdOpError(InstallerError):
     """An etcd operation could not be done (the message says which step)."""
 
@@ -189,7 +190,8 @@ def apply_guard(controls: list[HostSpec], with_data: set[str], members: list[Mem
     listed = {m.name for m in members}
     guard = Guard(learners={m.name for m in members if m.learner and m.name in names})
     guard.problems = [f"{member_label(m)}: a live etcd member ({', '.join(m.peer_urls)}) whose host is not a control "
-                      f"host in the inventory; remove it with `installer etcd member remove <inventory> {member_label(m)}` "
+                      "host in the inventory; remove it with "
+                      f"`installer etcd member remove <inventory> {member_label(m)}` "
                       "(or put the host back)" for m in members if m.name not in names]
     for h in controls:
         if h.name in with_data and h.name not in listed:
@@ -199,8 +201,9 @@ def apply_guard(controls: list[HostSpec], with_data: set[str], members: list[Mem
                 f"{h.name}`")
         elif h.name not in with_data and h.name not in listed:
             guard.problems.append(
-                f"{h.name}: has no etcd data while {names_list(with_data)} run an etcd cluster; apply would start it as "
-                f"a new, separate cluster: run `installer etcd member add <inventory> {h.name}` to join it (as a "
+                f"{h.name}: has no etcd data while {names_list(with_data)} run an etcd cluster; "
+                "apply would start it as a new, separate cluster: "
+                f"run `installer etcd member add <inventory> {h.name}` to join it (as a "
                 "learner, then promoted)")
         elif h.name not in with_data:
             guard.joining[h.name] = ",".join(f"{m.name}={u}" for m in members for u in m.peer_urls)

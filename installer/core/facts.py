@@ -23,7 +23,7 @@ HOST_TOOLS = ("iptables", "iptables-save", "iptables-restore", "ip6tables", "mod
 # what can unpack a compressed upload (host/hostops.py picks one)
 UNPACKERS = ("zstd", "gzip")
 
-PROBE = r"""
+PROBE = (r"""
 set -u
 T=$(printf '\t')
 k() { printf 'K\t%s\t%s\n' "$1" "$2"; }
@@ -48,7 +48,9 @@ awk -F: '{print "S\t" $1}' /etc/passwd
 for x in RUNTIME; do
   if command -v "$x" >/dev/null 2>&1 || [ -e "/usr/local/bin/$x" ]; then printf 'X\tbinary\t%s\n' "$x"; fi
   if pgrep -x "$x" >/dev/null 2>&1; then printf 'X\tprocess\t%s\n' "$x"; fi
-  if [ -e "/etc/systemd/system/$x.service" ] || [ -e "/lib/systemd/system/$x.service" ]; then printf 'X\tunit\t%s\n' "$x"; fi
+  if [ -e "/etc/systemd/system/$x.service" ] || [ -e "/lib/systemd/system/$x.service" ]; then
+    printf 'X\tunit\t%s\n' "$x"
+  fi
 done
 tmp=$(mktemp -d)
 : > "$tmp/f"; : > "$tmp/u"
@@ -85,13 +87,15 @@ if [ -s "$tmp/f" ]; then
       if (k in known) print "F", $1, known[k], $4, $5, $6
       else { print "A", $1, $4, $5, $6; print $1 > h } }' "$tmp/m" "$tmp/st"
   if [ -s "$tmp/h" ]; then
-    tr '\n' '\0' < "$tmp/h" | xargs -0 sha256sum 2>/dev/null | awk -v OFS="$T" '{ d = $1; sub(/^[^ ]+  /, ""); print "Z", $0, d }'
+    tr '\n' '\0' < "$tmp/h" | xargs -0 sha256sum 2>/dev/null |
+      awk -v OFS="$T" '{ d = $1; sub(/^[^ ]+  /, ""); print "Z", $0, d }'
   fi
   awk -F"$T" -v OFS="$T" '{ print "R", $1, $2 }' "$tmp/m"
 fi
 rm -rf "$tmp"
 echo END
-""".replace("MANIFEST", MANIFEST).replace("LOCK", LOCK).replace("PENDING", PENDING).replace("RUNTIME", " ".join(RUNTIME_MARKERS)).replace("TOOLS", " ".join(HOST_TOOLS + UNPACKERS))
+""".replace("MANIFEST", MANIFEST).replace("LOCK", LOCK).replace("PENDING", PENDING)
+         .replace("RUNTIME", " ".join(RUNTIME_MARKERS)).replace("TOOLS", " ".join(HOST_TOOLS + UNPACKERS)))
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,6 @@ from pydantic_core import PydanticCustomError
 
 from installer.core import versions, yamlsafe
 
-
 API_VERSION = "hiddenplane/v1alpha1"
 # always used with fullmatch: re.match(...$) also accepts a trailing newline
 DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")

@@ -11,10 +11,26 @@ from pydantic import AfterValidator, Field
 from pydantic_core import PydanticCustomError
 
 from installer.core import versions
-
-from installer.core.inventory_fields import (API_VERSION, CIDR, Bool, HostIP, Int, IP, IPOrName, Label, Login, PathText, Port,
-                                            ReachableIPOrName, Role, StrictModel, Subdomain, quoted, semver,
-                                            version_field)
+from installer.core.inventory_fields import (
+    API_VERSION,
+    CIDR,
+    IP,
+    Bool,
+    HostIP,
+    Int,
+    IPOrName,
+    Label,
+    Login,
+    PathText,
+    Port,
+    ReachableIPOrName,
+    Role,
+    StrictModel,
+    Subdomain,
+    quoted,
+    semver,
+    version_field,
+)
 
 # --- the document --------------------------------------------------------------------------
 
@@ -35,7 +51,8 @@ class KubernetesSpec(StrictModel):
 
 class NetworkSpec(StrictModel):
     podCIDR: CIDR = Field("10.244.0.0/16", description="Pod network; each worker gets a slice.")
-    serviceCIDR: CIDR = Field("10.96.0.0/12", description="ClusterIP range; its first address is the kubernetes Service.")
+    serviceCIDR: CIDR = Field("10.96.0.0/12",
+                              description="ClusterIP range; its first address is the kubernetes Service.")
     clusterDNS: IP = Field("10.96.0.10", description="ClusterIP of the cluster DNS Service.")
     clusterDomain: Subdomain = "cluster.local"
     resolvConf: PathText | None = Field(
@@ -141,15 +158,17 @@ class ComponentVersions(StrictModel):
 
 class ArtifactsSpec(StrictModel):
     source: Literal["download", "dir"] = "download"
-    path: LocalPath | None = Field(None, description="With source: dir, the directory holding binaries and SHA256SUMS (relative to the inventory).")
+    path: LocalPath | None = Field(None, description="With source: dir, the directory holding binaries and SHA256SUMS "
+                                   "(relative to the inventory).")
     versions: ComponentVersions = Field(default_factory=ComponentVersions,
-                                        description="Versions of the non-Kubernetes components: downloaded with source: "
-                                        "download; with either source, containerd's decides its config format "
+                                        description="Versions of the non-Kubernetes components: downloaded with "
+                                        "source: download; with either source, containerd's decides its config format "
                                         "(1.x: version 2, 2.x: version 3).")
     checksums: dict[str, Annotated[str, AfterValidator(_sha256)]] = Field(
         default_factory=dict, description="Pinned sha256 per binary name (e.g. kube-apiserver); checked in "
         "addition to the published checksums, for both sources.")
-    cacheDir: LocalPath | None = Field(None, description="Where downloads are kept. Default: $XDG_CACHE_HOME/hiddenplane/artifacts.")
+    cacheDir: LocalPath | None = Field(None, description="Where downloads are kept. "
+                                       "Default: $XDG_CACHE_HOME/hiddenplane/artifacts.")
     sandboxImage: str = Field(SANDBOX_IMAGE, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$",
                               description="containerd's "
                               "sandbox (pause) image; name the one an image-*.tar in the artifacts holds to "

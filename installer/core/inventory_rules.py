@@ -9,11 +9,10 @@ import stat
 from pathlib import Path
 from typing import Any
 
-
-from installer.core.network import capacity, slice_prefix
-
 from installer.core.inventory_fields import DNS1123_LABEL, HIDDEN_MSG, MAX_PATH, apiserver_san_values, as_ip, quoted
 from installer.core.inventory_model import NetworkSpec, SSHSpec, default_balancer_address
+from installer.core.network import capacity, slice_prefix
+
 
 def _get(data: Any, *keys: Any) -> Any:
     for k in keys:

@@ -39,13 +39,12 @@ from typing import Iterator
 import yaml
 
 from installer.core.errors import StateError
+from installer.core.inventory import Inventory
 from installer.core.pki import issue
 from installer.core.pki.issue import Pair
 from installer.core.pki.material import BootstrapToken, Material
 from installer.core.pki.specs import CAS, cert_specs
-from installer.core.inventory import Inventory
 from installer.core.render.kubeconfig import kubeconfig
-
 
 NETWORK_HEADER = b"""\
 # Pod CIDR of each worker (cni: routes), allocated by hiddenplane and never moved.

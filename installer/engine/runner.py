@@ -12,20 +12,19 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-
 from installer.core import trust
 from installer.core.errors import InstallerError
+from installer.core.inventory import as_inventory
 from installer.core.ledger import Ledger, check_inventory
-from installer.engine.phases import ALWAYS, PHASE_NAMES, PHASES, SKIPPED_WITH
-from installer.engine.phases.acquire_lock import release
-from installer.engine.phases.bootstrap_cluster import refuse_revoked_before_changes
-from installer.engine.phases.base import Context, Event, Options
 from installer.core.pki.material import ensure
 from installer.core.render.plan import render_cluster
+from installer.core.state import state_for
+from installer.engine.phases import ALWAYS, PHASE_NAMES, PHASES, SKIPPED_WITH
+from installer.engine.phases.acquire_lock import release
+from installer.engine.phases.base import Context, Event, Options
+from installer.engine.phases.bootstrap_cluster import refuse_revoked_before_changes
 from installer.host.fetch import digest_record, resolve, resolve_images
 from installer.host.ssh import HostError
-from installer.core.inventory import as_inventory
-from installer.core.state import state_for
 
 
 class ApplyError(InstallerError):

@@ -37,8 +37,16 @@ import time
 from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING
 
-from installer.core.csr_rules import (BOOTSTRAP_USER, KUBELET_CLIENT_SIGNER, Verdict, issued_problem, judge,
-                                      keys_script, named_node, parse_keys)
+from installer.core.csr_rules import (
+    BOOTSTRAP_USER,
+    KUBELET_CLIENT_SIGNER,
+    Verdict,
+    issued_problem,
+    judge,
+    keys_script,
+    named_node,
+    parse_keys,
+)
 from installer.core.errors import InstallerError
 
 if TYPE_CHECKING:   # the calls load the HTTP client: a run that never reaches the API does not

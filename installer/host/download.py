@@ -33,8 +33,15 @@ from pathlib import Path
 from typing import Callable
 from urllib.parse import urlsplit, urlunsplit
 
-from installer.core.artifacts import (CNI_PLUGINS, CONTROL_BINARIES, SUMS_FILE, WORKER_BINARIES, ArtifactError,
-                                      ResolvedArtifact, read_sums)
+from installer.core.artifacts import (
+    CNI_PLUGINS,
+    CONTROL_BINARIES,
+    SUMS_FILE,
+    WORKER_BINARIES,
+    ArtifactError,
+    ResolvedArtifact,
+    read_sums,
+)
 from installer.core.digests import Digests
 
 MIRROR_ENV = "HIDDENPLANE_DOWNLOAD_MIRROR"

@@ -1,9 +1,9 @@
 """The binaries a cluster needs, resolved to verified local files.
 
 ``source: dir`` takes them from an artifacts directory (air-gapped installs): every file must be
-listed in its ``SHA256SUMS`` and match it. ``source: download`` fetches the official release files for the pinned versions into a local
-cache (``host/download.py``). With either source, ``spec.artifacts.checksums`` pins digests on
-top.
+listed in its ``SHA256SUMS`` and match it. ``source: download`` fetches the official release
+files for the pinned versions into a local cache (``host/download.py``). With either source,
+``spec.artifacts.checksums`` pins digests on top.
 
 With ``egress: konnectivity`` (the default with ``cni: cilium``) control hosts also get
 ``konnectivity-server``. kubernetes-sigs/apiserver-network-proxy publishes no release binary
@@ -23,13 +23,22 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from installer.core.artifacts import (ARTIFACTS_ARCH, CNI_PLUGINS, CONTROL_BINARIES, SUMS_FILE, WORKER_BINARIES,
-                                      ArtifactError, ResolvedArtifact, read_sums, verify)
+from installer.core import components
+from installer.core.artifacts import (
+    ARTIFACTS_ARCH,
+    CNI_PLUGINS,
+    CONTROL_BINARIES,
+    SUMS_FILE,
+    WORKER_BINARIES,
+    ArtifactError,
+    ResolvedArtifact,
+    read_sums,
+    verify,
+)
 from installer.core.digests import Digests
+from installer.core.egress import egress_mode
 from installer.core.render.addons.konnectivity import KONNECTIVITY_VERSION
 from installer.core.render.addons.konnectivity import SERVER_BINARY as KONNECTIVITY_SERVER
-from installer.core import components
-from installer.core.egress import egress_mode
 from installer.core.render.files import BIN_DIR, CNI_BIN_DIR, HostFile
 from installer.host import download
 from installer.host.download import ALL_BINARIES, WHERE_FROM, Log, component_versions
@@ -120,7 +129,8 @@ def _balancer_from_cache(inv, digests: Digests | None) -> dict[str, ResolvedArti
 
 
 def is_image(name: str) -> bool:
-    return name.startswith(IMAGE_PREFIX) and name.endswith(IMAGE_SUFFIX) and len(name) > len(IMAGE_PREFIX + IMAGE_SUFFIX)
+    return (name.startswith(IMAGE_PREFIX) and name.endswith(IMAGE_SUFFIX)
+            and len(name) > len(IMAGE_PREFIX + IMAGE_SUFFIX))
 
 
 def resolve_images(inv, digests: Digests | None = None) -> dict[str, ResolvedArtifact]:

@@ -162,7 +162,8 @@ def script(changes: HostChanges, stamp: str | None = None, no_block: bool = Fals
     if changes.write:
         paths = "\n".join(f.path for f in changes.write)
         lines.append(f"printf '%s\\n' {shlex.quote(paths)} | sed 's/$/\\t/' > \"$stage/paths\"")
-        lines.append(f"{{ grep -v -F -f \"$stage/paths\" {MANIFEST} 2>/dev/null || true; cat \"$stage/manifest.add\"; }}"
+        lines.append(f"{{ grep -v -F -f \"$stage/paths\" {MANIFEST} 2>/dev/null || true; "
+                     f"cat \"$stage/manifest.add\"; }}"
                      f" > {MANIFEST}.new; mv -f {MANIFEST}.new {MANIFEST}")
     if changes.daemon_reload:
         lines.append("systemctl daemon-reload")

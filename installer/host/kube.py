@@ -39,9 +39,9 @@ from installer.core.pki import issue
 from installer.core.pki.material import Material
 from installer.core.pki.specs import cert_specs
 from installer.core.render.kubeconfig import kubeconfig
-from installer.host.ssh import Remote
 from installer.core.state import write_atomic
 from installer.core.tlsfiles import ca_pem, load_client_cert
+from installer.host.ssh import Remote
 
 ADMIN_USER = "kubernetes-admin"
 RBAC_GROUP = "rbac.authorization.k8s.io"
@@ -353,9 +353,10 @@ def set_pod_cidr(api: ApiClient, node: str, cidr: str) -> str:
     The installer, not the controller-manager (``--allocate-node-cidrs=false``), owns pod CIDRs:
     with ``cni: routes`` they are in each worker's CNI config and every host's routes before any
     Node exists, and this records the same slice on the Node for tools that read it; with
-    ``cni: cilium`` (``ipam.mode: kubernetes``) this is where Cilium takes each node's range. The apiserver lets the field be
-    set once: an empty one is patched ("set"), an equal one left ("unchanged"); a different one
-    is an error naming both (the Node must be deleted and re-registered to change it)."""
+    ``cni: cilium`` (``ipam.mode: kubernetes``) this is where Cilium takes each node's range. The
+    apiserver lets the field be set once: an empty one is patched ("set"), an equal one left
+    ("unchanged"); a different one is an error naming both (the Node must be deleted and
+    re-registered to change it)."""
     what = f"Node/{node}"
     try:
         live = rest(api, "GET", f"{NODES}/{node}", what)

@@ -24,6 +24,7 @@ from referencing import Registry, Resource
 from installer.core import versions
 from installer.host.kube import RBAC_GROUP, ApiError, KubeError, reason, rest, status_message
 
+
 def target_version(k8s_version: str) -> str:
     """``v1.36.4`` (or ``1.36.4``) -> ``1.36.0``: the schema version kubernetes-validate uses."""
     parsed = versions.parse(k8s_version if k8s_version.startswith("v") else f"v{k8s_version}")

@@ -8,7 +8,6 @@ import errno
 import socket
 import threading
 
-
 # seconds between liveness probes on every connection; a host is lost when a probe stays
 # unanswered for Remote.dead_after (default DEAD_AFTER): a lost host fails within about
 # KEEPALIVE_INTERVAL + DEAD_AFTER seconds, whatever it was doing

@@ -4,8 +4,9 @@ JSON in and out).
 Cordon and drain (evictions, so PodDisruptionBudgets are respected; a blocked eviction is retried
 until the timeout), delete the Node, the node's bootstrap token Secrets, its renewal and kube-proxy
 bindings and its pending CSRs, read the serials of client certificates issued to it, and keep the
-revoked-nodes admission policy current (its names only grow: read from the cluster and merged). Every call goes through ``kube.rest`` (timeouts; a
-transport failure is a KubeError naming the object).
+revoked-nodes admission policy current (its names only grow: read from the cluster and merged).
+Every call goes through ``kube.rest`` (timeouts; a transport failure is a KubeError naming the
+object).
 """
 
 from __future__ import annotations
@@ -18,12 +19,22 @@ from typing import Callable
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from installer.host import kube
-from installer.host.kube import NODES, STRATEGIC_MERGE, TOKEN_NAMESPACE, ApiClient, ApiError, KubeError, found, rest, status_message
-from installer.host.csr_approval import CSRS, decided
-from installer.host.kube_objects import apply_objects
 from installer.core.render.manifests import kube_proxy_binding, node_renewal_binding
 from installer.core.render.revocation import POLICY, identity, policy_names, policy_objects
+from installer.host import kube
+from installer.host.csr_approval import CSRS, decided
+from installer.host.kube import (
+    NODES,
+    STRATEGIC_MERGE,
+    TOKEN_NAMESPACE,
+    ApiClient,
+    ApiError,
+    KubeError,
+    found,
+    rest,
+    status_message,
+)
+from installer.host.kube_objects import apply_objects
 
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 NODE_LABEL = "hiddenplane.io/node"

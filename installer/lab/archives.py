@@ -11,10 +11,11 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from installer.lab.debian_artifacts import debs_dir, download
 from installer.lab.images import cache_lock
 from installer.lab.model import LabError
-from installer.lab.debian_artifacts import debs_dir, download
 from installer.lab.vm_image import run_checked
+
 
 def _tar_bytes(entries: list[tuple[str, bytes | None, int, str | None]]) -> bytes:
     """A reproducible tar: (path, content or None for a directory, mode, symlink target)."""

@@ -16,8 +16,16 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from installer.core.artifacts import (CNI_PLUGINS, SUMS_FILE, ArtifactError, add_files, read_sums, sha256_file,
-                         verify, write_sums)
+from installer.core.artifacts import (
+    CNI_PLUGINS,
+    SUMS_FILE,
+    ArtifactError,
+    add_files,
+    read_sums,
+    sha256_file,
+    verify,
+    write_sums,
+)
 from installer.lab.images import cache_lock
 from installer.lab.model import LabError, cache_root
 

@@ -21,8 +21,8 @@ import yaml
 from installer.core import versions
 from installer.core.inventory_fields import API_VERSION
 from installer.lab import debian_artifacts, images, net, nspawn, seed, vm, vm_image
-from installer.lab.watch import ssh_banner, wait_ssh
 from installer.lab.model import DEFAULT_SUBNET, LabError, LabHost, LabPaths, LabSpec
+from installer.lab.watch import ssh_banner, wait_ssh
 
 TOOLS = {"systemd-nspawn": "systemd-container", "debootstrap": "debootstrap", "ip": "iproute2",
          "mount": "mount", "dpkg-deb": "dpkg", "apt-get": "apt"}

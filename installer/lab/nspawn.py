@@ -208,7 +208,8 @@ ConditionPathIsMountPoint=/sys/fs/cgroup/memory
 [Service]
 Type=oneshot
 RemainAfterExit=yes
-ExecStart=/bin/sh -c 'for c in /sys/fs/cgroup/*; do case "$(stat -f -c %%T "$c")" in cgroupfs) mount -o remount,bind,rw "$c" || exit 1;; esac; done'
+ExecStart=/bin/sh -c 'for c in /sys/fs/cgroup/*; do case "$(stat -f -c %%T "$c")" in \
+cgroupfs) mount -o remount,bind,rw "$c" || exit 1;; esac; done'
 
 [Install]
 WantedBy=sysinit.target

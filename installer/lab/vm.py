@@ -28,8 +28,8 @@ from pathlib import Path
 
 from installer.lab.model import LabError, LabHost, LabSpec
 from installer.lab.net import ip, link_exists
-from installer.lab.vm_image import (CPUS, KERNEL_CMDLINE, MEMORY_MB, VMImage, build_disk, ensure_vm_image,
-                                     missing_tools)
+from installer.lab.vm_image import CPUS, KERNEL_CMDLINE, MEMORY_MB, VMImage, build_disk, ensure_vm_image, missing_tools
+
 
 def mac_address(host: LabHost) -> str:
     """Stable, locally administered unicast MAC from the lab name and the host's index."""

@@ -37,10 +37,10 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from installer.core import versions                                   # noqa: E402
-from installer.core.artifacts import SUMS_FILE, read_sums, sha256_file, write_sums   # noqa: E402
+from installer.core import versions  # noqa: E402
+from installer.core.artifacts import SUMS_FILE, read_sums, sha256_file, write_sums  # noqa: E402
+from installer.core.inventory_model import SANDBOX_IMAGE  # noqa: E402
 from installer.core.render.addons.coredns import COREDNS_IMAGE, COREDNS_VERSION  # noqa: E402
-from installer.core.inventory_model import SANDBOX_IMAGE               # noqa: E402
 
 PINS = Path(__file__).resolve().parent
 RECIPE = 1                      # bump when how a component's binaries are built changes
@@ -127,9 +127,11 @@ def others(etcd: str | None = None) -> list[Component]:
                    for kind, p in (("main", "bridge"), ("ipam", "host-local"), ("main", "loopback"),
                                    ("meta", "portmap"))},
                   lambda v: [f"-X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion={v}"]),
-        Component("cri-tools", CRICTL_VERSION, ("sigs.k8s.io/cri-tools",), {"crictl": "sigs.k8s.io/cri-tools/cmd/crictl"},
+        Component("cri-tools", CRICTL_VERSION, ("sigs.k8s.io/cri-tools",),
+                  {"crictl": "sigs.k8s.io/cri-tools/cmd/crictl"},
                   lambda v: [f"-X sigs.k8s.io/cri-tools/pkg/version.Version={v}"]),
-        Component("coredns", COREDNS_VERSION, ("github.com/coredns/coredns",), {"coredns": "github.com/coredns/coredns"},
+        Component("coredns", COREDNS_VERSION, ("github.com/coredns/coredns",),
+                  {"coredns": "github.com/coredns/coredns"},
                   lambda v: [f"-X github.com/coredns/coredns/coremain.GitCommit={v}"]),
     ]
 
@@ -307,7 +309,8 @@ def _go_run(c: Component, cmd: list[str]) -> float:
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = rc = os.waitstatus_to_exitcode(status)
     if rc != 0:
-        raise SystemExit(f"build-kubernetes: go {cmd[1]} of {c.name} {c.version} failed (exit {rc}):\n" + "\n".join(tail))
+        raise SystemExit(f"build-kubernetes: go {cmd[1]} of {c.name} {c.version} failed (exit {rc}):\n"
+                         + "\n".join(tail))
     return usage.ru_maxrss / 1024
 
 
@@ -381,7 +384,8 @@ def build_component(c: Component, gover: str) -> Built:
     def make(tmp: Path) -> float:
         missing_apt = [p for p in c.apt if subprocess.run(["dpkg", "-s", p], capture_output=True).returncode != 0]
         if missing_apt:
-            raise SystemExit(f"build-kubernetes: {c.name} needs Debian packages: apt-get install {' '.join(missing_apt)}")
+            raise SystemExit(f"build-kubernetes: {c.name} needs Debian packages: "
+                             f"apt-get install {' '.join(missing_apt)}")
         log(f"==> building {c.name} {c.version}: {', '.join(c.binaries)}")
         return go_build(c, tmp)
 
@@ -481,8 +485,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pin", action="store_true", help="regenerate the wrapper modules (go.mod, go.sum) and exit")
     p.add_argument("--etcd", metavar="VERSION", help=f"etcd version (default {versions.DEFAULT_COMPONENTS['etcd']})")
     p.add_argument("--only", action="append", default=[],
-                   help="build only these components (kubernetes, etcd, containerd, runc, cni, cri-tools, coredns, images, "
-                   "haproxy; "
+                   help="build only these components (kubernetes, etcd, containerd, runc, cni, cri-tools, coredns, "
+                   "images, haproxy; "
                    "e2e: the conformance suite and its images, tools/kubebuild/e2e.py, never built by default)")
     args = p.parse_args(argv)
     version = versions.DEFAULT_KUBERNETES_VERSION if args.version == "default" else args.version
@@ -494,14 +498,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.etcd and versions.parse(args.etcd) is None:
         p.error(f"--etcd: '{args.etcd}' is not vMAJOR.MINOR.PATCH")
     components = [k8s, *others(args.etcd)]
-    import sources                          # tools/kubebuild/sources.py: C release tarballs
+    import sources  # tools/kubebuild/sources.py: C release tarballs
     shipped_sources = ("haproxy",)          # built from C, shipped to hosts (busybox is the e2e images')
     wanted = set(args.only) or {c.name for c in components} | {"images", *shipped_sources}
     unknown = wanted - {c.name for c in components} - {"images", "e2e", *shipped_sources}
     if unknown:
         p.error(f"--only: unknown {', '.join(sorted(unknown))}")
     if "e2e" in wanted:
-        import e2e                          # tools/kubebuild/e2e.py
+        import e2e  # tools/kubebuild/e2e.py
         components.append(e2e.e2e(version))
     if args.pin:
         for c in components:

@@ -100,8 +100,8 @@ def debian_layer() -> Built:
             shutil.rmtree(root, ignore_errors=True)
 
     return cached("e2e-debian-layer", "e2e-debian-layer",
-                  key_of(f"recipe={RECIPE}", "busybox applets", DEBIAN_SUITE, " ".join(BASE_PACKAGES), " ".join(BASE_SKIP),
-                         *IMAGE_USERS, NGINX_SITE), make)
+                  key_of(f"recipe={RECIPE}", "busybox applets", DEBIAN_SUITE, " ".join(BASE_PACKAGES),
+                         " ".join(BASE_SKIP), *IMAGE_USERS, NGINX_SITE), make)
 
 
 def os_chown(path: Path, uid: int, gid: int) -> None:
@@ -181,8 +181,9 @@ def images(names: list[str], layers: dict[str, bytes], src: Path) -> tuple[list,
     html = src / "test/images"
 
     def web(name: str, animal: str):
-        top = _archives().files_layer({f"/{animal}.jpg": ((html / animal / "html" / f"{animal}.jpg").read_bytes(), 0o644),
-                                       "/data.json": ((html / animal / "html/data.json").read_bytes(), 0o644)})
+        top = _archives().files_layer(
+            {f"/{animal}.jpg": ((html / animal / "html" / f"{animal}.jpg").read_bytes(), 0o644),
+             "/data.json": ((html / animal / "html/data.json").read_bytes(), 0o644)})
         return Image(name, (debian, agnhost, top), ("test-webserver",), ("/agnhost",))
 
     makers = {
@@ -231,7 +232,8 @@ def build_e2e(version: str, gover: str, etcd: Built) -> list[Built]:
                   "sample-apiserver": _archives().files_layer(
                       {"/sample-apiserver": (progs.files["sample-apiserver"].read_bytes(), 0o755)}),
                   "etcd": _archives().files_layer({"/usr/local/bin/etcd": (etcd.files["etcd"].read_bytes(), 0o755)}),
-                  "nonewprivs": _archives().files_layer({"/usr/local/bin/nnp": (progs.files["nnp"].read_bytes(), 0o4755)})}
+                  "nonewprivs": _archives().files_layer(
+                      {"/usr/local/bin/nnp": (progs.files["nnp"].read_bytes(), 0o4755)})}
         made, missing = images(names, layers, src)
         _archives().oci_archive(tmp / "image-e2e.tar", made)
         (tmp / "e2e-images.json").write_text(json.dumps(

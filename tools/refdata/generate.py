@@ -34,8 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tests.reference import REFDATA, deprecated_mark, listed_flags   # noqa: E402
-from tests.standins import COMPONENTS, CONFIG_KINDS                   # noqa: E402
+from tests.reference import REFDATA, deprecated_mark, listed_flags  # noqa: E402
+from tests.standins import COMPONENTS, CONFIG_KINDS  # noqa: E402
 
 FIELDS_GO = Path(__file__).resolve().with_name("fields.go")
 PINS = ROOT / "tools" / "kubebuild"

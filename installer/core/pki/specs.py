@@ -15,9 +15,9 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, field
 
+from installer.core.egress import egress_mode
 from installer.core.inventory import Inventory
 from installer.core.inventory_fields import apiserver_san_values
-from installer.core.egress import egress_mode
 
 CLUSTER_CA = "ca"
 ETCD_CA = "etcd/ca"

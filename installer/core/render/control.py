@@ -9,16 +9,26 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from installer.core import components
 from installer.core.inventory import HostSpec, Inventory
 from installer.core.pki import issue
 from installer.core.pki.material import Material
 from installer.core.pki.specs import CLUSTER_CA, ETCD_CA, FRONT_PROXY_CA, FRONT_PROXY_CLIENT_CN
 from installer.core.render.addons.konnectivity import apiserver_egress_flags, render_konnectivity_server
-from installer.core.render.files import (BIN_DIR, K8S_DIR, PKI_DIR, HostDir, HostFile, HostPlan, SystemUser, flags, to_yaml,
-                    unit_file)
-from installer.core.render.kubeconfig import kubeconfig
-from installer.core import components
 from installer.core.render.ciphers import CIPHER_SUITES
+from installer.core.render.files import (
+    BIN_DIR,
+    K8S_DIR,
+    PKI_DIR,
+    HostDir,
+    HostFile,
+    HostPlan,
+    SystemUser,
+    flags,
+    to_yaml,
+    unit_file,
+)
+from installer.core.render.kubeconfig import kubeconfig
 from installer.core.render.network import add_control_network, egress
 
 ETCD_DATA_DIR = "/var/lib/etcd"

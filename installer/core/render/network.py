@@ -13,13 +13,12 @@ from __future__ import annotations
 import ipaddress
 import json
 
-from installer.core import network
+from installer.core import components, network
+from installer.core.egress import egress_mode
 from installer.core.errors import RenderError
 from installer.core.inventory import HostSpec, Inventory
 from installer.core.pki.material import Material
-from installer.core.egress import egress_mode
 from installer.core.render.files import HostDir, HostFile, HostPlan, unit_file
-from installer.core import components
 
 CNI_DIR = "/etc/cni"
 CNI_CONF_DIR = f"{CNI_DIR}/net.d"

@@ -15,15 +15,27 @@ from dataclasses import dataclass
 
 from installer.core import components
 from installer.core.inventory import HostSpec, Inventory
+from installer.core.network import ROUTES_UNIT
 from installer.core.pki import issue
 from installer.core.pki.material import Material
 from installer.core.pki.specs import CLUSTER_CA, kube_proxy_cert, kube_proxy_user, kubelet_serving_cert
 from installer.core.render.balancer import add_balancer
 from installer.core.render.ciphers import CIPHER_SUITES
-from installer.core.render.files import BIN_DIR, CNI_BIN_DIR, K8S_DIR, PKI_DIR, HostDir, HostFile, HostPlan, flags, render_template, to_yaml, unit_file
+from installer.core.render.files import (
+    BIN_DIR,
+    CNI_BIN_DIR,
+    K8S_DIR,
+    PKI_DIR,
+    HostDir,
+    HostFile,
+    HostPlan,
+    flags,
+    render_template,
+    to_yaml,
+    unit_file,
+)
 from installer.core.render.kubeconfig import kubeconfig
 from installer.core.render.network import CNI_CONF_DIR, SYSCTL_FILE, add_worker_network
-from installer.core.network import ROUTES_UNIT
 
 KUBELET_DIR = "/var/lib/kubelet"
 BOOTSTRAP_KUBECONFIG = f"{K8S_DIR}/bootstrap-kubelet.conf"

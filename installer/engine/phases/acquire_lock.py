@@ -34,10 +34,10 @@ from typing import Callable, Iterator
 
 from installer.core.facts import LOCK, STATE_DIR
 from installer.core.inventory import Inventory
-from installer.host.runmark import set_process_scope, stop_scopes
-from installer.host.ssh import HostError, Remote
 from installer.engine.phases.base import Context, Event, Phase
 from installer.engine.phases.select import pending_work
+from installer.host.runmark import set_process_scope, stop_scopes
+from installer.host.ssh import HostError, Remote
 
 LOCK_TTL = 3600.0
 

@@ -31,14 +31,21 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from installer.core.tlsfiles import fd_path, memory_file
 from installer.core.artifacts import ArtifactError, verify
 from installer.core.errors import InstallerError
 from installer.core.inventory import Inventory
 from installer.core.pki import issue
 from installer.core.pki.material import Material
-from installer.core.render.addons import CILIUM_CHART, CILIUM_VERSION, addon_objects, cilium_chart, cilium_values_yaml, helm_argv
+from installer.core.render.addons import (
+    CILIUM_CHART,
+    CILIUM_VERSION,
+    addon_objects,
+    cilium_chart,
+    cilium_values_yaml,
+    helm_argv,
+)
 from installer.core.render.kubeconfig import kubeconfig
+from installer.core.tlsfiles import fd_path, memory_file
 from installer.engine.phases.base import Context, Event, Phase, apply_api_objects
 from installer.host.fetch import cache_dir
 

@@ -13,19 +13,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from installer.core import components
+from installer.core.artifacts import ARTIFACTS_ARCH
 from installer.core.diff import HostChanges, Selection, diff
 from installer.core.etcd_rules import Guard
-from installer.core.facts import HostFacts
-from installer.host.hostops import Payloads, codec_for, script
+from installer.core.facts import DirFact, FileFact, HostFacts
 from installer.core.inventory import HostSpec, Inventory
 from installer.core.pki.material import Changes, Material
 from installer.core.render.files import HostPlan
 from installer.core.render.worker import HostFacts as RenderFacts
-from installer.host.ssh import Remote
 from installer.core.state import StateDir
-from installer.core.facts import DirFact, FileFact
-from installer.core import components
-from installer.core.artifacts import ARTIFACTS_ARCH
+from installer.host.hostops import Payloads, codec_for, script
+from installer.host.ssh import Remote
 
 
 @dataclass
@@ -174,7 +173,8 @@ def _ident(obj: dict) -> str:
 
 def api_live(ctx: Context) -> bool:
     """Whether a kube-apiserver already runs (per the facts): then a dry run can ask it."""
-    return any(ctx.facts.get(h.name) and ctx.facts[h.name].units.get(components.unit("kube-apiserver"), ("",))[0] == "active"
+    return any(ctx.facts.get(h.name)
+               and ctx.facts[h.name].units.get(components.unit("kube-apiserver"), ("",))[0] == "active"
                for h in ctx.inv.controls)
 
 
@@ -186,9 +186,9 @@ def apply_api_objects(ctx: Context, phase: str, objects: list[dict] | Callable[[
     nothing), or, before any apiserver runs, that every object would be applied. ``objects``
     may be a function of the API client (None before any apiserver runs) that reads what
     decides them. ``then(url)`` runs after the objects, with the API still reachable at ``url``
-    (not in a dry run); its lines join the event's. ``retired_bindings``: ClusterRoleBindings of earlier releases, deleted when
-    they exist."""
-    from installer.host import kube, kube_objects   # lazy: runs that never reach the API skip urllib3 and the schemas
+    (not in a dry run); its lines join the event's. ``retired_bindings``: ClusterRoleBindings of
+    earlier releases, deleted when they exist."""
+    from installer.host import kube, kube_objects  # lazy: runs that never reach the API skip urllib3 and the schemas
     version = ctx.inv.spec.kubernetes.version
     if ctx.options.dry_run and not api_live(ctx):
         objects = objects(None) if callable(objects) else objects

@@ -31,7 +31,8 @@ def joined_workers(ctx: Context, api) -> frozenset[str]:
         registered = kube.list_nodes(api)
         issued = csr_approval.issued_tokens(api)
         joined |= {h.name for h in ctx.inv.workers
-                   if h.name in registered or (h.name in ctx.material.tokens and ctx.material.tokens[h.name].id in issued)}
+                   if h.name in registered
+                   or (h.name in ctx.material.tokens and ctx.material.tokens[h.name].id in issued)}
     return frozenset(joined - ctx.rejoin)
 
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from installer.core.facts import parse, probe_input, PROBE
+from installer.core.facts import PROBE, parse, probe_input
 from installer.core.render.plan import render_cluster
-from installer.host.ssh import HostError, Remote
 from installer.engine.phases.base import Context, Event, Phase, render_facts
 from installer.engine.phases.select import managed_paths
+from installer.host.ssh import HostError, Remote
 
 
 class ConnectHosts(Phase):

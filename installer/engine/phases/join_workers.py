@@ -25,18 +25,18 @@ import tarfile
 import time
 from pathlib import Path
 
+from installer.core import components
 from installer.core.diff import Selection
 from installer.core.errors import InstallerError
-from installer.host.fetch import BIN_DIR, IMAGE_DIR, is_image
 from installer.core.render.plan import render_cluster
 from installer.core.render.worker import BOOTSTRAP_KUBECONFIG, KUBELET_CONFIG, KUBELET_KUBECONFIG
-from installer.host.ssh import HostError
 from installer.engine.parallel import each
 from installer.engine.phases.base import Context, Event, Phase, render_facts
 from installer.engine.phases.select import worker_part, worker_units
 from installer.engine.phases.start_control_plane import listening_script
 from installer.host import csr_approval
-from installer.core import components
+from installer.host.fetch import BIN_DIR, IMAGE_DIR, is_image
+from installer.host.ssh import HostError
 
 KUBELET_PORTS = (components.port("kubelet", "secure"),)
 CONTAINERD_WAIT = 120          # seconds the image import waits for containerd to answer
@@ -174,7 +174,7 @@ class JoinWorkers(Phase):
         self._settle_all(ctx, events)
         if ctx.options.dry_run or not ctx.bootstrap_ran:
             return   # Node objects exist only on a real cluster bootstrapped in this run
-        from installer.host import kube   # lazy: runs that never reach the API skip urllib3 and the schemas
+        from installer.host import kube  # lazy: runs that never reach the API skip urllib3 and the schemas
         names = [h.name for h in ctx.hosts("worker")]
         # every worker's token is known (a request made with the token of a worker outside this
         # run is left pending, not denied: its kubelet key is read only for the run's hosts)

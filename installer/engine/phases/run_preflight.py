@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from installer.core import components
+from installer.core.artifacts import ARTIFACTS_ARCH
 from installer.core.facts import HostFacts
 from installer.core.inventory import HostSpec
+from installer.engine.phases.base import Context, Event, Phase
 from installer.host.fetch import ARCHES
 from installer.host.ssh import HostError
-from installer.engine.phases.base import Context, Event, Phase
-from installer.core.artifacts import ARTIFACTS_ARCH
 
 SUPPORTED_OS = {("debian", "12"), ("debian", "13"), ("ubuntu", "22.04"), ("ubuntu", "24.04")}
 SUPPORTED_ARCH = {"x86_64", "aarch64"}

@@ -8,8 +8,8 @@ from installer.core.diff import Selection
 from installer.core.render.control import ETCD_UNIT
 from installer.core.render.files import HostPlan
 from installer.core.render.worker import KUBELET_KUBECONFIG
-from installer.host.fetch import binary_files
 from installer.engine.phases.base import Context, Event
+from installer.host.fetch import binary_files
 
 # the units control-plane and workers start and wait for: the table's rows of each role, in
 # table order (etcd has a phase of its own; addons and hiddenplane-routes are not waited for)

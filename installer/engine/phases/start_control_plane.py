@@ -14,10 +14,10 @@ import time
 
 from installer.core import components
 from installer.core.render.balancer import SETTLE_SECONDS as BALANCER_SETTLE
-from installer.host.health import client_context, wait_ok
-from installer.host.ssh import HostError
 from installer.engine.phases.base import Context, Event, Phase
 from installer.engine.phases.select import CONTROL_UNITS, control_plane_part
+from installer.host.health import client_context, wait_ok
+from installer.host.ssh import HostError
 
 LOCAL_PORTS = components.ports("kube-controller-manager") + components.ports("kube-scheduler")
 APISERVER_UNIT = components.unit("kube-apiserver")

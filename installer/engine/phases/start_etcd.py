@@ -17,13 +17,13 @@ from __future__ import annotations
 import shlex
 import threading
 
+from installer.core.etcd_rules import Guard, MembershipRefused, apply_guard, parse_members
 from installer.core.render.control import ETCD_DATA_DIR, client_url, etcd_servers
 from installer.core.render.plan import render_cluster
-from installer.core.etcd_rules import Guard, MembershipRefused, apply_guard, parse_members
-from installer.host import apiserver_aside
-from installer.host.ssh import HostError, Remote, Result
 from installer.engine.phases.base import Context, Event, Phase, render_facts
 from installer.engine.phases.select import ETCD_UNIT, etcd_part
+from installer.host import apiserver_aside
+from installer.host.ssh import HostError, Remote, Result
 
 PKI = "/etc/kubernetes/pki"
 ETCDCTL = "/usr/local/bin/etcdctl"     # API v3 is the default since 3.4; 3.6 warns about the variable

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from installer.core.facts import HostFacts
 from installer.core.render.files import HostPlan
-from installer.host.ssh import HostError
 from installer.engine.phases.base import Context, Event, Phase
+from installer.host.ssh import HostError
 
 NODE_CREDENTIALS = ("/etc/kubernetes/kubelet.conf", "/etc/kubernetes/bootstrap-kubelet.conf",
                     "/var/lib/kubelet/pki/kubelet-client-current.pem")
@@ -52,7 +52,7 @@ class VerifyHidden(Phase):
     def finish(self, ctx: Context, events: list[Event]) -> None:
         if ctx.options.dry_run or not ctx.bootstrap_ran:
             return
-        from installer.host import kube   # lazy: runs that never reach the API skip urllib3 and the schemas
+        from installer.host import kube  # lazy: runs that never reach the API skip urllib3 and the schemas
         with kube.api_access(ctx.inv, ctx.remotes, ctx.material) as url, kube.api_client(url, ctx.material) as api:
             nodes = kube.node_names(api)
         visible = sorted(set(nodes) & {h.name for h in ctx.inv.controls})

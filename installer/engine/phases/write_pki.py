@@ -7,8 +7,8 @@ in the node ledger. Nothing on a host.
 
 from __future__ import annotations
 
-from installer.core.state import write_admin_kubeconfig
 from installer.core.ledger import Ledger
+from installer.core.state import write_admin_kubeconfig
 from installer.engine.phases.base import Context, Event, Phase
 
 

@@ -11,13 +11,27 @@ Pure rendering, like the rest of ``render``: nothing here talks to a host or the
 
 from __future__ import annotations
 
-from installer.core.inventory import Inventory
-from installer.core.render.addons.cilium import CILIUM_CHART, CILIUM_VERSION, cilium_chart, cilium_values, cilium_values_yaml, helm_argv
-from installer.core.render.addons.coredns import COREDNS_IMAGE, COREDNS_VERSION, coredns_objects, corefile
-from installer.core.render.addons.konnectivity import (AGENT_IMAGE, KONNECTIVITY_VERSION, SERVER_BINARY, agent_objects,
-                           apiserver_egress_flags, egress_selector_config, render_konnectivity_server,
-                           server_flags)
 from installer.core.egress import egress_mode
+from installer.core.inventory import Inventory
+from installer.core.render.addons.cilium import (
+    CILIUM_CHART,
+    CILIUM_VERSION,
+    cilium_chart,
+    cilium_values,
+    cilium_values_yaml,
+    helm_argv,
+)
+from installer.core.render.addons.coredns import COREDNS_IMAGE, COREDNS_VERSION, coredns_objects, corefile
+from installer.core.render.addons.konnectivity import (
+    AGENT_IMAGE,
+    KONNECTIVITY_VERSION,
+    SERVER_BINARY,
+    agent_objects,
+    apiserver_egress_flags,
+    egress_selector_config,
+    render_konnectivity_server,
+    server_flags,
+)
 
 __all__ = [
     "AGENT_IMAGE", "CILIUM_CHART", "CILIUM_VERSION", "COREDNS_IMAGE", "COREDNS_VERSION",

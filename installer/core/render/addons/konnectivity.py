@@ -30,15 +30,25 @@ from __future__ import annotations
 import dataclasses
 
 from installer.core import components
+from installer.core.egress import egress_mode
 from installer.core.inventory import HostSpec, Inventory
 from installer.core.pki import issue
 from installer.core.pki.material import Material
 from installer.core.pki.specs import CLUSTER_CA
-from installer.core.render.files import BIN_DIR, K8S_DIR, PKI_DIR, HostDir, HostFile, HostPlan, flags, to_yaml, unit_file
+from installer.core.render.ciphers import CIPHER_SUITES
+from installer.core.render.files import (
+    BIN_DIR,
+    K8S_DIR,
+    PKI_DIR,
+    HostDir,
+    HostFile,
+    HostPlan,
+    flags,
+    to_yaml,
+    unit_file,
+)
 from installer.core.render.kubeconfig import kubeconfig
 from installer.core.render.manifests import LABELS
-from installer.core.egress import egress_mode
-from installer.core.render.ciphers import CIPHER_SUITES
 
 KONNECTIVITY_VERSION = "v0.35.0"
 AGENT_IMAGE = f"registry.k8s.io/kas-network-proxy/proxy-agent:{KONNECTIVITY_VERSION}"
