@@ -65,6 +65,26 @@ def rows(cfg: Path, host: str, unit: str, since: float = 0.0) -> list[Row]:
     return found
 
 
+# A connection that an apiserver's balancer cuts when it marks that apiserver down
+# (`on-marked-down shutdown-sessions`): in a rolling restart the apiserver is still serving its
+# shutdown delay when the balancers' checks of /readyz mark it down, and a request in flight on
+# it at that instant is cut. docs/ha.md's limits; never an HTTP error, which would be the API
+# itself failing (an apiserver whose etcd member restarts answers 500).
+CUT = ("EOF occurred in violation of protocol", "RemoteDisconnected", "Connection reset by peer",
+       "Connection aborted")
+# at most this many per probe in a rolling restart of three control hosts (a mark-down each for
+# the apiserver's own restart and for its etcd member's)
+CUT_ALLOWED = 2
+
+
+def unexplained(found: list[Row]) -> list[Row]:
+    """Failed requests that are not cuts at a mark-down (none may be), or all of them when there
+    are more cuts than CUT_ALLOWED."""
+    failed = [r for r in found if not r.ok]
+    cuts = [r for r in failed if any(c in r.detail for c in CUT)]
+    return failed if len(cuts) > CUT_ALLOWED else [r for r in failed if r not in cuts]
+
+
 def summary(found: list[Row]) -> tuple[int, int, float]:
     """(requests, failed, the longest request in seconds)."""
     return len(found), sum(1 for r in found if not r.ok), max((r.took for r in found), default=0.0)

@@ -659,7 +659,7 @@ def test_certs_renew_keeps_the_cluster_working(rc, web_w1, tmp_path):
     for name, _ in hostprobes.api("w1"):
         rows = hostprobes.rows(rc.lab.ssh_config, "w1", f"hp-renew-{name}")
         print(f"w1 API probe {name} during certs renew: requests / failed / longest (s) {hostprobes.summary(rows)}")
-        assert len(rows) > 100 and [r for r in rows if not r.ok] == [], [r for r in rows if not r.ok][:5]
+        assert len(rows) > 100 and hostprobes.unexplained(rows) == [], [r for r in rows if not r.ok][:5]
     # read here, apart from the installer's own checks: each server presents the state's new leaf
     pki = rc.state / "pki"
     for e, a in endpoints.items():
