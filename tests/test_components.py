@@ -112,7 +112,8 @@ def test_the_consumers_read_the_table():
                                          if c.name.startswith("kube-"))
     assert select.WORKER_UNITS == tuple(c.unit for c in COMPONENTS if c.role == "worker" and not c.addon)
     assert select.BALANCER_UNIT == components.unit("api-balancer")
-    assert fetch.BALANCER_BINARY == "haproxy" and fetch.RESTARTS["haproxy"] == select.BALANCER_UNIT
+    assert fetch.BALANCER_BINARIES == ("haproxy", "socat") and fetch.RESTARTS["haproxy"] == select.BALANCER_UNIT
+    assert "socat" not in fetch.RESTARTS       # the runtime API's client: a new one restarts nothing
 
 
 def test_only_the_balancer_reloads():

@@ -78,6 +78,8 @@ COMPONENTS = (
 HELPER_BINARIES = {
     "etcdctl": "etcd", "etcdutl": "etcd",
     "containerd-shim-runc-v2": "containerd", "ctr": "containerd", "runc": "containerd",
+    # the client of the balancer's runtime API (host/handover.py drains an apiserver with it)
+    "socat": "api-balancer",
 }
 
 
@@ -126,12 +128,16 @@ def preflight_ports(role: str) -> dict[int, str]:
     return {p.number: c.unit for c in by_role(role) for p in c.ports if p.preflight}
 
 
+def binaries_of(name: str) -> tuple[str, ...]:
+    """Row ``name``'s binaries, then its helpers."""
+    return (*by_name(name).binaries, *(h for h, owner in HELPER_BINARIES.items() if owner == name))
+
+
 def installed_binaries(role: str) -> tuple[str, ...]:
     """What a ``role`` host gets in /usr/local/bin: each row's binaries, then its helpers, in
     table order (add-ons are added by fetch when enabled)."""
     rows = [c for c in COMPONENTS if c.role == role and not c.addon]
-    return tuple(b for c in rows
-                 for b in (*c.binaries, *(h for h, owner in HELPER_BINARIES.items() if owner == c.name)))
+    return tuple(b for c in rows for b in binaries_of(c.name))
 
 
 def ports(name: str) -> tuple[int, ...]:

@@ -50,7 +50,8 @@ ARCHES = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm
 
 # the unit to restart when a binary changes (others are picked up on next use)
 RESTARTS = components.restarts()
-BALANCER_BINARY = components.by_name("api-balancer").binaries[0]
+# haproxy and its runtime API's client (socat)
+BALANCER_BINARIES = components.binaries_of("api-balancer")
 
 
 
@@ -78,10 +79,10 @@ def balancer(inv) -> bool:
 
 
 def cluster_binaries(inv) -> tuple[str, ...]:
-    """ALL_BINARIES, plus konnectivity-server with ``egress: konnectivity`` and haproxy with the
-    workers' balancer."""
+    """ALL_BINARIES, plus konnectivity-server with ``egress: konnectivity`` and haproxy and socat
+    with the workers' balancer."""
     return (ALL_BINARIES + ((KONNECTIVITY_SERVER,) if konnectivity(inv) else ())
-            + ((BALANCER_BINARY,) if balancer(inv) else ()))
+            + (BALANCER_BINARIES if balancer(inv) else ()))
 
 
 def digest_record(inv) -> Digests:
@@ -114,18 +115,21 @@ def resolve(inv, log: Log = print, arch: str = ARTIFACTS_ARCH, digests: Digests 
 
 
 def _balancer_from_cache(inv, digests: Digests | None) -> dict[str, ResolvedArtifact]:
-    """haproxy with ``source: download``: HAProxy publishes sources only, so the binary comes from
-    the download cache directory, put there with its SHA256SUMS line (as image archives are)."""
+    """haproxy and socat with ``source: download``: both publish sources only, so the binaries
+    come from the download cache directory, put there with their SHA256SUMS lines (as image
+    archives are)."""
     directory = cache_dir(inv)
-    if BALANCER_BINARY not in read_sums(directory):
+    missing = [b for b in BALANCER_BINARIES if b not in read_sums(directory)]
+    if missing:
         raise ArtifactError(
-            f"{BALANCER_BINARY}: the workers' API balancer (spec.apiServer.balancer: {inv.spec.apiServer.balancer}, "
-            f"{len(inv.controls)} control hosts) needs it, and HAProxy publishes no release binary to download: "
-            f"build a static one with `scripts/build-kubernetes {inv.spec.kubernetes.version} {directory} --only "
-            f"haproxy` (it lands in that directory's {SUMS_FILE}), or use spec.artifacts.source: dir, or set "
+            f"{', '.join(missing)}: the workers' API balancer (spec.apiServer.balancer: "
+            f"{inv.spec.apiServer.balancer}, {len(inv.controls)} control hosts) needs haproxy and socat, and "
+            f"neither publishes a release binary to download: build static ones with `scripts/build-kubernetes "
+            f"{inv.spec.kubernetes.version} {directory} {' '.join(f'--only {b}' for b in BALANCER_BINARIES)}` "
+            f"(they land in that directory's {SUMS_FILE}), or use spec.artifacts.source: dir, or set "
             "spec.apiServer.balancer: none and give spec.apiServer.endpoint (a VIP or load balancer)")
-    found = verify(directory, [BALANCER_BINARY], digests)
-    return {BALANCER_BINARY: ResolvedArtifact(BALANCER_BINARY, directory / BALANCER_BINARY, found[BALANCER_BINARY])}
+    found = verify(directory, list(BALANCER_BINARIES), digests)
+    return {b: ResolvedArtifact(b, directory / b, found[b]) for b in BALANCER_BINARIES}
 
 
 def is_image(name: str) -> bool:
@@ -161,7 +165,7 @@ def role_binaries(role: str, inv=None) -> tuple[str, ...]:
     if role == "control":
         return CONTROL_BINARIES + ((KONNECTIVITY_SERVER,) if konnectivity(inv) else ())
     if role == "worker":
-        return WORKER_BINARIES + CNI_PLUGINS + ((BALANCER_BINARY,) if balancer(inv) else ())
+        return WORKER_BINARIES + CNI_PLUGINS + (BALANCER_BINARIES if balancer(inv) else ())
     raise ValueError(f"unknown role {role!r}")
 
 
@@ -180,8 +184,8 @@ def binary_files(resolved: dict[str, ResolvedArtifact], role: str, inv=None) -> 
     names = role_binaries(role, inv)
     if inv is None and role == "control" and KONNECTIVITY_SERVER in resolved:
         names += (KONNECTIVITY_SERVER,)
-    if inv is None and role == "worker" and BALANCER_BINARY in resolved:
-        names += (BALANCER_BINARY,)
+    if inv is None and role == "worker" and BALANCER_BINARIES[0] in resolved:
+        names += BALANCER_BINARIES
     missing = [n for n in names if n not in resolved]
     if missing:
         raise ArtifactError(f"artifacts: not resolved: {', '.join(missing)}")

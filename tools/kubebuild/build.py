@@ -486,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--etcd", metavar="VERSION", help=f"etcd version (default {versions.DEFAULT_COMPONENTS['etcd']})")
     p.add_argument("--only", action="append", default=[],
                    help="build only these components (kubernetes, etcd, containerd, runc, cni, cri-tools, coredns, "
-                   "images, haproxy; "
+                   "images, haproxy, socat; "
                    "e2e: the conformance suite and its images, tools/kubebuild/e2e.py, never built by default)")
     args = p.parse_args(argv)
     version = versions.DEFAULT_KUBERNETES_VERSION if args.version == "default" else args.version
@@ -499,7 +499,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--etcd: '{args.etcd}' is not vMAJOR.MINOR.PATCH")
     components = [k8s, *others(args.etcd)]
     import sources  # tools/kubebuild/sources.py: C release tarballs
-    shipped_sources = ("haproxy",)          # built from C, shipped to hosts (busybox is the e2e images')
+    shipped_sources = ("haproxy", "socat")  # built from C, shipped to hosts (busybox is the e2e images')
     wanted = set(args.only) or {c.name for c in components} | {"images", *shipped_sources}
     unknown = wanted - {c.name for c in components} - {"images", "e2e", *shipped_sources}
     if unknown:

@@ -8,6 +8,9 @@ leaves nothing when it fails.
 - busybox: upstream's e2e busybox image is busybox built with its defconfig (e2e.py).
 - haproxy: the node-local API balancer on every worker (installer/core/components.py). Static,
   so it runs on any glibc or musl host as the Go binaries do: no host library is needed.
+- socat: the client of that balancer's runtime API (a root-only unix socket) on every worker:
+  the installer drains an apiserver from the balancers before it stops it (host/handover.py).
+  Static and without OpenSSL, readline or libwrap: a plain unix-socket client.
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ class Source:
     sha256: str
     # make arguments: defconfig-style targets run first (``configure``), then ``make`` with these
     make: tuple[str, ...]
-    configure: tuple[str, ...] = ()
+    configure: tuple[str, ...] = ()                               # make targets that configure
+    configure_script: tuple[str, ...] = ()                        # or arguments of ./configure
     config: dict[str, str | None] = field(default_factory=dict)   # .config lines after ``configure``
     binary: str = ""                                              # the built file, relative to the tree
     strip: bool = False
@@ -65,6 +69,14 @@ SOURCES = {
                             "USE_ZLIB=", "USE_DL=", "USE_LIBCRYPT=", "USE_NS=", "USE_PROMEX=",
                             "LDFLAGS=-static", "ADDLIB=-lpthread", "haproxy"),
                       binary="haproxy", strip=True, apt=("gcc", "make", "libc6-dev", "libssl-dev")),
+    # socat 1.8 (Debian's orig is upstream's tarball): only its unix-socket and stdio addresses
+    # are used; everything that links a library is off so that it links statically
+    "socat": Source("socat", "1.8.0.3", f"{POOL}/s/socat/socat_1.8.0.3.orig.tar.bz2",
+                    "01eb017361d95bb3a6941e840b59e4463a3fabf92df4154ed02b16a2ed6a0095",
+                    make=("socat",), configure_script=("--disable-openssl", "--disable-readline",
+                                                       "--disable-libwrap", "--disable-fips", "--disable-sctp",
+                                                       "LDFLAGS=-static"),
+                    binary="socat", strip=True),
 }
 
 
@@ -88,7 +100,7 @@ def build_source(name: str) -> Built:
     # busybox keeps the key it had in e2e.py (its recipe there was 1, the same parts)
     parts = [f"recipe={RECIPE}", src.url, src.sha256, json.dumps(src.config, sort_keys=True), *_toolchain(src)]
     if name != "busybox":
-        parts += list(src.make)
+        parts += list(src.make) + list(src.configure_script)
 
     def make(tmp: Path) -> None:
         log(f"==> building {name} {src.version} from {src.url.rsplit('/', 1)[1]}")
@@ -104,6 +116,8 @@ def build_source(name: str) -> Built:
             tree = next(work.iterdir())
             for target in src.configure:
                 _make(name, tree, [target])
+            if src.configure_script:
+                _run(name, tree, ["./configure", *src.configure_script])
             if src.config:
                 config = tree / ".config"
                 lines = [line for line in config.read_text().splitlines()
@@ -125,7 +139,11 @@ def build_source(name: str) -> Built:
 
 
 def _make(name: str, tree: Path, args: list[str], stdin: str | None = None) -> None:
-    proc = subprocess.run(["make", *args], cwd=tree, capture_output=True, text=True, input=stdin)
+    _run(name, tree, ["make", *args], stdin)
+
+
+def _run(name: str, tree: Path, argv: list[str], stdin: str | None = None) -> None:
+    proc = subprocess.run(argv, cwd=tree, capture_output=True, text=True, input=stdin)
     if proc.returncode != 0:
-        raise SystemExit(f"build-kubernetes: {name}: make {' '.join(args)} failed:\n"
+        raise SystemExit(f"build-kubernetes: {name}: {' '.join(argv)} failed:\n"
                          + "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:]))
