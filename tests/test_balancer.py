@@ -150,22 +150,29 @@ def test_a_change_reloads_the_balancer_and_restarts_the_rest():
     assert "systemctl restart kubelet.service ||" in text and f"systemctl restart {UNIT}" not in text
 
 
-def test_haproxy_comes_from_the_artifacts_or_is_asked_for(ha, tmp_path):
+def test_haproxy_and_socat_come_from_the_artifacts_or_are_asked_for(ha, tmp_path):
+    import hashlib
     inv = ha.inventory
-    assert "haproxy" in fetch.cluster_binaries(inv) and "haproxy" in fetch.role_binaries("worker", inv)
-    assert "haproxy" not in fetch.role_binaries("control", inv)
-    # source: download: HAProxy has no release binary; the cache directory may hold one
+    for b in ("haproxy", "socat"):
+        assert b in fetch.cluster_binaries(inv) and b in fetch.role_binaries("worker", inv)
+        assert b not in fetch.role_binaries("control", inv)
+    # source: download: neither has a release binary; the cache directory may hold them
     d = yaml.safe_load(Path(inv.base_dir / "inventory.yaml").read_text())
     d["spec"]["artifacts"] = {"source": "download", "cacheDir": str(tmp_path / "cache")}
     dl = api.validate(write_inventory(tmp_path, d))
     (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "haproxy").write_bytes(b"\x7fELF")
+    write_sums(tmp_path / "cache", {"haproxy": hashlib.sha256(b"\x7fELF").hexdigest()})
     with pytest.raises(ArtifactError) as e:
         fetch._balancer_from_cache(dl, None)
-    assert "haproxy: the workers' API balancer" in str(e.value)
-    assert "--only haproxy` (it lands in that directory's SHA256SUMS)" in str(e.value)
-    (tmp_path / "cache" / "haproxy").write_bytes(b"\x7fELF")
-    write_sums(tmp_path / "cache", {"haproxy": __import__("hashlib").sha256(b"\x7fELF").hexdigest()})
-    assert fetch._balancer_from_cache(dl, None)["haproxy"].path == tmp_path / "cache" / "haproxy"
+    # the one missing is named, and the command that builds both
+    assert str(e.value).startswith("socat: the workers' API balancer")
+    assert "--only haproxy --only socat` (they land in that directory's SHA256SUMS)" in str(e.value)
+    (tmp_path / "cache" / "socat").write_bytes(b"\x7fELF socat")
+    write_sums(tmp_path / "cache", {"haproxy": hashlib.sha256(b"\x7fELF").hexdigest(),
+                                    "socat": hashlib.sha256(b"\x7fELF socat").hexdigest()})
+    got = fetch._balancer_from_cache(dl, None)
+    assert {b: a.path for b, a in got.items()} == {b: tmp_path / "cache" / b for b in ("haproxy", "socat")}
 
 
 def test_the_real_haproxy_accepts_the_rendered_config(ha, tmp_path):
@@ -324,9 +331,152 @@ def test_an_apiserver_steps_aside_while_its_etcd_member_restarts_only_when_anoth
     from types import SimpleNamespace
 
     from installer.core.facts import HostFacts
-    from installer.host import apiserver_aside
+    from installer.host import handover
     inv = request.getfixturevalue(cluster).inventory
     host = inv.controls[0].name
-    facts = HostFacts(units={apiserver_aside.APISERVER: (state, "enabled")})
+    facts = HostFacts(units={handover.APISERVER: (state, "enabled")})
     ctx = SimpleNamespace(inv=inv, options=SimpleNamespace(dry_run=dry_run), facts={host: facts})
-    assert apiserver_aside.needed(ctx, host) is aside
+    assert handover.needed(ctx, host) is aside
+
+
+# --- a planned stop: the apiserver leaves the balancers before it stops ----------------------
+
+def _ctl_commands(action: str) -> list[str]:
+    """The runtime API commands the shipped ctl script sends for ``action`` (server cp)."""
+    import re
+
+    from installer.core.render.balancer import ctl_script
+    text = ctl_script().decode()
+    body = text[text.index(f"  {action})"):]
+    body = body[:body.index(";;")]
+    return [c.replace("$backend", "apiservers").replace("$server", "cp")
+            for c in re.findall(r'^\s*api "([^"]+)"$', body, re.M)]
+
+
+def test_the_ctl_script_names_the_balancer_and_sends_the_commands(tmp_path):
+    from installer.core.render.balancer import ADMIN_SOCKET, CTL, LEAVE_EXPIRY_SECONDS, SOCAT, ctl_script
+    text = ctl_script().decode()
+    assert f"socket={ADMIN_SOCKET}\n" in text and f"{SOCAT} -t 5" in text and f"#   {CTL} leave" in text
+    assert f"seconds=${{3:-{LEAVE_EXPIRY_SECONDS}}}" in text
+    assert _ctl_commands("leave") == ["set server apiservers/cp state drain", "disable health apiservers/cp"]
+    assert _ctl_commands("back") == ["enable health apiservers/cp", "set server apiservers/cp state ready"]
+    # shellcheck reads it in tests/test_lint.py
+
+
+class _Apiserver:
+    """An HTTPS server like an apiserver for the balancer: /readyz 200 while ``ready``, else 500
+    (as SIGTERM makes it, while it still serves); /slow answers after 3 s (a request in flight)."""
+
+    def __init__(self, tmp: Path, name: str, pair):
+        import http.server
+        import ssl
+        import threading
+
+        from cryptography.hazmat.primitives import serialization
+        crt, key = tmp / f"{name}.crt", tmp / f"{name}.key"
+        crt.write_bytes(pair[0].public_bytes(serialization.Encoding.PEM))
+        key.write_bytes(pair[1].private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                              serialization.NoEncryption()))
+        self.ready = True
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):                       # noqa: N802 - the stdlib's name
+                if self.path == "/slow":
+                    time.sleep(3)
+                code = 500 if self.path == "/readyz" and not outer.ready else 200
+                body = name.encode()
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *_):
+                pass
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(crt, key)
+        self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.port = self.server.server_address[1]
+
+
+@pytest.mark.parametrize("leave", [True, False])
+def test_the_real_haproxy_keeps_a_request_in_flight_when_its_apiserver_left_before_stopping(
+        ha, tmp_path, leave):
+    """Two apiservers behind the real haproxy with the rendered backend; a request in flight on
+    one (3 s to answer) when that one stops (its /readyz fails, as at SIGTERM). After the ctl's
+    ``leave`` (the commands it sends, on the admin socket) the request is answered, a new one
+    goes to the other apiserver, and ``back`` puts it in service again. Without the leave, the
+    failed checks mark it down and shutdown-sessions cuts the request: what CI saw once in
+    `certs renew`, and why the leave exists."""
+    import ssl
+    import threading
+
+    from cryptography.hazmat.primitives import serialization
+    artifacts = os.environ.get("HIDDENPLANE_TEST_ARTIFACTS")
+    binary = Path(artifacts or "/nonexistent") / "haproxy"
+    if not binary.is_file():
+        pytest.skip("no haproxy in $HIDDENPLANE_TEST_ARTIFACTS (scripts/build-kubernetes builds it)")
+    ca = _pair("kubernetes-ca")
+    servers = {n: _Apiserver(tmp_path, n, _pair("kube-apiserver", ca, ("kubernetes",))) for n in ("cp", "other")}
+    (tmp_path / "ca.crt").write_bytes(ca[0].public_bytes(serialization.Encoding.PEM))
+    front = _free_port()
+    lines = [line for line in haproxy_config(ha.inventory).splitlines() if not line.startswith("    server ")]
+    # cp first: "balance first" hands it every new connection while it is in service
+    lines += [f"    server {n} 127.0.0.1:{s.port}" for n, s in servers.items()]
+    cfg = ("\n".join(lines) + "\n").replace("/etc/kubernetes/pki/ca.crt", str(tmp_path / "ca.crt")).replace(
+        "/run/hiddenplane-api-balancer/", f"{tmp_path}/").replace("bind 127.0.0.1:6443\n", "").replace(
+        "172.20.0.1:6443", f"127.0.0.1:{front}").replace("balance leastconn", "balance first")
+    assert "balance first" in cfg
+    (tmp_path / "haproxy.cfg").write_text(cfg)
+
+    def admin(command: str) -> str:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(str(tmp_path / "admin.sock"))
+            s.sendall(command.encode() + b"\n")
+            return s.makefile().read()
+
+    client = ssl.create_default_context(cafile=str(tmp_path / "ca.crt"))
+    client.check_hostname = False
+
+    def get(path: str) -> str:
+        """The answering server's name, or what went wrong."""
+        try:
+            with socket.create_connection(("127.0.0.1", front), timeout=10) as raw, client.wrap_socket(raw) as t:
+                t.sendall(f"GET {path} HTTP/1.1\r\nHost: kubernetes\r\nConnection: close\r\n\r\n".encode())
+                data = b""
+                while chunk := t.recv(4096):
+                    data += chunk
+            return data.split(b"\r\n\r\n", 1)[1].decode() if data.split(b" ", 2)[1:2] == [b"200"] else f"bad: {data!r}"
+        except (OSError, ssl.SSLError) as e:
+            return f"failed: {e!r}"
+
+    proc = subprocess.Popen([str(binary), "-db", "-f", str(tmp_path / "haproxy.cfg")], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        time.sleep(2.5)                                 # the first checks made: both up
+        assert get("/") == "cp"
+        inflight: dict[str, str] = {}
+        t = threading.Thread(target=lambda: inflight.setdefault("answer", get("/slow")))
+        t.start()
+        time.sleep(0.3)                                 # the request is on cp
+        if leave:
+            for command in _ctl_commands("leave"):
+                assert admin(command).strip() == "", command
+        servers["cp"].ready = False                     # SIGTERM: /readyz fails, requests still served
+        time.sleep(2.5)                                 # two check intervals and more
+        during = get("/")
+        t.join(timeout=10)
+        if leave:
+            assert inflight["answer"] == "cp" and during == "other", (inflight, during)
+            servers["cp"].ready = True                  # started again, ready
+            for command in _ctl_commands("back"):
+                assert admin(command).strip() == "", command
+            time.sleep(1.5)
+            assert get("/") == "cp"                     # in service again
+        else:
+            assert inflight["answer"].startswith("failed") or inflight["answer"].startswith("bad"), inflight
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=10)

@@ -656,10 +656,14 @@ def test_certs_renew_keeps_the_cluster_working(rc, web_w1, tmp_path):
                              timeout=2400)
     print(proc.stdout[-1500:])
     assert pod_probe.failed == 0 and pod_probe.ok > 0
+    # every apiserver left the balancers before it stopped (host/handover.py), once per host:
+    # its stop for its etcd member's restart also did its own pending restart
+    said = proc.stdout + proc.stderr
+    assert [said.count(f"{c}: kube-apiserver left the API balancers of 1 worker(s)") for c in rc.controls] == [1] * 3
     for name, _ in hostprobes.api("w1"):
         rows = hostprobes.rows(rc.lab.ssh_config, "w1", f"hp-renew-{name}")
         print(f"w1 API probe {name} during certs renew: requests / failed / longest (s) {hostprobes.summary(rows)}")
-        assert len(rows) > 100 and hostprobes.unexplained(rows) == [], [r for r in rows if not r.ok][:5]
+        assert len(rows) > 100 and hostprobes.failed(rows) == [], hostprobes.failed(rows)[:5]
     # read here, apart from the installer's own checks: each server presents the state's new leaf
     pki = rc.state / "pki"
     for e, a in endpoints.items():

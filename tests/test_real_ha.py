@@ -28,6 +28,7 @@ import pytest
 import yaml
 
 from installer.core.facts import LOCK
+from installer.core.render.balancer import ADMIN_SOCKET, CTL, SOCAT
 from installer.host.liveness import DEAD_AFTER
 from installer.host.ssh import Remote
 from installer.lab import net
@@ -38,7 +39,7 @@ from .realcluster import BUSYBOX, INSTALLER, run_installer, wait_for
 pytestmark = [pytest.mark.lab, pytest.mark.real]
 
 UNIT = hostprobes.BALANCER
-SOCKET = "/run/hiddenplane-api-balancer/admin.sock"
+SOCKET, CTL, SOCAT = ADMIN_SOCKET, CTL, SOCAT
 OUTAGE = 150.0        # seconds cp1 stays cut (the issue's bound)
 # a run that loses a host fails within: the keepalive watchdog's DEAD_AFTER, then a new
 # channel's or connection's connect_timeout (host/ssh.py), and some slack for the machine
@@ -50,14 +51,43 @@ def rc(real_cluster):
     return real_cluster
 
 
+def _servers_state(rc, worker: str) -> list[list[str]]:
+    """The worker's balancer's ``show servers state`` rows for the apiservers, asked on its
+    runtime API (root only) with the socat the installer ships for it."""
+    out = rc.ssh(worker, f"echo 'show servers state apiservers' | {SOCAT} -t 5 - UNIX-CONNECT:{SOCKET}").stdout
+    return [f for f in (line.split() for line in out.splitlines()) if len(f) > 13 and f[1] == "apiservers"]
+
+
 def balancer_view(rc, worker: str) -> dict[str, str]:
-    """server -> UP/DOWN/... as the worker's balancer sees it (its runtime API, root only)."""
-    script = ("import socket; s = socket.socket(socket.AF_UNIX); s.connect(%r); "
-              "s.sendall(b'show servers state apiservers\\n'); print(s.makefile().read())" % SOCKET)
-    out = rc.ssh(worker, f"python3 -c {shlex.quote(script)}").stdout
+    """server -> UP/DOWN/... as the worker's balancer sees it."""
     states = {"0": "DOWN", "1": "STARTING", "2": "UP", "3": "STOPPING"}
-    return {f[3]: states.get(f[5], f[5]) for f in (line.split() for line in out.splitlines())
-            if len(f) > 5 and f[1] == "apiservers"}
+    return {f[3]: states.get(f[5], f[5]) for f in _servers_state(rc, worker)}
+
+
+def balancer_admin(rc, worker: str) -> dict[str, tuple[str, str]]:
+    """server -> (admin state: 0 in service, 8 drained; check state: 6 checking, 2 paused)."""
+    return {f[3]: (f[6], f[13]) for f in _servers_state(rc, worker)}
+
+
+def test_an_apiserver_leaves_a_balancer_and_comes_back_by_itself_when_no_run_brings_it_back(rc):
+    """The ctl every planned apiserver stop uses (host/handover.py), on a real worker: ``leave``
+    drains the server and pauses its checks; when nothing says ``back`` (the run died), the
+    systemd timer it left does, after the seconds given. A name that is not a server's is
+    refused before anything changes."""
+    w = rc.workers[0]
+    assert balancer_admin(rc, w)["cp2"] == ("0", "6")
+    bad = rc.ssh(w, f"{CTL} leave 'cp2;id' 3")
+    assert bad.returncode == 2 and "usage" in bad.stderr and balancer_admin(rc, w)["cp2"] == ("0", "6")
+    proc = rc.ssh(w, f"{CTL} leave cp2 4")
+    assert proc.returncode == 0, proc.stderr
+    left = time.monotonic()
+    assert balancer_admin(rc, w)["cp2"] == ("8", "2")
+    assert balancer_admin(rc, w)["cp3"] == ("0", "6")         # the others untouched
+    wait_for("cp2 back in service by the timer", lambda: balancer_admin(rc, w)["cp2"] == ("0", "6"), 30, 0.5)
+    took = time.monotonic() - left
+    print(f"{w}: cp2 back by its timer {took:.1f} s after a leave of 4 s")
+    assert 3.5 <= took <= 15
+    assert balancer_view(rc, w)["cp2"] == "UP"
 
 
 def ready_nodes(rc, kubeconfig: Path | None = None) -> dict[str, bool]:

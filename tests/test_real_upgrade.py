@@ -217,12 +217,12 @@ def test_0_an_etcd_patch_is_rolled_one_member_at_a_time_and_the_api_keeps_answer
         print(f"API probes: {prober.ticks} ticks, none answering at {len(prober.down)} {prober.down[:10]}; "
               f"refusals per apiserver {prober.refused}")
         assert prober.ticks > 50 and prober.down == []
-        # each member's own apiserver stepped aside while it restarted (host/apiserver_aside.py):
+        # each member's own apiserver stepped aside while it restarted (host/handover.py):
         # the worker saw no failure through its balancer or the Service
         for name, _ in hostprobes.api("w1"):
             rows = hostprobes.rows(lab.ssh_config, "w1", f"hp-probe-{name}")
             print(f"w1 API probe {name}: requests / failed / longest (s) {hostprobes.summary(rows)}")
-            assert len(rows) > 50 and hostprobes.unexplained(rows) == [], [r for r in rows if not r.ok][:5]
+            assert len(rows) > 50 and hostprobes.failed(rows) == [], hostprobes.failed(rows)[:5]
         assert etcd_versions() == [f"etcd Version: {to_etcd.lstrip('v')}"] * 3
         health = subprocess.run(["ssh", "-F", str(lab.ssh_config), "cp1",
                                  "ETCDCTL_API=3 /usr/local/bin/etcdctl --endpoints=" + ",".join(
@@ -315,7 +315,7 @@ def test_3_killed_in_the_worker_step_then_run_again_it_finishes_and_the_workload
         for name, _ in hostprobes.api(w):
             rows = hostprobes.rows(up.lab.ssh_config, w, f"hp-probe-{name}")
             print(f"{w} API probe {name}: requests / failed / longest (s) {hostprobes.summary(rows)}")
-            failed[f"{w} {name}"] = hostprobes.unexplained(rows)[:5]
+            failed[f"{w} {name}"] = hostprobes.failed(rows)[:5]
             assert len(rows) > 100, (w, name)
     assert not any(failed.values()), failed
     assert not (up.state / "upgrade.yaml").exists()

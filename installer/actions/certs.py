@@ -28,7 +28,7 @@ from installer.core.pki.specs import CAS
 from installer.core.render.plan import render_cluster
 from installer.core.render.worker import KUBELET_CLIENT_PEM
 from installer.core.state import StateDir, state_for
-from installer.engine.parallel import each
+from installer.host.parallel import each
 from installer.host.ssh import HostError, Remote
 
 STATE = "state"

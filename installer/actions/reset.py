@@ -26,8 +26,8 @@ from installer.core.render.files import HostPlan
 from installer.core.render.plan import render_cluster
 from installer.core.state import StateDir, state_for
 from installer.engine import steps
-from installer.engine.parallel import each
 from installer.engine.phases.acquire_lock import break_stale, drop, stale_reason, take
+from installer.host.parallel import each
 from installer.host.ssh import Remote
 
 

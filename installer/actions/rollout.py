@@ -21,7 +21,6 @@ This lives apart from the two operations so that each of them reads as its own p
 
 from __future__ import annotations
 
-import time
 import uuid
 from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
@@ -33,10 +32,8 @@ from installer.core.errors import InstallerError
 from installer.core.facts import PROBE, parse, probe_input
 from installer.core.inventory import Inventory
 from installer.core.pki.material import Changes, Material
-from installer.core.render.balancer import SETTLE_SECONDS as BALANCER_SETTLE
 from installer.core.render.plan import render_cluster
 from installer.core.state import StateDir
-from installer.engine.parallel import each
 from installer.engine.phases.acquire_lock import AcquireLock, acquire, release
 from installer.engine.phases.base import Context, Options
 from installer.engine.phases.connect_hosts import ConnectHosts
@@ -44,8 +41,8 @@ from installer.engine.phases.join_workers import KUBELET_PORTS, active_script
 from installer.engine.phases.select import control_plane_part, etcd_part, probed_files, worker_part
 from installer.engine.phases.start_control_plane import listening_script
 from installer.engine.phases.start_etcd import health_script
-from installer.host import apiserver_aside, probes
-from installer.host.health import client_context, wait_ok
+from installer.host import handover, probes
+from installer.host.parallel import each
 from installer.host.ssh import HostError, Remote
 
 ETCD, APISERVER, KONNECTIVITY, CONTROLLER_MANAGER, SCHEDULER, KUBELET, KUBE_PROXY = components.units(
@@ -197,15 +194,10 @@ def _wait_node_ready(ctx: Context, host: str, since: float | None, timeout: floa
 
 def _wait(ctx: Context, host: str, unit: str, nodes_ready: bool = False) -> None:
     t = ctx.options.wait_timeout
-    h = ctx.inv.host(host)
     if unit == ETCD:
         _run(ctx, host, health_script(ctx, t), "wait for etcd health", t)
     elif unit == APISERVER:
-        port = ctx.inv.spec.apiServer.port
-        with client_context(ctx.material) as tls:
-            failure = wait_ok(tls, h.address, port, ("/livez", "/readyz"), t)
-        if failure:
-            raise RenewError(f"{host}: kube-apiserver is not healthy on {h.address}:{port}: {failure}")
+        handover.wait_ready(ctx, host)
     elif unit in SECURE_PORTS:
         _run(ctx, host, listening_script((SECURE_PORTS[unit],), t), f"wait for {unit}", t)
     elif unit == KUBELET:
@@ -233,6 +225,7 @@ def roll(ctx: Context, pending: dict[str, list[str]], report: Report, etcd_toget
     the old ones) and the cluster's health is waited for once. With ``nodes_ready`` a restarted
     kubelet's Node must be Ready through the API before the next host."""
     order = [h.name for h in ctx.inv.spec.hosts]
+    started: dict[str, set[str]] = {}      # host -> units already (re)started by a step aside
     for rank in sorted({components.rank(u) for units in pending.values() for u in units}):
         if rank == 0 and etcd_together:
             hosts = [h for h in order if ETCD in pending.get(h, ())]
@@ -242,18 +235,21 @@ def roll(ctx: Context, pending: dict[str, list[str]], report: Report, etcd_toget
             _wait(ctx, hosts[0], ETCD)
             continue
         for h in order:
-            units = [u for u in pending.get(h, ()) if components.rank(u) == rank]
-            # a restarting etcd member: its own apiserver (the only one using it) steps aside
-            with apiserver_aside.aside(ctx, h) if ETCD in units else nullcontext():
+            units = [u for u in pending.get(h, ()) if components.rank(u) == rank and u not in started.get(h, ())]
+            # a restarting etcd member: its own apiserver (the only one using it) steps aside, and
+            # its start after the member does the apiserver's pending restart too; a restarting
+            # apiserver leaves the workers' balancers first (host/handover.py)
+            with handover.aside(ctx, h) if ETCD in units else nullcontext() as aside, \
+                    handover.restarting(ctx, h) if APISERVER in units else nullcontext():
                 for u in units:
                     _restart(ctx, h, u, report)
                 for u in units:
-                    ctx.log(f"{h}: wait for {u}")
-                    _wait(ctx, h, u, nodes_ready)
-                    if u == APISERVER and ctx.inv.local_balancer:
-                        # ready: the workers' balancers mark it up at their next check; only then
-                        # may the next apiserver leave them (render/balancer.py's interval)
-                        time.sleep(BALANCER_SETTLE)
+                    if u != APISERVER:              # restarting() waits for it, ready and back
+                        ctx.log(f"{h}: wait for {u}")
+                        _wait(ctx, h, u, nodes_ready)
+            if aside and APISERVER in pending.get(h, ()):
+                started.setdefault(h, set()).add(APISERVER)
+                report.restarts.append(f"{h}:{APISERVER}")
 
 
 def stop_units(ctx: Context, host: str, units: list[str]) -> None:

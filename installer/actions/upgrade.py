@@ -45,11 +45,11 @@ from installer.core.upgrade_rules import (
     upgrade_order,
 )
 from installer.engine import runner
-from installer.engine.parallel import each
 from installer.engine.phases.acquire_lock import cluster_lock
 from installer.engine.phases.base import Event, Options
 from installer.engine.steps import Step, plan, run_steps
 from installer.host import node_api, probes
+from installer.host.parallel import each
 from installer.host.ssh import Remote
 
 CONTROL_ONLY = frozenset({"cluster-bootstrap", "addons"})

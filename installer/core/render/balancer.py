@@ -10,6 +10,11 @@ checked on ``/readyz`` over TLS (the cluster CA verifies it) every second: down 
 failures, or at once when a connection to it fails, and then its connections are closed so
 that watches move at once; up after 1 success.
 TCP is passed through: TLS stays end to end between the client and the apiserver.
+
+A planned apiserver restart does not wait for the checks: the installer first takes that
+apiserver out of every balancer (``hiddenplane-api-balancer-ctl leave``: drained, its checks
+paused, so nothing cuts the requests it still answers) and puts it back once it is ready
+(host/handover.py).
 """
 
 from __future__ import annotations
@@ -18,11 +23,16 @@ import ipaddress
 
 from installer.core import components
 from installer.core.inventory import HostSpec, Inventory
-from installer.core.render.files import BIN_DIR, K8S_DIR, PKI_DIR, HostFile, HostPlan, unit_file
+from installer.core.render.files import BIN_DIR, K8S_DIR, PKI_DIR, HostFile, HostPlan, render_template, unit_file
 from installer.core.render.network import IP_BIN
 
 BALANCER_CONFIG = f"{K8S_DIR}/api-balancer.cfg"
 ADMIN_SOCKET = "/run/hiddenplane-api-balancer/admin.sock"
+# leave/back of one apiserver through the runtime API (units/hiddenplane-api-balancer-ctl.j2)
+CTL = f"{BIN_DIR}/hiddenplane-api-balancer-ctl"
+SOCAT = f"{BIN_DIR}/socat"
+# a leave that no back followed (the run died) undoes itself after this long
+LEAVE_EXPIRY_SECONDS = 300
 BACKEND = "apiservers"
 # the health check: every CHECK_INTERVAL, down after FALL failures (or a check that does not
 # answer within CHECK_TIMEOUT), up after RISE successes
@@ -93,6 +103,11 @@ def haproxy_config(inv: Inventory) -> str:
     return "\n".join(lines) + "\n"
 
 
+def ctl_script() -> bytes:
+    return render_template("hiddenplane-api-balancer-ctl.j2", path=CTL, socket=ADMIN_SOCKET, backend=BACKEND,
+                           socat=SOCAT, expiry=LEAVE_EXPIRY_SECONDS)
+
+
 def add_balancer(plan: HostPlan, inv: Inventory, host: HostSpec) -> None:
     """The balancer's config and unit on a worker, started before the other worker units."""
     if not inv.local_balancer:
@@ -100,6 +115,7 @@ def add_balancer(plan: HostPlan, inv: Inventory, host: HostSpec) -> None:
     unit = components.unit("api-balancer")
     address = inv.balancer_address
     plan.add(HostFile(BALANCER_CONFIG, haproxy_config(inv).encode(), 0o644, restarts=(unit,)))
+    plan.add(HostFile(CTL, ctl_script(), 0o755))
     plan.add(unit_file(unit, "hiddenplane-api-balancer.service.j2", binary=f"{BIN_DIR}/haproxy",
                        config=BALANCER_CONFIG, ip=IP_BIN, address=address, port=inv.spec.apiServer.port,
                        prefix=ipaddress.ip_address(address).max_prefixlen))

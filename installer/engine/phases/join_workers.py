@@ -30,12 +30,12 @@ from installer.core.diff import Selection
 from installer.core.errors import InstallerError
 from installer.core.render.plan import render_cluster
 from installer.core.render.worker import BOOTSTRAP_KUBECONFIG, KUBELET_CONFIG, KUBELET_KUBECONFIG
-from installer.engine.parallel import each
 from installer.engine.phases.base import Context, Event, Phase, render_facts
 from installer.engine.phases.select import worker_part, worker_units
 from installer.engine.phases.start_control_plane import listening_script
 from installer.host import csr_approval
 from installer.host.fetch import BIN_DIR, IMAGE_DIR, is_image
+from installer.host.parallel import each
 from installer.host.ssh import HostError
 
 KUBELET_PORTS = (components.port("kubelet", "secure"),)

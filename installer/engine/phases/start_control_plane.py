@@ -4,19 +4,18 @@ Waits until every apiserver answers /livez and /readyz over TLS (verified with t
 authenticated with the admin certificate) and the controller-manager and scheduler listen on
 their secure ports. A running apiserver whose inputs changed (a flag, a certificate, the etcd
 member list) restarts one host at a time, each answering /readyz again before the next: with
-several control hosts the API stays up through the change.
+several control hosts the API stays up through the change, and with the workers' balancers each
+leaves them before its restart and comes back after (host/handover.py).
 """
 
 from __future__ import annotations
 
 import threading
-import time
 
 from installer.core import components
-from installer.core.render.balancer import SETTLE_SECONDS as BALANCER_SETTLE
 from installer.engine.phases.base import Context, Event, Phase
 from installer.engine.phases.select import CONTROL_UNITS, control_plane_part
-from installer.host.health import client_context, wait_ok
+from installer.host import handover
 from installer.host.ssh import HostError
 
 LOCAL_PORTS = components.ports("kube-controller-manager") + components.ports("kube-scheduler")
@@ -50,29 +49,17 @@ class StartControlPlane(Phase):
         if APISERVER_UNIT not in changes.restart or ctx.options.dry_run:
             return ctx.execute(self.name, host, changes)
         with _restart_lock:
-            ev = ctx.execute(self.name, host, changes)
-            h = ctx.inv.host(host)
-            with client_context(ctx.material) as tls:
-                failure = wait_ok(tls, h.address, ctx.inv.spec.apiServer.port, ("/livez", "/readyz"),
-                                  ctx.options.wait_timeout)
-            if failure:
-                raise HostError(host, f"kube-apiserver is not healthy after its restart: {failure}")
-            if ctx.inv.local_balancer:
-                # the workers' balancers mark it up at their next check before the next one leaves
-                time.sleep(BALANCER_SETTLE)
+            with handover.restarting(ctx, host):
+                ev = ctx.execute(self.name, host, changes)
             ev.detail.append("kube-apiserver restarted alone; /readyz ok again")
             return ev
 
     def finish(self, ctx: Context, events: list[Event]) -> None:
         if ctx.options.dry_run or ctx.settled(events, CONTROL_UNITS):
             return
-        port = ctx.inv.spec.apiServer.port
-        with client_context(ctx.material) as tls:
-            for h in ctx.hosts("control"):
-                failure = wait_ok(tls, h.address, port, ("/livez", "/readyz"), ctx.options.wait_timeout)
-                if failure:
-                    raise HostError(h.name, f"kube-apiserver is not healthy on {h.address}:{port}: {failure}")
-                ctx.events.append(Event(self.name, h.name, "waited", detail=["/livez ok", "/readyz ok"]))
+        for h in ctx.hosts("control"):
+            handover.wait_ready(ctx, h.name)
+            ctx.events.append(Event(self.name, h.name, "waited", detail=["/livez ok", "/readyz ok"]))
         for h in ctx.hosts("control"):
             r = ctx.remotes[h.name].run(listening_script(LOCAL_PORTS, ctx.options.wait_timeout), check=False,
                                         what="wait for controller-manager and scheduler",

@@ -22,7 +22,7 @@ from installer.core.render.control import ETCD_DATA_DIR, client_url, etcd_server
 from installer.core.render.plan import render_cluster
 from installer.engine.phases.base import Context, Event, Phase, render_facts
 from installer.engine.phases.select import ETCD_UNIT, etcd_part
-from installer.host import apiserver_aside
+from installer.host import handover
 from installer.host.ssh import HostError, Remote, Result
 
 PKI = "/etc/kubernetes/pki"
@@ -161,7 +161,7 @@ class StartEtcd(Phase):
         # the cluster never loses more than one member to a restart. The restart blocks until
         # etcd reports ready (Type=notify: it has rejoined its cluster), then health confirms.
         # Its host's apiserver, which uses this member alone, steps aside meanwhile.
-        with _restart_lock, apiserver_aside.aside(ctx, host) as aside:
+        with _restart_lock, handover.aside(ctx, host) as aside:
             ev = ctx.execute(self.name, host, changes)
             wait = (status_script(ctx.options.wait_timeout) if host in ctx.etcd_guard.learners
                     else endpoint_health_script(LOCAL, ctx.options.wait_timeout))
