@@ -40,7 +40,6 @@ from installer.core.network import ROUTES_UNIT
 from installer.core.render.files import HostDir, HostFile, SystemUser
 from installer.engine import runner
 from installer.engine.phases import PHASE_NAMES
-from installer.engine.phases.acquire_lock import LOCK_TTL, Identity, stale_reason
 from installer.engine.phases.run_preflight import problems
 from installer.engine.phases.select import (
     CONTROL_UNITS,
@@ -51,6 +50,7 @@ from installer.engine.phases.select import (
     worker_part,
 )
 from installer.engine.phases.verify_hidden import violations
+from installer.host.applylock import LOCK_TTL, Identity, stale_reason
 from installer.host.hostops import LARGE, Payloads, codec_for, compress, script, tarball
 
 from .conftest import EXAMPLE

@@ -189,7 +189,7 @@ def test_a_state_of_another_cluster_is_refused_before_anything_changes(applab, t
 
 
 def test_a_noop_run_clears_the_stale_lock_its_own_machine_left(applab):
-    from installer.engine.phases.acquire_lock import holder
+    from installer.host.applylock import holder
     gone = subprocess.Popen(["true"])
     gone.wait()                                  # a pid that no longer runs
     cp1 = applab.host("cp1")
@@ -207,7 +207,7 @@ def test_a_noop_run_clears_the_stale_lock_its_own_machine_left(applab):
 def test_a_killed_runs_remote_commands_are_ended_before_its_lock_is_taken_over(applab):
     """What a SIGKILLed run leaves: its lock naming a pid gone from this machine, and a command
     with the run's mark still running on a host (a wait loop, an etcdctl)."""
-    from installer.engine.phases.acquire_lock import holder, scope_of
+    from installer.host.applylock import holder, scope_of
     gone = subprocess.Popen(["true"])
     gone.wait()
     run = "d" * 32

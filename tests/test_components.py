@@ -15,7 +15,7 @@ from installer.core import components
 from installer.core.artifacts import CONTROL_BINARIES, WORKER_BINARIES
 from installer.core.components import COMPONENTS, HELPER_BINARIES
 from installer.engine.phases import run_preflight, select, start_control_plane
-from installer.host import fetch
+from installer.host import fetch, waits
 from tests.conftest import write_inventory
 
 
@@ -102,7 +102,29 @@ def test_preflight_ports_derive_from_the_rows():
     # konnectivity is an addon: its ports are not refused before it is chosen
     assert not set(components.ports("konnectivity-server")) & set(run_preflight.PORTS["control"])
     assert start_control_plane.LOCAL_PORTS == (10257, 10259)
-    assert rollout.SECURE_PORTS == {"kube-controller-manager.service": 10257, "kube-scheduler.service": 10259}
+    assert {u: waits.secure_ports(u) for u in ("kube-controller-manager.service", "kube-scheduler.service",
+                                               "kubelet.service")} == {
+        "kube-controller-manager.service": (10257,), "kube-scheduler.service": (10259,), "kubelet.service": (10250,)}
+
+
+def test_every_row_names_a_wait_that_is_done(prepared):
+    """Each component says what "started" means (components.WAITS), and host/waits.py does
+    each kind: a shell wait, or the apiserver's TLS check."""
+    from types import SimpleNamespace
+    ctx = SimpleNamespace(inv=prepared.inventory, options=SimpleNamespace(wait_timeout=60))
+    for c in COMPONENTS:
+        assert c.wait in components.WAITS, c.name
+        if c.wait in waits._NOT_SHELL:
+            assert waits.script(ctx, c.unit) is None
+            continue
+        script = waits.script(ctx, c.unit)
+        assert script and script.startswith("(") or "etcdctl" in script, (c.name, script)
+        if c.wait == "listening":
+            assert waits.secure_ports(c.unit) and all(":$p$" in script and str(p) in script
+                                                      for p in waits.secure_ports(c.unit)), c.name
+        if c.wait in ("active", "listening"):
+            assert f"systemctl is-active --quiet {c.unit}" in script
+    assert {c.wait for c in COMPONENTS} == set(components.WAITS)      # no kind unused
 
 
 def test_the_consumers_read_the_table():

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from installer.engine.phases.acquire_lock import (
+from installer.host.applylock import (
     LOCK_TTL,
     REBOOTED,
     Identity,

@@ -23,7 +23,7 @@ import yaml
 
 from installer.core import inventory
 from installer.core.facts import LOCK
-from installer.engine.phases.acquire_lock import break_stale, drop, take
+from installer.host.applylock import break_stale, drop, take
 from installer.host.liveness import DEAD_AFTER, KEEPALIVE_INTERVAL
 from installer.host.runmark import stop_scopes
 from installer.host.ssh import HostError, Remote

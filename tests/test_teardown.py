@@ -598,6 +598,46 @@ def test_reset_respects_a_live_apply_lock(inv, prepared, monkeypatch):
     assert list(report.hosts) == [WORKER]
 
 
+def test_reset_takes_a_stale_lock_only_as_apply_does(inv, prepared, monkeypatch):
+    """A lock aged past its TTL whose holder may live elsewhere is not broken by reset (as
+    before) but refused with the command that breaks it; one whose holder died on this machine
+    is taken over after that run's commands were ended on the control hosts."""
+    import json
+    import time
+
+    from installer.host.applylock import LOCK_TTL, local_identity
+    aged = json.dumps({"machine": "elsewhere", "pid": 1, "since": int(time.time() - LOCK_TTL - 60), "run": "old"})
+    ran = fake_hosts(monkeypatch, lambda name, script: Result(aged + "\n", "", 3) if "set -C" in script
+                     else Result("", "", 0))
+    with pytest.raises(teardown.TeardownError, match=f"{CONTROL}: a stale apply lock is held .*"
+                       r"re-run with `installer apply --force-unlock`.*nothing was done"):
+        reset.reset(inv, state_dir=prepared.state.root, yes=True, log=lambda m: None)
+    from installer.core.facts import LOCK
+    assert not [s for _, s in ran if "off " in s or s == f"rm -f {LOCK}"]     # nothing wiped, nothing broken
+    assert [s for _, s in ran if "set -C" in s]
+
+    # a run of this machine that was killed: its pid is gone (the highest a kernel hands out)
+    dead = json.dumps({**local_identity().fields(), "pid": 2 ** 22 + 1, "since": int(time.time()),
+                       "run": "0123456789abcdef"})
+    answered = []
+
+    def answer(name, script):
+        if "set -C" in script and name not in answered:
+            answered.append(name)
+            return Result(dead + "\n", "", 3)
+        return Result("", "", 0)
+    ran = fake_hosts(monkeypatch, answer)
+    logged: list[str] = []
+    reset.reset(inv, state_dir=prepared.state.root, yes=True, log=logged.append)
+    scripts = [s for name, s in ran if name == CONTROL]
+    takes = [i for i, s in enumerate(scripts) if "set -C" in s]
+    ends = [i for i, s in enumerate(scripts) if "hp-0123456789ab" in s]
+    # the dead run's commands ended on the control host, then the lock taken, then the wipe
+    assert len(takes) == 2 and ends and takes[0] < ends[0] < takes[1], scripts[:5]
+    assert any("breaking a stale apply lock (process" in m for m in logged), logged
+    assert [s for s in scripts[takes[1]:] if "off " in s]
+
+
 def test_a_failed_reset_releases_its_lock(inv, prepared, monkeypatch):
     def answer(name, script):                                  # the worker's wipe fails
         if "off " in script and name == WORKER:

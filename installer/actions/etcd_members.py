@@ -49,12 +49,12 @@ from installer.core.etcd_rules import (
 from installer.core.inventory import HostSpec, Inventory, as_inventory
 from installer.core.render.control import ETCD_DATA_DIR, ETCD_REMOVED_ASIDE, peer_url
 from installer.engine import runner
-from installer.engine.phases.acquire_lock import cluster_lock
 from installer.engine.phases.base import Event, Options
 from installer.engine.phases.select import CONTROL_UNITS, ETCD_UNIT
-from installer.engine.phases.start_etcd import LOCAL, endpoint_health_script, error_line, member_list
 from installer.engine.steps import Step, plan, run_steps
 from installer.host import probes
+from installer.host.applylock import cluster_lock
+from installer.host.etcdctl import LOCAL, endpoint_health_script, error_line, member_list
 from installer.host.ssh import HostError, Remote
 
 __all__ = ["MembershipRefused", "Change", "Guard", "add", "remove", "check_add", "check_remove", "apply_guard",

@@ -28,13 +28,14 @@ from installer.core.inventory import HostSpec, Inventory, as_inventory
 from installer.core.inventory import load as load_inventory
 from installer.core.render.control import ETCD_DATA_DIR, ETCD_RESTORE_ASIDE, etcd_servers, initial_cluster, peer_url
 from installer.core.state import write_atomic
-from installer.engine.phases.acquire_lock import cluster_lock
 from installer.engine.phases.select import CONTROL_UNITS, ETCD_UNIT
-from installer.engine.phases.start_control_plane import LOCAL_PORTS, listening_script
-from installer.engine.phases.start_etcd import LOCAL, endpoint_health_script, etcdctl
+from installer.engine.phases.start_control_plane import LOCAL_PORTS
 from installer.engine.steps import Step, plan, run_steps
+from installer.host.applylock import cluster_lock
+from installer.host.etcdctl import LOCAL, endpoint_health_script, etcdctl
 from installer.host.fetch import binary_path
 from installer.host.ssh import HostError, Remote
+from installer.host.waits import listening_script
 
 WORK_DIR = "/var/lib/hiddenplane"
 ETCDUTL = binary_path("etcdutl")

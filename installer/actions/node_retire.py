@@ -27,9 +27,9 @@ from installer.core.inventory import Inventory
 from installer.core.ledger import Entry, Ledger
 from installer.core.pki.material import Material
 from installer.core.render.revocation import POLICY, identity
-from installer.engine.phases.acquire_lock import cluster_lock
 from installer.engine.steps import Step, run_steps
 from installer.host import kube, node_api
+from installer.host.applylock import cluster_lock
 from installer.host.ssh import HostError, Remote
 
 

@@ -10,7 +10,6 @@ what was done (``ResetReport``).
 from __future__ import annotations
 
 import shutil
-import time
 import uuid
 from collections.abc import Iterable
 from contextlib import ExitStack
@@ -26,7 +25,7 @@ from installer.core.render.files import HostPlan
 from installer.core.render.plan import render_cluster
 from installer.core.state import StateDir, state_for
 from installer.engine import steps
-from installer.engine.phases.acquire_lock import break_stale, drop, stale_reason, take
+from installer.host.applylock import UNLOCK, acquire, drop
 from installer.host.parallel import each
 from installer.host.ssh import Remote
 
@@ -57,16 +56,6 @@ def cluster_plans(inv: Inventory, state_dir=None) -> dict[str, HostPlan]:
     except InstallerError:
         material, _ = ensure(inv, Material())
     return render_cluster(inv, material)
-
-
-def _take_lock(remote: Remote, run_id: str) -> str | None:
-    """Take the apply lock on a control host that has one to take (a stale one is taken over);
-    the content of a live lock otherwise. The teardown removes the lock with the state directory."""
-    held = take(remote, run_id, installed_only=True)
-    if held is not None and stale_reason(held, time.time()) is not None:
-        break_stale(remote)
-        held = take(remote, run_id, installed_only=True)
-    return held
 
 
 def _chosen(inv: Inventory, hosts: Iterable[str], purge: bool) -> list[HostSpec]:
@@ -143,14 +132,16 @@ def _lock(r: _Reset) -> None:
         for n in controls:
             drop(r.remotes[n], r.run_id)
 
-    locks = each(lambda n: _take_lock(r.remotes[n], r.run_id), controls)
-    held = {n: v for n, v in locks.items() if v is not None}
-    if held:
+    # as apply takes it: a lock its holder left dead on this machine is taken over once that
+    # run's commands ended; any other held or stale lock refuses the reset (the teardown removes
+    # the lock with the state directory)
+    locks = each(lambda n: acquire(r.remotes[n], r.run_id, force_unlock=False, log=r.log, flag=UNLOCK,
+                                   installed_only=True,
+                                   others=lambda: [x for m, x in r.remotes.items() if m != n]), controls)
+    refused = {n: v for n, v in locks.items() if isinstance(v, Exception)}
+    if refused:
         drop_all()
-        raise TeardownError("; ".join(
-            f"{n}: another command holds the apply lock: {v}" if isinstance(v, str) else str(v)
-            for n, v in held.items())
-            + ": nothing was done")
+        raise TeardownError("; ".join(str(v) for v in refused.values()) + ": nothing was done")
 
     def on_failure(exc_type, exc, tb) -> bool:
         # a successful wipe takes the lock away with /var/lib/hiddenplane; a failed one must

@@ -34,14 +34,11 @@ from installer.core.inventory import Inventory
 from installer.core.pki.material import Changes, Material
 from installer.core.render.plan import render_cluster
 from installer.core.state import StateDir
-from installer.engine.phases.acquire_lock import AcquireLock, acquire, release
 from installer.engine.phases.base import Context, Options
 from installer.engine.phases.connect_hosts import ConnectHosts
-from installer.engine.phases.join_workers import KUBELET_PORTS, active_script
 from installer.engine.phases.select import control_plane_part, etcd_part, probed_files, worker_part
-from installer.engine.phases.start_control_plane import listening_script
-from installer.engine.phases.start_etcd import health_script
-from installer.host import handover, probes
+from installer.host import handover, probes, waits
+from installer.host.applylock import acquire, mark_scope, release
 from installer.host.parallel import each
 from installer.host.ssh import HostError, Remote
 
@@ -50,7 +47,6 @@ ETCD, APISERVER, KONNECTIVITY, CONTROLLER_MANAGER, SCHEDULER, KUBELET, KUBE_PROX
     "kube-proxy")
 # restart order: lower first (the component table's ranks); units without one go last
 RANK = components.ranks()
-SECURE_PORTS = {components.unit(n): components.port(n, "secure") for n in ("kube-controller-manager", "kube-scheduler")}
 
 
 class RenewError(InstallerError):
@@ -172,12 +168,6 @@ def push(ctx: Context, host: str) -> Rollout:
     return done
 
 
-def _run(ctx: Context, host: str, script: str, what: str, timeout: float) -> None:
-    r = ctx.remotes[host].run(script, check=False, what=what, timeout=timeout + 30)
-    if r.rc != 0:
-        raise RenewError(f"{host}: {what}: {r.stderr.strip()[-600:]}")
-
-
 def _wait_node_ready(ctx: Context, host: str, since: float | None, timeout: float) -> None:
     """The Node of ``host`` Ready again through the API, as posted by the kubelet started at
     ``since`` (the host's clock): a restarted kubelet reports NotReady until its first
@@ -193,22 +183,13 @@ def _wait_node_ready(ctx: Context, host: str, since: float | None, timeout: floa
 
 
 def _wait(ctx: Context, host: str, unit: str, nodes_ready: bool = False) -> None:
-    t = ctx.options.wait_timeout
-    if unit == ETCD:
-        _run(ctx, host, health_script(ctx, t), "wait for etcd health", t)
-    elif unit == APISERVER:
-        handover.wait_ready(ctx, host)
-    elif unit in SECURE_PORTS:
-        _run(ctx, host, listening_script((SECURE_PORTS[unit],), t), f"wait for {unit}", t)
-    elif unit == KUBELET:
-        # the kubelet's start, on its own clock (whole seconds, as its heartbeats)
-        started = probes.ask(ctx.remotes[host], probes.unit_started(unit))
-        _run(ctx, host, active_script((unit,), t) + " && " + listening_script(KUBELET_PORTS, t, ("kubelet",)),
-             "wait for the kubelet", 2 * t)
-        if nodes_ready:
-            _wait_node_ready(ctx, host, started, t)
-    else:
-        _run(ctx, host, active_script((unit,), t), f"wait for {unit}", t)
+    """``unit`` started again (its row's wait, host/waits.py); with ``nodes_ready`` a restarted
+    kubelet's Node also Ready again through the API."""
+    # the kubelet's start, on its own clock (whole seconds, as its heartbeats)
+    started = probes.ask(ctx.remotes[host], probes.unit_started(unit)) if unit == KUBELET and nodes_ready else None
+    waits.wait(ctx, host, unit)
+    if unit == KUBELET and nodes_ready:
+        _wait_node_ready(ctx, host, started, ctx.options.wait_timeout)
 
 
 def _restart(ctx: Context, host: str, unit: str, report: Report, no_block: bool = False) -> None:
@@ -280,11 +261,12 @@ def session(inv: Inventory, state: StateDir, material: Material, wait_timeout: f
         if differences:
             raise RenewError("the hosts do not match the state (run `installer apply` first): "
                              + "; ".join(differences[:8]) + (" ..." if len(differences) > 8 else ""))
-        stack.callback(release, ctx)
+        stack.callback(release, ctx.remotes, ctx.locked, ctx.run_id)
         def take_lock(h) -> None:
             if acquire(ctx.remotes[h.name], ctx.run_id, force_unlock=False, log=log,
                        others=lambda: [r for n, r in ctx.remotes.items() if n != h.name]):
                 ctx.locked.append(h.name)
         _parallel(take_lock, inv.controls)
-        AcquireLock().finish(ctx, [])           # this run's commands in its scope from here on
+        if ctx.locked:                          # this run's commands in its scope from here on
+            mark_scope(ctx.remotes.values(), ctx.run_id)
         yield ctx

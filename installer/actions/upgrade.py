@@ -45,10 +45,10 @@ from installer.core.upgrade_rules import (
     upgrade_order,
 )
 from installer.engine import runner
-from installer.engine.phases.acquire_lock import cluster_lock
 from installer.engine.phases.base import Event, Options
 from installer.engine.steps import Step, plan, run_steps
 from installer.host import node_api, probes
+from installer.host.applylock import cluster_lock
 from installer.host.parallel import each
 from installer.host.ssh import Remote
 

@@ -14,6 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 CONTROL, WORKER, ANY = "control", "worker", "any"
+# what a component's ``wait`` may name: after a (re)start, it counts as started when ...
+WAITS = {
+    "active": "systemd reports the unit active (a oneshot: it ran)",
+    "listening": "the unit is active and something listens on its secure port",
+    "etcd-health": "every member of the cluster answers etcdctl endpoint health (mTLS)",
+    "apiserver-ready": "/livez and /readyz answer 200 over TLS verified with the cluster CA",
+}
 LAST_RANK = 9                      # rollout restarts units without a rank last
 
 
@@ -32,7 +39,7 @@ class Component:
     binaries: tuple[str, ...] = ()  # a changed one restarts ``unit``
     rank: int | None = None        # restart order in a rollout, lower first; None: last
     ports: tuple[Port, ...] = ()
-    health: str = ""               # what the phases wait for after a (re)start (words: the waits are theirs)
+    wait: str = ""                 # what "started" means for it: a key of WAITS (host/waits.py does them)
     version: tuple[str, ...] = ()  # the field of the inventory's spec its version comes from; () pinned here
     addon: bool = False            # rendered only when its addon is enabled
     # a change reloads the unit instead of restarting it (systemctl reload-or-restart): the
@@ -43,35 +50,35 @@ class Component:
 COMPONENTS = (
     Component("etcd", CONTROL, "etcd.service", ("etcd",), rank=0,
               ports=(Port(2379, "client"), Port(2380, "peer")),
-              health="etcdctl endpoint health", version=("artifacts", "versions", "etcd")),
+              wait="etcd-health", version=("artifacts", "versions", "etcd")),
     Component("kube-apiserver", CONTROL, "kube-apiserver.service", ("kube-apiserver",), rank=1,
-              ports=(Port(6443, "secure"),), health="https /livez, /readyz", version=("kubernetes", "version")),
+              ports=(Port(6443, "secure"),), wait="apiserver-ready", version=("kubernetes", "version")),
     Component("konnectivity-server", CONTROL, "konnectivity-server.service", ("konnectivity-server",), rank=2,
               ports=(Port(8132, "agent", preflight=False), Port(8133, "admin", preflight=False),
                      Port(8134, "health", preflight=False)),
-              health="https agent port presents the apiserver certificate",
+              wait="active",
               addon=True),
     Component("kube-controller-manager", CONTROL, "kube-controller-manager.service", ("kube-controller-manager",),
-              rank=3, ports=(Port(10257, "secure"),), health="listens on 10257", version=("kubernetes", "version")),
+              rank=3, ports=(Port(10257, "secure"),), wait="listening", version=("kubernetes", "version")),
     Component("kube-scheduler", CONTROL, "kube-scheduler.service", ("kube-scheduler",), rank=3,
-              ports=(Port(10259, "secure"),), health="listens on 10259", version=("kubernetes", "version")),
+              ports=(Port(10259, "secure"),), wait="listening", version=("kubernetes", "version")),
     # spec.apiServer.balancer: local. Before containerd, kubelet and kube-proxy (its unit orders
     # itself so); a new binary or config is a reload (haproxy -Ws re-executes the new binary)
     # rank 3: a rollout reloads it (a new cluster CA: its checks verify the apiservers with it)
     # before it restarts kubelet and kube-proxy, which reach the API through it
     Component("api-balancer", WORKER, "hiddenplane-api-balancer.service", ("haproxy",), rank=3,
-              health="systemctl is-active; each apiserver's /readyz checked by haproxy itself",
+              wait="active",
               addon=True, reload=True),
     Component("hiddenplane-routes", ANY, "hiddenplane-routes.service",
-              health="oneshot: systemctl is-active"),
+              wait="active"),
     Component("containerd", WORKER, "containerd.service", ("containerd",),
-              health="systemctl is-active", version=("artifacts", "versions", "containerd")),
+              wait="active", version=("artifacts", "versions", "containerd")),
     Component("kubelet", WORKER, "kubelet.service", ("kubelet",), rank=4,
               ports=(Port(10248, "healthz"), Port(10250, "secure")),
-              health="systemctl is-active, listens on 10250", version=("kubernetes", "version")),
+              wait="listening", version=("kubernetes", "version")),
     Component("kube-proxy", WORKER, "kube-proxy.service", ("kube-proxy",), rank=4,
               ports=(Port(10249, "metrics"), Port(10256, "healthz")),
-              health="systemctl is-active", version=("kubernetes", "version")),
+              wait="active", version=("kubernetes", "version")),
 )
 
 # binaries installed next to a component that restart nothing when they change

@@ -20,7 +20,7 @@ from installer.core.pki.material import ensure
 from installer.core.render.plan import render_cluster
 from installer.core.state import state_for
 from installer.engine.phases import ALWAYS, PHASE_NAMES, PHASES, SKIPPED_WITH
-from installer.engine.phases.acquire_lock import release
+from installer.engine.phases.acquire_lock import release_run
 from installer.engine.phases.base import Context, Event, Options
 from installer.engine.phases.bootstrap_cluster import refuse_revoked_before_changes
 from installer.host.fetch import digest_record, resolve, resolve_images
@@ -179,7 +179,7 @@ def _run(inventory_path, state_dir, options: Options | None, log: Callable[[str]
         if not options.dry_run and not options.upgrade and not options.hosts and ctx.will_run("artifacts"):
             ctx.state.record_versions(cluster_versions(ctx.inv))
     finally:
-        release(ctx)
+        release_run(ctx)
         for name, remote in ctx.remotes.items():
             report.round_trips[name] = remote.counters.round_trips
             # file content sent to the host (the facts probe's path list is not counted)

@@ -36,13 +36,12 @@ from typing import Iterator
 from installer.core import components
 from installer.core.diff import HostChanges
 from installer.core.render.balancer import CTL, LEAVE_EXPIRY_SECONDS, SETTLE_SECONDS
-from installer.host.health import client_context, wait_ok
 from installer.host.parallel import each
 from installer.host.ssh import HostError, Remote
+from installer.host.waits import apiserver_ready
 
 APISERVER = components.unit("kube-apiserver")
 BALANCER = components.unit("api-balancer")
-READY_PATHS = ("/livez", "/readyz")
 # after every balancer drained an apiserver, before it stops: the requests already on their way
 # to it reach it (a request takes milliseconds on the control hosts' network)
 LEAVE_GRACE = 1.0
@@ -96,19 +95,9 @@ def leave(ctx, host: str) -> None:
         time.sleep(LEAVE_GRACE)
 
 
-def wait_ready(ctx, host: str, after: str = "") -> None:
-    """``host``'s apiserver answers /livez and /readyz (its TLS verified against the cluster CA)
-    within the wait timeout; HostError naming it otherwise."""
-    address, port = ctx.inv.host(host).address, ctx.inv.spec.apiServer.port
-    with client_context(ctx.material) as tls:
-        failure = wait_ok(tls, address, port, READY_PATHS, ctx.options.wait_timeout)
-    if failure:
-        raise HostError(host, f"kube-apiserver is not ready on {address}:{port}{after}: {failure}")
-
-
 def back(ctx, host: str, after: str = "") -> None:
     """``host``'s apiserver ready, then back in every balancer, then SETTLE_SECONDS."""
-    wait_ready(ctx, host, after)
+    apiserver_ready(ctx, host, after)
     if balanced(ctx):
         _tell(ctx, host, "back")
         time.sleep(SETTLE_SECONDS)

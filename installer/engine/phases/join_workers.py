@@ -32,27 +32,14 @@ from installer.core.render.plan import render_cluster
 from installer.core.render.worker import BOOTSTRAP_KUBECONFIG, KUBELET_CONFIG, KUBELET_KUBECONFIG
 from installer.engine.phases.base import Context, Event, Phase, render_facts
 from installer.engine.phases.select import worker_part, worker_units
-from installer.engine.phases.start_control_plane import listening_script
 from installer.host import csr_approval
 from installer.host.fetch import BIN_DIR, IMAGE_DIR, is_image
 from installer.host.parallel import each
 from installer.host.ssh import HostError
+from installer.host.waits import active_script, listening_script
 
 KUBELET_PORTS = (components.port("kubelet", "secure"),)
 CONTAINERD_WAIT = 120          # seconds the image import waits for containerd to answer
-
-
-def active_script(units: tuple[str, ...], timeout: float) -> str:
-    """Wait until every unit is active. A subshell, so that scripts chain with ``&&``."""
-    names = " ".join(units)
-    tries = max(1, int(timeout))
-    # `systemctl is-active A B` succeeds when ANY of them is active: each unit is asked alone.
-    # A unit that failed (started with --no-block, nothing else reports it) ends the wait early;
-    # not in the first seconds, while a unit that failed before may not have begun its new start
-    every = " && ".join(f"systemctl is-active --quiet {u}" for u in units)
-    return (f"(i=0; while [ $i -lt {tries} ]; do {every} && exit 0; "
-            f"if [ $i -ge 3 ] && systemctl is-failed --quiet {names}; then break; fi; "
-            f"i=$((i+1)); sleep 1; done; systemctl --no-pager status {names} 2>&1 | tail -30 >&2; exit 1)")
 
 
 def normalize_ref(ref: str) -> str:

@@ -15,26 +15,14 @@ import threading
 from installer.core import components
 from installer.engine.phases.base import Context, Event, Phase
 from installer.engine.phases.select import CONTROL_UNITS, control_plane_part
-from installer.host import handover
+from installer.host import handover, waits
 from installer.host.ssh import HostError
+from installer.host.waits import listening_script
 
 LOCAL_PORTS = components.ports("kube-controller-manager") + components.ports("kube-scheduler")
 APISERVER_UNIT = components.unit("kube-apiserver")
 # the apiserver restarts of one process's runs, one host at a time
 _restart_lock = threading.Lock()
-
-
-def listening_script(ports: tuple[int, ...], timeout: float,
-                     units: tuple[str, ...] = ("kube-controller-manager", "kube-scheduler")) -> str:
-    """Wait until something listens on every port; on timeout show ``units``' status. A subshell,
-    so that scripts chain with ``&&`` (its ``exit`` ends only itself)."""
-    want = " ".join(str(p) for p in ports)
-    tries = max(1, int(timeout))
-    return (f"(i=0; while [ $i -lt {tries} ]; do ok=1; for p in {want}; do "
-            f"ss -Htln | awk '{{print $4}}' | grep -q \":$p$\" || ok=0; done; "
-            f"[ $ok = 1 ] && exit 0; i=$((i+1)); sleep 1; done; "
-            f"echo \"not listening on all of: {want}\" >&2; systemctl --no-pager status "
-            f"{' '.join(units)} 2>&1 | tail -20 >&2; exit 1)")
 
 
 class StartControlPlane(Phase):
@@ -58,7 +46,7 @@ class StartControlPlane(Phase):
         if ctx.options.dry_run or ctx.settled(events, CONTROL_UNITS):
             return
         for h in ctx.hosts("control"):
-            handover.wait_ready(ctx, h.name)
+            waits.apiserver_ready(ctx, h.name)
             ctx.events.append(Event(self.name, h.name, "waited", detail=["/livez ok", "/readyz ok"]))
         for h in ctx.hosts("control"):
             r = ctx.remotes[h.name].run(listening_script(LOCAL_PORTS, ctx.options.wait_timeout), check=False,

@@ -14,73 +14,19 @@ Two guards keep a running cluster whole:
 
 from __future__ import annotations
 
-import shlex
 import threading
 
 from installer.core.etcd_rules import Guard, MembershipRefused, apply_guard, parse_members
-from installer.core.render.control import ETCD_DATA_DIR, client_url, etcd_servers
+from installer.core.render.control import ETCD_DATA_DIR, client_url
 from installer.core.render.plan import render_cluster
 from installer.engine.phases.base import Context, Event, Phase, render_facts
 from installer.engine.phases.select import ETCD_UNIT, etcd_part
 from installer.host import handover
-from installer.host.ssh import HostError, Remote, Result
+from installer.host.etcdctl import LOCAL, endpoint_health_script, error_line, etcdctl, status_script
+from installer.host.ssh import HostError
 
-PKI = "/etc/kubernetes/pki"
-ETCDCTL = "/usr/local/bin/etcdctl"     # API v3 is the default since 3.4; 3.6 warns about the variable
-LOCAL = client_url("127.0.0.1")
 # the restarts of one process's runs, one member at a time
 _restart_lock = threading.Lock()
-
-
-def etcdctl(endpoints: str, timeout: str = "5s") -> str:
-    """etcdctl (API v3) with the health-check client certificate."""
-    return (f"{ETCDCTL} --endpoints={shlex.quote(endpoints)} "
-            f"--cacert={PKI}/etcd/ca.crt --cert={PKI}/etcd/healthcheck-client.crt "
-            f"--key={PKI}/etcd/healthcheck-client.key --command-timeout={timeout}")
-
-
-def _retry(cmd: str, timeout: float) -> str:
-    tries = max(1, int(timeout / 2))
-    return (f"i=0; while [ $i -lt {tries} ]; do out=$({cmd} 2>&1) && {{ echo \"$out\"; exit 0; }}; "
-            f"i=$((i+1)); sleep 2; done; echo \"$out\" >&2; exit 1")
-
-
-def endpoint_health_script(endpoints: str, timeout: float) -> str:
-    """Until every one of ``endpoints`` answers healthy."""
-    return _retry(f"{etcdctl(endpoints)} endpoint health", timeout)
-
-
-def health_script(ctx: Context, timeout: float, endpoints: str | None = None) -> str:
-    """Until every endpoint (default: every control host) answers healthy."""
-    return endpoint_health_script(endpoints or etcd_servers(ctx.inv), timeout)
-
-
-def status_script(timeout: float) -> str:
-    """Until the local member answers (a learner answers status, not health)."""
-    return _retry(f"{etcdctl(LOCAL)} endpoint status", timeout)
-
-
-def error_line(r: Result) -> str:
-    """The line of a failed etcdctl run that says why (its last ``Error:`` line)."""
-    lines = [x for x in (r.stderr + "\n" + r.stdout).strip().splitlines() if x.strip()]
-    errors = [x for x in lines if x.startswith("Error:")]
-    return (errors or lines or [f"exit {r.rc}"])[-1]
-
-
-def member_list(remotes: list[Remote], timeout: str = "5s") -> tuple[Remote | None, str, str]:
-    """``etcdctl member list -w json`` asked of the local member on the first of ``remotes``
-    whose member answers: (that remote, its output, "") or (None, "", why none did)."""
-    why = []
-    for remote in remotes:
-        try:
-            r = remote.run(f"{etcdctl(LOCAL, timeout)} member list -w json", check=False, what="etcd member list")
-        except HostError as e:
-            why.append(str(e))
-            continue
-        if r.rc == 0:
-            return remote, r.stdout, ""
-        why.append(f"{remote.name}: {error_line(r)}")
-    return None, "", "; ".join(why)
 
 
 class ReadEtcdMembership(Phase):
