@@ -19,7 +19,7 @@ from installer.core.artifacts import ArtifactError, add_files
 from installer.core.errors import InstallerError
 from installer.core.render.addons import CILIUM_CHART, addon_objects, cilium_values_yaml, coredns_objects
 from installer.engine import runner
-from installer.engine.phases import PHASE_NAMES
+from installer.engine.phases import PHASE_NAMES, PHASES
 from installer.engine.phases.apply_addons import ApplyAddons
 from installer.engine.phases.base import Context, Options
 from installer.host import kube, kube_objects
@@ -373,8 +373,21 @@ def test_dry_run_lists_what_it_would_do(cilium, phase_api, fake_helm, chart):
 # --- order and skipping --------------------------------------------------------------------------
 
 def test_phase_order():
-    assert PHASE_NAMES == ("connect", "preflight", "lock", "pki", "artifacts", "etcd", "control-plane",
-                           "cluster-bootstrap", "addons", "workers", "verify")
+    assert PHASE_NAMES == ("connect", "preflight", "lock", "pki", "artifacts", "etcd-membership", "etcd",
+                           "control-plane", "cluster-bootstrap", "addons", "workers", "verify")
+    # one name per phase, and one phase per module, named for its class (ReadEtcdMembership in
+    # phases/read_etcd_membership.py)
+    assert len({type(p) for p in PHASES}) == len(PHASES) == len(PHASE_NAMES)
+    for p in PHASES:
+        snake = re.sub(r"(?<=[a-z])(?=[A-Z])", "_", type(p).__name__).lower()
+        assert type(p).__module__ == f"installer.engine.phases.{snake}", type(p)
+
+
+def test_the_etcd_members_never_change_without_the_membership_read():
+    from installer.engine.phases.base import Options
+    assert runner.effective_options(Options(only=frozenset({"etcd"}))).only == {"etcd", "etcd-membership"}
+    assert runner.effective_options(Options(skip=frozenset({"etcd-membership"}))).skip == {"etcd-membership", "etcd"}
+    assert runner.effective_options(Options(skip=frozenset({"etcd"}))).skip == {"etcd"}   # a read alone harms nothing
 
 
 def test_skipping_cluster_bootstrap_skips_addons(prepared, monkeypatch):

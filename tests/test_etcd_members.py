@@ -19,8 +19,9 @@ from installer.core.facts import PROBE, DirFact, FileFact, HostFacts, parse
 from installer.core.render.control import ETCD_RESTART_KEY, etcd_unit_files
 from installer.core.render.plan import render_cluster
 from installer.engine.phases.base import Context, Options
+from installer.engine.phases.read_etcd_membership import ReadEtcdMembership
 from installer.engine.phases.select import ETCD_UNIT, etcd_part
-from installer.engine.phases.start_etcd import ReadEtcdMembership, StartEtcd
+from installer.engine.phases.start_etcd import StartEtcd
 from installer.host.ssh import Result
 
 from . import reference as ref

@@ -19,7 +19,7 @@ from installer.core.ledger import Ledger, check_inventory
 from installer.core.pki.material import ensure
 from installer.core.render.plan import render_cluster
 from installer.core.state import state_for
-from installer.engine.phases import ALWAYS, PHASE_NAMES, PHASES, SKIPPED_WITH
+from installer.engine.phases import ALWAYS, PHASE_NAMES, PHASES, RUN_WITH, SKIPPED_WITH
 from installer.engine.phases.acquire_lock import release_run
 from installer.engine.phases.base import Context, Event, Options
 from installer.engine.phases.bootstrap_cluster import refuse_revoked_before_changes
@@ -65,10 +65,13 @@ def check_phase_names(names: frozenset[str], flag: str) -> None:
 
 
 def effective_options(options: Options) -> Options:
-    """``options`` with the phases that depend on a skipped one skipped too: ``--skip
-    cluster-bootstrap`` (no real API, e.g. stand-ins) also skips ``addons``."""
-    extra = frozenset().union(*(SKIPPED_WITH.get(p, frozenset()) for p in options.skip))
-    return options if extra <= options.skip else dataclasses.replace(options, skip=options.skip | extra)
+    """``options`` with the phases that depend on a skipped one skipped too (``--skip
+    cluster-bootstrap``, no real API as with the stand-ins, also skips ``addons``), and those a
+    chosen one needs chosen too (``--only etcd`` reads the membership first)."""
+    skip = options.skip | frozenset().union(*(SKIPPED_WITH.get(p, frozenset()) for p in options.skip))
+    only = options.only | frozenset().union(*(RUN_WITH.get(p, frozenset()) for p in options.only))
+    return options if (skip, only) == (options.skip, options.only) else dataclasses.replace(
+        options, skip=skip, only=only)
 
 
 def context(inventory, state_dir, options: Options, log: Callable[[str], None]) -> Context:

@@ -5,18 +5,21 @@ from installer.engine.phases.apply_addons import ApplyAddons
 from installer.engine.phases.bootstrap_cluster import BootstrapCluster
 from installer.engine.phases.connect_hosts import ConnectHosts
 from installer.engine.phases.join_workers import JoinWorkers
+from installer.engine.phases.read_etcd_membership import ReadEtcdMembership
 from installer.engine.phases.run_preflight import RunPreflight
 from installer.engine.phases.start_control_plane import StartControlPlane
-from installer.engine.phases.start_etcd import ReadEtcdMembership, StartEtcd
+from installer.engine.phases.start_etcd import StartEtcd
 from installer.engine.phases.upload_artifacts import UploadArtifacts
 from installer.engine.phases.verify_hidden import VerifyHidden
 from installer.engine.phases.write_pki import WritePKI
 
-# the etcd phase is two: the membership read, then the members (one name for --only/--skip)
 PHASES = (ConnectHosts(), RunPreflight(), AcquireLock(), WritePKI(), UploadArtifacts(), ReadEtcdMembership(),
           StartEtcd(), StartControlPlane(), BootstrapCluster(), ApplyAddons(), JoinWorkers(), VerifyHidden())
 PHASE_NAMES = tuple(dict.fromkeys(p.name for p in PHASES))
 # without facts nothing can be planned, and changes are never made without the lock
 ALWAYS = frozenset({"connect", "lock"})
 # phases that need what another one makes: skipping the key skips them too (runner.effective_options)
-SKIPPED_WITH = {"cluster-bootstrap": frozenset({"addons"})}
+SKIPPED_WITH = {"cluster-bootstrap": frozenset({"addons"}), "etcd-membership": frozenset({"etcd"})}
+# phases another one cannot run without: naming the key in --only runs them too (the members
+# are never changed without the membership read first)
+RUN_WITH = {"etcd": frozenset({"etcd-membership"})}
