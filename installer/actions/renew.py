@@ -53,7 +53,6 @@ from installer.core.pki.specs import CAS, CLUSTER_CA, ETCD_CA, FRONT_PROXY_CA, c
 from installer.core.render.plan import render_cluster
 from installer.core.state import StateDir, write_admin_kubeconfig, write_atomic
 from installer.engine.phases.base import Context
-from installer.engine.phases.connect_hosts import ConnectHosts
 from installer.engine.steps import Step, plan, run_steps
 
 BACKUPS = "backups"
@@ -233,7 +232,7 @@ def run_roll(subject: str, steps: list[Step[Roll]], r: Roll) -> None:
 # --- certs renew -------------------------------------------------------------------------------
 
 def _push_all(r: Roll) -> None:
-    ConnectHosts().finish(r.ctx, [])       # every host's plan with the new material and its facts
+    r.ctx.rerender()       # every host's plan with the new material and its facts
     r.report.rollout = {}
     for h in r.inv.spec.hosts:
         pushed = push(r.ctx, h.name)

@@ -35,7 +35,6 @@ from installer.core.pki.material import Changes, Material
 from installer.core.render.plan import render_cluster
 from installer.core.state import StateDir
 from installer.engine.phases.base import Context, Options
-from installer.engine.phases.connect_hosts import ConnectHosts
 from installer.engine.phases.select import control_plane_part, etcd_part, probed_files, worker_part
 from installer.host import handover, probes, waits
 from installer.host.applylock import acquire, mark_scope, release
@@ -139,7 +138,7 @@ def _probe(ctx: Context, host: str) -> None:
 def refresh(ctx: Context) -> None:
     ctx.plans = render_cluster(ctx.inv, ctx.material)
     _parallel(lambda h: _probe(ctx, h), [h.name for h in ctx.inv.spec.hosts])
-    ConnectHosts().finish(ctx, [])           # render again with what the hosts told us
+    ctx.rerender()
 
 
 def _parts(ctx: Context, host: str) -> list[tuple[str, Selection]]:

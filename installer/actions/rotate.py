@@ -68,7 +68,6 @@ from installer.core.render.addons import addon_objects
 from installer.core.render.addons.konnectivity import enabled as konnectivity_enabled
 from installer.engine.phases.base import Context
 from installer.engine.phases.bootstrap_cluster import BootstrapCluster
-from installer.engine.phases.connect_hosts import ConnectHosts
 from installer.engine.steps import Step, plan
 from installer.host import csr_approval
 
@@ -172,7 +171,7 @@ def _rebootstrap_worker(ctx: Context, host: str, report: Report, use_api: bool) 
     # planned again; the rest of the facts are current, no probe needed
     ctx.facts[host].kubelet_joined = False
     ctx.rejoin.add(host)
-    ConnectHosts().finish(ctx, [])
+    ctx.rerender()
     r = push(ctx, host)
     report.rollout[host] = r
     roll(ctx, {host: restart_order({*r.units, KUBELET, KUBE_PROXY})}, report, nodes_ready=use_api)
@@ -183,7 +182,7 @@ def _rotation_on(ctx: Context, host: str, report: Report) -> None:
     bootstrap kubeconfig gone (rotation is off while it bootstraps: render/worker.kubelet_config)."""
     ctx.facts[host].kubelet_joined = True
     ctx.rejoin.discard(host)
-    ConnectHosts().finish(ctx, [])
+    ctx.rerender()
     r = push(ctx, host)
     roll(ctx, {host: restart_order(r.units)}, report, nodes_ready=True)
     report.steps.append(f"{host}: client certificate rotation on again, the bootstrap kubeconfig removed")
@@ -225,7 +224,7 @@ def _stop_etcd(r: _Rotation) -> None:
 
 
 def _push_controls(r: _Rotation) -> None:
-    ConnectHosts().finish(r.ctx, [])
+    r.ctx.rerender()
     r.report.rollout = {}
     for h in r.controls:
         rollout = push(r.ctx, h)

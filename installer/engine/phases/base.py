@@ -21,6 +21,7 @@ from installer.core.facts import DirFact, FileFact, HostFacts
 from installer.core.inventory import HostSpec, Inventory
 from installer.core.pki.material import Changes, Material
 from installer.core.render.files import HostPlan
+from installer.core.render.plan import render_cluster
 from installer.core.render.worker import HostFacts as RenderFacts
 from installer.core.state import StateDir
 from installer.host.hostops import Payloads, codec_for, script
@@ -106,6 +107,11 @@ class Context:
     def hosts(self, role: str | None = None) -> list[HostSpec]:
         limit = self.options.hosts
         return [h for h in self.inv.spec.hosts if role in (None, h.role) and (not limit or h.name in limit)]
+
+    def rerender(self) -> None:
+        """Render every host's plan again with what the hosts told us (their facts, e.g. whether
+        systemd-resolved runs, and the etcd membership read)."""
+        self.plans = render_cluster(self.inv, self.material, render_facts(self))
 
     def will_run(self, phase: str) -> bool:
         o = self.options

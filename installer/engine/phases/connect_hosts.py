@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from installer.core.facts import PROBE, parse, probe_input
-from installer.core.render.plan import render_cluster
-from installer.engine.phases.base import Context, Event, Phase, render_facts
+from installer.engine.phases.base import Context, Event, Phase
 from installer.engine.phases.select import managed_paths
 from installer.host.ssh import HostError, Remote
 
@@ -30,5 +29,4 @@ class ConnectHosts(Phase):
         return Event(self.name, host, "checked")
 
     def finish(self, ctx: Context, events: list[Event]) -> None:
-        # render once more with what the hosts told us (e.g. whether systemd-resolved runs)
-        ctx.plans = render_cluster(ctx.inv, ctx.material, render_facts(ctx))
+        ctx.rerender()

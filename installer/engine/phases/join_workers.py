@@ -28,9 +28,8 @@ from pathlib import Path
 from installer.core import components
 from installer.core.diff import Selection
 from installer.core.errors import InstallerError
-from installer.core.render.plan import render_cluster
 from installer.core.render.worker import BOOTSTRAP_KUBECONFIG, KUBELET_CONFIG, KUBELET_KUBECONFIG
-from installer.engine.phases.base import Context, Event, Phase, render_facts
+from installer.engine.phases.base import Context, Event, Phase
 from installer.engine.phases.select import worker_part, worker_units
 from installer.host import csr_approval
 from installer.host.fetch import BIN_DIR, IMAGE_DIR, is_image
@@ -224,7 +223,7 @@ class JoinWorkers(Phase):
             return
         for n in newly:
             ctx.facts[n].kubelet_joined = True
-        ctx.plans = render_cluster(ctx.inv, ctx.material, render_facts(ctx))
+        ctx.rerender()
         for n in newly:
             # and its kubeconfig ours (render/worker.kubelet_kubeconfig: the server it must use)
             config = (ctx.plans[n].files[KUBELET_CONFIG], ctx.plans[n].files[KUBELET_KUBECONFIG])

@@ -9,8 +9,7 @@ already registered is rendered to join with ``--initial-cluster-state=existing``
 from __future__ import annotations
 
 from installer.core.etcd_rules import Guard, MembershipRefused, apply_guard, parse_members
-from installer.core.render.plan import render_cluster
-from installer.engine.phases.base import Context, Event, Phase, render_facts
+from installer.engine.phases.base import Context, Event, Phase
 from installer.engine.phases.select import ETCD_UNIT, etcd_part
 from installer.host.etcdctl import LOCAL, error_line, etcdctl
 from installer.host.ssh import HostError
@@ -64,7 +63,7 @@ class ReadEtcdMembership(Phase):
                                     + "\n".join(f"  {p}" for p in guard.problems))
         ctx.etcd_guard = guard
         if guard.joining:
-            ctx.plans = render_cluster(ctx.inv, ctx.material, render_facts(ctx))
+            ctx.rerender()
         for name in sorted(guard.learners):
             ctx.log(f"{name}: an etcd learner, not promoted yet: run `installer etcd member add <inventory> {name}`")
 
