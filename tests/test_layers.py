@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "installer"
 
-# layer -> the layers it may import (itself included); README "Module map"
+# layer -> the layers it may import (itself included); docs/architecture.md "Module map"
 ALLOWED = {
     "core": {"core"},
     "host": {"core", "host"},

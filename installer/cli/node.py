@@ -179,7 +179,7 @@ def revoke(inventory, name, state_dir, host_unreachable, accept_new_host_keys, y
     """Revoke NAME for good, even against a stolen certificate: deny every write by
     system:node:NAME (ValidatingAdmissionPolicy), delete its renewal binding, bootstrap token,
     pending CSRs and Node, record it in the ledger, wipe the host when reachable. The name can
-    never join again. See README "Day 2" for what this cannot do (no CRL in Kubernetes)."""
+    never join again. See docs/day2.md for what this cannot do (no CRL in Kubernetes)."""
     if not _plan_first(inventory, state_dir, name, "node revoke", yes, dry_run, fmt, skip_cluster=False,
                        host_unreachable=host_unreachable, revoke=True):
         return

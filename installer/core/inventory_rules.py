@@ -155,7 +155,7 @@ def _comparable(ip):
     return getattr(ip, "ipv4_mapped", None) or ip
 
 
-# one etcd member per control host; more than 5 makes every write wait for more members (README)
+# one etcd member per control host; more than 5 makes every write wait for more members (docs/inventory.md)
 CONTROL_COUNTS = (1, 3, 5)
 EVEN_CONTROL_COUNTS = (2, 4)      # only while replacing a control host
 
