@@ -13,7 +13,7 @@ from installer.actions import certs as certs_mod
 from installer.cli.main import cli
 from installer.core.pki import issue
 from installer.core.pki.specs import CAS, cert_specs
-from installer.core.state import write_atomic
+from installer.core.safefs import write_atomic
 
 from .conftest import EXAMPLE
 

@@ -11,7 +11,7 @@ import pytest
 from installer.api import prepare
 from installer.core.pki import issue
 from installer.core.pki.specs import cert_specs
-from installer.core.state import write_atomic
+from installer.core.safefs import write_atomic
 
 from .labfixtures import standin_lab
 from .test_apply_lab import apply_json, run_installer

@@ -30,7 +30,8 @@ import yaml
 from installer import api
 from installer.core.errors import StateError
 from installer.core.pki import issue
-from installer.core.state import StateDir, write_atomic
+from installer.core.safefs import write_atomic
+from installer.core.state import StateDir
 
 from .conftest import EXAMPLE, ROOT, write_inventory
 

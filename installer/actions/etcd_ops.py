@@ -27,7 +27,7 @@ from installer.core.etcd_rules import EtcdOpError, Member, parse_members
 from installer.core.inventory import HostSpec, Inventory, as_inventory
 from installer.core.inventory import load as load_inventory
 from installer.core.render.control import ETCD_DATA_DIR, ETCD_RESTORE_ASIDE, etcd_servers, initial_cluster, peer_url
-from installer.core.state import write_atomic
+from installer.core.safefs import write_atomic
 from installer.engine.phases.select import CONTROL_UNITS, ETCD_UNIT
 from installer.engine.phases.start_control_plane import LOCAL_PORTS
 from installer.engine.steps import Step, plan, run_steps

@@ -51,7 +51,8 @@ from installer.core.pki.issue import Pair
 from installer.core.pki.material import Material, ensure
 from installer.core.pki.specs import CAS, CLUSTER_CA, ETCD_CA, FRONT_PROXY_CA, cert_specs
 from installer.core.render.plan import render_cluster
-from installer.core.state import StateDir, write_admin_kubeconfig, write_atomic
+from installer.core.safefs import write_atomic
+from installer.core.state import StateDir, write_admin_kubeconfig
 from installer.engine.phases.base import Context
 from installer.engine.steps import Step, plan, run_steps
 

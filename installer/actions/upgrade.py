@@ -35,7 +35,8 @@ from installer.core import upgrade_rules, versions
 from installer.core.errors import InstallerError
 from installer.core.inventory import Inventory, as_inventory
 from installer.core.render.control import etcd_servers
-from installer.core.state import StateDir, state_for, write_atomic
+from installer.core.safefs import write_atomic
+from installer.core.state import StateDir, state_for
 from installer.core.upgrade_rules import (
     HostState,
     SkewError,

@@ -16,7 +16,7 @@ import json
 import os
 from pathlib import Path
 
-from installer.core.state import write_atomic
+from installer.core.safefs import write_atomic
 
 VERSION = 1
 

@@ -24,7 +24,8 @@ import yaml
 
 from installer.core.errors import InstallerError, StateError
 from installer.core.inventory import HostSpec, Inventory
-from installer.core.state import StateDir, write_atomic
+from installer.core.safefs import write_atomic
+from installer.core.state import StateDir
 
 NodeState = Literal["active", "removed", "revoked"]
 HEADER = b"""\

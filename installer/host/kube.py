@@ -39,7 +39,7 @@ from installer.core.pki import issue
 from installer.core.pki.material import Material
 from installer.core.pki.specs import cert_specs
 from installer.core.render.kubeconfig import kubeconfig
-from installer.core.state import write_atomic
+from installer.core.safefs import write_atomic
 from installer.core.tlsfiles import ca_pem, load_client_cert
 from installer.host.ssh import Remote
 

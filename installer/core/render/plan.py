@@ -12,7 +12,7 @@ from installer.core.render.control import render_control
 from installer.core.render.files import HostPlan, to_yaml
 from installer.core.render.manifests import bootstrap_objects
 from installer.core.render.worker import HostFacts, render_worker
-from installer.core.state import write_atomic
+from installer.core.safefs import write_atomic
 
 CLUSTER_DIR = "_cluster"     # not a host: objects sent through the API
 
