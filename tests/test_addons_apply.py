@@ -22,7 +22,7 @@ from installer.engine import runner
 from installer.engine.phases import PHASE_NAMES, PHASES
 from installer.engine.phases.apply_addons import ApplyAddons
 from installer.engine.phases.base import Context, Options
-from installer.host import kube, kube_objects
+from installer.host import apireach, kube, kube_objects
 from installer.host.fetch import ALL_BINARIES, ResolvedArtifact, binary_files, resolve, role_binaries
 
 from .conftest import write_inventory
@@ -247,7 +247,7 @@ def phase_api(monkeypatch):
         a = real(url, material, credential=credential, **kw)
         a.pool = fake
         return a
-    monkeypatch.setattr(kube, "api_access", access)
+    monkeypatch.setattr(apireach, "api_access", access)
     monkeypatch.setattr(kube, "api_client", client)
     return fake, asked
 

@@ -25,7 +25,7 @@ from installer.core.render.balancer import BALANCER_CONFIG, haproxy_config
 from installer.core.render.control import AUTHN_CONFIG
 from installer.core.render.manifests import bootstrap_objects, kubernetes_endpoints
 from installer.core.render.worker import BOOTSTRAP_KUBECONFIG, KUBELET_KUBECONFIG, HostFacts, render_worker
-from installer.host import fetch, hostops, kube
+from installer.host import apireach, fetch, hostops
 from installer.host.kube_objects import validate_objects
 
 from .conftest import write_inventory
@@ -200,10 +200,10 @@ def test_the_installer_fails_over_to_the_first_apiserver_that_answers():
     port = listening.getsockname()[1]
     try:
         # 127.0.0.2 refuses (nothing listens there): the next one in order answers
-        assert kube.first_reachable(["127.0.0.2", "127.0.0.1"], port, 1.0) == "127.0.0.1"
-        assert kube.first_reachable(["127.0.0.1", "127.0.0.3"], port, 1.0) == "127.0.0.1"
-        assert kube.first_reachable(["127.0.0.2", "127.0.0.3"], port, 1.0) is None
-        assert kube.first_reachable([], port, 1.0) is None
+        assert apireach.first_reachable(["127.0.0.2", "127.0.0.1"], port, 1.0) == "127.0.0.1"
+        assert apireach.first_reachable(["127.0.0.1", "127.0.0.3"], port, 1.0) == "127.0.0.1"
+        assert apireach.first_reachable(["127.0.0.2", "127.0.0.3"], port, 1.0) is None
+        assert apireach.first_reachable([], port, 1.0) is None
     finally:
         listening.close()
 

@@ -14,7 +14,7 @@ import pytest
 from installer.engine.phases.base import Context, Options
 from installer.engine.phases.bootstrap_cluster import BootstrapCluster
 from installer.engine.phases.join_workers import JoinWorkers
-from installer.host import kube
+from installer.host import apireach, kube
 
 from .fakeapi import FakeCluster
 
@@ -35,7 +35,7 @@ def fake(monkeypatch):
         a = real(url, material, credential=credential, **kw)
         a.pool = cluster
         return a
-    monkeypatch.setattr(kube, "api_access", access)
+    monkeypatch.setattr(apireach, "api_access", access)
     monkeypatch.setattr(kube, "api_client", client)
     return cluster
 

@@ -37,7 +37,7 @@ from click.testing import CliRunner
 from installer.cli.main import cli
 from installer.core import inventory
 from installer.core.pki import issue
-from installer.host import kube, kube_objects
+from installer.host import apireach, kube, kube_objects
 from installer.host.ssh import Remote
 
 from .conftest import EXAMPLE
@@ -487,7 +487,7 @@ def test_api_access_direct_when_the_endpoint_answers(tmp_path):
 
         def no_ssh(host):
             raise AssertionError("no tunnel may be opened when the API is reachable")
-        with kube.api_access(inv, no_ssh) as url:
+        with apireach.api_access(inv, no_ssh) as url:
             assert url == inv.api_url == f"https://127.0.0.1:{listener.getsockname()[1]}"
 
 
@@ -588,7 +588,7 @@ def test_api_access_tunnels_through_the_control_host(prepared, tls_apiserver, ss
     def factory(host):
         made.append(Remote(host, inv))
         return made[-1]
-    with kube.api_access(inv, factory, probe_timeout=0.5) as url:
+    with apireach.api_access(inv, factory, probe_timeout=0.5) as url:
         assert url != inv.api_url and re.fullmatch(r"https://127\.0\.0\.1:\d+", url)
         with kube.api_client(url, prepared.material) as a:
             assert kube.rest(a, "GET", "/version", "version")["gitVersion"] == "v1.36.4"
@@ -605,7 +605,7 @@ def test_api_access_reuses_a_given_remote_and_leaves_it_open(prepared, tls_apise
     targets[("127.0.0.1", api_port)] = ("127.0.0.1", tls_port)
     remote = Remote(inv.controls[0], inv)
     try:
-        with kube.api_access(inv, {"cp1": remote}, prepared.material, probe_timeout=0.5) as url:
+        with apireach.api_access(inv, {"cp1": remote}, prepared.material, probe_timeout=0.5) as url:
             with kube.api_client(url, prepared.material) as a:
                 kube.rest(a, "GET", "/version", "version")
         assert remote.connected

@@ -23,9 +23,10 @@ ALLOWED = {
     "cli": {"api", "lab", "cli", "installer"},      # the lab commands drive installer.lab
 }
 # imported inside a function on purpose: each costs seconds, and most commands never need it
-# (node_api is the API client's node side: importing it loads urllib3 through host.kube)
+# (node_api is the API client's node side: importing it loads urllib3 through host.kube; apireach
+# loads paramiko and fabric through host.ssh)
 LAZY_OK = ("installer.host.kube", "installer.host.kube_objects", "installer.host.node_api", "urllib3", "testinfra",
-           "yaml.")
+           "yaml.", "installer.host.apireach")
 
 
 def _module(path: Path) -> str:

@@ -31,7 +31,7 @@ from installer.core.state import StateDir, state_for
 from installer.engine import runner
 from installer.engine.phases.base import Options
 from installer.engine.phases.select import planned_changes
-from installer.host import kube, node_api
+from installer.host import apireach, kube, node_api
 from installer.host.ssh import Remote
 
 ApiFactory = Callable[[], ContextManager[kube.ApiClient]]
@@ -88,7 +88,7 @@ def cluster_api(inv: Inventory, material: Material, factory: ApiFactory | None =
         with factory() as api:
             yield api
         return
-    with kube.api_access(inv, lambda h: Remote(h, inv), material) as url, \
+    with apireach.api_access(inv, lambda h: Remote(h, inv), material) as url, \
             kube.api_client(url, material, credential="admin") as api:
         yield api
 

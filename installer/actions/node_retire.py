@@ -28,7 +28,7 @@ from installer.core.ledger import Entry, Ledger
 from installer.core.pki.material import Material
 from installer.core.render.revocation import POLICY, identity
 from installer.engine.steps import Step, run_steps
-from installer.host import kube, node_api
+from installer.host import apireach, kube, node_api
 from installer.host.applylock import cluster_lock
 from installer.host.ssh import HostError, Remote
 
@@ -309,7 +309,7 @@ def _wait_enforced(inv: Inventory, material: Material, name: str, timeout: float
     with contextlib.ExitStack() as stack:
         clients = {}
         for h in inv.controls:
-            url = stack.enter_context(kube.api_access(inv, lambda x: Remote(x, inv), material, apiserver=h))
+            url = stack.enter_context(apireach.api_access(inv, lambda x: Remote(x, inv), material, apiserver=h))
             clients[h.name] = stack.enter_context(kube.api_client(url, material, credential="admin"))
         return node_api.wait_refused_everywhere(clients, [name], timeout)
 

@@ -36,7 +36,7 @@ from installer.core.render.plan import render_cluster
 from installer.core.state import StateDir
 from installer.engine.phases.base import Context, Options
 from installer.engine.phases.select import control_plane_part, etcd_part, probed_files, worker_part
-from installer.host import handover, probes, waits
+from installer.host import apireach, handover, probes, waits
 from installer.host.applylock import acquire, mark_scope, release
 from installer.host.parallel import each
 from installer.host.ssh import HostError, Remote
@@ -173,7 +173,7 @@ def _wait_node_ready(ctx: Context, host: str, since: float | None, timeout: floa
     pod-lifecycle relist, seconds later. The next worker waits for it."""
     from installer.host import kube  # lazy: runs that never reach the API skip urllib3 and the schemas
     ctx.log(f"{host}: wait for Node {host} Ready")
-    with kube.api_access(ctx.inv, ctx.remotes, ctx.material) as url, \
+    with apireach.api_access(ctx.inv, ctx.remotes, ctx.material) as url, \
             kube.api_client(url, ctx.material) as client:
         try:
             kube.wait_nodes_ready(client, [host], timeout, since=since)

@@ -69,7 +69,7 @@ from installer.core.render.addons.konnectivity import enabled as konnectivity_en
 from installer.engine.phases.base import Context
 from installer.engine.phases.bootstrap_cluster import BootstrapCluster
 from installer.engine.steps import Step, plan
-from installer.host import csr_approval
+from installer.host import apireach, csr_approval
 
 KUBELET_CLIENT_FILES = ("/var/lib/kubelet/pki/kubelet-client-*.pem", "/etc/kubernetes/kubelet.conf")
 
@@ -114,7 +114,7 @@ def _api_tokens(ctx: Context, old: Material, report: Report) -> None:
     ev = BootstrapCluster().run_host(ctx, "(api)")
     report.steps += ev.detail
     gone = {t.id for t in old.tokens.values()} - {t.id for t in ctx.material.tokens.values()}
-    with kube.api_access(ctx.inv, ctx.remotes, ctx.material) as url, \
+    with apireach.api_access(ctx.inv, ctx.remotes, ctx.material) as url, \
             kube.api_client(url, ctx.material, credential="super-admin") as client:
         for token_id in sorted(gone):
             if kube.delete_bootstrap_token(client, token_id):
@@ -138,7 +138,7 @@ def _restart_api_clients(ctx: Context, report: Report) -> None:
     they are restarted; their new pods get the new CA from the kube-root-ca.crt ConfigMap."""
     from installer.host import kube  # lazy: runs that never reach the API skip urllib3 and the schemas
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    with kube.api_access(ctx.inv, ctx.remotes, ctx.material) as url, \
+    with apireach.api_access(ctx.inv, ctx.remotes, ctx.material) as url, \
             kube.api_client(url, ctx.material) as client:
         for kind, ns, name in api_client_workloads(ctx.inv):
             if kube.restart_workload(client, kind, ns, name, stamp):
@@ -151,7 +151,7 @@ def _approve_rebootstrap(ctx: Context, host: str, report: Report, timeout: float
     from installer.host import kube  # lazy: runs that never reach the API skip urllib3 and the schemas
     token_nodes = {t.id: n for n, t in ctx.material.tokens.items()}
     token_id = ctx.material.tokens[host].id
-    with kube.api_access(ctx.inv, ctx.remotes, ctx.material) as url, \
+    with apireach.api_access(ctx.inv, ctx.remotes, ctx.material) as url, \
             kube.api_client(url, ctx.material) as client:
         def keys_of(nodes: set[str]) -> dict[str, frozenset[bytes]]:
             # only this host's kubelet key is read: its own request is the one approved

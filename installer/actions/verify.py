@@ -48,6 +48,7 @@ from installer.core.render.worker import BOOTSTRAP_KUBECONFIG, KUBELET_CLIENT_PE
 from installer.core.state import state_for
 from installer.engine.phases.select import BALANCER_UNIT, ETCD_UNIT, WORKER_UNITS
 from installer.engine.phases.select import CONTROL_UNITS as CONTROL_PLANE_UNITS
+from installer.host import apireach
 from installer.host.ssh import Remote
 
 RUNTIME_BINARIES = ("kubelet", "containerd", "crio", "dockerd")
@@ -327,7 +328,7 @@ def _api_checks(inv: Inventory, state_dir) -> list[CheckResult]:
     material = state_for(inv, state_dir).load(inv)
     via = inv.api_url
     try:
-        with kube.api_access(inv, lambda h: Remote(h, inv)) as url, kube.api_client(url, material) as client:
+        with apireach.api_access(inv, lambda h: Remote(h, inv)) as url, kube.api_client(url, material) as client:
             # the apiserver that answered (api_access fails over across control hosts)
             via = (f"{inv.api_url} (through an SSH tunnel to a control host)"
                    if url.startswith("https://127.0.0.1:") else url)

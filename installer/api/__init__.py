@@ -60,12 +60,12 @@ def admin_kubeconfig(path: str | Path, out: str | Path | None = None, state_dir:
                      force: bool = False) -> tuple[Inventory, Path, bool, str, str | None]:
     """Write the admin kubeconfig from the state (default ``./<cluster>.kubeconfig``, 0600);
     an existing different file is kept unless ``force``. Its server: the endpoint, or the first
-    control host whose apiserver answers now (``kube.answering_server``). Returns (inventory,
+    control host whose apiserver answers now (``apireach.answering_server``). Returns (inventory,
     path, written, server, why the server is not the first control host's or None)."""
-    from installer.host import kube  # only this command reaches the API
+    from installer.host import apireach  # SSH's libraries: only the commands that reach hosts load them
     inv = validate(path)
     material = state_for(inv, state_dir).load(inv)
-    kube.check_admin_material(inv, material)
+    apireach.check_admin_material(inv, material)
     target = Path(out) if out else Path(f"{inv.metadata.name}.kubeconfig")
-    server, why = kube.answering_server(inv)
-    return inv, target, kube.write_kubeconfig(inv, material, target, force=force, server=server), server, why
+    server, why = apireach.answering_server(inv)
+    return inv, target, apireach.write_kubeconfig(inv, material, target, force=force, server=server), server, why

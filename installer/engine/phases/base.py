@@ -24,6 +24,7 @@ from installer.core.render.files import HostPlan
 from installer.core.render.plan import render_cluster
 from installer.core.render.worker import HostFacts as RenderFacts
 from installer.core.state import StateDir
+from installer.host import apireach
 from installer.host.hostops import Payloads, codec_for, script
 from installer.host.ssh import Remote
 
@@ -200,7 +201,7 @@ def apply_api_objects(ctx: Context, phase: str, objects: list[dict] | Callable[[
         objects = objects(None) if callable(objects) else objects
         kube_objects.validate_objects(objects, version)
         return Event(phase, "(api)", "changed", detail=[f"would apply {_ident(o)}" for o in objects])
-    with kube.api_access(ctx.inv, ctx.remotes, ctx.material) as url, \
+    with apireach.api_access(ctx.inv, ctx.remotes, ctx.material) as url, \
             kube.api_client(url, ctx.material, credential=credential) as api:
         objects = objects(api) if callable(objects) else objects
         if ctx.options.dry_run:

@@ -16,7 +16,7 @@ from installer.core.ledger import NodeRetiredError
 from installer.core.render.manifests import RETIRED_BINDINGS, bootstrap_objects
 from installer.core.render.revocation import POLICY
 from installer.engine.phases.base import Context, Event, Phase, api_live, apply_api_objects
-from installer.host import csr_approval
+from installer.host import apireach, csr_approval
 
 
 def joined_workers(ctx: Context, api) -> frozenset[str]:
@@ -56,7 +56,7 @@ def refuse_revoked_before_changes(ctx: Context) -> None:
     if not ctx.inv.workers or not ctx.will_run("cluster-bootstrap") or not api_live(ctx):
         return
     from installer.host import kube
-    with kube.api_access(ctx.inv, ctx.remotes, ctx.material) as url, \
+    with apireach.api_access(ctx.inv, ctx.remotes, ctx.material) as url, \
             kube.api_client(url, ctx.material, credential="super-admin") as api:
         refuse_revoked(ctx, api, done="no host was changed")
 

@@ -31,7 +31,7 @@ from installer.core.errors import InstallerError
 from installer.core.render.worker import BOOTSTRAP_KUBECONFIG, KUBELET_CONFIG, KUBELET_KUBECONFIG
 from installer.engine.phases.base import Context, Event, Phase
 from installer.engine.phases.select import worker_part, worker_units
-from installer.host import csr_approval
+from installer.host import apireach, csr_approval
 from installer.host.fetch import BIN_DIR, IMAGE_DIR, is_image
 from installer.host.parallel import each
 from installer.host.ssh import HostError
@@ -180,7 +180,7 @@ class JoinWorkers(Phase):
             verdicts.extend(new)
             approved[:] = csr_approval.check_issued(api, approved + [v for v in new if v.approve], inventory_hosts)
 
-        with kube.api_access(ctx.inv, ctx.remotes, ctx.material) as url, kube.api_client(url, ctx.material) as api:
+        with apireach.api_access(ctx.inv, ctx.remotes, ctx.material) as url, kube.api_client(url, ctx.material) as api:
             try:
                 # each joining kubelet waits for its CSR: the installer approves it when the token
                 # is that node's own and the key its kubelet's (csr_approval), then the Node registers

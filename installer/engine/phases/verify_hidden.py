@@ -9,6 +9,7 @@ from __future__ import annotations
 from installer.core.facts import HostFacts
 from installer.core.render.files import HostPlan
 from installer.engine.phases.base import Context, Event, Phase
+from installer.host import apireach
 from installer.host.ssh import HostError
 
 NODE_CREDENTIALS = ("/etc/kubernetes/kubelet.conf", "/etc/kubernetes/bootstrap-kubelet.conf",
@@ -53,7 +54,7 @@ class VerifyHidden(Phase):
         if ctx.options.dry_run or not ctx.bootstrap_ran:
             return
         from installer.host import kube  # lazy: runs that never reach the API skip urllib3 and the schemas
-        with kube.api_access(ctx.inv, ctx.remotes, ctx.material) as url, kube.api_client(url, ctx.material) as api:
+        with apireach.api_access(ctx.inv, ctx.remotes, ctx.material) as url, kube.api_client(url, ctx.material) as api:
             nodes = kube.node_names(api)
         visible = sorted(set(nodes) & {h.name for h in ctx.inv.controls})
         if visible:
