@@ -78,3 +78,55 @@ def test_the_state_lock_is_reentrant_within_a_process(tmp_path):
     with StateDir(tmp_path / "absent").locked(create=False):
         pass
     assert not (tmp_path / "absent").exists()
+
+
+def test_a_command_resolves_its_cluster_once(doc, tmp_path, monkeypatch):
+    """open_cluster parses the inventory once and holds the state for the block; what derives
+    from them is read once; a derived inventory keeps the state. The CLI opens it for every
+    command that takes INVENTORY and --state, and the inventory file is read once per command."""
+    from installer.core import inventory as inventory_mod
+    from installer.core.cluster import Cluster, open_cluster
+    inv_path, state = write_inventory(tmp_path, doc), tmp_path / "state"
+    api.prepare(inv_path, state)
+    with open_cluster(inv_path, state) as c:
+        assert isinstance(c, Cluster) and c.state.root == state
+        assert c.material is c.material and c.plans is c.plans and set(c.plans) == {h.name for h in c.inv.spec.hosts}
+        other = c.with_inventory(c.inv.model_copy())
+        assert other.state is c.state and other.inv is not c.inv
+        holder = subprocess.run([sys.executable, "-c", HOLD, str(state)], capture_output=True, text=True, timeout=30)
+        assert holder.returncode != 0 and "in use by process" in holder.stderr     # held meanwhile
+    loads = []
+    real = inventory_mod.load
+    monkeypatch.setattr(inventory_mod, "load", lambda p: loads.append(p) or real(p))
+    out = CliRunner().invoke(cli, ["node", "list", str(inv_path), "--state", str(state)])
+    assert out.exit_code == 0, out.output
+    assert loads == [str(inv_path)]
+
+
+def test_every_command_with_an_inventory_and_a_state_opens_its_cluster():
+    """No command is left to find its state by itself (the CLI used to guess it from parameter
+    names): each callback that Click hands INVENTORY and --state is wrapped by with_cluster."""
+    import click
+
+    from installer.cli.main import LAZY
+    ctx = click.Context(cli)
+    names = list(cli.list_commands(ctx)) + list(LAZY)
+    seen = 0
+
+    def walk(cmd):
+        nonlocal seen
+        if isinstance(cmd, click.Group):
+            for sub in cmd.commands.values():
+                walk(sub)
+            return
+        params = {p.name for p in cmd.params}
+        if {"inventory", "state_dir"} <= params:
+            seen += 1
+            chain, fn = [], cmd.callback
+            while fn is not None:
+                chain.append(fn)
+                fn = getattr(fn, "__wrapped__", None)
+            assert any(vars(f).get("opens_cluster") for f in chain[:-1]), cmd.name
+    for name in dict.fromkeys(names):
+        walk(cli.get_command(ctx, name))
+    assert seen == 16          # apply, plan, kubeconfig, verify, node x5, etcd x2, certs x2, ca, reset, upgrade

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from installer.core import inventory as inventory_mod
+from installer.core.cluster import Cluster, open_cluster
 from installer.core.errors import InstallerError
 from installer.core.inventory import Inventory, as_inventory, json_schema
 from installer.core.pki.material import Changes, Material, ensure
@@ -21,8 +22,8 @@ from installer.core.state import StateDir, state_for, write_admin_kubeconfig
 
 # part of the API: every domain error (its exit_code is the CLI's), day-2 callers passing an
 # Inventory or a path, the inventory's JSON schema, the state directory of an inventory
-__all__ = ["InstallerError", "Prepared", "admin_kubeconfig", "as_inventory", "json_schema", "prepare", "render",
-           "state_for", "validate", "write_admin_kubeconfig"]
+__all__ = ["Cluster", "InstallerError", "Prepared", "admin_kubeconfig", "as_inventory", "json_schema", "open_cluster",
+           "prepare", "render", "state_for", "validate", "write_admin_kubeconfig"]
 
 
 @dataclass
@@ -38,10 +39,10 @@ def validate(path: str | Path) -> Inventory:
     return inventory_mod.load(path)
 
 
-def prepare(path: str | Path, state_dir: str | Path | None = None,
+def prepare(path: str | Path | Inventory, state_dir: str | Path | None = None,
             now: dt.datetime | None = None) -> Prepared:
     """Validate, bring the PKI in the state directory up to date, and render every host."""
-    inv = validate(path)
+    inv = as_inventory(path)
     state = state_for(inv, state_dir)
     with state.locked():
         material, changes = ensure(inv, state.load(inv), now)
@@ -63,7 +64,7 @@ def admin_kubeconfig(path: str | Path, out: str | Path | None = None, state_dir:
     control host whose apiserver answers now (``apireach.answering_server``). Returns (inventory,
     path, written, server, why the server is not the first control host's or None)."""
     from installer.host import apireach  # SSH's libraries: only the commands that reach hosts load them
-    inv = validate(path)
+    inv = as_inventory(path)
     material = state_for(inv, state_dir).load(inv)
     apireach.check_admin_material(inv, material)
     target = Path(out) if out else Path(f"{inv.metadata.name}.kubeconfig")

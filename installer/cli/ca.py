@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from installer.cli.certs import STATE_HELP, print_report
-from installer.cli.errors import domain_errors
+from installer.cli.errors import domain_errors, with_cluster
 from installer.cli.options import DRY_RUN, OUTPUT, echo_plan
 from installer.cli.output import nothing_without_yes
 
@@ -32,7 +32,8 @@ def ca():
 @DRY_RUN
 @OUTPUT
 @domain_errors
-def rotate(inventory, state_dir, which, yes, no_api, wait_timeout, dry_run, fmt):
+@with_cluster
+def rotate(cluster, which, yes, no_api, wait_timeout, dry_run, fmt):
     """New certificate authorities and every certificate re-issued under them, rolled out without
     losing etcd data: the complete cure for a stolen certificate (kube-apiserver has no
     revocation list). Workers bootstrap their kubelet client certificate again.
@@ -40,7 +41,7 @@ def rotate(inventory, state_dir, which, yes, no_api, wait_timeout, dry_run, fmt)
     Without --yes: print the plan, change nothing, exit 2 (--dry-run: the same, exit 0). The old CA material is kept in
     <state>/backups/ca-rotate-<time>/ (0700). The service-account key is kept."""
     from installer.api import certs as certs_api
-    report = certs_api.rotate_ca(inventory, state_dir=state_dir, which=which, yes=yes and not dry_run,
+    report = certs_api.rotate_ca(cluster.inv, state_dir=cluster.state.root, which=which, yes=yes and not dry_run,
                                   use_api=not no_api, wait_timeout=wait_timeout, log=lambda m: click.echo(m, err=True))
     if dry_run:
         echo_plan("the rotation", report.steps, fmt, notes=report.notes)

@@ -7,7 +7,7 @@ import json
 
 import click
 
-from installer.cli.errors import domain_errors
+from installer.cli.errors import domain_errors, with_cluster
 from installer.cli.options import STATE_DEFAULT
 from installer.cli.output import table
 
@@ -28,7 +28,8 @@ def certs():
 @click.option("--offline", is_flag=True, help="Check the state directory only; contact no host.")
 @click.option("--output", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @domain_errors
-def check(inventory, state_dir, within, offline, fmt):
+@with_cluster
+def check(cluster, within, offline, fmt):
     """Every certificate in the state and as deployed on each host, soonest expiry first.
 
     Exit 0 when none expires within --within days, 1 when one does (or has expired),
@@ -36,7 +37,7 @@ def check(inventory, state_dir, within, offline, fmt):
     certificate, short-lived and renewed by the kubelet, counts only when its renewal is late
     (past 90 % of its lifetime)."""
     from installer.api import certs as certs_api
-    rows = certs_api.check(inventory, state_dir, offline=offline, log=lambda m: click.echo(m, err=True))
+    rows = certs_api.check(cluster.inv, cluster.state.root, offline=offline, log=lambda m: click.echo(m, err=True))
     now = dt.datetime.now(dt.timezone.utc)
     expiring = [r for r in rows if r.expiring(now, within)]
     if fmt == "json":
@@ -98,7 +99,8 @@ def print_report(report, fmt: str) -> None:
                    "kubelet is not waited for until its Node is Ready.")
 @click.option("--output", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @domain_errors
-def renew(inventory, state_dir, only, dry_run, wait_timeout, no_api, fmt):
+@with_cluster
+def renew(cluster, only, dry_run, wait_timeout, no_api, fmt):
     """Re-issue leaf certificates (new keys; never a CA), push them, restart in a safe order
     (etcd member by member, apiserver host by host, then the rest, then the workers, each Node
     Ready again before the next) and check
@@ -108,7 +110,7 @@ def renew(inventory, state_dir, only, dry_run, wait_timeout, no_api, fmt):
     <state>/backups/renew-<time>/. Kubelet client certificates are the kubelets' own (TLS
     bootstrapping): not renewed here. Exit 0 when every endpoint presents the new certificate."""
     from installer.api import certs as certs_api
-    report = certs_api.renew(inventory, state_dir=state_dir, only=only, dry_run=dry_run,
+    report = certs_api.renew(cluster.inv, state_dir=cluster.state.root, only=only, dry_run=dry_run,
                              wait_timeout=wait_timeout, use_api=not no_api, log=lambda m: click.echo(m, err=True))
     print_report(report, fmt)
     if fmt == "text":

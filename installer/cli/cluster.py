@@ -9,7 +9,7 @@ import click
 from installer import api
 from installer.api import cluster as cluster_api
 from installer.api.cluster import PHASE_NAMES, Options
-from installer.cli.errors import domain_errors
+from installer.cli.errors import domain_errors, with_cluster
 from installer.cli.options import STATE_DEFAULT
 from installer.cli.output import Progress
 
@@ -45,12 +45,12 @@ def _options(dry_run, only, skip, parallel, accept_new_host_keys, wait_timeout, 
 @click.option("--dry-run", is_flag=True, help="Show what would change (same as `installer plan`).")
 @click.option("--force-unlock", is_flag=True, help="Break a stale apply lock.")
 @domain_errors
-def apply(inventory, state_dir, only, skip, parallel, accept_new_host_keys, fmt, verbose, wait_timeout,
-          dry_run, force_unlock):
+@with_cluster
+def apply(cluster, only, skip, parallel, accept_new_host_keys, fmt, verbose, wait_timeout, dry_run, force_unlock):
     """Converge every host of INVENTORY: hidden control plane, joined workers. Idempotent."""
     progress = Progress(fmt, verbose or dry_run)
-    report = cluster_api.run(inventory, state_dir, _options(dry_run, only, skip, parallel, accept_new_host_keys,
-                                                       wait_timeout, force_unlock),
+    report = cluster_api.run(cluster.inv, cluster.state.root,
+                             _options(dry_run, only, skip, parallel, accept_new_host_keys, wait_timeout, force_unlock),
                         log=progress.log, on_event=progress.event, on_upload=progress.upload)
     progress.done(report, "plan" if dry_run else "apply")
 
@@ -63,11 +63,11 @@ def apply(inventory, state_dir, only, skip, parallel, accept_new_host_keys, fmt,
 @click.option("--check", is_flag=True, help="Exit 1 when changes are pending, 0 when converged.")
 @_apply_options
 @domain_errors
-def plan(inventory, render_dir, check, state_dir, only, skip, parallel, accept_new_host_keys, fmt, verbose,
-         wait_timeout):
+@with_cluster
+def plan(cluster, render_dir, check, only, skip, parallel, accept_new_host_keys, fmt, verbose, wait_timeout):
     """Show what apply would change on the live hosts (secrets masked), or render offline."""
     if render_dir:
-        p = api.render(inventory, render_dir, state_dir)
+        p = api.render(cluster.inv, render_dir, cluster.state.root)
         for name, why in sorted(p.changes.reasons.items()):
             click.echo(f"pki: {name}: {why}")
         for name, hp in p.plans.items():
@@ -77,7 +77,7 @@ def plan(inventory, render_dir, check, state_dir, only, skip, parallel, accept_n
         click.echo(f"rendered to {render_dir}/<host>/ (see MANIFEST in each)")
         return
     progress = Progress(fmt, verbose=True)
-    report = cluster_api.run(inventory, state_dir, _options(True, only, skip, parallel, accept_new_host_keys,
+    report = cluster_api.run(cluster.inv, cluster.state.root, _options(True, only, skip, parallel, accept_new_host_keys,
                                                        wait_timeout),
                         log=progress.log, on_event=progress.event)
     progress.done(report, "plan")
@@ -92,10 +92,11 @@ def plan(inventory, render_dir, check, state_dir, only, skip, parallel, accept_n
 @click.option("--state", "state_dir", type=click.Path(file_okay=False), help=STATE_HELP)
 @click.option("--force", is_flag=True, help="Overwrite an existing file with other content.")
 @domain_errors
-def kubeconfig(inventory, output, state_dir, force):
+@with_cluster
+def kubeconfig(cluster, output, force):
     """Write an admin kubeconfig (user kubernetes-admin) for the cluster's API endpoint, or,
     without one, the first control host whose apiserver answers now."""
-    inv, path, written, server, why = api.admin_kubeconfig(inventory, output, state_dir, force)
+    inv, path, written, server, why = api.admin_kubeconfig(cluster.inv, output, cluster.state.root, force)
     click.echo(f"{path}: {'written' if written else 'unchanged'} (user kubernetes-admin, server {server}"
                + (f"; {why}" if why else "") + ")")
 
@@ -106,12 +107,13 @@ def kubeconfig(inventory, output, state_dir, force):
 @click.option("--output", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--api", "use_api", is_flag=True, help="Also ask the API that no Node is a control host.")
 @domain_errors
-def verify(inventory, state_dir, fmt, use_api):
+@with_cluster
+def verify(cluster, fmt, use_api):
     """Check the live hosts (testinfra over SSH, host keys verified): the control plane is hidden,
     every secret is private. Read-only; rerun any time.
 
     Exit 0 when every check passes, 1 when any fails, 2/3 when a host cannot be checked."""
-    results = cluster_api.verify(inventory, state_dir, log=lambda m: click.echo(m, err=True), api=use_api)
+    results = cluster_api.verify(cluster.inv, cluster.state.root, log=lambda m: click.echo(m, err=True), api=use_api)
     failed = [r for r in results if not r.ok]
     if fmt == "json":
         click.echo(json.dumps({"ok": not failed, "failed": len(failed), "checks": [r.as_dict() for r in results]},

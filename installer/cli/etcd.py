@@ -8,7 +8,7 @@ import click
 
 from installer import api
 from installer.api import etcd as etcd_api
-from installer.cli.errors import domain_errors
+from installer.cli.errors import domain_errors, with_cluster
 from installer.cli.options import DRY_RUN, OUTPUT, echo_json, echo_plan
 from installer.cli.output import human_size, nothing_without_yes, table
 
@@ -109,11 +109,12 @@ ALLOW_EVEN_HELP = ("Allow an even member count: only as one step of replacing a 
 @DRY_RUN
 @OUTPUT
 @domain_errors
-def member_add(inventory, name, state_dir, allow_even, wait_timeout, dry_run, fmt):
+@with_cluster
+def member_add(cluster, name, allow_even, wait_timeout, dry_run, fmt):
     """Join control host NAME (already in INVENTORY) to etcd: registered as a learner, its member
     started with --initial-cluster-state=existing, promoted once in sync; then every control
     host is converged so the apiservers name the new member."""
-    change = etcd_api.member_add(inventory, name, state_dir=state_dir, allow_even=allow_even,
+    change = etcd_api.member_add(cluster.inv, name, state_dir=cluster.state.root, allow_even=allow_even,
                               wait_timeout=wait_timeout, log=_progress, dry_run=dry_run)
     if dry_run:
         echo_plan("the addition", change.steps, fmt)
@@ -137,11 +138,12 @@ def member_add(inventory, name, state_dir, allow_even, wait_timeout, dry_run, fm
 @DRY_RUN
 @OUTPUT
 @domain_errors
-def member_remove(inventory, name, state_dir, allow_even, host_unreachable, yes, wait_timeout, dry_run, fmt):
+@with_cluster
+def member_remove(cluster, name, allow_even, host_unreachable, yes, wait_timeout, dry_run, fmt):
     """Remove etcd member NAME: stop its control plane and etcd, `etcdctl member remove` through
     another member, move its /var/lib/etcd aside, check the others healthy. NAME may already be
     deleted from INVENTORY. Afterwards, delete NAME from the inventory and run `installer apply`."""
-    change = etcd_api.member_remove(inventory, name, state_dir=state_dir, allow_even=allow_even,
+    change = etcd_api.member_remove(cluster.inv, name, state_dir=cluster.state.root, allow_even=allow_even,
                                  host_unreachable=host_unreachable, wait_timeout=wait_timeout,
                                  log=_progress, dry_run=dry_run or not yes)
     if dry_run:

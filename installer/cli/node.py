@@ -6,9 +6,8 @@ import dataclasses
 
 import click
 
-from installer import api
 from installer.api import nodes as nodes_api
-from installer.cli.errors import domain_errors
+from installer.cli.errors import domain_errors, with_cluster
 from installer.cli.options import DRY_RUN, OUTPUT, STATE_DEFAULT, echo_json, echo_plan
 from installer.cli.output import Progress, nothing_without_yes, table
 
@@ -30,12 +29,12 @@ def _err(line: str) -> None:
     click.echo(line, err=True)
 
 
-def _plan_first(inventory, state_dir, name, what: str, yes: bool, dry_run: bool, fmt: str, **kw) -> bool:
+def _plan_first(cluster, name, what: str, yes: bool, dry_run: bool, fmt: str, **kw) -> bool:
     """Without --yes (exit 2) or with --dry-run (exit 0): the steps it would run, nothing done.
     True when the command is to go on."""
     if yes and not dry_run:
         return True
-    t, _ = nodes_api.node_target(api.validate(inventory), state_dir, name)
+    t, _ = nodes_api.node_target(cluster.inv, cluster.state.root, name)
     plan = nodes_api.remove_plan(t, **kw)
     if not dry_run:
         nothing_without_yes(f"{what} {name}", "do it", plan)
@@ -67,9 +66,10 @@ def node():
 @click.option("--api", "use_api", is_flag=True, help="Also ask the API which nodes are registered and Ready.")
 @click.option("--output", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @domain_errors
-def list_(inventory, state_dir, use_api, fmt):
+@with_cluster
+def list_(cluster, use_api, fmt):
     """Every host with its state: active, removed or revoked (inventory + node ledger)."""
-    nodes = nodes_api.list_nodes(inventory, state_dir, use_api=use_api)
+    nodes = nodes_api.list_nodes(cluster.inv, cluster.state.root, use_api=use_api)
     if fmt == "json":
         echo_json([r.as_dict() for r in nodes])
         return
@@ -89,14 +89,15 @@ def list_(inventory, state_dir, use_api, fmt):
 @DRY_RUN
 @OUTPUT
 @domain_errors
-def add(inventory, name, state_dir, skip, allow_even, accept_new_host_keys, wait_timeout, dry_run, fmt):
+@with_cluster
+def add(cluster, name, skip, allow_even, accept_new_host_keys, wait_timeout, dry_run, fmt):
     """Join NAME (already added to INVENTORY): only its certificates and bootstrap token are
     issued, only it is changed, plus the pod routes on the other hosts. Refused when the
     inventory holds other pending changes (run `installer apply` for those). A control host
     joins etcd as a learner and is promoted. --dry-run: a worker's planned changes (as
     `installer plan` shows them), a control host's steps."""
     progress = Progress(fmt, verbose=True)
-    result = nodes_api.add(inventory, name, state_dir, skip=frozenset(skip), allow_even=allow_even,
+    result = nodes_api.add(cluster.inv, name, cluster.state.root, skip=frozenset(skip), allow_even=allow_even,
                            accept_new_host_keys=accept_new_host_keys, wait_timeout=wait_timeout,
                            log=progress.log, dry_run=dry_run)
     if isinstance(result, nodes_api.Change):
@@ -122,11 +123,12 @@ def add(inventory, name, state_dir, skip, allow_even, accept_new_host_keys, wait
 @DRY_RUN
 @OUTPUT
 @domain_errors
-def drain(inventory, name, state_dir, timeout, dry_run, fmt):
+@with_cluster
+def drain(cluster, name, timeout, dry_run, fmt):
     """Cordon NAME and evict its pods (PodDisruptionBudgets respected; mirror and DaemonSet pods
     stay). Fails, leaving the node cordoned, when pods remain after --timeout. --dry-run: the
     pods it would evict and leave now."""
-    res = nodes_api.drain(inventory, name, state_dir, timeout=timeout, log=_err, dry_run=dry_run)
+    res = nodes_api.drain(cluster.inv, name, cluster.state.root, timeout=timeout, log=_err, dry_run=dry_run)
     if dry_run:
         echo_plan(f"draining {name}", [f"cordon Node {name}"] + [f"evict {p}" for p in res.evicted]
                   + [f"leave {p}" for p in res.skipped], fmt, name=name, evicted=res.evicted, skipped=res.skipped)
@@ -151,17 +153,18 @@ def drain(inventory, name, state_dir, timeout, dry_run, fmt):
 @DRY_RUN
 @OUTPUT
 @domain_errors
-def remove(inventory, name, state_dir, timeout, host_unreachable, skip_cluster, allow_even, accept_new_host_keys, yes,
-           dry_run, fmt):
+@with_cluster
+def remove(cluster, name, timeout, host_unreachable, skip_cluster, allow_even, accept_new_host_keys, yes, dry_run,
+           fmt):
     """Decommission NAME: cordon, drain, delete the Node, its token, renewal binding and pending
     CSRs; on the host stop everything, kill every container and shim, remove credentials, CNI
     state, routes and data; drop its routes on the other hosts; mark it removed."""
     if host_unreachable and skip_cluster:
         raise click.UsageError("--host-unreachable and --skip-cluster together leave nothing to do")
-    if not _plan_first(inventory, state_dir, name, "node remove", yes, dry_run, fmt,
+    if not _plan_first(cluster, name, "node remove", yes, dry_run, fmt,
                        skip_cluster=skip_cluster, host_unreachable=host_unreachable):
         return
-    out = nodes_api.remove(inventory, name, state_dir, timeout=timeout, skip_cluster=skip_cluster,
+    out = nodes_api.remove(cluster.inv, name, cluster.state.root, timeout=timeout, skip_cluster=skip_cluster,
                           host_unreachable=host_unreachable, allow_even=allow_even,
                           accept_new_host_keys=accept_new_host_keys, log=_err)
     _outcome(out, "removed", fmt)
@@ -175,14 +178,15 @@ def remove(inventory, name, state_dir, timeout, host_unreachable, skip_cluster, 
 @DRY_RUN
 @OUTPUT
 @domain_errors
-def revoke(inventory, name, state_dir, host_unreachable, accept_new_host_keys, yes, dry_run, fmt):
+@with_cluster
+def revoke(cluster, name, host_unreachable, accept_new_host_keys, yes, dry_run, fmt):
     """Revoke NAME for good, even against a stolen certificate: deny every write by
     system:node:NAME (ValidatingAdmissionPolicy), delete its renewal binding, bootstrap token,
     pending CSRs and Node, record it in the ledger, wipe the host when reachable. The name can
     never join again. See docs/day2.md for what this cannot do (no CRL in Kubernetes)."""
-    if not _plan_first(inventory, state_dir, name, "node revoke", yes, dry_run, fmt, skip_cluster=False,
+    if not _plan_first(cluster, name, "node revoke", yes, dry_run, fmt, skip_cluster=False,
                        host_unreachable=host_unreachable, revoke=True):
         return
-    out = nodes_api.revoke(inventory, name, state_dir, host_unreachable=host_unreachable,
+    out = nodes_api.revoke(cluster.inv, name, cluster.state.root, host_unreachable=host_unreachable,
                           accept_new_host_keys=accept_new_host_keys, log=_err)
     _outcome(out, "revoked", fmt)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from installer.api import reset as reset_api
-from installer.cli.errors import domain_errors
+from installer.cli.errors import domain_errors, with_cluster
 from installer.cli.options import DRY_RUN, OUTPUT, STATE_DEFAULT, echo_json
 
 STATE_HELP = ("Local state directory (kept unless --purge). "
@@ -25,7 +25,8 @@ STATE_HELP = ("Local state directory (kept unless --purge). "
 @DRY_RUN
 @OUTPUT
 @domain_errors
-def reset(inventory, state_dir, yes, keep_data, purge, hosts, ignore_unreachable, dry_run, fmt):
+@with_cluster
+def reset(cluster, yes, keep_data, purge, hosts, ignore_unreachable, dry_run, fmt):
     """Remove everything the installer put on the hosts of INVENTORY: units, binaries, files
     (an original it replaced is put back), credentials, container and CNI state, routes,
     rules, sysctls, the users it created and, unless --keep-data, etcd's data. Workers first,
@@ -34,7 +35,7 @@ def reset(inventory, state_dir, yes, keep_data, purge, hosts, ignore_unreachable
     Exit 0 when done; 2 when not (no --yes, a host unreachable, an apply running: nothing done;
     a host that failed: rerun to finish)."""
     if dry_run:
-        would = reset_api.plan(inventory, state_dir=state_dir, keep_data=keep_data, purge=purge, hosts=hosts)
+        would = reset_api.plan(cluster.inv, state_dir=cluster.state.root, keep_data=keep_data, purge=purge, hosts=hosts)
         if fmt == "json":
             echo_json({"dryRun": True, **would})
             return
@@ -44,7 +45,7 @@ def reset(inventory, state_dir, yes, keep_data, purge, hosts, ignore_unreachable
             click.echo("".join(f"  - {line}\n" for line in steps), nl=False)
         click.echo(f"local state {would['state']}: " + ("delete it (--purge)" if purge else "kept"))
         return
-    report = reset_api.reset(inventory, state_dir=state_dir, yes=yes, keep_data=keep_data, purge=purge,
+    report = reset_api.reset(cluster.inv, state_dir=cluster.state.root, yes=yes, keep_data=keep_data, purge=purge,
                              hosts=hosts, ignore_unreachable=ignore_unreachable,
                              log=lambda m: click.echo(m, err=True))
     if fmt == "json":

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from installer.api import upgrade as upgrade_api
-from installer.cli.errors import domain_errors
+from installer.cli.errors import domain_errors, with_cluster
 from installer.cli.options import OUTPUT, STATE_DEFAULT, echo_json
 
 
@@ -29,7 +29,8 @@ from installer.cli.options import OUTPUT, STATE_DEFAULT, echo_json
                    "cordoned, drained or waited for.")
 @OUTPUT
 @domain_errors
-def upgrade(inventory, state_dir, to, plan_only, max_unavailable, drain_timeout, wait_timeout, force, no_api, fmt):
+@with_cluster
+def upgrade(cluster, to, plan_only, max_unavailable, drain_timeout, wait_timeout, force, no_api, fmt):
     """Roll the cluster of INVENTORY to a new Kubernetes (and etcd patch) version without an
     outage: an etcd snapshot first (kept), etcd one member at a time when its version changes,
     each control host alone (apiserver first, /readyz before the next), then the workers
@@ -39,7 +40,8 @@ def upgrade(inventory, state_dir, to, plan_only, max_unavailable, drain_timeout,
 
     Exit 0 when done (or with --plan), 2 bad input, 3 a step failed (re-run to finish), 4 refused
     by the skew rules or the cluster's health (nothing changed)."""
-    report = upgrade_api.upgrade(inventory, state_dir, to=to, plan_only=plan_only, max_unavailable=max_unavailable,
+    report = upgrade_api.upgrade(cluster.inv, cluster.state.root, to=to, plan_only=plan_only,
+                                 max_unavailable=max_unavailable,
                                  drain_timeout=drain_timeout, wait_timeout=wait_timeout, force=force,
                                  use_api=not no_api, log=lambda m: click.echo(m, err=True))
     if fmt == "json":
