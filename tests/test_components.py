@@ -119,11 +119,11 @@ def test_every_row_names_a_wait_that_is_done(prepared):
             continue
         script = waits.script(ctx, c.unit)
         assert script and script.startswith("(") or "etcdctl" in script, (c.name, script)
-        if c.wait == "listening":
-            assert waits.secure_ports(c.unit) and all(":$p$" in script and str(p) in script
-                                                      for p in waits.secure_ports(c.unit)), c.name
         if c.wait in ("active", "listening"):
-            assert f"systemctl is-active --quiet {c.unit}" in script
+            assert script.startswith(f"(set -- 60 {c.unit}\n# Until every unit given is active"), c.name
+        if c.wait == "listening":
+            ports = " ".join(str(p) for p in waits.secure_ports(c.unit))
+            assert ports and f"(set -- 60 {ports} -- {c.unit}\n# Until something listens" in script, c.name
     assert {c.wait for c in COMPONENTS} == set(components.WAITS)      # no kind unused
 
 

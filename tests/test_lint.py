@@ -28,10 +28,17 @@ def _shipped_scripts() -> dict[str, bytes]:
     from installer import api
     from installer.actions import teardown
     from installer.actions.teardown_script import render_script
+    from installer.core.diff import HostChanges
     from installer.core.facts import PROBE
     from installer.core.render.balancer import CTL, ctl_script
+    from installer.core.shellfiles import SH_DIR
+    from installer.host.hostops import script as change_script
+    from installer.host.waits import active_script, listening_script
     from tests.conftest import EXAMPLE
-    out = {CTL: ctl_script(), "facts probe": PROBE.encode()}
+    out = {CTL: ctl_script(), "facts probe": PROBE.encode(),
+           "the workers' wait": (active_script(("kubelet.service", "kube-proxy.service"), 60) + " && "
+                                 + listening_script((10250,), 60, ("kubelet.service",))).encode()}
+    out.update({f"installer/sh/{f.name}": f.read_bytes() for f in sorted(SH_DIR.glob("*.sh"))})
     import tempfile
     with tempfile.TemporaryDirectory() as state:
         p = api.prepare(EXAMPLE, Path(state))
@@ -39,6 +46,11 @@ def _shipped_scripts() -> dict[str, bytes]:
             host = next(h.name for h in p.inventory.spec.hosts if h.role == role)
             out[f"teardown of a {role}"] = render_script(teardown.host_teardown(p.inventory, host, p.plans,
                                                                                 data=True)).encode()
+            # a change as apply sends it: every file, directory, user and unit of the host's plan
+            plan = p.plans[host]
+            change = HostChanges(host, write=list(plan.files.values()), dirs=list(plan.dirs.values()),
+                                 users=list(plan.users), restart=list(plan.units), enable=list(plan.units))
+            out[f"a change of a {role}"] = change_script(change, codec="zstd").encode()
     return out
 
 

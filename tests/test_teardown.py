@@ -48,8 +48,11 @@ def binaries(role: str) -> list[str]:
 
 def test_backup_naming_is_the_one_hostops_uses():
     # hostops writes backups named <file><infix><stamp>; the teardown's shell looks for that infix
-    assert f'"$2{teardown_shell.BACKUP_INFIX}$STAMP"' in hostops._PRELUDE
-    assert teardown_shell.BACKUP_INFIX in teardown_shell.PRELUDE
+    import shlex
+    assert teardown_shell.BACKUP_INFIX == hostops.BACKUP_INFIX
+    for prelude in (hostops._PRELUDE, teardown_shell.PRELUDE):
+        assert f"BACKUP_INFIX={shlex.quote(hostops.BACKUP_INFIX)}\n" in prelude
+    assert '"$2$BACKUP_INFIX$STAMP"' in hostops._PRELUDE
 
 
 @pytest.mark.parametrize("name", [WORKER, CONTROL])

@@ -5,7 +5,10 @@ are subshells, so that scripts chain them with ``&&``."""
 
 from __future__ import annotations
 
+import shlex
+
 from installer.core import components
+from installer.core.shellfiles import shell_file
 from installer.host.etcdctl import cluster_health_script
 from installer.host.health import client_context, wait_ok
 from installer.host.ssh import HostError
@@ -13,30 +16,22 @@ from installer.host.ssh import HostError
 READY_PATHS = ("/livez", "/readyz")
 
 
+def _subshell(name: str, *args: object) -> str:
+    """installer/sh/``name`` run with ``args`` in a subshell: scripts chain it with ``&&`` (its
+    ``exit`` ends only itself)."""
+    return f"(set -- {' '.join(shlex.quote(str(a)) for a in args)}\n{shell_file(name)})"
+
+
 def active_script(units: tuple[str, ...], timeout: float) -> str:
-    """Wait until every unit is active. A subshell, so that scripts chain with ``&&``."""
-    names = " ".join(units)
-    tries = max(1, int(timeout))
-    # `systemctl is-active A B` succeeds when ANY of them is active: each unit is asked alone.
-    # A unit that failed (started with --no-block, nothing else reports it) ends the wait early;
-    # not in the first seconds, while a unit that failed before may not have begun its new start
-    every = " && ".join(f"systemctl is-active --quiet {u}" for u in units)
-    return (f"(i=0; while [ $i -lt {tries} ]; do {every} && exit 0; "
-            f"if [ $i -ge 3 ] && systemctl is-failed --quiet {names}; then break; fi; "
-            f"i=$((i+1)); sleep 1; done; systemctl --no-pager status {names} 2>&1 | tail -30 >&2; exit 1)")
+    """Until every unit is active (installer/sh/wait-active.sh), at most ``timeout`` seconds."""
+    return _subshell("wait-active.sh", max(1, int(timeout)), *units)
 
 
 def listening_script(ports: tuple[int, ...], timeout: float,
                      units: tuple[str, ...] = ("kube-controller-manager", "kube-scheduler")) -> str:
-    """Wait until something listens on every port; on timeout show ``units``' status. A subshell,
-    so that scripts chain with ``&&`` (its ``exit`` ends only itself)."""
-    want = " ".join(str(p) for p in ports)
-    tries = max(1, int(timeout))
-    return (f"(i=0; while [ $i -lt {tries} ]; do ok=1; for p in {want}; do "
-            f"ss -Htln | awk '{{print $4}}' | grep -q \":$p$\" || ok=0; done; "
-            f"[ $ok = 1 ] && exit 0; i=$((i+1)); sleep 1; done; "
-            f"echo \"not listening on all of: {want}\" >&2; systemctl --no-pager status "
-            f"{' '.join(units)} 2>&1 | tail -20 >&2; exit 1)")
+    """Until something listens on every port (installer/sh/wait-listening.sh), at most
+    ``timeout`` seconds; on timeout ``units``' status is shown."""
+    return _subshell("wait-listening.sh", max(1, int(timeout)), *ports, "--", *units)
 
 
 def apiserver_ready(ctx, host: str, after: str = "") -> None:
