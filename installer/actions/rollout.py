@@ -34,6 +34,7 @@ from installer.core.inventory import Inventory
 from installer.core.pki.material import Changes, Material
 from installer.core.render.plan import render_cluster
 from installer.core.state import StateDir
+from installer.engine.executor import CONTROL_PLANE_UNITS
 from installer.engine.phases.base import Context, Options
 from installer.engine.phases.select import control_plane_part, etcd_part, probed_files, worker_part
 from installer.host import apireach, handover, probes, waits
@@ -186,15 +187,21 @@ def _wait(ctx: Context, host: str, unit: str, nodes_ready: bool = False) -> None
     kubelet's Node also Ready again through the API."""
     # the kubelet's start, on its own clock (whole seconds, as its heartbeats)
     started = probes.ask(ctx.remotes[host], probes.unit_started(unit)) if unit == KUBELET and nodes_ready else None
-    waits.wait(ctx, host, unit)
+    if unit in CONTROL_PLANE_UNITS:
+        ctx.executor.wait(ctx, host, unit)
+    else:
+        waits.wait(ctx, host, unit)
     if unit == KUBELET and nodes_ready:
         _wait_node_ready(ctx, host, started, ctx.options.wait_timeout)
 
 
 def _restart(ctx: Context, host: str, unit: str, report: Report, no_block: bool = False) -> None:
     ctx.log(f"{host}: restart {unit}")
-    # the apply script: one retry, the journal in the error, the ledger entry cleared after
-    ctx.execute("restart", host, HostChanges(host, restart=[unit]), no_block=no_block)
+    if unit in CONTROL_PLANE_UNITS:
+        ctx.executor.restart(ctx, host, unit, no_block=no_block)
+    else:
+        # the apply script: one retry, the journal in the error, the ledger entry cleared after
+        ctx.execute("restart", host, HostChanges(host, restart=[unit]), no_block=no_block)
     report.restarts.append(f"{host}:{unit}")
 
 
@@ -236,9 +243,8 @@ def stop_units(ctx: Context, host: str, units: list[str]) -> None:
     present = [u for u in units if u in ctx.plans[host].units]
     if present:
         ctx.log(f"{host}: stop {' '.join(present)}")
-        ctx.remotes[host].run(f"systemctl stop {' '.join(present)}", what="stop units")
         for u in present:
-            ctx.facts[host].units[u] = ("inactive", "enabled")
+            ctx.executor.stop(ctx, host, u)
 
 
 

@@ -34,11 +34,9 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from installer.core import components
-from installer.core.diff import HostChanges
 from installer.core.render.balancer import CTL, LEAVE_EXPIRY_SECONDS, SETTLE_SECONDS
 from installer.host.parallel import each
 from installer.host.ssh import HostError, Remote
-from installer.host.waits import apiserver_ready
 
 APISERVER = components.unit("kube-apiserver")
 BALANCER = components.unit("api-balancer")
@@ -97,7 +95,7 @@ def leave(ctx, host: str) -> None:
 
 def back(ctx, host: str, after: str = "") -> None:
     """``host``'s apiserver ready, then back in every balancer, then SETTLE_SECONDS."""
-    apiserver_ready(ctx, host, after)
+    ctx.executor.wait(ctx, host, APISERVER, after)
     if balanced(ctx):
         _tell(ctx, host, "back")
         time.sleep(SETTLE_SECONDS)
@@ -147,19 +145,16 @@ def aside(ctx, host: str) -> Iterator[bool]:
     ctx.log(f"{host}: kube-apiserver out of the way while its etcd member restarts (the other "
             f"apiservers serve)")
     leave(ctx, host)
-    ctx.remotes[host].run(f"systemctl stop {APISERVER}", what="stop kube-apiserver",
-                          timeout=ctx.options.wait_timeout + 30)
+    ctx.executor.stop(ctx, host, APISERVER)
     try:
         yield True
     except BaseException:
         try:
-            ctx.remotes[host].run(f"systemctl start {APISERVER}", check=False, what="start kube-apiserver",
-                                  timeout=60)
+            ctx.executor.restart(ctx, host, APISERVER)
         except HostError:
             pass
         back_anyway(ctx, host)
         raise
-    # through the apply script: a restart pending in the host's ledger (its files are on the disk
-    # now) is done by this start and cleared, not done again
-    ctx.execute("restart", host, HostChanges(host, restart=[APISERVER]))
+    # a restart: one pending for it (its files are in place now) is done by this start, not again
+    ctx.executor.restart(ctx, host, APISERVER)
     back(ctx, host, after=" after its etcd member restarted")

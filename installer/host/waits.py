@@ -66,14 +66,14 @@ def script(ctx, unit: str) -> str | None:
 _NOT_SHELL = {"apiserver-ready": apiserver_ready}
 
 
-def wait(ctx, host: str, unit: str) -> None:
+def wait(ctx, host: str, unit: str, after: str = "") -> None:
     """Until ``unit`` on ``host`` counts as started (its row's wait); HostError naming the host
     and what did not happen otherwise."""
     kind = components.by_unit(unit).wait
     if kind in _NOT_SHELL:
-        _NOT_SHELL[kind](ctx, host)
+        _NOT_SHELL[kind](ctx, host, after)
         return
     t = ctx.options.wait_timeout
     r = ctx.remotes[host].run(script(ctx, unit), check=False, what=f"wait for {unit}", timeout=t + 30)
     if r.rc != 0:
-        raise HostError(host, f"{unit} did not start ({components.WAITS[kind]}): {r.stderr.strip()[-600:]}")
+        raise HostError(host, f"{unit} did not start{after} ({components.WAITS[kind]}): {r.stderr.strip()[-600:]}")

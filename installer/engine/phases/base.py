@@ -24,6 +24,7 @@ from installer.core.render.files import HostPlan
 from installer.core.render.plan import render_cluster
 from installer.core.render.worker import HostFacts as RenderFacts
 from installer.core.state import StateDir
+from installer.engine.executor import Executor, SystemdExecutor
 from installer.host import apireach
 from installer.host.hostops import Payloads, codec_for, script
 from installer.host.ssh import Remote
@@ -92,6 +93,8 @@ class Context:
     etcd_answers: dict[str, tuple[str, str]] = field(default_factory=dict)
     # each distinct upload built (and compressed) once, shared by the hosts that get it
     payloads: Payloads = field(default_factory=Payloads)
+    # where and how the control plane's components run (engine/executor.py)
+    executor: Executor = field(default_factory=SystemdExecutor)
 
     def settled(self, events: list[Event], units: tuple[str, ...]) -> bool:
         """Nothing changed and every unit was already active: no health wait needed. A unit

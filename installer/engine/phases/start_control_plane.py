@@ -15,12 +15,11 @@ import threading
 from installer.core import components
 from installer.engine.phases.base import Context, Event, Phase
 from installer.engine.phases.select import CONTROL_UNITS, control_plane_part
-from installer.host import handover, waits
-from installer.host.ssh import HostError
-from installer.host.waits import listening_script
+from installer.host import handover
 
 LOCAL_PORTS = components.ports("kube-controller-manager") + components.ports("kube-scheduler")
-APISERVER_UNIT = components.unit("kube-apiserver")
+APISERVER_UNIT, CONTROLLER_MANAGER, SCHEDULER = components.units("kube-apiserver", "kube-controller-manager",
+                                                                 "kube-scheduler")
 # the apiserver restarts of one process's runs, one host at a time
 _restart_lock = threading.Lock()
 
@@ -35,10 +34,10 @@ class StartControlPlane(Phase):
     def run_host(self, ctx: Context, host: str) -> Event:
         changes = ctx.changes_for(host, control_plane_part(ctx.plans[host]))
         if APISERVER_UNIT not in changes.restart or ctx.options.dry_run:
-            return ctx.execute(self.name, host, changes)
+            return ctx.executor.place(ctx, self.name, host, changes)
         with _restart_lock:
             with handover.restarting(ctx, host):
-                ev = ctx.execute(self.name, host, changes)
+                ev = ctx.executor.place(ctx, self.name, host, changes)
             ev.detail.append("kube-apiserver restarted alone; /readyz ok again")
             return ev
 
@@ -46,12 +45,9 @@ class StartControlPlane(Phase):
         if ctx.options.dry_run or ctx.settled(events, CONTROL_UNITS):
             return
         for h in ctx.hosts("control"):
-            waits.apiserver_ready(ctx, h.name)
+            ctx.executor.wait(ctx, h.name, APISERVER_UNIT)
             ctx.events.append(Event(self.name, h.name, "waited", detail=["/livez ok", "/readyz ok"]))
         for h in ctx.hosts("control"):
-            r = ctx.remotes[h.name].run(listening_script(LOCAL_PORTS, ctx.options.wait_timeout), check=False,
-                                        what="wait for controller-manager and scheduler",
-                                        timeout=ctx.options.wait_timeout + 30)
-            if r.rc != 0:
-                raise HostError(h.name, f"controller-manager/scheduler not serving: {r.stderr.strip()[-600:]}")
+            for unit in (CONTROLLER_MANAGER, SCHEDULER):
+                ctx.executor.wait(ctx, h.name, unit)
         ctx.mark_active([h.name for h in ctx.hosts("control")], CONTROL_UNITS)

@@ -32,13 +32,13 @@ class StartEtcd(Phase):
         changes = ctx.changes_for(host, etcd_part(ctx.plans[host]))
         if ETCD_UNIT not in changes.restart or ctx.options.dry_run:
             # a new member waits for its peers before it reports ready: never block on it
-            return ctx.execute(self.name, host, changes, no_block=True)
+            return ctx.executor.place(ctx, self.name, host, changes, no_block=True)
         # a running member: one restart at a time, and back to healthy before the next, so
         # the cluster never loses more than one member to a restart. The restart blocks until
         # etcd reports ready (Type=notify: it has rejoined its cluster), then health confirms.
         # Its host's apiserver, which uses this member alone, steps aside meanwhile.
         with _restart_lock, handover.aside(ctx, host) as aside:
-            ev = ctx.execute(self.name, host, changes)
+            ev = ctx.executor.place(ctx, self.name, host, changes)
             wait = (status_script(ctx.options.wait_timeout) if host in ctx.etcd_guard.learners
                     else endpoint_health_script(LOCAL, ctx.options.wait_timeout))
             r = ctx.remotes[host].run(wait, check=False, what="wait for etcd health after its restart",
