@@ -19,7 +19,7 @@ from installer.core.artifacts import ArtifactError, add_files
 from installer.core.errors import InstallerError
 from installer.core.render.addons import CILIUM_CHART, addon_objects, cilium_values_yaml, coredns_objects
 from installer.engine import runner
-from installer.engine.phases import PHASE_NAMES, PHASES
+from installer.engine.phases import PHASE_CLASSES, PHASE_NAMES, build
 from installer.engine.phases.apply_addons import ApplyAddons
 from installer.engine.phases.base import Context, Options
 from installer.host import apireach, kube, kube_objects
@@ -377,8 +377,10 @@ def test_phase_order():
                            "control-plane", "cluster-bootstrap", "addons", "workers", "verify")
     # one name per phase, and one phase per module, named for its class (ReadEtcdMembership in
     # phases/read_etcd_membership.py)
-    assert len({type(p) for p in PHASES}) == len(PHASES) == len(PHASE_NAMES)
-    for p in PHASES:
+    assert len(set(PHASE_CLASSES)) == len(PHASE_CLASSES) == len(set(PHASE_NAMES))
+    # built anew for every run: nothing a phase keeps survives into the next run
+    assert not set(map(id, build())) & set(map(id, build()))
+    for p in build():
         snake = re.sub(r"(?<=[a-z])(?=[A-Z])", "_", type(p).__name__).lower()
         assert type(p).__module__ == f"installer.engine.phases.{snake}", type(p)
 

@@ -430,10 +430,10 @@ def test_unknown_node_is_named(state_copy):
 # --- a run limited to some hosts (node add, etcd member add) ---------------------------------------
 
 def test_a_limited_run_plans_only_its_hosts_but_connects_and_locks_the_controls(state_copy):
-    from installer.engine.phases import PHASES
+    from installer.engine.phases import build
     ctx = runner.context(EXAMPLE, state_copy, Options(hosts=frozenset({"node3"})), log=lambda m: None)
     assert [h.name for h in ctx.hosts()] == ["node3"] and ctx.hosts("control") == []
-    connect = next(p for p in PHASES if p.name == "connect")
+    connect = next(p for p in build() if p.name == "connect")
     assert connect.prepare(ctx) == ["node3", "cp1"]          # cp1: the lock and the API tunnel
     with pytest.raises(InstallerError, match="no host named nope"):
         runner.context(EXAMPLE, state_copy, Options(hosts=frozenset({"nope"})), log=lambda m: None)

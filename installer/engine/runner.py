@@ -19,7 +19,7 @@ from installer.core.ledger import Ledger, check_inventory
 from installer.core.pki.material import ensure
 from installer.core.render.plan import render_cluster
 from installer.core.state import state_for
-from installer.engine.phases import ALWAYS, PHASE_NAMES, PHASES, RUN_WITH, SKIPPED_WITH
+from installer.engine.phases import ALWAYS, PHASE_NAMES, RUN_WITH, SKIPPED_WITH, build
 from installer.engine.phases.acquire_lock import release_run
 from installer.engine.phases.base import Context, Event, Options
 from installer.engine.phases.bootstrap_cluster import refuse_revoked_before_changes
@@ -139,7 +139,7 @@ def _run(inventory_path, state_dir, options: Options | None, log: Callable[[str]
     report = Report(dry_run=options.dry_run)
     try:
         with ThreadPoolExecutor(max_workers=max(1, options.parallel)) as pool:
-            for phase in PHASES:
+            for phase in build():
                 if phase.name not in ALWAYS and not ctx.will_run(phase.name):
                     continue
                 hosts = phase.prepare(ctx)

@@ -13,9 +13,18 @@ from installer.engine.phases.upload_artifacts import UploadArtifacts
 from installer.engine.phases.verify_hidden import VerifyHidden
 from installer.engine.phases.write_pki import WritePKI
 
-PHASES = (ConnectHosts(), RunPreflight(), AcquireLock(), WritePKI(), UploadArtifacts(), ReadEtcdMembership(),
-          StartEtcd(), StartControlPlane(), BootstrapCluster(), ApplyAddons(), JoinWorkers(), VerifyHidden())
-PHASE_NAMES = tuple(dict.fromkeys(p.name for p in PHASES))
+# the phases of one run, in order: new instances per run (a phase may keep what it learnt in a
+# run on itself, never across runs)
+PHASE_CLASSES = (ConnectHosts, RunPreflight, AcquireLock, WritePKI, UploadArtifacts, ReadEtcdMembership, StartEtcd,
+                 StartControlPlane, BootstrapCluster, ApplyAddons, JoinWorkers, VerifyHidden)
+
+
+def build() -> tuple:
+    """The phases for one run."""
+    return tuple(cls() for cls in PHASE_CLASSES)
+
+
+PHASE_NAMES = tuple(cls.name for cls in PHASE_CLASSES)
 # without facts nothing can be planned, and changes are never made without the lock
 ALWAYS = frozenset({"connect", "lock"})
 # phases that need what another one makes: skipping the key skips them too (runner.effective_options)
