@@ -21,8 +21,7 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 
 from installer.core.errors import InstallerError, StateError
-from installer.core.inventory import Inventory
-from installer.core.inventory import load as load_inventory
+from installer.core.inventory import Inventory, as_inventory
 from installer.core.pki.material import Material, ensure
 from installer.core.pki.specs import CAS
 from installer.core.render.plan import render_cluster
@@ -204,7 +203,7 @@ def existing_state(inv: Inventory, state_dir) -> StateDir:
 def check(inventory_path, state_dir=None, offline: bool = False, remote_for: Callable | None = None,
           log: Callable[[str], None] = lambda _: None) -> list[CertRow]:
     """Every certificate, sorted by not-after (soonest first)."""
-    inv = load_inventory(inventory_path)
+    inv = as_inventory(inventory_path)
     state = existing_state(inv, state_dir)
     loaded = state.load(inv)
     if not loaded.cas:

@@ -25,7 +25,6 @@ from typing import Callable, Iterator
 
 from installer.core.etcd_rules import EtcdOpError, Member, parse_members
 from installer.core.inventory import HostSpec, Inventory, as_inventory
-from installer.core.inventory import load as load_inventory
 from installer.core.render.control import ETCD_DATA_DIR, ETCD_RESTORE_ASIDE, etcd_servers, initial_cluster, peer_url
 from installer.core.safefs import write_atomic
 from installer.engine.phases.select import CONTROL_UNITS, ETCD_UNIT
@@ -72,7 +71,7 @@ def _first_reachable(inv: Inventory, remotes: dict[str, Remote]) -> Remote:
 # --- members -----------------------------------------------------------------------------
 
 def members(inventory_path) -> list[Member]:
-    inv = load_inventory(inventory_path)
+    inv = as_inventory(inventory_path)
     with control_remotes(inv) as remotes:
         r = _first_reachable(inv, remotes)
         out = r.run(f"{day2_etcdctl(etcd_servers(inv))} member list -w json", what="etcdctl member list").stdout
@@ -187,7 +186,7 @@ def _restore_script(inv: Inventory, host: HostSpec, snap: str, stamp: str) -> st
 def snapshot_restore(inventory_path, snapshot, wait_timeout: float = 120,
                      log: Callable[[str], None] = print) -> list[str]:
     """Restore ``snapshot`` on every member, holding the apply lock. Returns the hosts restored."""
-    inv = load_inventory(inventory_path)
+    inv = as_inventory(inventory_path)
     with cluster_lock(inv, log=log):
         return _snapshot_restore(inv, snapshot, wait_timeout, log)
 

@@ -39,8 +39,7 @@ from typing import Callable
 
 from installer.core import components
 from installer.core.errors import InstallerError
-from installer.core.inventory import HostSpec, Inventory
-from installer.core.inventory import load as load_inventory
+from installer.core.inventory import HostSpec, Inventory, as_inventory
 from installer.core.pki.material import ensure
 from installer.core.render.files import HostPlan
 from installer.core.render.plan import render_cluster
@@ -355,7 +354,7 @@ def verify(inventory_path, state_dir=None, log: Callable[[str], None] = print, *
 
     Returns the results (host order, then check order); raises :class:`VerifyError` naming
     each host that could not be checked at all."""
-    inv = load_inventory(inventory_path)
+    inv = as_inventory(inventory_path)
     plans = _plans(inv, state_dir)
     hosts = inv.spec.hosts
     log(f"verify: checking {len(hosts)} host(s) over SSH")
