@@ -139,16 +139,24 @@ def _state(pid: int) -> str | None:
         return None
 
 
+def _cgroups(top: Path, deepest_first: bool = False) -> list[Path]:
+    """Every cgroup directory under ``top`` (``top`` too). The tree changes while it is read (the
+    host's systemd removes a unit's cgroup once its processes are gone): a directory gone by the
+    time it is listed is left out, never an error (pathlib's rglob raised FileNotFoundError on
+    one: `lab down` after the chaos test failed so once in CI)."""
+    return [Path(d) for d, _, _ in os.walk(top, topdown=not deepest_first)]
+
+
 def cgroup_pids(host_dir: Path) -> list[int]:
     """Live processes in the host's cgroup tree (zombies hold nothing and do not count)."""
     pids = set()
     for top in cgroup_dirs(host_dir):
         if not top.is_dir():
             continue
-        for procs in top.rglob("cgroup.procs"):
+        for d in _cgroups(top):
             try:
-                pids.update(int(x) for x in procs.read_text().split())
-            except (FileNotFoundError, OSError):
+                pids.update(int(x) for x in (d / "cgroup.procs").read_text().split())
+            except (OSError, ValueError):
                 continue
     return sorted(p for p in pids if _state(p) not in (None, "Z", "X"))
 
@@ -158,15 +166,11 @@ def _remove_cgroups(host_dir: Path) -> None:
         if not top.is_dir():
             continue
         # a cgroup is removed with rmdir, children first; its control files go with it
-        for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        for d in _cgroups(top, deepest_first=True):       # top last
             try:
                 d.rmdir()
             except OSError:
                 pass
-        try:
-            top.rmdir()
-        except OSError:
-            pass
         for parent in (top.parent, top.parent.parent):     # <lab>, then hiddenplane, once empty
             try:
                 parent.rmdir()
@@ -328,11 +332,11 @@ def _thaw(host_dir: Path) -> None:
     """Thaw every frozen cgroup of the host (v1 freezer.state, v2 cgroup.freeze): a frozen
     process shows as D and a SIGKILL takes effect only once it runs again."""
     for top in cgroup_dirs(host_dir):
-        for name, thawed in (("freezer.state", "THAWED"), ("cgroup.freeze", "0")):
-            for f in top.rglob(name) if top.is_dir() else ():
+        for d in _cgroups(top):
+            for name, thawed in (("freezer.state", "THAWED"), ("cgroup.freeze", "0")):
                 try:
-                    if f.read_text().strip() not in ("THAWED", "0"):
-                        f.write_text(thawed)
+                    if (d / name).read_text().strip() not in ("THAWED", "0"):
+                        (d / name).write_text(thawed)
                 except OSError:
                     continue
 
