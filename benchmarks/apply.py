@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from installer.engine import runner
-from installer.engine.phases.base import Options
+from installer.engine.context import Options
 from installer.lab import lab as lab_mod
 from installer.lab.model import LabPaths
 

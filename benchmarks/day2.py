@@ -21,7 +21,7 @@ import yaml
 
 from installer.actions import node_ops
 from installer.engine import runner
-from installer.engine.phases.base import Options
+from installer.engine.context import Options
 from installer.lab import lab as lab_mod
 from installer.lab.model import LabPaths
 

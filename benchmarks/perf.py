@@ -41,8 +41,8 @@ import yaml
 
 from installer.core.facts import PROBE, probe_input
 from installer.engine import runner
-from installer.engine.phases.base import Options
-from installer.engine.phases.select import binaries_part, managed_paths
+from installer.engine.context import Options
+from installer.engine.parts import binaries_part, managed_paths
 from installer.host.runmark import shell_command
 from installer.lab.model import built_artifacts
 

@@ -19,9 +19,9 @@ from installer.core.artifacts import ArtifactError, add_files
 from installer.core.errors import InstallerError
 from installer.core.render.addons import CILIUM_CHART, addon_objects, cilium_values_yaml, coredns_objects
 from installer.engine import runner
+from installer.engine.context import Context, Options
 from installer.engine.phases import PHASE_CLASSES, PHASE_NAMES, build
 from installer.engine.phases.apply_addons import ApplyAddons
-from installer.engine.phases.base import Context, Options
 from installer.host import apireach, kube, kube_objects
 from installer.host.fetch import ALL_BINARIES, ResolvedArtifact, binary_files, resolve, role_binaries
 
@@ -386,7 +386,7 @@ def test_phase_order():
 
 
 def test_the_etcd_members_never_change_without_the_membership_read():
-    from installer.engine.phases.base import Options
+    from installer.engine.context import Options
     assert runner.effective_options(Options(only=frozenset({"etcd"}))).only == {"etcd", "etcd-membership"}
     assert runner.effective_options(Options(skip=frozenset({"etcd-membership"}))).skip == {"etcd-membership", "etcd"}
     assert runner.effective_options(Options(skip=frozenset({"etcd"}))).skip == {"etcd"}   # a read alone harms nothing

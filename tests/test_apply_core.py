@@ -22,6 +22,7 @@ import pytest
 from click.testing import CliRunner
 
 from installer.cli.main import cli
+from installer.core.components import CONTROL_UNITS, ETCD_UNIT, WORKER_UNITS
 from installer.core.diff import HostChanges, Selection, diff
 from installer.core.errors import InstallerError
 from installer.core.facts import (
@@ -39,16 +40,9 @@ from installer.core.facts import (
 from installer.core.network import ROUTES_UNIT
 from installer.core.render.files import HostDir, HostFile, SystemUser
 from installer.engine import runner
+from installer.engine.parts import control_plane_part, etcd_part, worker_part
 from installer.engine.phases import PHASE_NAMES
 from installer.engine.phases.run_preflight import problems
-from installer.engine.phases.select import (
-    CONTROL_UNITS,
-    ETCD_UNIT,
-    WORKER_UNITS,
-    control_plane_part,
-    etcd_part,
-    worker_part,
-)
 from installer.engine.phases.verify_hidden import violations
 from installer.host.applylock import LOCK_TTL, Identity, stale_reason
 from installer.host.hostops import LARGE, Payloads, codec_for, compress, script, tarball

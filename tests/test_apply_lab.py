@@ -234,7 +234,7 @@ def test_a_killed_runs_remote_commands_are_ended_before_its_lock_is_taken_over(a
 KILL_AT = """
 import os, signal, sys
 from installer.engine import runner
-from installer.engine.phases.base import Options
+from installer.engine.context import Options
 target = sys.argv[3]
 def on_event(ev):
     if ev.phase == target:

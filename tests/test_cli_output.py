@@ -81,7 +81,7 @@ def test_on_a_terminal_one_line_is_redrawn_a_few_times_a_second_then_erased():
 
 def test_an_event_line_says_what_was_done():
     from installer.cli.output import what_it_did
-    from installer.engine.phases.base import Event
+    from installer.engine.context import Event
     api = Event("cluster-bootstrap", "(api)", "changed", detail=["created Secret kube-system/bootstrap-token-w1",
                                                                  "created Secret kube-system/bootstrap-token-w2"])
     assert what_it_did(api) == ["created Secret kube-system/bootstrap-token-w1 (+1 more)"]

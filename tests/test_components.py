@@ -14,7 +14,7 @@ from installer.actions import rollout, teardown
 from installer.core import components
 from installer.core.artifacts import CONTROL_BINARIES, WORKER_BINARIES
 from installer.core.components import COMPONENTS, HELPER_BINARIES
-from installer.engine.phases import run_preflight, select, start_control_plane
+from installer.engine.phases import run_preflight
 from installer.host import fetch, waits
 from tests.conftest import write_inventory
 
@@ -101,7 +101,7 @@ def test_preflight_ports_derive_from_the_rows():
                                              10249: "kube-proxy.service", 10256: "kube-proxy.service"}
     # konnectivity is an addon: its ports are not refused before it is chosen
     assert not set(components.ports("konnectivity-server")) & set(run_preflight.PORTS["control"])
-    assert start_control_plane.LOCAL_PORTS == (10257, 10259)
+    assert components.LOCAL_CONTROL_PORTS == (10257, 10259)
     assert {u: waits.secure_ports(u) for u in ("kube-controller-manager.service", "kube-scheduler.service",
                                                "kubelet.service")} == {
         "kube-controller-manager.service": (10257,), "kube-scheduler.service": (10259,), "kubelet.service": (10250,)}
@@ -130,11 +130,11 @@ def test_every_row_names_a_wait_that_is_done(prepared):
 def test_the_consumers_read_the_table():
     assert fetch.RESTARTS == components.restarts()
     assert fetch.RESTARTS["etcd"] == "etcd.service" and "etcdctl" not in fetch.RESTARTS
-    assert select.CONTROL_UNITS == tuple(c.unit for c in components.by_role("control")
+    assert components.CONTROL_UNITS == tuple(c.unit for c in components.by_role("control")
                                          if c.name.startswith("kube-"))
-    assert select.WORKER_UNITS == tuple(c.unit for c in COMPONENTS if c.role == "worker" and not c.addon)
-    assert select.BALANCER_UNIT == components.unit("api-balancer")
-    assert fetch.BALANCER_BINARIES == ("haproxy", "socat") and fetch.RESTARTS["haproxy"] == select.BALANCER_UNIT
+    assert components.WORKER_UNITS == tuple(c.unit for c in COMPONENTS if c.role == "worker" and not c.addon)
+    assert components.BALANCER_UNIT == components.unit("api-balancer")
+    assert fetch.BALANCER_BINARIES == ("haproxy", "socat") and fetch.RESTARTS["haproxy"] == components.BALANCER_UNIT
     assert "socat" not in fetch.RESTARTS       # the runtime API's client: a new one restarts nothing
 
 

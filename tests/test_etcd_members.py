@@ -13,14 +13,15 @@ import pytest
 from installer.actions.etcd_members import MembershipRefused, apply_guard, check_add, check_remove, quorum
 from installer.actions.etcd_ops import Member, parse_members
 from installer.core import inventory
+from installer.core.components import ETCD_UNIT
 from installer.core.diff import diff
 from installer.core.errors import InventoryError
 from installer.core.facts import PROBE, DirFact, FileFact, HostFacts, parse
 from installer.core.render.control import ETCD_RESTART_KEY, etcd_unit_files
 from installer.core.render.plan import render_cluster
-from installer.engine.phases.base import Context, Options
+from installer.engine.context import Context, Options
+from installer.engine.parts import etcd_part
 from installer.engine.phases.read_etcd_membership import ReadEtcdMembership
-from installer.engine.phases.select import ETCD_UNIT, etcd_part
 from installer.engine.phases.start_etcd import StartEtcd
 from installer.host.ssh import Result
 

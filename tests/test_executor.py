@@ -16,9 +16,9 @@ from installer.actions import rollout
 from installer.core.diff import HostChanges
 from installer.core.facts import HostFacts
 from installer.core.render.plan import render_cluster
+from installer.engine.context import Context, Event, Options
 from installer.engine.executor import CONTROL_PLANE_UNITS, Executor, SystemdExecutor
-from installer.engine.phases.base import Context, Event, Options
-from installer.engine.phases.select import control_plane_part
+from installer.engine.parts import control_plane_part
 from installer.engine.phases.start_control_plane import StartControlPlane
 from installer.host.ssh import HostError
 

@@ -20,8 +20,8 @@ from installer.core import inventory
 from installer.core.artifacts import ArtifactError, add_files
 from installer.core.inventory_model import SANDBOX_IMAGE
 from installer.core.render.worker import HostFacts, render_worker
+from installer.engine.parts import binaries_part, phase_parts
 from installer.engine.phases.join_workers import archive_images, import_script, normalize_ref
-from installer.engine.phases.select import binaries_part, phase_parts
 from installer.host.fetch import ALL_BINARIES, IMAGE_DIR, ResolvedArtifact, binary_files, resolve_images
 from installer.lab.archives import build_image_archive
 

@@ -11,7 +11,7 @@ import contextlib
 
 import pytest
 
-from installer.engine.phases.base import Context, Options
+from installer.engine.context import Context, Options
 from installer.engine.phases.bootstrap_cluster import BootstrapCluster
 from installer.engine.phases.join_workers import JoinWorkers
 from installer.host import apireach, kube
@@ -145,7 +145,7 @@ def test_a_revoked_worker_in_the_inventory_stops_the_run_before_any_host_changes
     copy would otherwise rewrite every host's routes (with the revoked worker's pod CIDR) before
     cluster-bootstrap refused; the real lab saw exactly that drift."""
     from installer.core.ledger import NodeRetiredError
-    from installer.engine.phases.bootstrap_cluster import refuse_revoked_before_changes
+    from installer.engine.bootstrap import refuse_revoked_before_changes
     revoke_in(fake, ["node3"])
     with pytest.raises(NodeRetiredError, match="node3: revoked in this cluster .* no host was changed"):
         refuse_revoked_before_changes(with_apiserver(ctx_for(prepared)))
@@ -153,14 +153,14 @@ def test_a_revoked_worker_in_the_inventory_stops_the_run_before_any_host_changes
 
 
 def test_a_revoked_name_the_inventory_no_longer_lists_lets_the_run_go_on(prepared, fake):
-    from installer.engine.phases.bootstrap_cluster import refuse_revoked_before_changes
+    from installer.engine.bootstrap import refuse_revoked_before_changes
     revoke_in(fake, ["node9"])
     refuse_revoked_before_changes(with_apiserver(ctx_for(prepared)))
     assert [p for m, p, _ in fake.requests if "validatingadmissionpolicies" in p] != []
 
 
 def test_no_api_is_asked_before_any_apiserver_runs_or_when_the_run_skips_it(prepared, fake):
-    from installer.engine.phases.bootstrap_cluster import refuse_revoked_before_changes
+    from installer.engine.bootstrap import refuse_revoked_before_changes
     revoke_in(fake, ["node3"])
     refuse_revoked_before_changes(with_apiserver(ctx_for(prepared), active=False))
     refuse_revoked_before_changes(with_apiserver(ctx_for(prepared, skip=frozenset({"cluster-bootstrap"}))))

@@ -15,7 +15,7 @@ from installer import api
 from installer.core import network
 from installer.core.errors import StateError
 from installer.core.network import ROUTE_PROTO, ROUTES_UNIT, allocate, capacity, release, routes_for, slice_prefix
-from installer.engine.phases.select import control_plane_part, worker_part
+from installer.engine.parts import control_plane_part, worker_part
 
 from . import reference as ref
 from .conftest import write_inventory

@@ -29,7 +29,7 @@ from installer.core.ledger import Ledger, NodeRetiredError, check_inventory
 from installer.core.pki import issue
 from installer.core.render import revocation
 from installer.engine import runner
-from installer.engine.phases.base import Event, Options
+from installer.engine.context import Event, Options
 from installer.host import kube, kube_objects, node_api
 
 from .conftest import EXAMPLE

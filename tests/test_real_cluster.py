@@ -362,7 +362,7 @@ def test_a_run_limited_to_some_hosts_brings_back_no_token(rc):
     made again (before: every worker outside the run got its token back, honoured by the
     approver, until its own batch came)."""
     from installer.engine import runner
-    from installer.engine.phases.base import Options
+    from installer.engine.context import Options
     report = runner.run(str(rc.inventory), str(rc.state), Options(hosts=frozenset({"w1"}), wait_timeout=600),
                         log=lambda line: None)
     created = [d for e in report.events if e.host == "(api)" for d in e.detail if "bootstrap-token" in d]

@@ -22,7 +22,7 @@ from installer.core.facts import FileFact
 from installer.core.facts import HostFacts as Facts
 from installer.core.render.plan import render_cluster
 from installer.core.render.worker import CONNTRACK_IN_CONTAINER
-from installer.engine.phases.select import worker_part
+from installer.engine.parts import worker_part
 
 from .reference import REFDATA
 from .standins.runtime import flatten

@@ -36,7 +36,7 @@ from installer.core.pki.specs import CLUSTER_CA, ETCD_CA
 from installer.core.render.addons.konnectivity import AGENT_PORT
 from installer.core.render.addons.konnectivity import enabled as konnectivity_enabled
 from installer.core.tlsfiles import load_client_cert
-from installer.engine.phases.base import Context
+from installer.engine.context import Context
 from installer.host.ssh import Remote
 
 

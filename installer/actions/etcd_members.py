@@ -30,6 +30,7 @@ from typing import Callable
 from urllib.parse import urlsplit
 
 from installer.actions.etcd_ops import control_remotes, day2_etcdctl
+from installer.core.components import CONTROL_UNITS, ETCD_UNIT
 from installer.core.errors import InstallerError
 from installer.core.etcd_rules import (
     Change,
@@ -49,8 +50,7 @@ from installer.core.etcd_rules import (
 from installer.core.inventory import HostSpec, Inventory, as_inventory
 from installer.core.render.control import ETCD_DATA_DIR, ETCD_REMOVED_ASIDE, peer_url
 from installer.engine import runner
-from installer.engine.phases.base import Event, Options
-from installer.engine.phases.select import CONTROL_UNITS, ETCD_UNIT
+from installer.engine.context import Event, Options
 from installer.engine.steps import Step, plan, run_steps
 from installer.host import probes
 from installer.host.applylock import cluster_lock

@@ -23,12 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+from installer.core.components import CONTROL_UNITS, ETCD_UNIT, LOCAL_CONTROL_PORTS
 from installer.core.etcd_rules import EtcdOpError, Member, parse_members
 from installer.core.inventory import HostSpec, Inventory, as_inventory
 from installer.core.render.control import ETCD_DATA_DIR, ETCD_RESTORE_ASIDE, etcd_servers, initial_cluster, peer_url
 from installer.core.safefs import write_atomic
-from installer.engine.phases.select import CONTROL_UNITS, ETCD_UNIT
-from installer.engine.phases.start_control_plane import LOCAL_PORTS
 from installer.engine.steps import Step, plan, run_steps
 from installer.host.applylock import cluster_lock
 from installer.host.etcdctl import LOCAL, endpoint_health_script, etcdctl
@@ -226,7 +225,7 @@ def _restore_steps(inv: Inventory, snapshot: str, data: bytes, stamp: str, remot
         on_each(f"systemctl start {units}", "start the control plane")(None)
         # the units are simple services: wait until the apiserver, controller-manager and
         # scheduler listen again (the apiserver only does once it reaches etcd)
-        ports = (inv.spec.apiServer.port, *LOCAL_PORTS)
+        ports = (inv.spec.apiServer.port, *LOCAL_CONTROL_PORTS)
         for n in names:
             r = remotes[n].run(listening_script(ports, wait_timeout), check=False,
                                what="wait for the control plane", timeout=wait_timeout + 30)

@@ -29,8 +29,8 @@ from installer.core.pki.material import Material, ensure
 from installer.core.render.balancer import BALANCER_CONFIG
 from installer.core.state import StateDir, state_for
 from installer.engine import runner
-from installer.engine.phases.base import Options
-from installer.engine.phases.select import planned_changes
+from installer.engine.context import Options
+from installer.engine.parts import planned_changes
 from installer.host import apireach, kube, node_api
 from installer.host.ssh import Remote
 

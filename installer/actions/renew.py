@@ -53,7 +53,7 @@ from installer.core.pki.specs import CAS, CLUSTER_CA, ETCD_CA, FRONT_PROXY_CA, c
 from installer.core.render.plan import render_cluster
 from installer.core.safefs import write_atomic
 from installer.core.state import StateDir, write_admin_kubeconfig
-from installer.engine.phases.base import Context
+from installer.engine.context import Context
 from installer.engine.steps import Step, plan, run_steps
 
 BACKUPS = "backups"

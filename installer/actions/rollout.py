@@ -34,9 +34,9 @@ from installer.core.inventory import Inventory
 from installer.core.pki.material import Changes, Material
 from installer.core.render.plan import render_cluster
 from installer.core.state import StateDir
+from installer.engine.context import Context, Options
 from installer.engine.executor import CONTROL_PLANE_UNITS
-from installer.engine.phases.base import Context, Options
-from installer.engine.phases.select import control_plane_part, etcd_part, probed_files, worker_part
+from installer.engine.parts import control_plane_part, etcd_part, probed_files, worker_part
 from installer.host import apireach, handover, probes, waits
 from installer.host.applylock import acquire, mark_scope, release
 from installer.host.parallel import each

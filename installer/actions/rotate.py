@@ -66,8 +66,8 @@ from installer.core.pki.material import Material, new_token
 from installer.core.pki.specs import CAS, ETCD_CA, cert_specs
 from installer.core.render.addons import addon_objects
 from installer.core.render.addons.konnectivity import enabled as konnectivity_enabled
-from installer.engine.phases.base import Context
-from installer.engine.phases.bootstrap_cluster import BootstrapCluster
+from installer.engine.bootstrap import send_bootstrap_objects
+from installer.engine.context import Context
 from installer.engine.steps import Step, plan
 from installer.host import apireach, csr_approval
 
@@ -111,7 +111,7 @@ def rotate_plan(inv: Inventory, cas: list[str], use_api: bool) -> list[str]:
 
 def _api_tokens(ctx: Context, old: Material, report: Report) -> None:
     from installer.host import kube  # lazy: runs that never reach the API skip urllib3 and the schemas
-    ev = BootstrapCluster().run_host(ctx, "(api)")
+    ev = send_bootstrap_objects(ctx, "cluster-bootstrap")
     report.steps += ev.detail
     gone = {t.id for t in old.tokens.values()} - {t.id for t in ctx.material.tokens.values()}
     with apireach.api_access(ctx.inv, ctx.remotes, ctx.material) as url, \

@@ -46,7 +46,7 @@ from installer.core.upgrade_rules import (
     upgrade_order,
 )
 from installer.engine import runner
-from installer.engine.phases.base import Event, Options
+from installer.engine.context import Event, Options
 from installer.engine.steps import Step, plan, run_steps
 from installer.host import node_api, probes
 from installer.host.applylock import cluster_lock

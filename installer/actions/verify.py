@@ -38,6 +38,8 @@ from pathlib import Path
 from typing import Callable
 
 from installer.core import components
+from installer.core.components import BALANCER_UNIT, ETCD_UNIT, WORKER_UNITS
+from installer.core.components import CONTROL_UNITS as CONTROL_PLANE_UNITS
 from installer.core.errors import InstallerError
 from installer.core.inventory import HostSpec, Inventory, as_inventory
 from installer.core.pki.material import ensure
@@ -45,8 +47,6 @@ from installer.core.render.files import HostPlan
 from installer.core.render.plan import render_cluster
 from installer.core.render.worker import BOOTSTRAP_KUBECONFIG, KUBELET_CLIENT_PEM
 from installer.core.state import state_for
-from installer.engine.phases.select import BALANCER_UNIT, ETCD_UNIT, WORKER_UNITS
-from installer.engine.phases.select import CONTROL_UNITS as CONTROL_PLANE_UNITS
 from installer.host import apireach
 from installer.host.ssh import Remote
 

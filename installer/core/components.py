@@ -166,3 +166,18 @@ def version_of(name: str, spec) -> str | None:
     for attr in path:
         value = getattr(value, attr)
     return value
+
+
+# the units the phases and day-2 commands start and wait for: each role's rows in table order
+# (add-ons and hiddenplane-routes are not waited for); etcd has steps of its own
+ETCD_UNIT = unit("etcd")
+CONTROL_UNITS = tuple(c.unit for c in COMPONENTS if c.role == CONTROL and c.name != "etcd" and not c.addon)
+WORKER_UNITS = tuple(c.unit for c in COMPONENTS if c.role == WORKER and not c.addon)
+BALANCER_UNIT = unit("api-balancer")
+# the ports the controller-manager and scheduler serve on loopback only
+LOCAL_CONTROL_PORTS = ports("kube-controller-manager") + ports("kube-scheduler")
+
+
+def worker_units(inv) -> tuple[str, ...]:
+    """The units every worker starts and waits for: the API balancer first when it runs one."""
+    return ((BALANCER_UNIT,) if inv.local_balancer else ()) + WORKER_UNITS

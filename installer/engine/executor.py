@@ -25,7 +25,7 @@ CONTROL_PLANE_UNITS = tuple(c.unit for c in components.COMPONENTS if c.role == c
 
 class Executor:
     """The operations on the control plane's components of one target (a control host today).
-    ``ctx`` is the run's Context (engine/phases/base.py); ``unit`` names a component by its
+    ``ctx`` is the run's Context (engine/context.py); ``unit`` names a component by its
     unit, as the component table does."""
 
     name = ""

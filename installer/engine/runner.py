@@ -19,10 +19,10 @@ from installer.core.ledger import Ledger, check_inventory
 from installer.core.pki.material import ensure
 from installer.core.render.plan import render_cluster
 from installer.core.state import state_for
+from installer.engine.bootstrap import refuse_revoked_before_changes
+from installer.engine.context import Context, Event, Options
 from installer.engine.phases import ALWAYS, PHASE_NAMES, RUN_WITH, SKIPPED_WITH, build
 from installer.engine.phases.acquire_lock import release_run
-from installer.engine.phases.base import Context, Event, Options
-from installer.engine.phases.bootstrap_cluster import refuse_revoked_before_changes
 from installer.host.fetch import digest_record, resolve, resolve_images
 from installer.host.ssh import HostError
 

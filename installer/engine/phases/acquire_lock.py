@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import time
 
-from installer.engine.phases.base import Context, Event, Phase
-from installer.engine.phases.select import pending_work
+from installer.engine.context import Context, Event
+from installer.engine.parts import pending_work
+from installer.engine.phases.base import Phase
 from installer.host.applylock import acquire, break_stale, dead_here, end_dead_run, mark_scope, release, stale_reason
 from installer.host.ssh import Remote
 

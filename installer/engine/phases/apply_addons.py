@@ -46,7 +46,9 @@ from installer.core.render.addons import (
 )
 from installer.core.render.kubeconfig import kubeconfig
 from installer.core.tlsfiles import fd_path, memory_file
-from installer.engine.phases.base import Context, Event, Phase, apply_api_objects
+from installer.engine.api_objects import apply_api_objects
+from installer.engine.context import Context, Event
+from installer.engine.phases.base import Phase
 from installer.host.fetch import cache_dir
 
 HELM = "helm"

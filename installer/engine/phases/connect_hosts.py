@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from installer.core.facts import PROBE, parse, probe_input
-from installer.engine.phases.base import Context, Event, Phase
-from installer.engine.phases.select import managed_paths
+from installer.engine.context import Context, Event
+from installer.engine.parts import managed_paths
+from installer.engine.phases.base import Phase
 from installer.host.ssh import HostError, Remote
 
 

@@ -26,11 +26,13 @@ import time
 from pathlib import Path
 
 from installer.core import components
+from installer.core.components import worker_units
 from installer.core.diff import Selection
 from installer.core.errors import InstallerError
 from installer.core.render.worker import BOOTSTRAP_KUBECONFIG, KUBELET_CONFIG, KUBELET_KUBECONFIG
-from installer.engine.phases.base import Context, Event, Phase
-from installer.engine.phases.select import worker_part, worker_units
+from installer.engine.context import Context, Event
+from installer.engine.parts import worker_part
+from installer.engine.phases.base import Phase
 from installer.host import apireach, csr_approval
 from installer.host.fetch import BIN_DIR, IMAGE_DIR, is_image
 from installer.host.parallel import each

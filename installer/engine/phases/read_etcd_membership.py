@@ -8,9 +8,11 @@ already registered is rendered to join with ``--initial-cluster-state=existing``
 
 from __future__ import annotations
 
+from installer.core.components import ETCD_UNIT
 from installer.core.etcd_rules import Guard, MembershipRefused, apply_guard, parse_members
-from installer.engine.phases.base import Context, Event, Phase
-from installer.engine.phases.select import ETCD_UNIT, etcd_part
+from installer.engine.context import Context, Event
+from installer.engine.parts import etcd_part
+from installer.engine.phases.base import Phase
 from installer.host.etcdctl import LOCAL, error_line, etcdctl
 from installer.host.ssh import HostError
 

@@ -6,7 +6,8 @@ from installer.core import components
 from installer.core.artifacts import ARTIFACTS_ARCH
 from installer.core.facts import HostFacts
 from installer.core.inventory import HostSpec
-from installer.engine.phases.base import Context, Event, Phase
+from installer.engine.context import Context, Event
+from installer.engine.phases.base import Phase
 from installer.host.fetch import ARCHES
 from installer.host.ssh import HostError
 

@@ -13,11 +13,12 @@ from __future__ import annotations
 import threading
 
 from installer.core import components
-from installer.engine.phases.base import Context, Event, Phase
-from installer.engine.phases.select import CONTROL_UNITS, control_plane_part
+from installer.core.components import CONTROL_UNITS
+from installer.engine.context import Context, Event
+from installer.engine.parts import control_plane_part
+from installer.engine.phases.base import Phase
 from installer.host import handover
 
-LOCAL_PORTS = components.ports("kube-controller-manager") + components.ports("kube-scheduler")
 APISERVER_UNIT, CONTROLLER_MANAGER, SCHEDULER = components.units("kube-apiserver", "kube-controller-manager",
                                                                  "kube-scheduler")
 # the apiserver restarts of one process's runs, one host at a time

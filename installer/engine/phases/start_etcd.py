@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import threading
 
+from installer.core.components import ETCD_UNIT
 from installer.core.render.control import ETCD_DATA_DIR, client_url
-from installer.engine.phases.base import Context, Event, Phase
-from installer.engine.phases.select import ETCD_UNIT, etcd_part
+from installer.engine.context import Context, Event
+from installer.engine.parts import etcd_part
+from installer.engine.phases.base import Phase
 from installer.host import handover
 from installer.host.etcdctl import LOCAL, endpoint_health_script, status_script
 from installer.host.ssh import HostError

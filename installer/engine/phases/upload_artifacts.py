@@ -6,8 +6,9 @@ cache for `source: download`); a host gets a binary only when its copy differs.
 
 from __future__ import annotations
 
-from installer.engine.phases.base import Context, Event, Phase
-from installer.engine.phases.select import binaries_part
+from installer.engine.context import Context, Event
+from installer.engine.parts import binaries_part
+from installer.engine.phases.base import Phase
 
 
 class UploadArtifacts(Phase):

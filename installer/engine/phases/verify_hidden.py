@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from installer.core.facts import HostFacts
 from installer.core.render.files import HostPlan
-from installer.engine.phases.base import Context, Event, Phase
+from installer.engine.context import Context, Event
+from installer.engine.phases.base import Phase
 from installer.host import apireach
 from installer.host.ssh import HostError
 

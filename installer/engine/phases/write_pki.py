@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from installer.core.ledger import Ledger
 from installer.core.state import write_admin_kubeconfig
-from installer.engine.phases.base import Context, Event, Phase
+from installer.engine.context import Context, Event
+from installer.engine.phases.base import Phase
 
 
 class WritePKI(Phase):

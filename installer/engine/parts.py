@@ -1,33 +1,21 @@
-"""Which part of each host's plan every phase owns. Every planned file, directory, user and
+"""Which part of each host's plan every host-changing phase owns (apply's phases, and the
+day-2 pushes that use the same parts). Every planned file, directory, user and
 unit belongs to exactly one phase (a test checks the partition)."""
 
 from __future__ import annotations
 
 from installer.core import components
 from installer.core.diff import Selection
-from installer.core.render.control import ETCD_UNIT
 from installer.core.render.files import HostPlan
 from installer.core.render.worker import KUBELET_KUBECONFIG
-from installer.engine.phases.base import Context, Event
+from installer.engine.context import Context, Event
 from installer.host.fetch import binary_files
-
-# the units control-plane and workers start and wait for: the table's rows of each role, in
-# table order (etcd has a phase of its own; addons and hiddenplane-routes are not waited for)
-CONTROL_UNITS = tuple(c.unit for c in components.COMPONENTS
-                      if c.role == components.CONTROL and c.name != "etcd" and not c.addon)
-WORKER_UNITS = tuple(c.unit for c in components.COMPONENTS if c.role == components.WORKER and not c.addon)
-BALANCER_UNIT = components.unit("api-balancer")
-
-
-def worker_units(inv) -> tuple[str, ...]:
-    """The units every worker starts and waits for: the API balancer first when it runs one."""
-    return ((BALANCER_UNIT,) if inv.local_balancer else ()) + WORKER_UNITS
 
 
 def _is_etcd(path: str) -> bool:
     # the etcd CA and health-check client are used to wait for etcd's health right after it starts
     return (path.startswith(("/etc/etcd", "/var/lib/etcd", "/etc/kubernetes/pki/etcd"))
-            or path == f"/etc/systemd/system/{ETCD_UNIT}")
+            or path == f"/etc/systemd/system/{components.ETCD_UNIT}")
 
 
 def etcd_part(plan: HostPlan) -> Selection:
@@ -35,7 +23,7 @@ def etcd_part(plan: HostPlan) -> Selection:
         files=tuple(f for f in plan.files.values() if _is_etcd(f.path)),
         dirs=tuple(d for d in plan.dirs.values() if _is_etcd(d.path)),
         users=tuple(plan.users),
-        units=(ETCD_UNIT,),
+        units=(components.ETCD_UNIT,),
     )
 
 
@@ -44,7 +32,7 @@ def control_plane_part(plan: HostPlan) -> Selection:
     return Selection(
         files=tuple(f for f in plan.files.values() if not _is_etcd(f.path)),
         dirs=tuple(d for d in plan.dirs.values() if not _is_etcd(d.path)),
-        units=tuple(u for u in plan.units if u != ETCD_UNIT),
+        units=tuple(u for u in plan.units if u != components.ETCD_UNIT),
     )
 
 

@@ -1,0 +1,156 @@
+"""What one run shares, for apply's phases and day-2 commands alike: its options, the events it
+reports, and the Context (inventory, state, material, connections, facts, plans, the executor)
+with the push of a change (``execute``) that keeps the facts current."""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from installer.core.artifacts import ARTIFACTS_ARCH
+from installer.core.diff import HostChanges, Selection, diff
+from installer.core.etcd_rules import Guard
+from installer.core.facts import DirFact, FileFact, HostFacts
+from installer.core.inventory import HostSpec, Inventory
+from installer.core.pki.material import Changes, Material
+from installer.core.render.files import HostPlan
+from installer.core.render.plan import render_cluster
+from installer.core.render.worker import HostFacts as RenderFacts
+from installer.core.state import StateDir
+from installer.engine.executor import Executor, SystemdExecutor
+from installer.host.hostops import Payloads, codec_for, script
+from installer.host.ssh import Remote
+
+
+@dataclass
+class Options:
+    dry_run: bool = False
+    parallel: int = 10
+    accept_new_host_keys: bool = False
+    only: frozenset[str] = frozenset()
+    skip: frozenset[str] = frozenset()
+    force_unlock: bool = False
+    wait_timeout: float = 180.0
+    # limit the run to these hosts (empty: every host). The control hosts are still connected
+    # (the lock lives there and the API is reached through them) but not changed.
+    hosts: frozenset[str] = frozenset()
+    # removed hosts `node add` brings back: the ledger still says removed in its dry run
+    returning: frozenset[str] = frozenset()
+    # a run of `installer upgrade`: the inventory's versions may differ from the recorded ones
+    upgrade: bool = False
+
+
+@dataclass
+class Event:
+    phase: str
+    host: str
+    action: str                   # changed | unchanged | skipped | failed | waited | checked
+    seconds: float = 0.0
+    files: int = 0
+    bytes: int = 0
+    restarts: list[str] = field(default_factory=list)
+    detail: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Context:
+    inv: Inventory
+    state: StateDir
+    options: Options
+    material: Material
+    pki_changes: Changes
+    log: Callable[[str], None] = print
+    # (host, bytes sent, total) while a change's tar is uploaded; for progress lines
+    on_upload: Callable[[str, int, int], None] | None = None
+    remotes: dict[str, Remote] = field(default_factory=dict)
+    facts: dict[str, HostFacts] = field(default_factory=dict)
+    plans: dict[str, HostPlan] = field(default_factory=dict)
+    artifacts: dict = field(default_factory=dict)          # name -> fetch.ResolvedArtifact
+    # the release architecture the artifacts are for (one per run: a directory holds one arch);
+    # preflight refuses a host of another architecture
+    artifacts_arch: str = ARTIFACTS_ARCH
+    events: list[Event] = field(default_factory=list)
+    locked: list[str] = field(default_factory=list)
+    run_id: str = ""
+    bootstrap_ran: bool = False
+    # workers this command made forget their client certificate (ca rotate): they bootstrap
+    # again with a new token although their Node is registered
+    rejoin: set[str] = field(default_factory=set)
+    # set by the lock phase's prepare: whether any phase that runs changes a host (from the facts)
+    changes_pending: bool = False
+    # set by the etcd phase's prepare: the membership changes it may make (learners to add and
+    # promote); None before that phase ran
+    etcd_guard: Guard | None = None
+    # the etcd phase's membership read: control host -> (member list JSON, why it failed)
+    etcd_answers: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # each distinct upload built (and compressed) once, shared by the hosts that get it
+    payloads: Payloads = field(default_factory=Payloads)
+    # where and how the control plane's components run (engine/executor.py)
+    executor: Executor = field(default_factory=SystemdExecutor)
+
+    def settled(self, events: list[Event], units: tuple[str, ...]) -> bool:
+        """Nothing changed and every unit was already active: no health wait needed. A unit
+        still starting (e.g. restarted by a run that was killed) is waited for."""
+        return all(e.action == "unchanged" for e in events) and all(
+            self.facts[e.host].units.get(u, ("", ""))[0] == "active" for e in events for u in units)
+
+    def mark_active(self, hosts: list[str], units: tuple[str, ...]) -> None:
+        """A health wait succeeded: the units are running now."""
+        for h in hosts:
+            for u in units:
+                self.facts[h].units[u] = ("active", self.facts[h].units.get(u, ("", "enabled"))[1] or "enabled")
+
+    def hosts(self, role: str | None = None) -> list[HostSpec]:
+        limit = self.options.hosts
+        return [h for h in self.inv.spec.hosts if role in (None, h.role) and (not limit or h.name in limit)]
+
+    def rerender(self) -> None:
+        """Render every host's plan again with what the hosts told us (their facts, e.g. whether
+        systemd-resolved runs, and the etcd membership read)."""
+        self.plans = render_cluster(self.inv, self.material, render_facts(self))
+
+    def will_run(self, phase: str) -> bool:
+        o = self.options
+        return (not o.only or phase in o.only) and phase not in o.skip
+
+    def changes_for(self, host: str, sel: Selection) -> HostChanges:
+        return diff(host, sel, self.facts[host])
+
+    def execute(self, phase: str, host: str, changes: HostChanges, no_block: bool = False) -> Event:
+        """Apply ``changes`` on ``host`` in one round trip (or only describe them in a dry run)."""
+        start = time.monotonic()
+        ev = Event(phase, host, "unchanged" if changes.empty else "changed", files=len(changes.write),
+                   bytes=changes.upload_bytes, restarts=list(changes.restart), detail=changes.summary())
+        if not changes.empty and not self.options.dry_run:
+            upload = functools.partial(self.on_upload, host) if self.on_upload else None
+            codec = codec_for(changes, self.facts[host].tools)
+            self.remotes[host].run(script(changes, no_block=no_block, codec=codec),
+                                   stdin=self.payloads.get(changes, codec),
+                                   what=f"{phase}: apply changes", progress=upload)
+            self._remember(host, changes)
+        ev.seconds = time.monotonic() - start
+        return ev
+
+    def _remember(self, host: str, changes: HostChanges) -> None:
+        """Keep the facts current without another probe: what we wrote is now there."""
+        facts = self.facts[host]
+        for f in changes.write + changes.fix:
+            facts.files[f.path] = FileFact(f.sha256, f.mode, f.owner, f.group, True)
+        for d in changes.dirs:
+            facts.dirs[d.path] = DirFact(d.mode, d.owner, d.group)
+        facts.users.update(u.name for u in changes.users)
+        for u in changes.enable + changes.start + changes.restart:
+            active, enabled = facts.units.get(u, ("inactive", ""))
+            facts.units[u] = ("active", "enabled")
+        facts.pending_restarts -= set(changes.restart) | set(changes.start)
+        facts.pending_restarts |= set(changes.defer)
+
+
+def render_facts(ctx: Context) -> dict[str, RenderFacts]:
+    """What rendering needs to know of each host, from its facts and the etcd membership read."""
+    joining = ctx.etcd_guard.joining if ctx.etcd_guard else {}
+    return {name: RenderFacts(systemd_resolved=f.systemd_resolved, kubelet_joined=f.kubelet_joined,
+                              etcd_join=joining.get(name))
+            for name, f in ctx.facts.items()}
