@@ -145,3 +145,12 @@ def test_no_module_over_about_400_lines():
     # named here so a new one over the line is a decision, not drift
     long = sorted((m, n) for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > 415)
     assert long == []
+
+
+def test_every_connection_is_made_by_a_session():
+    # one way to connect: engine/session.py makes every Remote (host keys verified, closed with
+    # the session, the lock given back); a module that builds its own skips all three
+    makers = sorted(m for m, p in MODULES.items()
+                    if any(isinstance(n, ast.Call) and getattr(n.func, "id", None) == "Remote"
+                           for n in ast.walk(ast.parse(p.read_text()))))
+    assert makers == []         # session.py calls its factory (Remote by default), never Remote(...) itself

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -650,7 +651,8 @@ def test_a_failed_reset_releases_its_lock(inv, prepared, monkeypatch):
     with pytest.raises(teardown.TeardownError, match="control hosts not touched"):
         reset.reset(inv, state_dir=prepared.state.root, yes=True, log=lambda m: None)
     on_control = [script for name, script in ran if name == CONTROL]
-    assert "set -C" in on_control[0] and "rm -f" in on_control[-1] and "grep -q reset-" in on_control[-1]
+    run = re.search(r'"run": "([0-9a-f]+)"', on_control[0]).group(1)     # the lock the reset took
+    assert "set -C" in on_control[0] and "rm -f" in on_control[-1] and f"grep -q {run} " in on_control[-1]
     assert not [s for s in on_control if "off " in s]                   # the control host was not wiped
 
 

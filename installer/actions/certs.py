@@ -10,6 +10,7 @@ node's own kube-proxy certificate, a control host's admin.conf and the component
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime as dt
 import re
 import shlex
@@ -27,8 +28,9 @@ from installer.core.pki.specs import CAS
 from installer.core.render.plan import render_cluster
 from installer.core.render.worker import KUBELET_CLIENT_PEM
 from installer.core.state import StateDir, state_for
+from installer.engine.session import Session
 from installer.host.parallel import each
-from installer.host.ssh import HostError, Remote
+from installer.host.ssh import HostError
 
 STATE = "state"
 KUBELET_CLIENT = KUBELET_CLIENT_PEM             # the kubelet's rotating pair (render/worker.py)
@@ -213,19 +215,18 @@ def check(inventory_path, state_dir=None, offline: bool = False, remote_for: Cal
         if any(ca.name not in loaded.cas for ca in CAS):
             raise StateError(f"{state.root} lacks a CA; run `installer apply` (or use --offline)")
         expected = expected_paths(inv, _plans_for(inv, loaded))
-        remote_for = remote_for or (lambda h: Remote(h, inv))
+        session = Session(inv) if remote_for is None else None
+        remote_for = remote_for or session.remote
 
         def one(h):
-            remote = remote_for(h)
-            try:
-                log(f"{h.name}: reading {len(expected[h.name])} certificate path(s)")
-                r = remote.run(fetch_script(list(expected[h.name])), what="read certificates")
-                return host_rows(h.name, expected[h.name], r.raw)
-            finally:
-                remote.close()
+            log(f"{h.name}: reading {len(expected[h.name])} certificate path(s)")
+            r = remote_for(h).run(fetch_script(list(expected[h.name])), what="read certificates")
+            return host_rows(h.name, expected[h.name], r.raw)
 
         errors = []
-        for result in each(one, inv.spec.hosts).values():
+        with session or contextlib.nullcontext():
+            results = each(one, inv.spec.hosts).values()
+        for result in results:
             if isinstance(result, HostError):
                 errors.append(str(result))
             elif isinstance(result, Exception):

@@ -51,9 +51,9 @@ from installer.core.inventory import HostSpec, Inventory, as_inventory
 from installer.core.render.control import ETCD_DATA_DIR, ETCD_REMOVED_ASIDE, peer_url
 from installer.engine import runner
 from installer.engine.context import Event, Options
+from installer.engine.session import Session, hold
 from installer.engine.steps import Step, plan, run_steps
 from installer.host import probes
-from installer.host.applylock import cluster_lock
 from installer.host.etcdctl import LOCAL, endpoint_health_script, error_line, member_list
 from installer.host.ssh import HostError, Remote
 
@@ -149,7 +149,7 @@ def add(inventory, name: str, *, state_dir=None, allow_even: bool = False, wait_
     if dry_run:
         return _add(inv, name, state_dir=state_dir, allow_even=allow_even, wait_timeout=wait_timeout, log=log,
                     dry_run=True)
-    with cluster_lock(inv, skip=frozenset({name}), log=log):
+    with hold(inv, skip=frozenset({name}), log=log):
         return _add(inv, name, state_dir=state_dir, allow_even=allow_even, wait_timeout=wait_timeout, log=log,
                     dry_run=False)
 
@@ -256,7 +256,7 @@ def remove(inventory, name: str, *, state_dir=None, allow_even: bool = False, ho
         return _remove(inv, name, allow_even=allow_even, host_unreachable=host_unreachable,
                        wait_timeout=wait_timeout, log=log, dry_run=True)
     # a host already gone holds no lock to take
-    with cluster_lock(inv, skip=frozenset({name}) if host_unreachable else frozenset(), log=log):
+    with hold(inv, skip=frozenset({name}) if host_unreachable else frozenset(), log=log):
         return _remove(inv, name, allow_even=allow_even, host_unreachable=host_unreachable,
                        wait_timeout=wait_timeout, log=log, dry_run=False)
 
@@ -291,7 +291,8 @@ def _remove(inv: Inventory, name: str, *, allow_even: bool, host_unreachable: bo
     if name in in_inventory and in_inventory[name].role != "control":
         raise InstallerError(f"{name}: is a {in_inventory[name].role}, not a control host: it is no etcd member")
     deadline = time.monotonic() + wait_timeout
-    with control_remotes(inv) as remotes:
+    with Session(inv) as session:
+        remotes = session.connect(inv.controls)
         view = _checked(inv, remotes, name, check_remove, allow_even, "removed")
         member = next(m for m in view.members if m.name == name)
         if name in remotes:
@@ -301,7 +302,8 @@ def _remove(inv: Inventory, name: str, *, allow_even: bool, host_unreachable: bo
             if not address:
                 raise EtcdOpError(f"{name}: not in the inventory and its member has no peer URL to reach it by; "
                                   "pass --host-unreachable; nothing was changed")
-            target = remotes[name] = Remote(HostSpec(name=name, address=address, role="control"), inv)
+            # a host the inventory no longer lists: reached at its member's peer address
+            target = session.remote(HostSpec(name=name, address=address, role="control"))
         rest = [m for m in view.members if m.id != member.id]
         steps = _remove_steps(inv, member, target, view.via, host_unreachable, rest, deadline)
         if not host_unreachable:

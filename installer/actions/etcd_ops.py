@@ -28,8 +28,8 @@ from installer.core.etcd_rules import EtcdOpError, Member, parse_members
 from installer.core.inventory import HostSpec, Inventory, as_inventory
 from installer.core.render.control import ETCD_DATA_DIR, ETCD_RESTORE_ASIDE, etcd_servers, initial_cluster, peer_url
 from installer.core.safefs import write_atomic
+from installer.engine.session import Session, hold
 from installer.engine.steps import Step, plan, run_steps
-from installer.host.applylock import cluster_lock
 from installer.host.etcdctl import LOCAL, endpoint_health_script, etcdctl
 from installer.host.fetch import binary_path
 from installer.host.ssh import HostError, Remote
@@ -48,12 +48,9 @@ def day2_etcdctl(endpoints: str) -> str:
 def control_remotes(inv: Inventory) -> Iterator[dict[str, Remote]]:
     """A Remote per control host (connected on first use), all closed afterwards; a Remote
     added to the dict meanwhile is closed too."""
-    remotes = {h.name: Remote(h, inv) for h in inv.controls}
-    try:
-        yield remotes
-    finally:
-        for r in remotes.values():
-            r.close()
+    with Session(inv) as s:
+        s.connect(inv.controls)
+        yield s.remotes
 
 
 def _first_reachable(inv: Inventory, remotes: dict[str, Remote]) -> Remote:
@@ -186,7 +183,7 @@ def snapshot_restore(inventory_path, snapshot, wait_timeout: float = 120,
                      log: Callable[[str], None] = print) -> list[str]:
     """Restore ``snapshot`` on every member, holding the apply lock. Returns the hosts restored."""
     inv = as_inventory(inventory_path)
-    with cluster_lock(inv, log=log):
+    with hold(inv, log=log):
         return _snapshot_restore(inv, snapshot, wait_timeout, log)
 
 

@@ -31,8 +31,8 @@ from installer.core.state import StateDir, state_for
 from installer.engine import runner
 from installer.engine.context import Options
 from installer.engine.parts import planned_changes
+from installer.engine.session import Session
 from installer.host import apireach, kube, node_api
-from installer.host.ssh import Remote
 
 ApiFactory = Callable[[], ContextManager[kube.ApiClient]]
 ROUTES_PATH = f"/etc/systemd/system/{ROUTES_UNIT}"
@@ -88,7 +88,7 @@ def cluster_api(inv: Inventory, material: Material, factory: ApiFactory | None =
         with factory() as api:
             yield api
         return
-    with apireach.api_access(inv, lambda h: Remote(h, inv), material) as url, \
+    with Session(inv) as s, apireach.api_access(inv, s.remote, material) as url, \
             kube.api_client(url, material, credential="admin") as api:
         yield api
 

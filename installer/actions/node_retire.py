@@ -27,10 +27,10 @@ from installer.core.inventory import Inventory
 from installer.core.ledger import Entry, Ledger
 from installer.core.pki.material import Material
 from installer.core.render.revocation import POLICY, identity
+from installer.engine.session import Session, hold
 from installer.engine.steps import Step, run_steps
 from installer.host import apireach, kube, node_api
-from installer.host.applylock import cluster_lock
-from installer.host.ssh import HostError, Remote
+from installer.host.ssh import HostError
 
 
 @dataclass
@@ -238,12 +238,9 @@ def remove_plan(t: Target, *, skip_cluster: bool, host_unreachable: bool, revoke
 
 def _wipe(t: Target, log, accept_new_host_keys: bool) -> list[str]:
     inv = with_host(t.inv, t.host)
-    remote = Remote(t.host, inv, accept_new_host_keys)
-    try:
+    with Session(inv, log=log, accept_new_host_keys=accept_new_host_keys) as s:
         # no plans given: teardown derives the host's paths, users and units from the inventory
-        return teardown.wipe_host(inv, t.host, {}, remote, data=True, log=log)
-    finally:
-        remote.close()
+        return teardown.wipe_host(inv, t.host, {}, s.remote(t.host), data=True, log=log)
 
 
 def _cluster_cleanup(api, t: Target, material: Material, out: Outcome, log) -> list[str]:
@@ -293,8 +290,8 @@ def remove(inventory, name: str, state_dir=None, *, timeout: float = 300.0, skip
         return _run_steps(_Run(t, ledger, Outcome(name), log, stack, api_factory, accept_new_host_keys), steps)
 
 
-def _lock(t: Target, hold: bool, skip: frozenset[str], log) -> ContextManager:
-    return cluster_lock(t.inv, skip=skip, log=log) if hold else contextlib.nullcontext()
+def _lock(t: Target, holding: bool, skip: frozenset[str], log) -> ContextManager:
+    return hold(t.inv, skip=skip, log=log) if holding else contextlib.nullcontext()
 
 
 def _gone(t: Target, host_unreachable: bool) -> frozenset[str]:
@@ -306,10 +303,10 @@ def _gone(t: Target, host_unreachable: bool) -> frozenset[str]:
 
 def _wait_enforced(inv: Inventory, material: Material, name: str, timeout: float) -> dict[str, float]:
     """Every control host's own apiserver refuses ``system:node:<name>`` (node_api)."""
-    with contextlib.ExitStack() as stack:
+    with Session(inv) as s, contextlib.ExitStack() as stack:
         clients = {}
         for h in inv.controls:
-            url = stack.enter_context(apireach.api_access(inv, lambda x: Remote(x, inv), material, apiserver=h))
+            url = stack.enter_context(apireach.api_access(inv, s.remote, material, apiserver=h))
             clients[h.name] = stack.enter_context(kube.api_client(url, material, credential="admin"))
         return node_api.wait_refused_everywhere(clients, [name], timeout)
 

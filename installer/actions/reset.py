@@ -10,7 +10,6 @@ what was done (``ResetReport``).
 from __future__ import annotations
 
 import shutil
-import uuid
 from collections.abc import Iterable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -25,9 +24,10 @@ from installer.core.render.files import HostPlan
 from installer.core.render.plan import render_cluster
 from installer.core.state import StateDir, state_for
 from installer.engine import steps
-from installer.host.applylock import UNLOCK, acquire, drop
+from installer.engine.session import Session
+from installer.host.applylock import UNLOCK
 from installer.host.parallel import each
-from installer.host.ssh import Remote
+from installer.host.ssh import HostError, Remote
 
 
 class NotConfirmed(InstallerError):
@@ -100,10 +100,13 @@ class _Reset:
     ignore_unreachable: bool = False
     log: Log = print
     report: ResetReport = field(default_factory=ResetReport)
-    remotes: dict[str, Remote] = field(default_factory=dict)
+    session: Session | None = None
     stack: ExitStack | None = None
-    run_id: str = field(default_factory=lambda: f"reset-{uuid.uuid4().hex}")
     failed: dict[str, Exception] = field(default_factory=dict)
+
+    @property
+    def remotes(self) -> dict[str, Remote]:
+        return self.session.remotes
 
     def of(self, role: str) -> list[HostSpec]:
         return [h for h in self.chosen if h.role == role and h.name not in self.failed]
@@ -111,8 +114,8 @@ class _Reset:
 
 def _connect(r: _Reset) -> None:
     """Every chosen host, before anything is done on any."""
-    r.remotes.update({h.name: Remote(h, r.inv) for h in r.chosen})
-    r.stack.callback(lambda: [x.close() for x in r.remotes.values()])
+    r.session = r.stack.enter_context(Session(r.inv, log=r.log, remote=Remote))     # the module's: tests fake it
+    r.session.connect(r.chosen)
     opened = each(lambda n: r.remotes[n].open(), [h.name for h in r.chosen])
     r.failed = {n: e for n, e in opened.items() if isinstance(e, Exception)}
     if r.failed and not r.ignore_unreachable:
@@ -126,30 +129,14 @@ def _connect(r: _Reset) -> None:
 
 
 def _lock(r: _Reset) -> None:
-    controls = [h.name for h in r.of("control")]
-
-    def drop_all() -> None:
-        for n in controls:
-            drop(r.remotes[n], r.run_id)
-
     # as apply takes it: a lock its holder left dead on this machine is taken over once that
-    # run's commands ended; any other held or stale lock refuses the reset (the teardown removes
-    # the lock with the state directory)
-    locks = each(lambda n: acquire(r.remotes[n], r.run_id, force_unlock=False, log=r.log, flag=UNLOCK,
-                                   installed_only=True,
-                                   others=lambda: [x for m, x in r.remotes.items() if m != n]), controls)
-    refused = {n: v for n, v in locks.items() if isinstance(v, Exception)}
-    if refused:
-        drop_all()
-        raise TeardownError("; ".join(str(v) for v in refused.values()) + ": nothing was done")
-
-    def on_failure(exc_type, exc, tb) -> bool:
-        # a successful wipe takes the lock away with /var/lib/hiddenplane; a failed one must
-        # not leave it behind to refuse the next apply for an hour
-        if exc_type is not None:
-            drop_all()
-        return False
-    r.stack.push(on_failure)
+    # run's commands ended; any other held or stale lock refuses the reset. The session gives it
+    # back at the end: after a wipe it went with /var/lib/hiddenplane, after a failed one it must
+    # not refuse the next apply for an hour
+    try:
+        r.session.lock((h.name for h in r.of("control")), flag=UNLOCK, installed_only=True)
+    except HostError as e:
+        raise TeardownError(f"{e}: nothing was done") from None
 
 
 def _wipe(role: str) -> Callable[[_Reset], None]:

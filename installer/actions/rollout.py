@@ -21,8 +21,7 @@ This lives apart from the two operations so that each of them reads as its own p
 
 from __future__ import annotations
 
-import uuid
-from contextlib import ExitStack, contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterator
 
@@ -37,10 +36,10 @@ from installer.core.state import StateDir
 from installer.engine.context import Context, Options
 from installer.engine.executor import CONTROL_PLANE_UNITS
 from installer.engine.parts import control_plane_part, etcd_part, probed_files, worker_part
+from installer.engine.session import Session
 from installer.host import apireach, handover, probes, waits
-from installer.host.applylock import acquire, mark_scope, release
 from installer.host.parallel import each
-from installer.host.ssh import HostError, Remote
+from installer.host.ssh import HostError
 
 ETCD, APISERVER, KONNECTIVITY, CONTROLLER_MANAGER, SCHEDULER, KUBELET, KUBE_PROXY = components.units(
     "etcd", "kube-apiserver", "konnectivity-server", "kube-controller-manager", "kube-scheduler", "kubelet",
@@ -254,24 +253,18 @@ def stop_units(ctx: Context, host: str, units: list[str]) -> None:
 def session(inv: Inventory, state: StateDir, material: Material, wait_timeout: float,
             log: Callable[[str], None]) -> Iterator[Context]:
     """Hosts connected (verified host keys), facts read, apply lock held; all released after."""
-    ctx = Context(inv, state, Options(wait_timeout=wait_timeout), material, Changes(), log=log,
-                  run_id=uuid.uuid4().hex)
-    with ExitStack() as stack:
-        stack.callback(lambda: [r.close() for r in ctx.remotes.values()])
-        for h in inv.spec.hosts:
-            ctx.remotes[h.name] = Remote(h, inv)
+    with Session(inv, log=log) as s:
+        ctx = Context(inv, state, Options(wait_timeout=wait_timeout), material, Changes(), log=log, session=s)
+        s.connect(inv.spec.hosts)
         log(f"connecting to {len(inv.spec.hosts)} host(s)")
         refresh(ctx)
         differences = [line for h in inv.spec.hosts for line in _differences(ctx, h.name)]
         if differences:
             raise RenewError("the hosts do not match the state (run `installer apply` first): "
                              + "; ".join(differences[:8]) + (" ..." if len(differences) > 8 else ""))
-        stack.callback(release, ctx.remotes, ctx.locked, ctx.run_id)
-        def take_lock(h) -> None:
-            if acquire(ctx.remotes[h.name], ctx.run_id, force_unlock=False, log=log,
-                       others=lambda: [r for n, r in ctx.remotes.items() if n != h.name]):
-                ctx.locked.append(h.name)
-        _parallel(take_lock, inv.controls)
-        if ctx.locked:                          # this run's commands in its scope from here on
-            mark_scope(ctx.remotes.values(), ctx.run_id)
+        try:
+            s.lock(h.name for h in inv.controls)
+        except HostError as e:
+            raise RenewError(str(e)) from None
+        s.mark_scope()                          # this run's commands in its scope from here on
         yield ctx

@@ -47,11 +47,10 @@ from installer.core.upgrade_rules import (
 )
 from installer.engine import runner
 from installer.engine.context import Event, Options
+from installer.engine.session import Session, hold
 from installer.engine.steps import Step, plan, run_steps
 from installer.host import node_api, probes
-from installer.host.applylock import cluster_lock
 from installer.host.parallel import each
-from installer.host.ssh import Remote
 
 CONTROL_ONLY = frozenset({"cluster-bootstrap", "addons"})
 
@@ -75,8 +74,8 @@ class Survey:
 
 
 def survey(inv: Inventory, material, api_factory: ApiFactory | None = None, use_api: bool = True) -> Survey:
-    remotes = {h.name: Remote(h, inv) for h in inv.spec.hosts}
-    try:
+    with Session(inv) as s:
+        remotes = s.connect(inv.spec.hosts)
         def ask(name: str) -> HostState:
             h, r = inv.host(name), remotes[name]
             if h.role == "control":
@@ -89,9 +88,6 @@ def survey(inv: Inventory, material, api_factory: ApiFactory | None = None, use_
             raise UpgradeRefused("cannot reach every host (an upgrade needs them all): " + "; ".join(lost)
                                  + "; nothing was changed")
         etcd = probes.ask(remotes[inv.controls[0].name], probes.endpoint_health(day2_etcdctl(etcd_servers(inv))))
-    finally:
-        for r in remotes.values():
-            r.close()
     hosts, nodes, leaders = list(found.values()), {}, {}
     if use_api:
         with cluster_api(inv, material, api_factory) as api:
@@ -382,7 +378,7 @@ def upgrade(inventory, state_dir=None, *, to: str | None = None, plan_only: bool
     report = UpgradeReport(current, target, kind, plan_only, checks, plan(steps))
     if plan_only:
         return report
-    with state.locked(), cluster_lock(inv, log=log):
+    with state.locked(), hold(inv, log=log):
         report.steps = run_steps("upgrade", steps, up, log, up.timings)
     report.snapshot, report.timings, report.parts = up.snapshot, up.timings, up.parts
     report.seconds = time.monotonic() - started

@@ -47,8 +47,8 @@ from installer.core.render.files import HostPlan
 from installer.core.render.plan import render_cluster
 from installer.core.render.worker import BOOTSTRAP_KUBECONFIG, KUBELET_CLIENT_PEM
 from installer.core.state import state_for
+from installer.engine.session import Session
 from installer.host import apireach
-from installer.host.ssh import Remote
 
 RUNTIME_BINARIES = ("kubelet", "containerd", "crio", "dockerd")
 RUNTIME_UNITS = (*components.units("kubelet", "containerd"), "crio.service", "docker.service")
@@ -327,7 +327,7 @@ def _api_checks(inv: Inventory, state_dir) -> list[CheckResult]:
     material = state_for(inv, state_dir).load(inv)
     via = inv.api_url
     try:
-        with apireach.api_access(inv, lambda h: Remote(h, inv)) as url, kube.api_client(url, material) as client:
+        with Session(inv) as s, apireach.api_access(inv, s.remote) as url, kube.api_client(url, material) as client:
             # the apiserver that answered (api_access fails over across control hosts)
             via = (f"{inv.api_url} (through an SSH tunnel to a control host)"
                    if url.startswith("https://127.0.0.1:") else url)

@@ -20,6 +20,7 @@ from installer.core.render.plan import render_cluster
 from installer.core.render.worker import HostFacts as RenderFacts
 from installer.core.state import StateDir
 from installer.engine.executor import Executor, SystemdExecutor
+from installer.engine.session import Session
 from installer.host.hostops import Payloads, codec_for, script
 from installer.host.ssh import Remote
 
@@ -64,7 +65,6 @@ class Context:
     log: Callable[[str], None] = print
     # (host, bytes sent, total) while a change's tar is uploaded; for progress lines
     on_upload: Callable[[str, int, int], None] | None = None
-    remotes: dict[str, Remote] = field(default_factory=dict)
     facts: dict[str, HostFacts] = field(default_factory=dict)
     plans: dict[str, HostPlan] = field(default_factory=dict)
     artifacts: dict = field(default_factory=dict)          # name -> fetch.ResolvedArtifact
@@ -72,8 +72,6 @@ class Context:
     # preflight refuses a host of another architecture
     artifacts_arch: str = ARTIFACTS_ARCH
     events: list[Event] = field(default_factory=list)
-    locked: list[str] = field(default_factory=list)
-    run_id: str = ""
     bootstrap_ran: bool = False
     # workers this command made forget their client certificate (ca rotate): they bootstrap
     # again with a new token although their Node is registered
@@ -89,6 +87,25 @@ class Context:
     payloads: Payloads = field(default_factory=Payloads)
     # where and how the control plane's components run (engine/executor.py)
     executor: Executor = field(default_factory=SystemdExecutor)
+    # the hosts' connections and the apply lock (engine/session.py); made for the run when not given
+    session: Session | None = None
+
+    def __post_init__(self) -> None:
+        if self.session is None:
+            self.session = Session(self.inv, log=self.log, accept_new_host_keys=self.options.accept_new_host_keys)
+
+    @property
+    def remotes(self) -> dict[str, Remote]:
+        """The run's connections, by host name (the session's)."""
+        return self.session.remotes
+
+    @remotes.setter
+    def remotes(self, value: dict[str, Remote]) -> None:
+        self.session.remotes = value
+
+    @property
+    def run_id(self) -> str:
+        return self.session.run_id
 
     def settled(self, events: list[Event], units: tuple[str, ...]) -> bool:
         """Nothing changed and every unit was already active: no health wait needed. A unit

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Callable
@@ -22,7 +21,6 @@ from installer.core.state import state_for
 from installer.engine.bootstrap import refuse_revoked_before_changes
 from installer.engine.context import Context, Event, Options
 from installer.engine.phases import ALWAYS, PHASE_NAMES, RUN_WITH, SKIPPED_WITH, build
-from installer.engine.phases.acquire_lock import release_run
 from installer.host.fetch import digest_record, resolve, resolve_images
 from installer.host.ssh import HostError
 
@@ -87,7 +85,7 @@ def context(inventory, state_dir, options: Options, log: Callable[[str], None]) 
     if not options.upgrade:
         check_versions(inv, state)
     material, changes = ensure(inv, state.load(inv))
-    ctx = Context(inv, state, options, material, changes, log=log, run_id=uuid.uuid4().hex)
+    ctx = Context(inv, state, options, material, changes, log=log)
     ctx.plans = render_cluster(inv, material)
     return ctx
 
@@ -182,13 +180,13 @@ def _run(inventory_path, state_dir, options: Options | None, log: Callable[[str]
         if not options.dry_run and not options.upgrade and not options.hosts and ctx.will_run("artifacts"):
             ctx.state.record_versions(cluster_versions(ctx.inv))
     finally:
-        release_run(ctx)
+        ctx.session.release()
         for name, remote in ctx.remotes.items():
             report.round_trips[name] = remote.counters.round_trips
             # file content sent to the host (the facts probe's path list is not counted)
             report.bytes_up[name] = sum(e.bytes for e in report.events if e.host == name and e.action == "changed"
                                         and not options.dry_run)
-            remote.close()
+        ctx.session.close()
         report.seconds = time.monotonic() - started
     return report
 

@@ -2,7 +2,7 @@
 
 `apply` takes it only when something will change (a no-op run spends no round trip on it,
 but clears a stale lock its own machine left behind, or any stale one with --force-unlock);
-every day-2 command that changes hosts holds it for its whole length (``cluster_lock``), and
+every day-2 command that changes hosts holds it for its whole length (engine/session.py), and
 an apply such a command runs inside joins it instead of fighting it. The lock file names its
 holder: the host name (for people), the machine id, boot id and pid namespace (``Identity``)
 and the pid. A lock is stale when it is older than the lock TTL, or when its holder was this
@@ -26,15 +26,12 @@ import shlex
 import socket
 import threading
 import time
-import uuid
-from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 from installer.core.facts import LOCK, STATE_DIR
-from installer.core.inventory import Inventory
-from installer.host.runmark import set_process_scope, stop_scopes
+from installer.host.runmark import stop_scopes
 from installer.host.ssh import HostError, Remote
 
 LOCK_TTL = 3600.0
@@ -44,7 +41,7 @@ class LockHeld(HostError):
     """Another command holds the apply lock (exit 3, like a failed apply)."""
     exit_code = 3
 
-# cluster name -> run id of the lock this process holds through cluster_lock
+# cluster name -> run id of the lock this process holds for a command's length (hold_run)
 _held: dict[str, str] = {}
 _held_guard = threading.Lock()
 
@@ -270,37 +267,11 @@ def release(remotes: dict[str, Remote], locked: list[str], run_id: str) -> None:
         locked.remove(host)
 
 
-@contextmanager
-def cluster_lock(inv: Inventory, *, skip: frozenset[str] = frozenset(), log: Callable[[str], None] = print,
-                 remote: Callable[..., Remote] = Remote) -> Iterator[str]:
-    """Hold the apply lock on every control host but ``skip`` (hosts known to be gone) for a
-    day-2 command's whole length; yields the run id. Re-entrant in one process: a nested
-    holder (etcd member remove inside node remove) joins, and so does an apply run inside."""
+def hold_run(cluster: str, run_id: str | None) -> None:
+    """Record (or with None forget) that this process holds ``cluster``'s lock as ``run_id``
+    for a command's whole length (engine/session.py ``hold``): ``ours`` then knows it."""
     with _held_guard:
-        joined = _held.get(inv.metadata.name)
-    if joined is not None:
-        yield joined
-        return
-    run_id = uuid.uuid4().hex
-    hosts = [h for h in inv.controls if h.name not in skip]
-    with ExitStack() as stack:
-        remotes = {h.name: stack.enter_context(remote(h, inv)) for h in hosts}
-        taken: list[str] = []
-
-        def release_all() -> None:
-            for name in taken:
-                drop(remotes[name], run_id)
-            with _held_guard:
-                _held.pop(inv.metadata.name, None)
-        stack.callback(release_all)
-        with _held_guard:
-            _held[inv.metadata.name] = run_id
-        for name, r in remotes.items():
-            if acquire(r, run_id, force_unlock=False, log=log,
-                       flag=UNLOCK,
-                       others=lambda name=name: [x for n, x in remotes.items() if n != name]):
-                taken.append(name)
-        # every command of this process from here on is in the run's scope (end_dead_run)
-        set_process_scope(scope_of(run_id))
-        stack.callback(set_process_scope, None)
-        yield run_id
+        if run_id is None:
+            _held.pop(cluster, None)
+        else:
+            _held[cluster] = run_id

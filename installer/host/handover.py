@@ -36,7 +36,7 @@ from typing import Iterator
 from installer.core import components
 from installer.core.render.balancer import CTL, LEAVE_EXPIRY_SECONDS, SETTLE_SECONDS
 from installer.host.parallel import each
-from installer.host.ssh import HostError, Remote
+from installer.host.ssh import HostError
 
 APISERVER = components.unit("kube-apiserver")
 BALANCER = components.unit("api-balancer")
@@ -70,9 +70,8 @@ def _tell(ctx, host: str, action: str) -> None:
     command = f"if [ -x {CTL} ]; then {shlex.join([CTL, *args])}; fi"
 
     def tell(worker: str) -> None:
-        remote = ctx.remotes.get(worker)
-        if remote is None:        # a run limited to other hosts (an upgrade's step) did not connect it
-            remote = ctx.remotes[worker] = Remote(ctx.inv.host(worker), ctx.inv)
+        # a run limited to other hosts (an upgrade's step) had not connected it: the run's session does
+        remote = ctx.session.remote(ctx.inv.host(worker))
         r = remote.run(command, check=False, what=f"balancer: {action} {host}", timeout=60)
         if r.rc != 0:
             raise HostError(worker, (r.stderr.strip() or f"exit {r.rc}")[-300:])

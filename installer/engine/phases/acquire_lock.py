@@ -2,7 +2,7 @@
 
 It is taken only when something will change (a no-op run spends no round trip on it, but clears
 a stale lock its own machine left behind, or any stale one with --force-unlock); a day-2 command
-that holds it (``applylock.cluster_lock``) has an apply it runs join it instead of fighting it.
+that holds it (``session.hold``) has an apply it runs join it instead of fighting it.
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ import time
 from installer.engine.context import Context, Event
 from installer.engine.parts import pending_work
 from installer.engine.phases.base import Phase
-from installer.host.applylock import acquire, break_stale, dead_here, end_dead_run, mark_scope, release, stale_reason
-from installer.host.ssh import Remote
+from installer.host.applylock import break_stale, dead_here, end_dead_run, stale_reason
 
 
 class AcquireLock(Phase):
@@ -40,23 +39,11 @@ class AcquireLock(Phase):
             # a stale lock left by a killed run would block every other machine for an hour
             why = stale_reason(ctx.facts[host].lock or "", time.time())
             ctx.log(f"{host}: clearing a stale apply lock ({why}); nothing else to do")
-            end_dead_run(self._hosts_first(ctx, host), ctx.facts[host].lock, ctx.log)
+            end_dead_run([ctx.remotes[host], *ctx.session.others(host)], ctx.facts[host].lock, ctx.log)
             break_stale(ctx.remotes[host])
             return Event(self.name, host, "checked")
-        if acquire(ctx.remotes[host], ctx.run_id, force_unlock=ctx.options.force_unlock, log=ctx.log,
-                   others=lambda: self._hosts_first(ctx, host)[1:]):
-            ctx.locked.append(host)
+        ctx.session.take(host, force_unlock=ctx.options.force_unlock)
         return Event(self.name, host, "checked")
 
-    @staticmethod
-    def _hosts_first(ctx: Context, host: str) -> list[Remote]:
-        """``host``'s connection, then every other one: a dead run worked on workers too."""
-        return [ctx.remotes[host], *(r for n, r in ctx.remotes.items() if n != host)]
-
     def finish(self, ctx: Context, events: list[Event]) -> None:
-        if ctx.locked:
-            mark_scope(ctx.remotes.values(), ctx.run_id)
-
-
-def release_run(ctx: Context) -> None:
-    release(ctx.remotes, ctx.locked, ctx.run_id)
+        ctx.session.mark_scope()

@@ -6,7 +6,7 @@ from installer.core.facts import PROBE, parse, probe_input
 from installer.engine.context import Context, Event
 from installer.engine.parts import managed_paths
 from installer.engine.phases.base import Phase
-from installer.host.ssh import HostError, Remote
+from installer.host.ssh import HostError
 
 
 class ConnectHosts(Phase):
@@ -17,8 +17,7 @@ class ConnectHosts(Phase):
         # the control hosts even in a run limited to other hosts: the lock lives there and
         # the API may be reached through them
         hosts = ctx.hosts() + [h for h in ctx.inv.controls if h not in ctx.hosts()]
-        for h in hosts:
-            ctx.remotes.setdefault(h.name, Remote(h, ctx.inv, ctx.options.accept_new_host_keys))
+        ctx.session.connect(hosts)
         return [h.name for h in hosts]
 
     def run_host(self, ctx: Context, host: str) -> Event:
