@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from installer.core.cluster import resolve
 from installer.engine import runner
 from installer.engine.context import Options
 from installer.lab import lab as lab_mod
@@ -103,11 +104,11 @@ def measure(name: str, subnet: str, workers: int, tmp: Path) -> Figures:
     install_standins(LabPaths.of(name).artifacts)
     state = tmp / f"{name}-state"
 
-    fig.cold = runner.run(inventory, state, OPTIONS, log=quiet)
+    fig.cold = runner.run(resolve(inventory, state), OPTIONS, log=quiet)
     fig.load = load_average()
     for _ in range(NOOP_RUNS):
         cpu = cpu_seconds()
-        fig.noops.append(runner.run(inventory, state, OPTIONS, log=quiet))
+        fig.noops.append(runner.run(resolve(inventory, state), OPTIONS, log=quiet))
         fig.noop_cpu.append(cpu_seconds() - cpu)
     fig.mem_used_mib = lab_pss_mib(name)
     return fig

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import yaml
 
-from installer.actions import node_ops
+from installer.actions import node_ops, node_retire
+from installer.core.cluster import resolve
 from installer.engine import runner
 from installer.engine.context import Options
 from installer.lab import lab as lab_mod
@@ -49,21 +50,21 @@ def main() -> None:
         smaller = tmp / "without-w2.yaml"
         smaller.write_text(yaml.safe_dump(doc))
         state = tmp / "state"
-        cold = runner.run(smaller, state, Options(skip=SKIP), log=quiet)
+        cold = runner.run(resolve(smaller, state), Options(skip=SKIP), log=quiet)
         print(f"apply 1+1 (cold): {cold.seconds:.1f} s")
 
         t = time.monotonic()
-        rep = node_ops.add(inv_path, "w2", state, skip=SKIP, log=quiet)
+        rep = node_ops.add(resolve(inv_path, state), "w2", skip=SKIP, log=quiet)
         add_s = time.monotonic() - t
         others = {h: b for h, b in rep.bytes_up.items() if h != "w2"}
         print(f"node add w2: {add_s:.1f} s (one apply run, checked before any change); round trips {rep.round_trips}; "
               f"bytes uploaded to w2 {rep.bytes_up.get('w2', 0)}, to the others {others}")
         print(f"  changed elsewhere: {sorted({e.host for e in rep.changed if e.host != 'w2'})}")
         t = time.monotonic()
-        again = node_ops.add(inv_path, "w2", state, skip=SKIP, log=quiet)
+        again = node_ops.add(resolve(inv_path, state), "w2", skip=SKIP, log=quiet)
         print(f"node add w2 again: {time.monotonic() - t:.1f} s, {'nothing to do' if again is None else 'CHANGED'}")
         t = time.monotonic()
-        node_ops.remove(inv_path, "w2", state, skip_cluster=True, log=quiet)
+        node_retire.remove(resolve(inv_path, state), "w2", skip_cluster=True, log=quiet)
         print(f"node remove w2 --skip-cluster: {time.monotonic() - t:.1f} s (wipe + routes on the others)")
     finally:
         lab_mod.down(NAME, log=quiet)

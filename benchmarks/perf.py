@@ -39,6 +39,7 @@ from pathlib import Path
 
 import yaml
 
+from installer.core.cluster import resolve
 from installer.core.facts import PROBE, probe_input
 from installer.engine import runner
 from installer.engine.context import Options
@@ -196,7 +197,7 @@ def lab_down(name: str) -> None:
 
 def installer_view(lab: Lab) -> runner.Context:
     """The installer's plans and resolved artifacts, as its apply has them before it connects."""
-    ctx = runner.context(lab.inventory, lab.state, Options(skip=lab.skip), log=quiet)
+    ctx = runner.context(resolve(lab.inventory, lab.state), Options(skip=lab.skip), log=quiet)
     runner._resolve_artifacts(ctx)
     return ctx
 

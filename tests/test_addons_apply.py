@@ -16,6 +16,7 @@ import yaml
 
 from installer import api
 from installer.core.artifacts import ArtifactError, add_files
+from installer.core.cluster import resolve as resolve_cluster
 from installer.core.errors import InstallerError
 from installer.core.render.addons import CILIUM_CHART, addon_objects, cilium_values_yaml, coredns_objects
 from installer.engine import runner
@@ -403,12 +404,13 @@ def test_skipping_cluster_bootstrap_skips_addons(prepared, monkeypatch):
 
     seen = []
 
-    def stop(inventory_path, state_dir, options, log):
+    def stop(cluster, options, log):
         seen.append(options)
         raise RuntimeError("stop here")
     monkeypatch.setattr(runner, "context", stop)
     with pytest.raises(RuntimeError, match="stop here"):
-        runner.run(prepared.inventory, prepared.state.root, options=Options(skip=frozenset({"cluster-bootstrap"})))
+        runner.run(resolve_cluster(prepared.inventory, prepared.state.root),
+                   options=Options(skip=frozenset({"cluster-bootstrap"})))
     assert seen[0].skip == {"cluster-bootstrap", "addons"}
 
 

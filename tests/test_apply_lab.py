@@ -233,13 +233,14 @@ def test_a_killed_runs_remote_commands_are_ended_before_its_lock_is_taken_over(a
 
 KILL_AT = """
 import os, signal, sys
+from installer.core.cluster import resolve
 from installer.engine import runner
 from installer.engine.context import Options
 target = sys.argv[3]
 def on_event(ev):
     if ev.phase == target:
         os.kill(os.getpid(), signal.SIGKILL)
-runner.run(sys.argv[1], sys.argv[2], Options(skip=frozenset({"cluster-bootstrap"}), wait_timeout=60),
+runner.run(resolve(sys.argv[1], sys.argv[2]), Options(skip=frozenset({"cluster-bootstrap"}), wait_timeout=60),
            log=lambda *_: None, on_event=on_event)
 """
 

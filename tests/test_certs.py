@@ -11,6 +11,7 @@ from cryptography import x509
 
 from installer.actions import certs as certs_mod
 from installer.cli.main import cli
+from installer.core.cluster import resolve
 from installer.core.pki import issue
 from installer.core.pki.specs import CAS, cert_specs
 from installer.core.safefs import write_atomic
@@ -23,7 +24,7 @@ def run(*args):
 
 
 def test_every_state_certificate_listed_sorted(prepared):
-    rows = certs_mod.check(EXAMPLE, prepared.state.root, offline=True)
+    rows = certs_mod.check(resolve(EXAMPLE, prepared.state.root), offline=True)
     names = [r.name for r in rows]
     want = {ca.name for ca in CAS} | {s.name for s in cert_specs(prepared.inventory)}
     assert sorted(names) == sorted(want)
@@ -124,9 +125,9 @@ def test_unreachable_host_is_named_with_exit_3(prepared):
     import pytest
     fail = prepared.inventory.spec.hosts[0].name
     with pytest.raises(certs_mod.CertsError) as e:
-        certs_mod.check(EXAMPLE, prepared.state.root, remote_for=lambda h: _Stub(h, h.name == fail))
+        certs_mod.check(resolve(EXAMPLE, prepared.state.root), remote_for=lambda h: _Stub(h, h.name == fail))
     assert e.value.exit_code == 3 and f"{fail}: cannot reach" in str(e.value) and "--offline" in str(e.value)
-    rows = certs_mod.check(EXAMPLE, prepared.state.root, remote_for=lambda h: _Stub(h))
+    rows = certs_mod.check(resolve(EXAMPLE, prepared.state.root), remote_for=lambda h: _Stub(h))
     assert {r.where for r in rows} == {"state"}
 
 

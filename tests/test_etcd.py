@@ -117,7 +117,7 @@ def cluster(example_doc, tmp_path_factory, built_artifacts) -> Rendered:
         h["address"] = f"127.0.0.{i}"
     assert doc["spec"]["hosts"][0]["role"] == "control"
     name = doc["spec"]["hosts"][0]["name"]
-    p = api.render(write_inventory(tmp, doc), tmp / "out", tmp / "state")
+    p = api.render(api.resolve(write_inventory(tmp, doc), tmp / "state"), tmp / "out")
     assert [h.name for h in p.inventory.controls] == [name]
     host = tmp / "out" / name
     rendered = ref.exec_start((host / "etc/systemd/system/etcd.service").read_bytes())

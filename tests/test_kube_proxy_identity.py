@@ -31,6 +31,7 @@ from cryptography.x509.oid import NameOID
 from installer import api
 from installer.actions import certs as certs_mod
 from installer.actions import node_retire, renew, rotate
+from installer.core.cluster import resolve
 from installer.core.pki import issue
 from installer.core.pki.specs import CLUSTER_CA, CertSpec, apiserver_sans, cert_specs
 from installer.core.render.manifests import bootstrap_objects, kube_proxy_binding, shared_kube_proxy_binding
@@ -246,7 +247,7 @@ def test_revoke_and_remove_delete_only_the_nodes_kube_proxy_binding(prepared, cl
     lines: list[str] = []
     run = node_retire.revoke if how == "revoke" else node_retire.remove
     extra = {} if how == "revoke" else {"timeout": 10}
-    out = run(EXAMPLE, "node3", state_copy, hold_lock=False, host_unreachable=True, api_factory=fake_api,
+    out = run(resolve(EXAMPLE, state_copy), "node3", hold_lock=False, host_unreachable=True, api_factory=fake_api,
               refresh_others=False, log=lines.append, **extra)
     assert ("DELETE", f"{CRB}/hiddenplane:kube-proxy:node3") in [(m, p) for m, p, _ in cluster.requests]
     assert f"{CRB}/hiddenplane:kube-proxy:node3" not in cluster.store
@@ -257,7 +258,7 @@ def test_revoke_and_remove_delete_only_the_nodes_kube_proxy_binding(prepared, cl
 
 def test_a_binding_already_gone_is_no_error(prepared, cluster, fake_api, state_copy):
     seed_node_objects(cluster, prepared, "node3")
-    out = node_retire.revoke(EXAMPLE, "node3", state_copy, hold_lock=False, host_unreachable=True,
+    out = node_retire.revoke(resolve(EXAMPLE, state_copy), "node3", hold_lock=False, host_unreachable=True,
                              api_factory=fake_api, refresh_others=False, log=lambda m: None)
     assert not [d for d in out.done if "kube-proxy" in d] and out.entry.state == "revoked"
 

@@ -154,3 +154,12 @@ def test_every_connection_is_made_by_a_session():
                     if any(isinstance(n, ast.Call) and getattr(n.func, "id", None) == "Remote"
                            for n in ast.walk(ast.parse(p.read_text()))))
     assert makers == []         # session.py calls its factory (Remote by default), never Remote(...) itself
+
+
+def test_actions_and_the_engine_take_a_cluster_not_paths():
+    # a command resolves its inventory and state once (core/cluster.py); an action or the runner
+    # that loads an inventory or finds a state directory again is a second resolution
+    again = sorted((m, n.func.id) for m, p in MODULES.items() if _layer(m) in ("actions", "engine")
+                   for n in ast.walk(ast.parse(p.read_text()))
+                   if isinstance(n, ast.Call) and getattr(n.func, "id", None) in ("as_inventory", "state_for", "load"))
+    assert again == []

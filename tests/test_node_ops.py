@@ -23,6 +23,7 @@ from cryptography.x509.oid import NameOID
 from installer import api
 from installer.actions import node_ops, node_retire
 from installer.cli.main import cli
+from installer.core.cluster import resolve
 from installer.core.errors import InstallerError, StateError
 from installer.core.inventory import HostSpec
 from installer.core.ledger import Ledger, NodeRetiredError, check_inventory
@@ -283,7 +284,8 @@ def state_copy(prepared, tmp_path):
 
 def test_revoke_sends_policy_first_then_deletes_the_way_back(prepared, cluster, fake_api, state_copy):
     tid = seed_node_objects(cluster, prepared, "node3")
-    out = node_retire.revoke(EXAMPLE, "node3", state_copy, hold_lock=False, host_unreachable=True, api_factory=fake_api,
+    out = node_retire.revoke(resolve(EXAMPLE, state_copy), "node3",
+                             hold_lock=False, host_unreachable=True, api_factory=fake_api,
                           refresh_others=False, log=lambda m: None)
     writes = [(m, p) for m, p, _ in cluster.requests if m in ("POST", "PUT", "DELETE", "PATCH")]
     assert writes[0] == ("POST", VAP) and writes[1] == ("POST", VAPB)      # the policy before anything else
@@ -304,7 +306,8 @@ def test_revoke_sends_policy_first_then_deletes_the_way_back(prepared, cluster, 
 
     # a second revocation keeps the first name in the policy (replaced, not recreated)
     seed_node_objects(cluster, prepared, "node2")
-    node_retire.revoke(EXAMPLE, "node2", state_copy, hold_lock=False, host_unreachable=True, api_factory=fake_api,
+    node_retire.revoke(resolve(EXAMPLE, state_copy), "node2",
+                       hold_lock=False, host_unreachable=True, api_factory=fake_api,
                     refresh_others=False, log=lambda m: None)
     expr = cluster.store[f"{VAP}/{revocation.POLICY}"]["spec"]["validations"][0]["expression"]
     assert expr == revocation.expression(["node2", "node3"])
@@ -312,12 +315,13 @@ def test_revoke_sends_policy_first_then_deletes_the_way_back(prepared, cluster, 
     assert ("PUT", f"{VAP}/{revocation.POLICY}") in [(m, p) for m, p, _ in cluster.requests]
     # and the inventory that still lists them is refused by apply
     with pytest.raises(NodeRetiredError):
-        runner.context(EXAMPLE, state_copy, Options(), log=lambda m: None)
+        runner.context(resolve(EXAMPLE, state_copy), Options(), log=lambda m: None)
 
 
 def test_revoke_refuses_a_control_host(prepared, state_copy, fake_api, cluster):
     with pytest.raises(node_ops.NodeOpError, match="control host"):
-        node_retire.revoke(EXAMPLE, "cp1", state_copy, hold_lock=False, host_unreachable=True, api_factory=fake_api,
+        node_retire.revoke(resolve(EXAMPLE, state_copy), "cp1",
+                           hold_lock=False, host_unreachable=True, api_factory=fake_api,
                         refresh_others=False)
     assert cluster.requests == []
 
@@ -325,7 +329,8 @@ def test_revoke_refuses_a_control_host(prepared, state_copy, fake_api, cluster):
 def test_remove_with_host_unreachable_does_the_cluster_side(prepared, cluster, fake_api, state_copy):
     tid = seed_node_objects(cluster, prepared, "node2")
     cluster.add("/api/v1/namespaces/default/pods", pod("web", "node2"))
-    out = node_retire.remove(EXAMPLE, "node2", state_copy, hold_lock=False, host_unreachable=True, api_factory=fake_api,
+    out = node_retire.remove(resolve(EXAMPLE, state_copy), "node2",
+                             hold_lock=False, host_unreachable=True, api_factory=fake_api,
                           refresh_others=False, timeout=10, log=lambda m: None)
     paths = [(m, p) for m, p, _ in cluster.requests]
     assert ("PATCH", f"{NODES}/node2") in paths
@@ -343,7 +348,8 @@ def test_remove_stops_when_the_drain_is_blocked(prepared, cluster, fake_api, sta
     cluster.add("/api/v1/namespaces/db/pods", pod("primary", "node2", "db"))
     cluster.block_evictions["db/primary"] = 10**6
     with pytest.raises(node_ops.NodeOpError, match="stays cordoned and nothing else was done"):
-        node_retire.remove(EXAMPLE, "node2", state_copy, hold_lock=False, api_factory=fake_api, refresh_others=False,
+        node_retire.remove(resolve(EXAMPLE, state_copy), "node2",
+                           hold_lock=False, api_factory=fake_api, refresh_others=False,
                            timeout=0.05, log=lambda m: None)
     assert f"{NODES}/node2" in cluster.store and cluster.store[f"{NODES}/node2"]["spec"]["unschedulable"]
     assert not Ledger.path(api.state_for(prepared.inventory, state_copy)).exists()
@@ -397,9 +403,9 @@ def test_a_run_goes_through_exactly_the_steps_its_plan_lists(prepared, cluster, 
     lines, in the plan's order (here without the other hosts' routes: no hosts in this test)."""
     seed_node_objects(cluster, prepared, "node2")
     seen: list[str] = []
-    out = node_retire.remove(EXAMPLE, "node2", state_copy, hold_lock=False, host_unreachable=True,
+    out = node_retire.remove(resolve(EXAMPLE, state_copy), "node2", hold_lock=False, host_unreachable=True,
                              api_factory=fake_api, refresh_others=False, timeout=10, log=seen.append)
-    t, _ = node_ops.node_target(EXAMPLE, state_copy, "node2")
+    t, _ = node_ops.node_target(resolve(EXAMPLE, state_copy), "node2")
     plan = node_retire.remove_plan(t, skip_cluster=False, host_unreachable=True)
     routes = [p for p in plan if p.startswith("drop the routes")]
     assert out.steps == [p for p in plan if p not in routes][:len(out.steps)] and len(out.steps) == 3
@@ -431,12 +437,12 @@ def test_unknown_node_is_named(state_copy):
 
 def test_a_limited_run_plans_only_its_hosts_but_connects_and_locks_the_controls(state_copy):
     from installer.engine.phases import build
-    ctx = runner.context(EXAMPLE, state_copy, Options(hosts=frozenset({"node3"})), log=lambda m: None)
+    ctx = runner.context(resolve(EXAMPLE, state_copy), Options(hosts=frozenset({"node3"})), log=lambda m: None)
     assert [h.name for h in ctx.hosts()] == ["node3"] and ctx.hosts("control") == []
     connect = next(p for p in build() if p.name == "connect")
     assert connect.prepare(ctx) == ["node3", "cp1"]          # cp1: the lock and the API tunnel
     with pytest.raises(InstallerError, match="no host named nope"):
-        runner.context(EXAMPLE, state_copy, Options(hosts=frozenset({"nope"})), log=lambda m: None)
+        runner.context(resolve(EXAMPLE, state_copy), Options(hosts=frozenset({"nope"})), log=lambda m: None)
 
 
 def test_revocation_counts_as_enforced_only_when_each_apiserver_refuses_the_identity(prepared):

@@ -37,6 +37,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 
 from installer.core import versions
+from installer.core.cluster import resolve
 from installer.core.inventory_model import SANDBOX_IMAGE
 from installer.core.render.addons import COREDNS_IMAGE
 
@@ -363,7 +364,7 @@ def test_a_run_limited_to_some_hosts_brings_back_no_token(rc):
     approver, until its own batch came)."""
     from installer.engine import runner
     from installer.engine.context import Options
-    report = runner.run(str(rc.inventory), str(rc.state), Options(hosts=frozenset({"w1"}), wait_timeout=600),
+    report = runner.run(resolve(str(rc.inventory), str(rc.state)), Options(hosts=frozenset({"w1"}), wait_timeout=600),
                         log=lambda line: None)
     created = [d for e in report.events if e.host == "(api)" for d in e.detail if "bootstrap-token" in d]
     assert created == [], created

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 from installer.actions import endpoints, renew, rotate
 from installer.cli.main import cli
+from installer.core.cluster import resolve
 from installer.core.errors import InstallerError, StateError
 from installer.core.pki import issue
 from installer.core.pki.specs import CAS, CLUSTER_CA, ETCD_CA, FRONT_PROXY_CA, cert_specs
@@ -134,12 +135,12 @@ def test_backup_is_private_and_keeps_the_layout(prepared, state):
 def test_dry_run_and_rotate_without_yes_write_nothing(prepared, state):
     before = snapshot(state)
     # the example's hosts are not reachable: neither call may try
-    report = renew.renew(EXAMPLE, state_dir=state, dry_run=True, log=lambda m: pytest.fail(m))
+    report = renew.renew(resolve(EXAMPLE, state), dry_run=True, log=lambda m: pytest.fail(m))
     assert report.dry_run and not report.checks and report.backup is None
     assert [r.name for r in report.reissued] == renew.leaf_names(prepared.inventory, prepared.material)
     for r in report.reissued:
         assert r.old_serial == format(prepared.material.certs[r.name].cert.serial_number, "x") != r.new_serial
-    plan = rotate.rotate_ca(EXAMPLE, state_dir=state, log=lambda m: pytest.fail(m))
+    plan = rotate.rotate_ca(resolve(EXAMPLE, state), log=lambda m: pytest.fail(m))
     assert plan.dry_run and any("stop etcd" in s for s in plan.steps)
     assert snapshot(state) == before and not (state / "backups").exists()
 
@@ -154,12 +155,12 @@ def test_dry_run_and_rotate_without_yes_write_nothing(prepared, state):
 
 def test_refused_when_the_state_is_missing_or_behind(prepared, state, tmp_path):
     with pytest.raises(StateError, match="does not exist"):
-        renew.renew(EXAMPLE, state_dir=tmp_path / "none", dry_run=True)
+        renew.renew(resolve(EXAMPLE, tmp_path / "none"), dry_run=True)
     (state / "pki" / "scheduler.key").unlink()
     with pytest.raises(StateError, match="scheduler: new.*installer apply"):
-        renew.renew(EXAMPLE, state_dir=state, dry_run=True)
+        renew.renew(resolve(EXAMPLE, state), dry_run=True)
     with pytest.raises(StateError, match="lacks scheduler"):
-        rotate.rotate_ca(EXAMPLE, state_dir=state)
+        rotate.rotate_ca(resolve(EXAMPLE, state))
     res = CliRunner().invoke(cli, ["certs", "renew", str(EXAMPLE), "--state", str(state), "--dry-run"])
     assert res.exit_code == 2 and "installer apply" in res.stderr and "Traceback" not in res.output
 

@@ -22,6 +22,7 @@ import pytest
 
 from installer import api
 from installer.actions import node_retire
+from installer.core.cluster import resolve
 from installer.core.errors import StateError
 from installer.core.ledger import Ledger, NodeRetiredError, check_inventory
 from installer.core.render import revocation
@@ -61,7 +62,7 @@ def denied(cluster: FakeCluster, user: str) -> bool:
 
 
 def revoke(name: str, st, fake_api, log=None):
-    return node_retire.revoke(EXAMPLE, name, st, hold_lock=False, host_unreachable=True, api_factory=fake_api,
+    return node_retire.revoke(resolve(EXAMPLE, st), name, hold_lock=False, host_unreachable=True, api_factory=fake_api,
                               refresh_others=False, log=log or (lambda m: None))
 
 

@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from installer.actions import reset, teardown, teardown_script, teardown_shell
+from installer.core.cluster import resolve
 from installer.core.facts import MANIFEST, STATE_DIR
 from installer.core.inventory import HostSpec
 from installer.core.render.network import SYSCTL_FILE
@@ -235,7 +236,7 @@ def test_reset_without_yes_prints_the_plan_and_touches_nothing(inv, prepared, mo
     monkeypatch.setattr(reset, "Remote", no_ssh)
     logged = []
     with pytest.raises(reset.NotConfirmed, match="--yes"):
-        reset.reset(inv, state_dir=prepared.state.root, log=logged.append)
+        reset.reset(resolve(inv, prepared.state.root), log=logged.append)
     assert logged.index(f"{WORKER} (worker):") < logged.index(f"{CONTROL} (control):")   # workers first
     assert f"local state {prepared.state.root}: kept" in logged
     assert prepared.state.root.is_dir()
@@ -258,7 +259,7 @@ def test_reset_dry_run_lists_the_same_plan_and_exits_0_touching_no_host(inv, pre
     assert list(doc["hosts"])[-1] == CONTROL                                        # workers first
     logged = []
     with pytest.raises(reset.NotConfirmed):
-        reset.reset(inv, state_dir=prepared.state.root, log=logged.append)
+        reset.reset(resolve(inv, prepared.state.root), log=logged.append)
     # the plan without --yes and the dry run are one list
     assert [f"  - {step}" for step in doc["hosts"][WORKER]] == \
         logged[logged.index(f"{WORKER} (worker):") + 1:
@@ -269,18 +270,18 @@ def test_reset_dry_run_lists_the_same_plan_and_exits_0_touching_no_host(inv, pre
 
 def test_reset_refuses_unknown_hosts_and_purge_of_a_subset(inv):
     with pytest.raises(teardown.TeardownError, match="no host named nope"):
-        reset.reset(inv, hosts=["nope"], yes=True)
+        reset.reset(resolve(inv), hosts=["nope"], yes=True)
     with pytest.raises(teardown.TeardownError, match="--purge .* --host"):
-        reset.reset(inv, hosts=[WORKER], purge=True, yes=True)
+        reset.reset(resolve(inv), hosts=[WORKER], purge=True, yes=True)
 
 
 def test_reset_does_nothing_when_a_host_is_unreachable(inv, plans, prepared, monkeypatch, tmp_path):
     ran = fake_hosts(monkeypatch, unreachable=("node3",))
     with pytest.raises(teardown.TeardownError, match="node3: cannot reach.*nothing was done on any host"):
-        reset.reset(inv, state_dir=prepared.state.root, yes=True, log=lambda m: None)
+        reset.reset(resolve(inv, prepared.state.root), yes=True, log=lambda m: None)
     assert ran == []
     # with --ignore-unreachable the others are reset (workers, then the control host), node3 named
-    report = reset.reset(inv, state_dir=prepared.state.root, yes=True, ignore_unreachable=True,
+    report = reset.reset(resolve(inv, prepared.state.root), yes=True, ignore_unreachable=True,
                          log=lambda m: None)
     assert report.unreachable == ["node3"]
     wiped = [name for name, script in ran if "off " in script]
@@ -595,10 +596,10 @@ def test_reset_respects_a_live_apply_lock(inv, prepared, monkeypatch):
                      else Result("", "", 0))
     with pytest.raises(teardown.TeardownError,
                        match=f"{CONTROL}: another command holds the apply lock: .*elsewhere.*nothing was done"):
-        reset.reset(inv, state_dir=prepared.state.root, yes=True, log=lambda m: None)
+        reset.reset(resolve(inv, prepared.state.root), yes=True, log=lambda m: None)
     assert not [name for name, script in ran if "off " in script]      # no host was wiped
     # a worker alone: no control host to lock, it is reset
-    report = reset.reset(inv, state_dir=prepared.state.root, yes=True, hosts=[WORKER], log=lambda m: None)
+    report = reset.reset(resolve(inv, prepared.state.root), yes=True, hosts=[WORKER], log=lambda m: None)
     assert list(report.hosts) == [WORKER]
 
 
@@ -615,7 +616,7 @@ def test_reset_takes_a_stale_lock_only_as_apply_does(inv, prepared, monkeypatch)
                      else Result("", "", 0))
     with pytest.raises(teardown.TeardownError, match=f"{CONTROL}: a stale apply lock is held .*"
                        r"re-run with `installer apply --force-unlock`.*nothing was done"):
-        reset.reset(inv, state_dir=prepared.state.root, yes=True, log=lambda m: None)
+        reset.reset(resolve(inv, prepared.state.root), yes=True, log=lambda m: None)
     from installer.core.facts import LOCK
     assert not [s for _, s in ran if "off " in s or s == f"rm -f {LOCK}"]     # nothing wiped, nothing broken
     assert [s for _, s in ran if "set -C" in s]
@@ -632,7 +633,7 @@ def test_reset_takes_a_stale_lock_only_as_apply_does(inv, prepared, monkeypatch)
         return Result("", "", 0)
     ran = fake_hosts(monkeypatch, answer)
     logged: list[str] = []
-    reset.reset(inv, state_dir=prepared.state.root, yes=True, log=logged.append)
+    reset.reset(resolve(inv, prepared.state.root), yes=True, log=logged.append)
     scripts = [s for name, s in ran if name == CONTROL]
     takes = [i for i, s in enumerate(scripts) if "set -C" in s]
     ends = [i for i, s in enumerate(scripts) if "hp-0123456789ab" in s]
@@ -649,7 +650,7 @@ def test_a_failed_reset_releases_its_lock(inv, prepared, monkeypatch):
         return Result("", "", 0)
     ran = fake_hosts(monkeypatch, answer)
     with pytest.raises(teardown.TeardownError, match="control hosts not touched"):
-        reset.reset(inv, state_dir=prepared.state.root, yes=True, log=lambda m: None)
+        reset.reset(resolve(inv, prepared.state.root), yes=True, log=lambda m: None)
     on_control = [script for name, script in ran if name == CONTROL]
     run = re.search(r'"run": "([0-9a-f]+)"', on_control[0]).group(1)     # the lock the reset took
     assert "set -C" in on_control[0] and "rm -f" in on_control[-1] and f"grep -q {run} " in on_control[-1]

@@ -21,13 +21,14 @@ import yaml
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
+from installer.core.cluster import Cluster
 from installer.core.errors import InstallerError, StateError
-from installer.core.inventory import Inventory, as_inventory
+from installer.core.inventory import Inventory
 from installer.core.pki.material import Material, ensure
 from installer.core.pki.specs import CAS
 from installer.core.render.plan import render_cluster
 from installer.core.render.worker import KUBELET_CLIENT_PEM
-from installer.core.state import StateDir, state_for
+from installer.core.state import StateDir
 from installer.engine.session import Session
 from installer.host.parallel import each
 from installer.host.ssh import HostError
@@ -193,20 +194,20 @@ def _plans_for(inv: Inventory, loaded: Material):
     return render_cluster(inv, material)
 
 
-def existing_state(inv: Inventory, state_dir) -> StateDir:
-    """The inventory's state directory; refused when there is none (no apply has run)."""
-    state = state_for(inv, state_dir)
+def existing_state(cluster: Cluster) -> StateDir:
+    """The cluster's state directory; refused when there is none (no apply has run)."""
+    state = cluster.state
     if not state.root.is_dir():
         raise StateError(f"state directory {state.root} does not exist; run `installer apply` first "
                          "(or pass --state)")
     return state
 
 
-def check(inventory_path, state_dir=None, offline: bool = False, remote_for: Callable | None = None,
+def check(cluster: Cluster, offline: bool = False, remote_for: Callable | None = None,
           log: Callable[[str], None] = lambda _: None) -> list[CertRow]:
     """Every certificate, sorted by not-after (soonest first)."""
-    inv = as_inventory(inventory_path)
-    state = existing_state(inv, state_dir)
+    inv = cluster.inv
+    state = existing_state(cluster)
     loaded = state.load(inv)
     if not loaded.cas:
         raise StateError(f"{state.root} holds no certificates; run `installer apply` first (or pass --state)")

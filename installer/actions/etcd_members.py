@@ -30,6 +30,7 @@ from typing import Callable
 from urllib.parse import urlsplit
 
 from installer.actions.etcd_ops import control_remotes, day2_etcdctl
+from installer.core.cluster import Cluster
 from installer.core.components import CONTROL_UNITS, ETCD_UNIT
 from installer.core.errors import InstallerError
 from installer.core.etcd_rules import (
@@ -47,7 +48,7 @@ from installer.core.etcd_rules import (
     parse_members,
     quorum,
 )
-from installer.core.inventory import HostSpec, Inventory, as_inventory
+from installer.core.inventory import HostSpec, Inventory
 from installer.core.render.control import ETCD_DATA_DIR, ETCD_REMOVED_ASIDE, peer_url
 from installer.engine import runner
 from installer.engine.context import Event, Options
@@ -129,28 +130,26 @@ def _members(via: Remote, inv: Inventory) -> list[Member]:
     return named_members(probes.ask(via, probes.member_list(day2_etcdctl(LOCAL))), inv.controls)
 
 
-def _converge(inv: Inventory, state_dir, options: Options, log: Callable[[str], None]) -> None:
+def _converge(cluster: Cluster, options: Options, log: Callable[[str], None]) -> None:
     def event(ev: Event) -> None:
         if ev.action not in ("checked", "unchanged"):
             log(f"  {ev.phase} {ev.host}: {ev.action}"
                 + (f" (restarted {', '.join(ev.restarts)})" if ev.restarts else ""))
-    runner.run(inv, state_dir, options, log=log, on_event=event)
+    runner.run(cluster, options, log=log, on_event=event)
 
 
 # --- add ---------------------------------------------------------------------------------------
 
-def add(inventory, name: str, *, state_dir=None, allow_even: bool = False, wait_timeout: float = 180.0,
+def add(cluster: Cluster, name: str, *, allow_even: bool = False, wait_timeout: float = 180.0,
         log: Callable[[str], None] = print, dry_run: bool = False) -> Change:
     """Add control host ``name`` (in the inventory, not yet a member) to etcd: as a learner,
     then promoted; then converge the control hosts. Resumes an add that stopped after
     registering the learner. Holds the apply lock throughout, on the members (the new host may
     not answer yet: the checks name it). ``dry_run``: check, and return the steps undone."""
-    inv = as_inventory(inventory)
     if dry_run:
-        return _add(inv, name, state_dir=state_dir, allow_even=allow_even, wait_timeout=wait_timeout, log=log,
-                    dry_run=True)
-    with hold(inv, skip=frozenset({name}), log=log):
-        return _add(inv, name, state_dir=state_dir, allow_even=allow_even, wait_timeout=wait_timeout, log=log,
+        return _add(cluster, name, allow_even=allow_even, wait_timeout=wait_timeout, log=log, dry_run=True)
+    with hold(cluster.inv, skip=frozenset({name}), log=log):
+        return _add(cluster, name, allow_even=allow_even, wait_timeout=wait_timeout, log=log,
                     dry_run=False)
 
 
@@ -162,7 +161,7 @@ class _Joining:
     members: list[Member] = field(default_factory=list)
 
 
-def _add_steps(inv: Inventory, host: HostSpec, member: Member | None, via: Remote, state_dir, deadline: float,
+def _add_steps(inv: Inventory, host: HostSpec, member: Member | None, via: Remote, cluster: Cluster, deadline: float,
                wait_timeout: float, log: Callable[[str], None]) -> list[Step[_Joining]]:
     name, peer = host.name, peer_url(host.address)
 
@@ -188,7 +187,7 @@ def _add_steps(inv: Inventory, host: HostSpec, member: Member | None, via: Remot
     return [
         first,
         Step(f"install and start etcd on {name} (--initial-cluster-state=existing); it joins as a learner",
-             lambda j: _converge(inv, state_dir, Options(hosts=frozenset({name}), wait_timeout=wait_timeout,
+             lambda j: _converge(cluster, Options(hosts=frozenset({name}), wait_timeout=wait_timeout,
                                                          only=frozenset({"preflight", "pki", "artifacts", "etcd"})),
                                  log)),
         Step(f"etcdctl member promote {member.id if member else '<its ID>'} once the learner is in sync; "
@@ -196,14 +195,15 @@ def _add_steps(inv: Inventory, host: HostSpec, member: Member | None, via: Remot
         # the workers too: with spec.apiServer.balancer their balancers list the new apiserver
         Step("converge the hosts (the new host's control plane on its own member; the workers' API balancers "
              "list its apiserver)",
-             lambda j: _converge(inv, state_dir, Options(hosts=frozenset(h.name for h in inv.spec.hosts),
+             lambda j: _converge(cluster, Options(hosts=frozenset(h.name for h in inv.spec.hosts),
                                                          skip=frozenset({"cluster-bootstrap"}),
                                                          wait_timeout=wait_timeout), log)),
     ]
 
 
-def _add(inv: Inventory, name: str, *, state_dir, allow_even: bool, wait_timeout: float,
+def _add(cluster: Cluster, name: str, *, allow_even: bool, wait_timeout: float,
          log: Callable[[str], None], dry_run: bool) -> Change:
+    inv = cluster.inv
     try:
         host = inv.host(name)
     except KeyError:
@@ -223,7 +223,7 @@ def _add(inv: Inventory, name: str, *, state_dir, allow_even: bool, wait_timeout
         # the member that answered stays open for the promotion, after the others are closed
         remotes.pop(view.via.name, None)
     via = view.via
-    steps = _add_steps(inv, host, member, via, state_dir, deadline, wait_timeout, log)
+    steps = _add_steps(inv, host, member, via, cluster, deadline, wait_timeout, log)
     if dry_run:
         via.close()
         return Change(name, member.id if member else "", plan(steps), view.members)
@@ -243,15 +243,13 @@ def _stop_script() -> str:
             "systemctl disable --now --quiet \"$u\"; fi; done")
 
 
-def remove(inventory, name: str, *, state_dir=None, allow_even: bool = False, host_unreachable: bool = False,
+def remove(cluster: Cluster, name: str, *, allow_even: bool = False, host_unreachable: bool = False,
            wait_timeout: float = 180.0, log: Callable[[str], None] = print, dry_run: bool = False) -> Change:
     """Remove member ``name`` (still in the inventory, or already deleted from it: then its
     address comes from its peer URL). ``host_unreachable``: the host is gone; only the
-    membership changes. ``dry_run``: check, and return the steps without doing them.
-    ``state_dir`` is accepted for symmetry with ``add`` (a removal converges nothing: edit the
-    inventory and run `installer apply` afterwards)."""
-    del state_dir
-    inv = as_inventory(inventory)
+    membership changes. ``dry_run``: check, and return the steps without doing them. A removal
+    converges nothing: edit the inventory and run `installer apply` afterwards."""
+    inv = cluster.inv
     if dry_run:
         return _remove(inv, name, allow_even=allow_even, host_unreachable=host_unreachable,
                        wait_timeout=wait_timeout, log=log, dry_run=True)

@@ -25,7 +25,7 @@ from typing import Callable, Iterator
 
 from installer.core.components import CONTROL_UNITS, ETCD_UNIT, LOCAL_CONTROL_PORTS
 from installer.core.etcd_rules import EtcdOpError, Member, parse_members
-from installer.core.inventory import HostSpec, Inventory, as_inventory
+from installer.core.inventory import HostSpec, Inventory
 from installer.core.render.control import ETCD_DATA_DIR, ETCD_RESTORE_ASIDE, etcd_servers, initial_cluster, peer_url
 from installer.core.safefs import write_atomic
 from installer.engine.session import Session, hold
@@ -66,8 +66,7 @@ def _first_reachable(inv: Inventory, remotes: dict[str, Remote]) -> Remote:
 
 # --- members -----------------------------------------------------------------------------
 
-def members(inventory_path) -> list[Member]:
-    inv = as_inventory(inventory_path)
+def members(inv: Inventory) -> list[Member]:
     with control_remotes(inv) as remotes:
         r = _first_reachable(inv, remotes)
         out = r.run(f"{day2_etcdctl(etcd_servers(inv))} member list -w json", what="etcdctl member list").stdout
@@ -86,8 +85,7 @@ class SnapshotInfo:
     size: int
 
 
-def snapshot_save(inventory_path, dest, force: bool = False) -> SnapshotInfo:
-    inv = as_inventory(inventory_path)
+def snapshot_save(inv: Inventory, dest, force: bool = False) -> SnapshotInfo:
     dest = Path(dest)
     if not force and (dest.exists() or dest.is_symlink()):
         # checked before any host is asked: a refused save changes nothing anywhere
@@ -179,10 +177,9 @@ def _restore_script(inv: Inventory, host: HostSpec, snap: str, stamp: str) -> st
         f"chmod 0700 {data}\n")
 
 
-def snapshot_restore(inventory_path, snapshot, wait_timeout: float = 120,
+def snapshot_restore(inv: Inventory, snapshot, wait_timeout: float = 120,
                      log: Callable[[str], None] = print) -> list[str]:
     """Restore ``snapshot`` on every member, holding the apply lock. Returns the hosts restored."""
-    inv = as_inventory(inventory_path)
     with hold(inv, log=log):
         return _snapshot_restore(inv, snapshot, wait_timeout, log)
 

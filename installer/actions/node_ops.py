@@ -20,14 +20,15 @@ from typing import Callable, ContextManager, Iterator
 
 from installer.actions import etcd_members
 from installer.core import components
+from installer.core.cluster import Cluster
 from installer.core.errors import InstallerError
 from installer.core.etcd_rules import Change
-from installer.core.inventory import HostSpec, Inventory, as_inventory
+from installer.core.inventory import HostSpec, Inventory
 from installer.core.ledger import Ledger, NodeRetiredError, check_inventory, revoked_message
 from installer.core.network import ROUTES_UNIT
 from installer.core.pki.material import Material, ensure
 from installer.core.render.balancer import BALANCER_CONFIG
-from installer.core.state import StateDir, state_for
+from installer.core.state import StateDir
 from installer.engine import runner
 from installer.engine.context import Options
 from installer.engine.parts import planned_changes
@@ -45,20 +46,26 @@ class NodeOpError(InstallerError):
 
 @dataclass
 class Target:
-    inv: Inventory            # the inventory as given
-    state: StateDir
+    cluster: Cluster          # the inventory as given and its state
     host: HostSpec
     in_inventory: bool
 
+    @property
+    def inv(self) -> Inventory:
+        return self.cluster.inv
 
-def node_target(inventory, state_dir, name: str) -> tuple[Target, Ledger]:
-    inv = as_inventory(inventory)
-    state = state_for(inv, state_dir)
+    @property
+    def state(self) -> StateDir:
+        return self.cluster.state
+
+
+def node_target(cluster: Cluster, name: str) -> tuple[Target, Ledger]:
+    inv, state = cluster.inv, cluster.state
     ledger = Ledger.load(state)
     host = ledger.host(name, inv)
     if host is None:
         raise NodeOpError(f"no host named {name} in the inventory or in the node ledger ({Ledger.path(state)})")
-    return Target(inv, state, host, any(h.name == name for h in inv.spec.hosts)), ledger
+    return Target(cluster, host, any(h.name == name for h in inv.spec.hosts)), ledger
 
 
 def _with_hosts(inv: Inventory, hosts: list[HostSpec]) -> Inventory:
@@ -110,10 +117,10 @@ def foreign_changes(report: runner.Report, allowed_host: str | None) -> list[str
     return out
 
 
-def converge(inv: Inventory, state_dir, name: str | None, skip: frozenset[str], log, what: str,
+def converge(cluster: Cluster, name: str | None, skip: frozenset[str], log, what: str,
               accept_new_host_keys: bool = False, wait_timeout: float = 180.0,
               dry_run: bool = False, returning: frozenset[str] = frozenset()) -> runner.Report | None:
-    """Apply ``inv`` (``dry_run``: plan it), refusing (before the lock and any change) when the
+    """Apply ``cluster`` (``dry_run``: plan it), refusing (before the lock and any change) when the
     facts show it would change more than ``name`` and the routes. None when nothing changed."""
     def only_name_and_routes(ctx) -> None:
         extra = foreign_changes(runner.Report(events=planned_changes(ctx)), name)
@@ -123,7 +130,7 @@ def converge(inv: Inventory, state_dir, name: str | None, skip: frozenset[str], 
 
     opts = Options(skip=skip, accept_new_host_keys=accept_new_host_keys, wait_timeout=wait_timeout, dry_run=dry_run,
                    returning=returning)
-    report = runner.run(inv, state_dir, opts, log=log, check=only_name_and_routes)
+    report = runner.run(cluster, opts, log=log, check=only_name_and_routes)
     return report if report.changed else None
 
 
@@ -143,10 +150,8 @@ class NodeRow:
         return dataclasses.asdict(self)
 
 
-def list_nodes(inventory, state_dir=None, *, use_api: bool = False,
-               api_factory: ApiFactory | None = None) -> list[NodeRow]:
-    inv = as_inventory(inventory)
-    state = state_for(inv, state_dir)
+def list_nodes(cluster: Cluster, *, use_api: bool = False, api_factory: ApiFactory | None = None) -> list[NodeRow]:
+    inv, state = cluster.inv, cluster.state
     ledger = Ledger.load(state)
     rows = {}
     for h in inv.spec.hosts:
@@ -157,8 +162,7 @@ def list_nodes(inventory, state_dir=None, *, use_api: bool = False,
         if n not in rows:
             rows[n] = NodeRow(n, e.role, e.address, e.state, e.since, False)
     if use_api:
-        material = state.load(inv)
-        with cluster_api(inv, material, api_factory) as api:
+        with cluster_api(inv, cluster.material, api_factory) as api:
             ready = {n: "Ready" if ok else "NotReady" for n, ok in kube.node_readiness(api).items()}
         for r in rows.values():
             r.registered = ready.pop(r.name, "absent") if r.role == "worker" else "never (control)"
@@ -169,24 +173,23 @@ def list_nodes(inventory, state_dir=None, *, use_api: bool = False,
 
 # --- add --------------------------------------------------------------------------------------
 
-def add(inventory, name: str, state_dir=None, *, skip: frozenset[str] = frozenset(), allow_even: bool = False,
+def add(cluster: Cluster, name: str, *, skip: frozenset[str] = frozenset(), allow_even: bool = False,
         accept_new_host_keys: bool = False, wait_timeout: float = 180.0, log=print,
         dry_run: bool = False) -> runner.Report | Change | None:
     """Join the inventory's host ``name``: only its certificates and token are issued, only it
     is changed (plus the routes on the other hosts). A worker: the apply's report (None when
     nothing changed); a control host: its etcd membership change. ``dry_run``: the same
     checks and plan, nothing changed."""
-    inv = as_inventory(inventory)
+    inv, state = cluster.inv, cluster.state
     host = next((h for h in inv.spec.hosts if h.name == name), None)
     if host is None:
         raise NodeOpError(f"{name} is not in the inventory: add it under spec.hosts first")
-    state = state_for(inv, state_dir)
     ledger = Ledger.load(state)
     e = ledger.entries.get(name)
     if e is not None and e.state == "revoked":
         raise NodeRetiredError(revoked_message(e))
     if host.role == "control":
-        change = etcd_members.add(inv, name, state_dir=state_dir, allow_even=allow_even, wait_timeout=wait_timeout,
+        change = etcd_members.add(cluster, name, allow_even=allow_even, wait_timeout=wait_timeout,
                                   log=log, dry_run=dry_run)
         if dry_run:
             return change
@@ -200,19 +203,19 @@ def add(inventory, name: str, state_dir=None, *, skip: frozenset[str] = frozense
         log(f"{name}: was removed on {e.since}; adding it back")
         ledger.reactivate(host)
         ledger.save(state)
-    return converge(inv, state_dir, name, skip, log, f"node add {name}", accept_new_host_keys, wait_timeout, dry_run,
+    return converge(cluster, name, skip, log, f"node add {name}", accept_new_host_keys, wait_timeout, dry_run,
                     returning=frozenset({name}) if dry_run else frozenset())
 
 
 # --- drain ------------------------------------------------------------------------------------
 
-def drain(inventory, name: str, state_dir=None, *, timeout: float = 300.0, api_factory: ApiFactory | None = None,
+def drain(cluster: Cluster, name: str, *, timeout: float = 300.0, api_factory: ApiFactory | None = None,
           log=print, dry_run: bool = False) -> node_api.DrainResult:
     """Cordon and drain ``name``; ``dry_run``: what it would evict and leave, nothing changed."""
-    t, _ = node_target(inventory, state_dir, name)
+    t, _ = node_target(cluster, name)
     if t.host.role == "control":
         raise NodeOpError(f"{name} is a control host: it is not a Node and runs no pods")
-    with cluster_api(t.inv, t.state.load(t.inv), api_factory) as api:
+    with cluster_api(t.inv, cluster.material, api_factory) as api:
         if dry_run:
             if not kube.node_exists(api, name):
                 raise NodeOpError(f"there is no Node {name} in the cluster")

@@ -22,6 +22,7 @@ from installer.actions.node_ops import (
     with_host,
     without,
 )
+from installer.core.cluster import Cluster
 from installer.core.errors import InstallerError
 from installer.core.inventory import Inventory
 from installer.core.ledger import Entry, Ledger
@@ -112,7 +113,7 @@ def remove_steps(t: Target, *, skip_cluster: bool = False, host_unreachable: boo
     n = t.host.name
     if t.host.role == "control":
         def leave_etcd(r: _Run) -> None:
-            etcd_members.remove(r.t.inv, n, state_dir=r.t.state.root, allow_even=allow_even,
+            etcd_members.remove(r.t.cluster, n, allow_even=allow_even,
                                 host_unreachable=host_unreachable, log=r.log)
             r.out.done.append("removed from etcd")
         return [Step(f"remove {n} from etcd (one member at a time; refused when unsafe)", leave_etcd),
@@ -267,7 +268,7 @@ def _refresh_others(t: Target, skip: frozenset[str], log, out: Outcome, accept_n
     if not others.controls:
         return
     try:
-        report = converge(others, t.state.root, None, skip, log, "refresh the other hosts' routes",
+        report = converge(t.cluster.with_inventory(others), None, skip, log, "refresh the other hosts' routes",
                            accept_new_host_keys)
     except (InstallerError, HostError) as e:
         out.warnings.append(f"the other hosts' routes were not refreshed: {e}; run `installer apply` once "
@@ -278,12 +279,12 @@ def _refresh_others(t: Target, skip: frozenset[str], log, out: Outcome, accept_n
         out.done.append("dropped its routes on " + ", ".join(hosts))
 
 
-def remove(inventory, name: str, state_dir=None, *, timeout: float = 300.0, skip_cluster: bool = False,
+def remove(cluster: Cluster, name: str, *, timeout: float = 300.0, skip_cluster: bool = False,
            host_unreachable: bool = False, allow_even: bool = False, accept_new_host_keys: bool = False,
            api_factory: ApiFactory | None = None, refresh_others: bool = True, hold_lock: bool = True,
            log=print) -> Outcome:
     """``hold_lock=False``: for tests with no hosts at all (the apply lock lives on them)."""
-    t, ledger = node_target(inventory, state_dir, name)
+    t, ledger = node_target(cluster, name)
     steps = remove_steps(t, skip_cluster=skip_cluster, host_unreachable=host_unreachable, timeout=timeout,
                          allow_even=allow_even, refresh_others=refresh_others)
     with _lock(t, hold_lock, _gone(t, host_unreachable), log), contextlib.ExitStack() as stack:
@@ -311,13 +312,13 @@ def _wait_enforced(inv: Inventory, material: Material, name: str, timeout: float
         return node_api.wait_refused_everywhere(clients, [name], timeout)
 
 
-def revoke(inventory, name: str, state_dir=None, *, host_unreachable: bool = False,
+def revoke(cluster: Cluster, name: str, *, host_unreachable: bool = False,
            accept_new_host_keys: bool = False, api_factory: ApiFactory | None = None,
            refresh_others: bool = True, refresh_skip: frozenset[str] = frozenset(),
            policy_timeout: float = 60.0, hold_lock: bool = True, log=print) -> Outcome:
     """Shut ``system:node:<name>`` out for good: deny its writes, delete its way to renew or
     re-bootstrap, delete its Node, record it, wipe the host (when reachable)."""
-    t, ledger = node_target(inventory, state_dir, name)
+    t, ledger = node_target(cluster, name)
     if t.host.role == "control":
         raise NodeOpError(f"{name} is a control host: it has no node identity to revoke; use `installer node "
                           "remove` and, if its keys may be stolen, `installer ca rotate`")

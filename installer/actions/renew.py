@@ -44,8 +44,9 @@ from installer.actions.rollout import (
     roll,
     session,
 )
+from installer.core.cluster import Cluster
 from installer.core.errors import InstallerError, StateError
-from installer.core.inventory import Inventory, as_inventory
+from installer.core.inventory import Inventory
 from installer.core.pki import issue
 from installer.core.pki.issue import Pair
 from installer.core.pki.material import Material, ensure
@@ -132,10 +133,10 @@ def reissued_rows(inv: Inventory, old: Material, new: Material, names) -> list[R
 
 # --- the state ---------------------------------------------------------------------------------
 
-def load_state(inv: Inventory, state_dir) -> tuple[StateDir, Material]:
+def load_state(cluster: Cluster) -> tuple[StateDir, Material]:
     """The state as it is; refused when it is missing, incomplete or does not match the
     inventory (an apply would change it): run ``installer apply`` first."""
-    state = existing_state(inv, state_dir)
+    inv, state = cluster.inv, existing_state(cluster)
     loaded = state.load(inv)
     _, changes = ensure(inv, loaded)
     # an expired leaf is what a renewal is for; tokens are not touched by a renewal
@@ -263,10 +264,10 @@ def renew_steps(names: list[str], use_api: bool) -> list[Step[Roll]]:
     ]
 
 
-def renew(inventory, *, state_dir=None, only=(), dry_run: bool = False, wait_timeout: float = 180.0,
+def renew(cluster: Cluster, *, only=(), dry_run: bool = False, wait_timeout: float = 180.0,
           use_api: bool = True, log: Callable[[str], None] = print) -> Report:
-    inv = as_inventory(inventory)
-    state, old = load_state(inv, state_dir)
+    inv = cluster.inv
+    state, old = load_state(cluster)
     names = leaf_names(inv, old, only)
     new = reissue(inv, old, names)
     steps = renew_steps(names, use_api)

@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import Callable
 
 from installer.actions.teardown import Log, TeardownError, host_plan, wipe_host
+from installer.core.cluster import Cluster
 from installer.core.errors import InstallerError
-from installer.core.inventory import HostSpec, Inventory, as_inventory
+from installer.core.inventory import HostSpec, Inventory
 from installer.core.pki.material import Material, ensure
 from installer.core.render.files import HostPlan
 from installer.core.render.plan import render_cluster
-from installer.core.state import StateDir, state_for
+from installer.core.state import StateDir
 from installer.engine import steps
 from installer.engine.session import Session
 from installer.host.applylock import UNLOCK
@@ -46,10 +47,10 @@ class ResetReport:
                 "state": str(self.state) if self.state else None, "purged": self.purged}
 
 
-def cluster_plans(inv: Inventory, state_dir=None) -> dict[str, HostPlan]:
+def cluster_plans(cluster: Cluster) -> dict[str, HostPlan]:
     """Every host's plan, for its paths, users and units only: rendered from the state's
     material when it is readable (nothing is written), else from throwaway material."""
-    state = state_for(inv, state_dir)
+    inv, state = cluster.inv, cluster.state
     try:
         old = state.load(inv) if state.root.is_dir() else Material()
         material, _ = ensure(inv, old)
@@ -71,14 +72,13 @@ def _chosen(inv: Inventory, hosts: Iterable[str], purge: bool) -> list[HostSpec]
     return [h for h in chosen if h.role == "worker"] + [h for h in chosen if h.role == "control"]
 
 
-def plan(inventory, *, state_dir=None, keep_data: bool = False, purge: bool = False,
+def plan(cluster: Cluster, *, keep_data: bool = False, purge: bool = False,
          hosts: Iterable[str] = ()) -> dict:
     """What ``reset`` would do, touching no host: its steps, each chosen host's teardown in the
     order they run (workers first), and what becomes of the local state."""
-    inv = as_inventory(inventory)
+    inv, state = cluster.inv, cluster.state
     chosen = _chosen(inv, hosts, purge)
-    state = state_for(inv, state_dir)
-    return _plan(inv, chosen, cluster_plans(inv, state_dir), state, not keep_data, purge,
+    return _plan(inv, chosen, cluster_plans(cluster), state, not keep_data, purge,
                  steps.plan(_steps(_Reset(inv, chosen, {}, state, not keep_data, purge))))
 
 
@@ -177,7 +177,7 @@ def _steps(r: _Reset) -> list[steps.Step[_Reset]]:
     return out
 
 
-def reset(inventory, *, state_dir=None, yes: bool = False, keep_data: bool = False, purge: bool = False,
+def reset(cluster: Cluster, *, yes: bool = False, keep_data: bool = False, purge: bool = False,
           hosts: Iterable[str] = (), ignore_unreachable: bool = False, log: Log = print) -> ResetReport:
     """Take off every host (or only ``hosts``) what the installer put there: workers first,
     then control hosts, in parallel within a role. Without ``yes`` only the plan is logged and
@@ -187,10 +187,9 @@ def reset(inventory, *, state_dir=None, yes: bool = False, keep_data: bool = Fal
     Every chosen host is connected to first: when one cannot be reached nothing is done on any
     (``ignore_unreachable`` resets the others and names the skipped ones). A live apply lock on
     a control host also stops the reset before anything is done."""
-    inv = as_inventory(inventory)
+    inv, state = cluster.inv, cluster.state
     chosen = _chosen(inv, hosts, purge)
-    state = state_for(inv, state_dir)
-    r = _Reset(inv, chosen, cluster_plans(inv, state_dir), state, not keep_data, purge, ignore_unreachable, log,
+    r = _Reset(inv, chosen, cluster_plans(cluster), state, not keep_data, purge, ignore_unreachable, log,
                ResetReport(state=state.root))
     todo = _steps(r)
     if not yes:

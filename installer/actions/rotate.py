@@ -58,8 +58,9 @@ from installer.actions.rollout import (
     roll,
     stop_units,
 )
+from installer.core.cluster import Cluster
 from installer.core.errors import InstallerError, StateError
-from installer.core.inventory import Inventory, as_inventory
+from installer.core.inventory import Inventory
 from installer.core.pki import issue
 from installer.core.pki.issue import Pair
 from installer.core.pki.material import Material, new_token
@@ -300,12 +301,12 @@ def _notes(use_api: bool) -> list[str]:
     return notes
 
 
-def rotate_ca(inventory, *, state_dir=None, which=("all",), yes: bool = False, use_api: bool = True,
+def rotate_ca(cluster: Cluster, *, which=("all",), yes: bool = False, use_api: bool = True,
               wait_timeout: float = 180.0, log: Callable[[str], None] = print) -> Report:
     """Without ``yes``: the report of a dry run (its steps); nothing is read but the state."""
-    inv = as_inventory(inventory)
+    inv = cluster.inv
     cas = which_cas(which)
-    state = existing_state(inv, state_dir)
+    state = existing_state(cluster)
     old = state.load(inv)
     missing = ([c.name for c in CAS if c.name not in old.cas]
                + [s.name for s in cert_specs(inv) if s.name not in old.certs])

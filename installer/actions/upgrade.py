@@ -32,11 +32,12 @@ import yaml
 from installer.actions.etcd_ops import day2_etcdctl, snapshot_save
 from installer.actions.node_ops import ApiFactory, cluster_api, material_for
 from installer.core import upgrade_rules, versions
+from installer.core.cluster import Cluster
 from installer.core.errors import InstallerError
-from installer.core.inventory import Inventory, as_inventory
+from installer.core.inventory import Inventory
 from installer.core.render.control import etcd_servers
 from installer.core.safefs import write_atomic
-from installer.core.state import StateDir, state_for
+from installer.core.state import StateDir
 from installer.core.upgrade_rules import (
     HostState,
     SkewError,
@@ -155,7 +156,7 @@ class Upgrade:
                 self.log(f"  {ev.phase} {ev.host}: {ev.action}"
                          + (f" (restarted {', '.join(ev.restarts)})" if ev.restarts else ""))
         skip = skip | (frozenset() if self.use_api else CONTROL_ONLY)
-        runner.run(inv, self.state.root, Options(hosts=hosts, only=only, skip=skip, upgrade=True,
+        runner.run(Cluster(inv, self.state), Options(hosts=hosts, only=only, skip=skip, upgrade=True,
                                                  wait_timeout=self.wait_timeout), log=self.log, on_event=event)
 
     @contextlib.contextmanager
@@ -340,14 +341,14 @@ def _checks(inv: Inventory, found: Survey, force: bool, use_api: bool) -> list[s
     return said + [f"ignored (--force): {p}" for p in problems]
 
 
-def upgrade(inventory, state_dir=None, *, to: str | None = None, plan_only: bool = False,
+def upgrade(cluster: Cluster, *, to: str | None = None, plan_only: bool = False,
             max_unavailable: int = 1, drain_timeout: float = 300.0, wait_timeout: float = 600.0,
             force: bool = False, use_api: bool = True, api_factory: ApiFactory | None = None,
             log: Callable[[str], None] = print) -> UpgradeReport:
     """Roll the cluster to ``to`` (default: the inventory's spec.kubernetes.version) and the
     inventory's etcd version. ``plan_only``: the checks and the steps, nothing changed."""
     started = time.monotonic()
-    inv = as_inventory(inventory)
+    inv, state = cluster.inv, cluster.state
     if to:
         parsed = versions.parse(to)
         if parsed is None or not versions.is_supported(parsed):
@@ -355,7 +356,6 @@ def upgrade(inventory, state_dir=None, *, to: str | None = None, plan_only: bool
                                  f"{versions.supported_range_text()})")
         inv = _with_version(inv, kubernetes=to)
     target = inv.spec.kubernetes.version
-    state = state_for(inv, state_dir)
     if not state.root.is_dir():
         raise UpgradeRefused(f"no state at {state.root}: nothing to upgrade (run `installer apply` first)")
     material = material_for(inv, state)

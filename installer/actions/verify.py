@@ -38,15 +38,15 @@ from pathlib import Path
 from typing import Callable
 
 from installer.core import components
+from installer.core.cluster import Cluster
 from installer.core.components import BALANCER_UNIT, ETCD_UNIT, WORKER_UNITS
 from installer.core.components import CONTROL_UNITS as CONTROL_PLANE_UNITS
 from installer.core.errors import InstallerError
-from installer.core.inventory import HostSpec, Inventory, as_inventory
+from installer.core.inventory import HostSpec, Inventory
 from installer.core.pki.material import ensure
 from installer.core.render.files import HostPlan
 from installer.core.render.plan import render_cluster
 from installer.core.render.worker import BOOTSTRAP_KUBECONFIG, KUBELET_CLIENT_PEM
-from installer.core.state import state_for
 from installer.engine.session import Session
 from installer.host import apireach
 
@@ -312,19 +312,19 @@ def check_host(host, h: HostSpec, plan: HostPlan) -> list[CheckResult]:
     return results
 
 
-def _plans(inv: Inventory, state_dir) -> dict[str, HostPlan]:
+def _plans(cluster: Cluster) -> dict[str, HostPlan]:
     """Every host's plan from the state's PKI, without writing to the state (verify changes
     nothing anywhere); a missing state only means fresh key material, same paths and modes."""
-    material, _ = ensure(inv, state_for(inv, state_dir).load(inv))
-    return render_cluster(inv, material)
+    material, _ = ensure(cluster.inv, cluster.material)
+    return render_cluster(cluster.inv, material)
 
 
-def _api_checks(inv: Inventory, state_dir) -> list[CheckResult]:
+def _api_checks(cluster: Cluster) -> list[CheckResult]:
     """The API's Node list: an API that cannot be reached is a host that cannot be checked
     (VerifyError, exit 3); one that answers the list with an error status (a 404 from
     something that is not a kube-apiserver, a 403) fails the check (exit 1), naming the URL."""
     from installer.host import kube
-    material = state_for(inv, state_dir).load(inv)
+    inv, material = cluster.inv, cluster.material
     via = inv.api_url
     try:
         with Session(inv) as s, apireach.api_access(inv, s.remote) as url, kube.api_client(url, material) as client:
@@ -348,14 +348,14 @@ def _api_checks(inv: Inventory, state_dir) -> list[CheckResult]:
                         ("registered: " + ", ".join(visible)) if visible else f"nodes: {', '.join(nodes) or 'none'}")]
 
 
-def verify(inventory_path, state_dir=None, log: Callable[[str], None] = print, *, api: bool = False,
+def verify(cluster: Cluster, log: Callable[[str], None] = print, *, api: bool = False,
            parallel: int = 10) -> list[CheckResult]:
     """Run every host check over SSH (testinfra) for every host of the inventory.
 
     Returns the results (host order, then check order); raises :class:`VerifyError` naming
     each host that could not be checked at all."""
-    inv = as_inventory(inventory_path)
-    plans = _plans(inv, state_dir)
+    inv = cluster.inv
+    plans = _plans(cluster)
     hosts = inv.spec.hosts
     log(f"verify: checking {len(hosts)} host(s) over SSH")
     session = _Session(inv)
@@ -379,5 +379,5 @@ def verify(inventory_path, state_dir=None, log: Callable[[str], None] = print, *
     finally:
         session.close()
     if api:
-        results += _api_checks(inv, state_dir)
+        results += _api_checks(cluster)
     return results

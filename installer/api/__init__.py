@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from installer.core import inventory as inventory_mod
-from installer.core.cluster import Cluster, open_cluster
+from installer.core.cluster import Cluster, open_cluster, resolve
 from installer.core.errors import InstallerError
 from installer.core.inventory import Inventory, as_inventory, json_schema
 from installer.core.pki.material import Changes, Material, ensure
@@ -20,10 +20,10 @@ from installer.core.render.files import HostPlan
 from installer.core.render.plan import render_cluster, write_tree
 from installer.core.state import StateDir, state_for, write_admin_kubeconfig
 
-# part of the API: every domain error (its exit_code is the CLI's), day-2 callers passing an
-# Inventory or a path, the inventory's JSON schema, the state directory of an inventory
+# part of the API: every domain error (its exit_code is the CLI's), the Cluster every command
+# takes (open_cluster holds its state, resolve does not), the inventory's JSON schema
 __all__ = ["Cluster", "InstallerError", "Prepared", "admin_kubeconfig", "as_inventory", "json_schema", "open_cluster",
-           "prepare", "render", "state_for", "validate", "write_admin_kubeconfig"]
+           "resolve", "prepare", "render", "state_for", "validate", "write_admin_kubeconfig"]
 
 
 @dataclass
@@ -51,21 +51,20 @@ def prepare(path: str | Path | Inventory, state_dir: str | Path | None = None,
     return Prepared(inv, state, material, changes, render_cluster(inv, material))
 
 
-def render(path: str | Path, out: str | Path, state_dir: str | Path | None = None) -> Prepared:
-    p = prepare(path, state_dir)
+def render(cluster: Cluster, out: str | Path) -> Prepared:
+    p = prepare(cluster.inv, cluster.state.root)
     write_tree(p.plans, Path(out), p.inventory, p.material)
     return p
 
 
-def admin_kubeconfig(path: str | Path, out: str | Path | None = None, state_dir: str | Path | None = None,
+def admin_kubeconfig(cluster: Cluster, out: str | Path | None = None,
                      force: bool = False) -> tuple[Inventory, Path, bool, str, str | None]:
     """Write the admin kubeconfig from the state (default ``./<cluster>.kubeconfig``, 0600);
     an existing different file is kept unless ``force``. Its server: the endpoint, or the first
     control host whose apiserver answers now (``apireach.answering_server``). Returns (inventory,
     path, written, server, why the server is not the first control host's or None)."""
     from installer.host import apireach  # SSH's libraries: only the commands that reach hosts load them
-    inv = as_inventory(path)
-    material = state_for(inv, state_dir).load(inv)
+    inv, material = cluster.inv, cluster.material
     apireach.check_admin_material(inv, material)
     target = Path(out) if out else Path(f"{inv.metadata.name}.kubeconfig")
     server, why = apireach.answering_server(inv)

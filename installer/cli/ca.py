@@ -41,7 +41,7 @@ def rotate(cluster, which, yes, no_api, wait_timeout, dry_run, fmt):
     Without --yes: print the plan, change nothing, exit 2 (--dry-run: the same, exit 0). The old CA material is kept in
     <state>/backups/ca-rotate-<time>/ (0700). The service-account key is kept."""
     from installer.api import certs as certs_api
-    report = certs_api.rotate_ca(cluster.inv, state_dir=cluster.state.root, which=which, yes=yes and not dry_run,
+    report = certs_api.rotate_ca(cluster, which=which, yes=yes and not dry_run,
                                   use_api=not no_api, wait_timeout=wait_timeout, log=lambda m: click.echo(m, err=True))
     if dry_run:
         echo_plan("the rotation", report.steps, fmt, notes=report.notes)

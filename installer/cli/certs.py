@@ -37,7 +37,7 @@ def check(cluster, within, offline, fmt):
     certificate, short-lived and renewed by the kubelet, counts only when its renewal is late
     (past 90 % of its lifetime)."""
     from installer.api import certs as certs_api
-    rows = certs_api.check(cluster.inv, cluster.state.root, offline=offline, log=lambda m: click.echo(m, err=True))
+    rows = certs_api.check(cluster, offline=offline, log=lambda m: click.echo(m, err=True))
     now = dt.datetime.now(dt.timezone.utc)
     expiring = [r for r in rows if r.expiring(now, within)]
     if fmt == "json":
@@ -110,7 +110,7 @@ def renew(cluster, only, dry_run, wait_timeout, no_api, fmt):
     <state>/backups/renew-<time>/. Kubelet client certificates are the kubelets' own (TLS
     bootstrapping): not renewed here. Exit 0 when every endpoint presents the new certificate."""
     from installer.api import certs as certs_api
-    report = certs_api.renew(cluster.inv, state_dir=cluster.state.root, only=only, dry_run=dry_run,
+    report = certs_api.renew(cluster, only=only, dry_run=dry_run,
                              wait_timeout=wait_timeout, use_api=not no_api, log=lambda m: click.echo(m, err=True))
     print_report(report, fmt)
     if fmt == "text":

@@ -49,7 +49,7 @@ def _options(dry_run, only, skip, parallel, accept_new_host_keys, wait_timeout, 
 def apply(cluster, only, skip, parallel, accept_new_host_keys, fmt, verbose, wait_timeout, dry_run, force_unlock):
     """Converge every host of INVENTORY: hidden control plane, joined workers. Idempotent."""
     progress = Progress(fmt, verbose or dry_run)
-    report = cluster_api.run(cluster.inv, cluster.state.root,
+    report = cluster_api.run(cluster,
                              _options(dry_run, only, skip, parallel, accept_new_host_keys, wait_timeout, force_unlock),
                         log=progress.log, on_event=progress.event, on_upload=progress.upload)
     progress.done(report, "plan" if dry_run else "apply")
@@ -67,7 +67,7 @@ def apply(cluster, only, skip, parallel, accept_new_host_keys, fmt, verbose, wai
 def plan(cluster, render_dir, check, only, skip, parallel, accept_new_host_keys, fmt, verbose, wait_timeout):
     """Show what apply would change on the live hosts (secrets masked), or render offline."""
     if render_dir:
-        p = api.render(cluster.inv, render_dir, cluster.state.root)
+        p = api.render(cluster, render_dir)
         for name, why in sorted(p.changes.reasons.items()):
             click.echo(f"pki: {name}: {why}")
         for name, hp in p.plans.items():
@@ -77,7 +77,7 @@ def plan(cluster, render_dir, check, only, skip, parallel, accept_new_host_keys,
         click.echo(f"rendered to {render_dir}/<host>/ (see MANIFEST in each)")
         return
     progress = Progress(fmt, verbose=True)
-    report = cluster_api.run(cluster.inv, cluster.state.root, _options(True, only, skip, parallel, accept_new_host_keys,
+    report = cluster_api.run(cluster, _options(True, only, skip, parallel, accept_new_host_keys,
                                                        wait_timeout),
                         log=progress.log, on_event=progress.event)
     progress.done(report, "plan")
@@ -96,7 +96,7 @@ def plan(cluster, render_dir, check, only, skip, parallel, accept_new_host_keys,
 def kubeconfig(cluster, output, force):
     """Write an admin kubeconfig (user kubernetes-admin) for the cluster's API endpoint, or,
     without one, the first control host whose apiserver answers now."""
-    inv, path, written, server, why = api.admin_kubeconfig(cluster.inv, output, cluster.state.root, force)
+    inv, path, written, server, why = api.admin_kubeconfig(cluster, output, force)
     click.echo(f"{path}: {'written' if written else 'unchanged'} (user kubernetes-admin, server {server}"
                + (f"; {why}" if why else "") + ")")
 
@@ -113,7 +113,7 @@ def verify(cluster, fmt, use_api):
     every secret is private. Read-only; rerun any time.
 
     Exit 0 when every check passes, 1 when any fails, 2/3 when a host cannot be checked."""
-    results = cluster_api.verify(cluster.inv, cluster.state.root, log=lambda m: click.echo(m, err=True), api=use_api)
+    results = cluster_api.verify(cluster, log=lambda m: click.echo(m, err=True), api=use_api)
     failed = [r for r in results if not r.ok]
     if fmt == "json":
         click.echo(json.dumps({"ok": not failed, "failed": len(failed), "checks": [r.as_dict() for r in results]},

@@ -24,7 +24,7 @@ def etcd():
 @domain_errors
 def members(inventory, fmt):
     """List the etcd members (asked on the first reachable control host)."""
-    found = etcd_api.members(inventory)
+    found = etcd_api.members(api.validate(inventory))
     if fmt == "json":
         echo_json([dataclasses.asdict(m) for m in found])
         return
@@ -53,7 +53,7 @@ def snapshot():
 def save(inventory, file, force, fmt):
     """Take a snapshot (etcdctl snapshot save) and write it to FILE (mode 0600). An existing
     FILE is refused unless --force."""
-    info = etcd_api.snapshot_save(inventory, file, force=force)
+    info = etcd_api.snapshot_save(api.validate(inventory), file, force=force)
     if fmt == "json":
         echo_json(dataclasses.asdict(info))
         return
@@ -71,13 +71,14 @@ def save(inventory, file, force, fmt):
 @domain_errors
 def restore(inventory, file, yes, wait_timeout, dry_run, fmt):
     """Restore FILE on every etcd member (the control plane is stopped meanwhile)."""
+    inv = api.validate(inventory)
     if dry_run or not yes:
-        plan = etcd_api.restore_plan(api.validate(inventory), file, "<time>")
+        plan = etcd_api.restore_plan(inv, file, "<time>")
         if not dry_run:
             nothing_without_yes("the restore", "restore", plan)
         echo_plan("the restore", plan, fmt)
         return
-    hosts = etcd_api.snapshot_restore(inventory, file, wait_timeout=wait_timeout, log=_progress)
+    hosts = etcd_api.snapshot_restore(inv, file, wait_timeout=wait_timeout, log=_progress)
     if fmt == "json":
         echo_json({"dryRun": False, "snapshot": file, "hosts": hosts})
         return
@@ -114,7 +115,7 @@ def member_add(cluster, name, allow_even, wait_timeout, dry_run, fmt):
     """Join control host NAME (already in INVENTORY) to etcd: registered as a learner, its member
     started with --initial-cluster-state=existing, promoted once in sync; then every control
     host is converged so the apiservers name the new member."""
-    change = etcd_api.member_add(cluster.inv, name, state_dir=cluster.state.root, allow_even=allow_even,
+    change = etcd_api.member_add(cluster, name, allow_even=allow_even,
                               wait_timeout=wait_timeout, log=_progress, dry_run=dry_run)
     if dry_run:
         echo_plan("the addition", change.steps, fmt)
@@ -143,7 +144,7 @@ def member_remove(cluster, name, allow_even, host_unreachable, yes, wait_timeout
     """Remove etcd member NAME: stop its control plane and etcd, `etcdctl member remove` through
     another member, move its /var/lib/etcd aside, check the others healthy. NAME may already be
     deleted from INVENTORY. Afterwards, delete NAME from the inventory and run `installer apply`."""
-    change = etcd_api.member_remove(cluster.inv, name, state_dir=cluster.state.root, allow_even=allow_even,
+    change = etcd_api.member_remove(cluster, name, allow_even=allow_even,
                                  host_unreachable=host_unreachable, wait_timeout=wait_timeout,
                                  log=_progress, dry_run=dry_run or not yes)
     if dry_run:

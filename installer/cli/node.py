@@ -34,7 +34,7 @@ def _plan_first(cluster, name, what: str, yes: bool, dry_run: bool, fmt: str, **
     True when the command is to go on."""
     if yes and not dry_run:
         return True
-    t, _ = nodes_api.node_target(cluster.inv, cluster.state.root, name)
+    t, _ = nodes_api.node_target(cluster, name)
     plan = nodes_api.remove_plan(t, **kw)
     if not dry_run:
         nothing_without_yes(f"{what} {name}", "do it", plan)
@@ -69,7 +69,7 @@ def node():
 @with_cluster
 def list_(cluster, use_api, fmt):
     """Every host with its state: active, removed or revoked (inventory + node ledger)."""
-    nodes = nodes_api.list_nodes(cluster.inv, cluster.state.root, use_api=use_api)
+    nodes = nodes_api.list_nodes(cluster, use_api=use_api)
     if fmt == "json":
         echo_json([r.as_dict() for r in nodes])
         return
@@ -97,7 +97,7 @@ def add(cluster, name, skip, allow_even, accept_new_host_keys, wait_timeout, dry
     joins etcd as a learner and is promoted. --dry-run: a worker's planned changes (as
     `installer plan` shows them), a control host's steps."""
     progress = Progress(fmt, verbose=True)
-    result = nodes_api.add(cluster.inv, name, cluster.state.root, skip=frozenset(skip), allow_even=allow_even,
+    result = nodes_api.add(cluster, name, skip=frozenset(skip), allow_even=allow_even,
                            accept_new_host_keys=accept_new_host_keys, wait_timeout=wait_timeout,
                            log=progress.log, dry_run=dry_run)
     if isinstance(result, nodes_api.Change):
@@ -128,7 +128,7 @@ def drain(cluster, name, timeout, dry_run, fmt):
     """Cordon NAME and evict its pods (PodDisruptionBudgets respected; mirror and DaemonSet pods
     stay). Fails, leaving the node cordoned, when pods remain after --timeout. --dry-run: the
     pods it would evict and leave now."""
-    res = nodes_api.drain(cluster.inv, name, cluster.state.root, timeout=timeout, log=_err, dry_run=dry_run)
+    res = nodes_api.drain(cluster, name, timeout=timeout, log=_err, dry_run=dry_run)
     if dry_run:
         echo_plan(f"draining {name}", [f"cordon Node {name}"] + [f"evict {p}" for p in res.evicted]
                   + [f"leave {p}" for p in res.skipped], fmt, name=name, evicted=res.evicted, skipped=res.skipped)
@@ -164,7 +164,7 @@ def remove(cluster, name, timeout, host_unreachable, skip_cluster, allow_even, a
     if not _plan_first(cluster, name, "node remove", yes, dry_run, fmt,
                        skip_cluster=skip_cluster, host_unreachable=host_unreachable):
         return
-    out = nodes_api.remove(cluster.inv, name, cluster.state.root, timeout=timeout, skip_cluster=skip_cluster,
+    out = nodes_api.remove(cluster, name, timeout=timeout, skip_cluster=skip_cluster,
                           host_unreachable=host_unreachable, allow_even=allow_even,
                           accept_new_host_keys=accept_new_host_keys, log=_err)
     _outcome(out, "removed", fmt)
@@ -187,6 +187,6 @@ def revoke(cluster, name, host_unreachable, accept_new_host_keys, yes, dry_run, 
     if not _plan_first(cluster, name, "node revoke", yes, dry_run, fmt, skip_cluster=False,
                        host_unreachable=host_unreachable, revoke=True):
         return
-    out = nodes_api.revoke(cluster.inv, name, cluster.state.root, host_unreachable=host_unreachable,
+    out = nodes_api.revoke(cluster, name, host_unreachable=host_unreachable,
                           accept_new_host_keys=accept_new_host_keys, log=_err)
     _outcome(out, "revoked", fmt)

@@ -35,7 +35,7 @@ def reset(cluster, yes, keep_data, purge, hosts, ignore_unreachable, dry_run, fm
     Exit 0 when done; 2 when not (no --yes, a host unreachable, an apply running: nothing done;
     a host that failed: rerun to finish)."""
     if dry_run:
-        would = reset_api.plan(cluster.inv, state_dir=cluster.state.root, keep_data=keep_data, purge=purge, hosts=hosts)
+        would = reset_api.plan(cluster, keep_data=keep_data, purge=purge, hosts=hosts)
         if fmt == "json":
             echo_json({"dryRun": True, **would})
             return
@@ -45,7 +45,7 @@ def reset(cluster, yes, keep_data, purge, hosts, ignore_unreachable, dry_run, fm
             click.echo("".join(f"  - {line}\n" for line in steps), nl=False)
         click.echo(f"local state {would['state']}: " + ("delete it (--purge)" if purge else "kept"))
         return
-    report = reset_api.reset(cluster.inv, state_dir=cluster.state.root, yes=yes, keep_data=keep_data, purge=purge,
+    report = reset_api.reset(cluster, yes=yes, keep_data=keep_data, purge=purge,
                              hosts=hosts, ignore_unreachable=ignore_unreachable,
                              log=lambda m: click.echo(m, err=True))
     if fmt == "json":

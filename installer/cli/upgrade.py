@@ -40,7 +40,7 @@ def upgrade(cluster, to, plan_only, max_unavailable, drain_timeout, wait_timeout
 
     Exit 0 when done (or with --plan), 2 bad input, 3 a step failed (re-run to finish), 4 refused
     by the skew rules or the cluster's health (nothing changed)."""
-    report = upgrade_api.upgrade(cluster.inv, cluster.state.root, to=to, plan_only=plan_only,
+    report = upgrade_api.upgrade(cluster, to=to, plan_only=plan_only,
                                  max_unavailable=max_unavailable,
                                  drain_timeout=drain_timeout, wait_timeout=wait_timeout, force=force,
                                  use_api=not no_api, log=lambda m: click.echo(m, err=True))

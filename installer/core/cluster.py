@@ -2,7 +2,9 @@
 found and held (an flock: two commands on one PKI would each write their own keys), and what is
 derived from them read or rendered when first asked for.
 
-``open_cluster`` is how a command gets one (the CLI's ``with_cluster``); a derived inventory
+``open_cluster`` is how a command gets one (the CLI's ``with_cluster``), ``resolve`` one not
+held; the runner, every action that reads the state and the API facade take a Cluster, never a
+path and a state directory again. A derived inventory
 (a node left out, another version) is ``cluster.with_inventory(inv)``, on the same state.
 """
 
@@ -46,7 +48,13 @@ def open_cluster(inventory: str | Path | Inventory, state_dir: str | Path | None
     """The cluster of ``inventory`` (a path, parsed and validated here, or an Inventory) and its
     state (``state_dir``, else the default next to the inventory), held for the block. With
     ``create=False`` a state directory that does not exist is left so (nothing to hold)."""
+    cluster = resolve(inventory, state_dir)
+    with cluster.state.locked(create=create):
+        yield cluster
+
+
+def resolve(inventory: str | Path | Inventory, state_dir: str | Path | None = None) -> Cluster:
+    """The cluster of ``inventory`` and its state directory, not held: for a caller that holds it
+    itself (``open_cluster``) or only reads (the Python API, tests). Apply holds it for its run."""
     inv = as_inventory(inventory)
-    state = state_for(inv, state_dir)
-    with state.locked(create=create):
-        yield Cluster(inv, state)
+    return Cluster(inv, state_for(inv, state_dir))

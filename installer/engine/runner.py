@@ -12,12 +12,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from installer.core import trust
+from installer.core.cluster import Cluster
 from installer.core.errors import InstallerError
-from installer.core.inventory import as_inventory
 from installer.core.ledger import Ledger, check_inventory
 from installer.core.pki.material import ensure
 from installer.core.render.plan import render_cluster
-from installer.core.state import state_for
 from installer.engine.bootstrap import refuse_revoked_before_changes
 from installer.engine.context import Context, Event, Options
 from installer.engine.phases import ALWAYS, PHASE_NAMES, RUN_WITH, SKIPPED_WITH, build
@@ -72,14 +71,13 @@ def effective_options(options: Options) -> Options:
         options, skip=skip, only=only)
 
 
-def context(inventory, state_dir, options: Options, log: Callable[[str], None]) -> Context:
-    """``inventory``: a path, or an already validated Inventory (day-2 commands pass one they
-    derived, e.g. without a removed node)."""
-    inv = as_inventory(inventory)
+def context(cluster: Cluster, options: Options, log: Callable[[str], None]) -> Context:
+    """The run's context for ``cluster`` (day-2 commands pass one with a derived inventory, e.g.
+    without a removed node: ``cluster.with_inventory``)."""
+    inv, state = cluster.inv, cluster.state
     unknown = sorted(options.hosts - {h.name for h in inv.spec.hosts})
     if unknown:
         raise InstallerError(f"no host named {', '.join(unknown)} in the inventory")
-    state = state_for(inv, state_dir)
     state.ensure_root()
     check_inventory(inv, Ledger.load(state), options.returning)
     if not options.upgrade:
@@ -112,7 +110,7 @@ def _resolve_artifacts(ctx: Context) -> None:
     digests.save()
 
 
-def run(inventory_path, state_dir=None, options: Options | None = None,
+def run(cluster: Cluster, options: Options | None = None,
         log: Callable[[str], None] = print, on_event: Callable[[Event], None] | None = None,
         check: Callable[[Context], None] | None = None,
         on_upload: Callable[[str, int, int], None] | None = None) -> Report:
@@ -121,17 +119,16 @@ def run(inventory_path, state_dir=None, options: Options | None = None,
     directory is held for the whole run: a second run on it would make other keys."""
     for names, flag in (((options or Options()).only, "--only"), ((options or Options()).skip, "--skip")):
         check_phase_names(names, flag)            # before the state is created or read
-    inv = as_inventory(inventory_path)
-    with state_for(inv, state_dir).locked():
-        return _run(inv, state_dir, options, log, on_event, check, on_upload)
+    with cluster.state.locked():
+        return _run(cluster, options, log, on_event, check, on_upload)
 
 
-def _run(inventory_path, state_dir, options: Options | None, log: Callable[[str], None],
+def _run(cluster: Cluster, options: Options | None, log: Callable[[str], None],
          on_event: Callable[[Event], None] | None, check: Callable[[Context], None] | None,
          on_upload: Callable[[str, int, int], None] | None) -> Report:
     options = effective_options(options or Options())
     started = time.monotonic()
-    ctx = context(inventory_path, state_dir, options, log)
+    ctx = context(cluster, options, log)
     ctx.on_upload = on_upload
     _resolve_artifacts(ctx)
     report = Report(dry_run=options.dry_run)
