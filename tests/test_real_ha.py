@@ -90,6 +90,22 @@ def test_an_apiserver_leaves_a_balancer_and_comes_back_by_itself_when_no_run_bri
     assert balancer_view(rc, w)["cp2"] == "UP"
 
 
+def test_no_one_but_root_on_a_worker_reaches_its_balancers_admin_socket(rc):
+    """An attacker with an unprivileged shell on a worker (a compromised service's user) must
+    not be able to drain an apiserver out of the balancer or point it elsewhere: the runtime API
+    is the admin socket in a root-only directory, and the ctl refuses anyone but root."""
+    w = rc.workers[0]
+    before = balancer_admin(rc, w)
+    nobody = "setpriv --reuid=65534 --regid=65534 --clear-groups"
+    direct = rc.ssh(w, f"echo 'set server apiservers/cp2 state maint' | {nobody} {SOCAT} -t 5 - UNIX-CONNECT:{SOCKET}")
+    assert direct.returncode != 0 and "Permission denied" in direct.stderr, direct
+    ctl = rc.ssh(w, f"{nobody} {CTL} leave cp2 5")
+    assert ctl.returncode == 1 and "root only" in ctl.stderr, ctl
+    modes = rc.ssh(w, f"stat -c '%a %U %G' {shlex.quote(str(Path(SOCKET).parent))} {SOCKET}").stdout.split("\n")
+    assert modes[:2] == ["700 root root", "600 root root"], modes
+    assert balancer_admin(rc, w) == before                  # nothing changed
+
+
 def ready_nodes(rc, kubeconfig: Path | None = None) -> dict[str, bool]:
     args = ("--kubeconfig", str(kubeconfig)) if kubeconfig else ()
     proc = rc.kubectl(*args, "get", "nodes", "-o", "json", check=False, timeout=30)
