@@ -179,3 +179,37 @@ def test_each_row_names_the_inventory_field_its_version_comes_from(doc, tmp_path
     assert released["kubernetes"].removeprefix("v") == got["kubelet"].removeprefix("v")
     assert released["etcd"].removeprefix("v") == got["etcd"]
     assert released["containerd"].removeprefix("v") == got["containerd"]
+
+
+class _LocalSh:
+    """A host that runs each script with this machine's sh (the waits' shell for real)."""
+
+    def __init__(self):
+        self.scripts: list[str] = []
+
+    def run(self, script, check=True, what="", timeout=None):
+        from installer.host.ssh import Result
+        self.scripts.append(script)
+        p = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, timeout=timeout)
+        return Result(p.stdout, p.stderr, p.returncode)
+
+
+def test_the_controller_manager_and_scheduler_are_waited_for_in_one_round_trip(prepared, monkeypatch):
+    """A control host's shell waits go in one script; when one does not start, the error names
+    that one, with what its wait said."""
+    from types import SimpleNamespace
+
+    from installer.host.ssh import HostError
+    cm, sched = components.units("kube-controller-manager", "kube-scheduler")
+    host = _LocalSh()
+    ctx = SimpleNamespace(inv=prepared.inventory, options=SimpleNamespace(wait_timeout=1), remotes={"cp1": host})
+    with pytest.raises(HostError, match=f"cp1: {cm} did not start .*(listens|active)"):
+        waits.wait_all(ctx, "cp1", (cm, sched))           # neither runs on this machine
+    assert len(host.scripts) == 1 and cm in host.scripts[0] and sched in host.scripts[0]
+    # the first answers, the second does not: the second is named, with its own words
+    monkeypatch.setattr(waits, "script", lambda ctx, unit: "true" if unit == cm else "echo 'no port 10259' >&2; false")
+    with pytest.raises(HostError, match=f"cp1: {sched} did not start .*: no port 10259$"):
+        waits.wait_all(ctx, "cp1", (cm, sched))
+    monkeypatch.setattr(waits, "script", lambda ctx, unit: "true")
+    waits.wait_all(ctx, "cp1", (cm, sched))
+    assert len(host.scripts) == 3

@@ -51,6 +51,11 @@ class Executor:
         (``after`` says after what, for the message)."""
         raise NotImplementedError
 
+    def wait_all(self, ctx, host: str, units: tuple[str, ...]) -> None:
+        """``wait`` for each of ``units`` on ``host``; an executor may do them at once."""
+        for unit in units:
+            self.wait(ctx, host, unit)
+
 
 class SystemdExecutor(Executor):
     """The control plane as systemd units on the control hosts, changed by the apply script
@@ -73,3 +78,6 @@ class SystemdExecutor(Executor):
 
     def wait(self, ctx, host: str, unit: str, after: str = "") -> None:
         waits.wait(ctx, host, unit, after)
+
+    def wait_all(self, ctx, host: str, units: tuple[str, ...]) -> None:
+        waits.wait_all(ctx, host, units)            # the shell waits in one round trip

@@ -66,6 +66,31 @@ def script(ctx, unit: str) -> str | None:
 _NOT_SHELL = {"apiserver-ready": apiserver_ready}
 
 
+def wait_all(ctx, host: str, units: tuple[str, ...], after: str = "") -> None:
+    """``wait`` for each of ``units`` on ``host``, the shell ones in one round trip (in order;
+    the first that times out is named)."""
+    shell = [u for u in units if components.by_unit(u).wait not in _NOT_SHELL]
+    for u in units:
+        if u not in shell:
+            wait(ctx, host, u, after)
+    if len(shell) < 2:
+        for u in shell:
+            wait(ctx, host, u, after)
+        return
+    t = ctx.options.wait_timeout
+    # each wait's failure names its unit on a line of its own, then ends the script
+    body = "\n".join(f"{script(ctx, u)} || {{ echo {shlex.quote(_FAILED + u)} >&2; exit 1; }}" for u in shell)
+    r = ctx.remotes[host].run(body, check=False, what=f"wait for {', '.join(shell)}", timeout=len(shell) * t + 30)
+    if r.rc != 0:
+        failed = next((line[len(_FAILED):] for line in r.stderr.splitlines() if line.startswith(_FAILED)), shell[0])
+        detail = "\n".join(line for line in r.stderr.splitlines() if not line.startswith(_FAILED)).strip()
+        kind = components.by_unit(failed).wait
+        raise HostError(host, f"{failed} did not start{after} ({components.WAITS[kind]}): {detail[-600:]}")
+
+
+_FAILED = "hiddenplane-wait-failed: "
+
+
 def wait(ctx, host: str, unit: str, after: str = "") -> None:
     """Until ``unit`` on ``host`` counts as started (its row's wait); HostError naming the host
     and what did not happen otherwise."""

@@ -49,6 +49,5 @@ class StartControlPlane(Phase):
             ctx.executor.wait(ctx, h.name, APISERVER_UNIT)
             ctx.events.append(Event(self.name, h.name, "waited", detail=["/livez ok", "/readyz ok"]))
         for h in ctx.hosts("control"):
-            for unit in (CONTROLLER_MANAGER, SCHEDULER):
-                ctx.executor.wait(ctx, h.name, unit)
+            ctx.executor.wait_all(ctx, h.name, (CONTROLLER_MANAGER, SCHEDULER))
         ctx.mark_active([h.name for h in ctx.hosts("control")], CONTROL_UNITS)
