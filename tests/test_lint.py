@@ -8,6 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -28,14 +29,18 @@ def _shipped_scripts() -> dict[str, bytes]:
     from installer import api
     from installer.actions import teardown
     from installer.actions.teardown_script import render_script
+    from installer.core import components
     from installer.core.diff import HostChanges
     from installer.core.facts import PROBE
     from installer.core.render.balancer import CTL, ctl_script
     from installer.core.shellfiles import SH_DIR
     from installer.host.hostops import script as change_script
-    from installer.host.waits import active_script, listening_script
+    from installer.host.waits import active_script, all_script, listening_script
     from tests.conftest import EXAMPLE
+    ctx = SimpleNamespace(inv=api.validate(EXAMPLE), options=SimpleNamespace(wait_timeout=60))
     out = {CTL: ctl_script(), "facts probe": PROBE.encode(),
+           "a control host's waits": all_script(ctx, components.units("kube-controller-manager",
+                                                                    "kube-scheduler")).encode(),
            "the workers' wait": (active_script(("kubelet.service", "kube-proxy.service"), 60) + " && "
                                  + listening_script((10250,), 60, ("kubelet.service",))).encode()}
     out.update({f"installer/sh/{f.name}": f.read_bytes() for f in sorted(SH_DIR.glob("*.sh"))})

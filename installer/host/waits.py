@@ -78,9 +78,8 @@ def wait_all(ctx, host: str, units: tuple[str, ...], after: str = "") -> None:
             wait(ctx, host, u, after)
         return
     t = ctx.options.wait_timeout
-    # each wait's failure names its unit on a line of its own, then ends the script
-    body = "\n".join(f"{script(ctx, u)} || {{ echo {shlex.quote(_FAILED + u)} >&2; exit 1; }}" for u in shell)
-    r = ctx.remotes[host].run(body, check=False, what=f"wait for {', '.join(shell)}", timeout=len(shell) * t + 30)
+    r = ctx.remotes[host].run(all_script(ctx, shell), check=False, what=f"wait for {', '.join(shell)}",
+                              timeout=len(shell) * t + 30)
     if r.rc != 0:
         failed = next((line[len(_FAILED):] for line in r.stderr.splitlines() if line.startswith(_FAILED)), shell[0])
         detail = "\n".join(line for line in r.stderr.splitlines() if not line.startswith(_FAILED)).strip()
@@ -89,6 +88,13 @@ def wait_all(ctx, host: str, units: tuple[str, ...], after: str = "") -> None:
 
 
 _FAILED = "hiddenplane-wait-failed: "
+
+
+def all_script(ctx, units) -> str:
+    """The shell waits of ``units`` in order, in one script: a wait that fails names its unit on
+    a line of its own and ends the script."""
+    return "\n".join(f"if ! {{ {script(ctx, u)}\n}}; then echo {shlex.quote(_FAILED + u)} >&2; exit 1; fi"
+                     for u in units)
 
 
 def wait(ctx, host: str, unit: str, after: str = "") -> None:
