@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import socket
 import subprocess
 import time
@@ -480,3 +481,65 @@ def test_the_real_haproxy_keeps_a_request_in_flight_when_its_apiserver_left_befo
     finally:
         proc.terminate()
         proc.communicate(timeout=10)
+
+
+def test_a_worker_that_cannot_be_told_is_named_and_the_restart_goes_on(ha, tmp_path, monkeypatch):
+    """A planned apiserver restart while one worker is unreachable (a real SSH connection to a
+    port nothing listens on): the others are told, the unreachable one is named with why, the
+    restart is done, and it is told again `back` on the way out (its checks decide meanwhile)."""
+    import socket
+    from types import SimpleNamespace
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    from installer.core.inventory_model import HostSSHSpec
+    from installer.engine.session import Session
+    from installer.host import handover
+    from installer.host.ssh import Remote, Result
+    monkeypatch.setattr(handover, "LEAVE_GRACE", 0)
+    monkeypatch.setattr(handover, "SETTLE_SECONDS", 0)
+    key = tmp_path / "id_ed25519"
+    key.write_bytes(ed25519.Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()))
+    key.chmod(0o600)
+    with socket.socket() as s:                       # a port that was free a moment ago: refused
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    told, gone = (w.name for w in ha.inventory.workers[:2])
+    hosts = [h.model_copy(update={"address": "127.0.0.1", "ssh": HostSSHSpec(port=closed, keyPath=str(key),
+                                                                           knownHosts=str(tmp_path / "kh"))})
+             if h.name == gone else h for h in ha.inventory.spec.hosts]
+    inv = ha.inventory.model_copy(update={"spec": ha.inventory.spec.model_copy(update={"hosts": hosts})})
+
+    class Worker:
+        def __init__(self):
+            self.commands = []
+
+        def run(self, command, **kw):
+            self.commands.append(command)
+            return Result("", "", 0)
+
+        def close(self):
+            pass
+    worker = Worker()
+    made = {}
+
+    def remote(h, inv):
+        made[h.name] = worker if h.name == told else Remote(h, inv)
+        return made[h.name]
+    waited, logged, restarted = [], [], []
+    ctx = SimpleNamespace(inv=inv, options=SimpleNamespace(dry_run=False, wait_timeout=5), facts={},
+                          log=logged.append, session=Session(inv, remote=remote),
+                          executor=SimpleNamespace(wait=lambda ctx, h, u, after="": waited.append((h, u))))
+    cp = inv.controls[0].name
+    with ctx.session, handover.restarting(ctx, cp):
+        restarted.append(cp)
+    assert restarted == [cp] and waited == [(cp, handover.APISERVER)]
+    assert [re.search(r"-ctl ((leave|back) [^;]*);", c).group(1) for c in worker.commands] == [
+        f"leave {cp} {handover.LEAVE_EXPIRY_SECONDS}", f"back {cp}"]
+    assert isinstance(made[gone], Remote)            # a real connection, refused
+    assert f"{cp}: kube-apiserver left the API balancers of {len(inv.workers) - 1} worker(s) (drained, checks paused)" \
+        in logged, logged
+    warnings = [m for m in logged if m.startswith(f"  warning: {gone}: its balancer was not told (")]
+    assert len(warnings) == 2 and "refused" in warnings[0].lower(), logged
