@@ -161,8 +161,7 @@ class Worker:
         self.ctr.chmod(0o755)
 
     def run(self, images) -> subprocess.CompletedProcess:
-        script = import_script(images, ctr=str(self.ctr)).replace(IMAGE_DIR, str(self.root))
-        assert IMAGE_DIR not in script
+        script = import_script(images, ctr=str(self.ctr), directory=str(self.root))
         return subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, env=dict(os.environ))
 
     def calls(self) -> list[str]:

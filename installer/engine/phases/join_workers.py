@@ -30,6 +30,7 @@ from installer.core.components import worker_units
 from installer.core.diff import Selection
 from installer.core.errors import InstallerError
 from installer.core.render.worker import BOOTSTRAP_KUBECONFIG, KUBELET_CONFIG, KUBELET_KUBECONFIG
+from installer.core.shellfiles import shell_file
 from installer.engine.context import Context, Event
 from installer.engine.parts import worker_part
 from installer.engine.phases.base import Phase
@@ -79,20 +80,7 @@ def import_script(images: list[tuple[str, str, tuple[str, ...]]], ctr: str = f"{
                   directory: str = IMAGE_DIR) -> str:
     """Shell that imports each (archive file, sha256, image names) into containerd's k8s.io
     namespace when one of its images is missing or its stamp differs; prints "imported FILE"."""
-    lines = ["set -eu",
-             # containerd may still be (re)starting: its units were started without blocking
-             f"i=0; until {shlex.quote(ctr)} version >/dev/null 2>&1; do i=$((i+1)); "
-             f"if [ $i -ge {CONTAINERD_WAIT} ]; then {shlex.quote(ctr)} version >&2; exit 1; fi; sleep 1; done",
-             f"have=$({shlex.quote(ctr)} -n k8s.io images ls -q)",
-             "imp() {  # file digest names...",
-             f"  f={shlex.quote(directory)}/$1; d=$2; shift 2; need=0",
-             '  [ "$(cat "$f.imported" 2>/dev/null || true)" = "$d" ] || need=1',
-             "  for ref in \"$@\"; do printf '%s\\n' \"$have\" | grep -qxF -- \"$ref\" || need=1; done",
-             '  [ $need = 1 ] || return 0',
-             f'  {shlex.quote(ctr)} -n k8s.io images import "$f" >&2',
-             "  printf '%s\\n' \"$d\" > \"$f.imported.new\"; mv -f \"$f.imported.new\" \"$f.imported\"",
-             '  echo "imported ${f##*/}"',
-             "}"]
+    lines = [shell_file("import-images.sh", ctr=ctr, dir=directory, tries=str(CONTAINERD_WAIT)).rstrip("\n")]
     for name, digest, refs in images:
         lines.append(" ".join(shlex.quote(x) for x in ("imp", name, digest, *refs)))
     return "\n".join(lines) + "\n"
