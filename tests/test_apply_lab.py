@@ -272,8 +272,10 @@ def test_sigkill_in_a_phase_then_rerun_converges(applab, tmp_path, phase):
     served = served_certificate(applab.inventory, state, applab.spec.host("cp1").address, 6443)
     expected = issue.load_cert((state / "pki" / "apiserver.crt").read_bytes())
     assert served == expected.public_bytes(serialization_der())
-    # leave the lab on the module's state again
-    applab.state = state
+    # leave the lab on this state, in the lab's own directory: this test's tmp_path goes once it
+    # passes (tmp_path_retention_policy), and the next case starts from the lab's state
+    shutil.rmtree(applab.state)
+    shutil.copytree(state, applab.state)
 
 
 def serialization_der():
