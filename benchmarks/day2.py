@@ -11,6 +11,7 @@ Run from the repository root: sudo .venv/bin/python benchmarks/day2.py
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -68,6 +69,7 @@ def main() -> None:
         print(f"node remove w2 --skip-cluster: {time.monotonic() - t:.1f} s (wipe + routes on the others)")
     finally:
         lab_mod.down(NAME, log=quiet)
+        shutil.rmtree(tmp, ignore_errors=True)      # the cluster's PKI: no credential left in /tmp
 
 
 if __name__ == "__main__":
