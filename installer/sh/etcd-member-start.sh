@@ -1,0 +1,75 @@
+#!/bin/sh
+# Start one etcd member of a hosted control plane (docs/hosted.md): its pod may come back with
+# its volume, or with an empty one. Assigned before this: etcd and etcdctl (the binaries), member (its name),
+# peer_url (this member's), cluster (every member, name=peer URL, for a first bootstrap), data
+# (the data directory), endpoints (the other members' client URLs, comma-separated), and the
+# client certificate etcdctl uses: cacert, cert, key. The arguments are etcd's other flags.
+#   - data present: etcd starts on it (the bootstrap flags are ignored then, as etcd does);
+#   - no data, and no cluster answers: a first bootstrap, every member at once (state new);
+#   - no data, the cluster answers and lists this member as never started (late for the
+#     bootstrap, or added by a start that died before etcd ran): it joins as listed;
+#   - no data, the cluster answers and lists this member as started (its volume was lost):
+#     the old member is removed and this one added again, then it starts empty (state
+#     existing) and gets everything from the others: no data lost while they keep quorum;
+#   - no data, the cluster answers without this member: added, then started (state existing).
+set -eu
+: "${etcd:?}" "${etcdctl:?}" "${member:?}" "${peer_url:?}" "${cluster:?}" "${data:?}" "${endpoints:?}"
+: "${cacert:?}" "${cert:?}" "${key:?}"
+
+if [ -f "$data/member/snap/db" ]; then
+  exec "$etcd" "$@" --name="$member" --data-dir="$data" --initial-advertise-peer-urls="$peer_url" \
+    --initial-cluster="$cluster" --initial-cluster-state=existing
+fi
+
+ctl() {
+  "$etcdctl" --endpoints="$endpoints" --cacert="$cacert" --cert="$cert" --key="$key" \
+    --dial-timeout=3s --command-timeout=10s "$@"
+}
+
+# a membership change etcd refuses while a peer is new or just gone (strict reconfiguration
+# check): again, each second, for up to a minute; anything else fails at once
+retry() {
+  i=0
+  until out=$(ctl "$@" 2>&1); do
+    case $out in
+      *"unhealthy cluster"* | *"too many requests"* | *"not ready"*) ;;
+      *) printf '%s\n' "$out" >&2; return 1 ;;
+    esac
+    i=$((i + 1))
+    if [ "$i" -ge 60 ]; then
+      printf '%s\n' "$out" >&2
+      return 1
+    fi
+    sleep 1
+  done
+  printf '%s\n' "$out"
+}
+
+# "ID, status, name, peer URLs, client URLs, learner" per member; the status of a member that
+# never started is "unstarted"
+if ! members=$(ctl member list -w simple 2>/dev/null); then
+  echo "etcd-member-start: $member: no cluster answers at $endpoints: bootstrapping" >&2
+  exec "$etcd" "$@" --name="$member" --data-dir="$data" --initial-advertise-peer-urls="$peer_url" \
+    --initial-cluster="$cluster" --initial-cluster-state=new
+fi
+mine=$(printf '%s\n' "$members" | awk -F', ' -v u="$peer_url" '$4 == u {print $1 " " $2}')
+id=${mine%% *}
+status=${mine#* }
+if [ "$status" != unstarted ]; then
+  if [ -n "$mine" ]; then
+    echo "etcd-member-start: $member: its data is gone: removing member $id and adding it again" >&2
+    retry member remove "$id" >&2
+  fi
+  # an add whose answer was lost may have been made: this peer URL listed is the proof
+  if ! retry member add "$member" --peer-urls="$peer_url" >&2; then
+    ctl member list -w simple | awk -F', ' -v u="$peer_url" '$4 == u {f = 1} END {exit !f}' || exit 1
+  fi
+else
+  echo "etcd-member-start: $member: listed, never started: joining as it is listed" >&2
+fi
+# the cluster as etcd now has it, this member under its name
+initial=$(ctl member list -w simple | awk -F', ' -v m="$member" -v u="$peer_url" \
+  '{printf "%s%s=%s", sep, ($4 == u ? m : $3), $4; sep = ","}')
+echo "etcd-member-start: $member: starting empty, the others send it the data" >&2
+exec "$etcd" "$@" --name="$member" --data-dir="$data" --initial-advertise-peer-urls="$peer_url" \
+  --initial-cluster="$initial" --initial-cluster-state=existing
