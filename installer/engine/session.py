@@ -55,6 +55,7 @@ class Session:
         out = {}
         for h in hosts:
             if h.name not in self.remotes:
+                # the flag only when set: a factory may take (host, inventory) alone (the tests' hosts)
                 self.remotes[h.name] = (self._remote(h, self.inv, self.accept_new_host_keys)
                                         if self.accept_new_host_keys else self._remote(h, self.inv))
             out[h.name] = self.remotes[h.name]
