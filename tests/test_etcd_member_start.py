@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -20,26 +19,17 @@ from installer.core.pki import issue
 from installer.core.pki.specs import ETCD_CA
 from installer.core.shellfiles import shell_file
 
+from .standins.harness import free_ports
+
 pytestmark = pytest.mark.etcd
 
 NAMES = ("cp1", "cp2", "cp3")
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 class Members:
     def __init__(self, tmp: Path, material, bin_dir: Path):
         self.tmp, self.bin = tmp, bin_dir
-        ports = _free_ports(2 * len(NAMES))
+        ports = free_ports(2 * len(NAMES))
         self.client = {n: f"https://127.0.0.1:{ports[2 * i]}" for i, n in enumerate(NAMES)}
         self.peer = {n: f"https://127.0.0.1:{ports[2 * i + 1]}" for i, n in enumerate(NAMES)}
         pki = tmp / "pki"

@@ -177,7 +177,7 @@ def _run(cluster: Cluster, options: Options | None, log: Callable[[str], None],
         if not options.dry_run and not options.upgrade and not options.hosts and ctx.will_run("artifacts"):
             ctx.state.record_versions(cluster_versions(ctx.inv))
     finally:
-        ctx.session.release()
+        ctx.session.release()           # first: the release's round trips are the run's too
         for name, remote in ctx.remotes.items():
             report.round_trips[name] = remote.counters.round_trips
             # file content sent to the host (the facts probe's path list is not counted)

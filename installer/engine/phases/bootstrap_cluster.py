@@ -1,14 +1,6 @@
-"""cluster-bootstrap: the API objects TLS bootstrapping needs (needs a real kube-apiserver).
-
-Through the API from the operator machine with ``host/kube.py`` (directly, or tunnelled over SSH
-via a control host when the API endpoint is not reachable): RBAC for bootstrapping (no group
-auto-approval of bootstrap CSRs: the workers phase approves each node's own, and a binding of an
-earlier release that allowed it is deleted), per-node bootstrap token Secrets with an expiry
-(only for workers that have not joined, as the cluster says: ``joined_workers``; a joined
-worker's Secret found again is deleted), the apiserver's kubelet-API binding, per-node renewal
-and kube-proxy bindings, upstream's shared kube-proxy binding emptied. Every manifest is
-schema-validated before anything is sent.
-"""
+"""cluster-bootstrap: the API objects TLS bootstrapping needs (needs a real kube-apiserver):
+RBAC and per-node bootstrap tokens, sent by ``engine/bootstrap.py`` (which says what and how;
+`ca rotate` sends them too)."""
 
 from __future__ import annotations
 
