@@ -73,15 +73,16 @@ def write_ssh_config(paths: LabPaths, spec: LabSpec, dest: Path) -> Path:
 
 
 def start_lab(name: str, subnet: str, tmp: Path, controls=1, workers=2, vm_workers=0, *,
-              images: bool = False, artifacts: Path | None = None) -> Lab:
+              images: bool = False, artifacts: Path | None = None, hosting: bool = False) -> Lab:
     """A lab with the built binaries (etcd 3.6, containerd 2.x, runc, CNI plugins, and the real
-    Kubernetes binaries unless stand-ins replace them); ``images``: the built image archives too;
+    Kubernetes binaries unless stand-ins replace them); ``images``: the built image archives its
+    workers run too (``hosting``: every one, those of hosted control planes included);
     ``artifacts``: another built directory than the default one."""
     require_lab_tools()
     lab_mod.down(name, log=lambda *_: None)          # a previous run that died mid-way
     built = artifacts or artifacts_dir()
     inv = lab_mod.up(name, controls, workers, vm_workers, subnet, tmp / f"{name}.inventory.yaml",
-                     log=lambda *_: None, artifacts=built if images else binaries_only(built))
+                     log=lambda *_: None, artifacts=built if images else binaries_only(built), hosting=hosting)
     paths = LabPaths.of(name)
     spec = lab_mod.load_spec(paths)
     return Lab(spec, paths, inv, write_ssh_config(paths, spec, tmp / "ssh_config"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,9 @@ import pytest
 
 from installer.core import versions
 from installer.core.artifacts import read_sums, write_sums
+from installer.core.inventory_hosted import hosted_images
+from installer.core.render.addons.konnectivity import AGENT_IMAGE, SERVER_BINARY
+from installer.engine.phases.join_workers import archive_images
 from installer.lab import debian_artifacts
 from installer.lab import lab as lab_mod
 from installer.lab.model import LabError
@@ -42,10 +46,13 @@ def gomod(pin_dir: Path) -> dict:
 
 
 def test_every_component_of_the_default_versions_is_pinned():
-    for c in [kb.kubernetes(versions.DEFAULT_KUBERNETES_VERSION), *kb.others()]:
+    for c in [kb.kubernetes(versions.DEFAULT_KUBERNETES_VERSION), *kb.others(), *kb.hosted_components()]:
         mod = gomod(c.pin_dir)
-        direct = {r["Path"]: r["Version"] for r in mod["Require"] if not r.get("Indirect")}
-        assert direct == {m: c.version for m in c.modules}, c.name
+        required = {r["Path"]: r["Version"] for r in mod["Require"]}
+        direct = {r["Path"] for r in mod["Require"] if not r.get("Indirect")}
+        # (konnectivity-client is required for its version only: go mod tidy marks it indirect)
+        assert {m: required.get(m) for m in c.modules} == {m: c.version for m in c.modules}, c.name
+        assert direct <= set(c.modules) and direct, c.name
         assert (c.pin_dir / "go.sum").stat().st_size > 0, c.name
         assert (c.pin_dir / "tools.go").read_text() == kb.tools_go(c)
 
@@ -58,6 +65,37 @@ def test_kubernetes_staging_modules_are_all_pinned_from_the_upstream_go_mod():
     _, minor, patch = c.version.lstrip("v").split(".")
     replaced = {r["Old"]["Path"]: r["New"] for r in gomod(c.pin_dir)["Replace"]}
     assert replaced == {m: {"Path": m, "Version": f"v0.{minor}.{patch}"} for m in staging}
+
+
+def test_the_hosted_images_are_named_as_the_installer_names_them():
+    k8s, etcd = versions.DEFAULT_KUBERNETES_VERSION, versions.DEFAULT_COMPONENTS["etcd"]
+    plan = {i.archive: i for i in kb.hosted_image_plan(k8s, etcd)}
+    names = hosted_images("registry.k8s.io", k8s, etcd)
+    # one image-<component>.tar per component, under the name the hosted executor runs
+    assert {a: i.ref for a, i in plan.items() if a != "local-path-provisioner"} == names
+    assert names["konnectivity-agent"] == AGENT_IMAGE and plan["konnectivity-agent"].entrypoint == "/proxy-agent"
+    assert plan["local-path-provisioner"].ref == "docker.io/rancher/local-path-provisioner:v0.0.37"
+    built = {c.name: c for c in [kb.kubernetes(k8s), *kb.others(), *kb.hosted_components()]}
+    for img in plan.values():
+        assert img.entrypoint in img.files, img.archive
+        for comp, name in img.files.values():
+            assert comp == kb.BUSYBOX or name in built[comp].binaries, img.archive
+    # etcd's pods run installer/sh/etcd-member-start.sh: busybox's sh and what the script calls
+    script = (ROOT / "installer/sh/etcd-member-start.sh").read_text()
+    assert plan["etcd"].files["/bin/busybox"] == (kb.BUSYBOX, "busybox") and "sh" in kb.ETCD_APPLETS
+    assert all(re.search(rf"(^|[\s($]){re.escape(a)}\s", script, re.M) for a in kb.ETCD_APPLETS if a != "sh")
+    # local-path-provisioner's helper pods run its setup and teardown scripts in the lab's busybox
+    assert {"sh", "mkdir", "chmod", "rm"} <= set(kb.BUSYBOX_APPLETS)
+    # and the konnectivity-server binary control hosts get is the one the server image runs
+    assert plan["konnectivity-server"].files["/proxy-server"] == ("konnectivity", SERVER_BINARY)
+
+
+def test_the_hosted_images_are_built(built_artifacts):
+    k8s, etcd = versions.DEFAULT_KUBERNETES_VERSION, versions.DEFAULT_COMPONENTS["etcd"]
+    for img in kb.hosted_image_plan(k8s, etcd):
+        assert archive_images(built_artifacts / f"image-{img.archive}.tar") == (img.ref,)
+    assert "--uds-name" in subprocess.run([str(built_artifacts / SERVER_BINARY), "--help"], capture_output=True,
+                                          text=True, timeout=60).stdout
 
 
 def test_built_binaries_report_their_versions(built_artifacts):

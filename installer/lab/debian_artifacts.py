@@ -98,10 +98,16 @@ def fill(dest: Path, log=print) -> list[str]:
     return names
 
 
-def import_dir(src: Path, dest: Path) -> list[str]:
-    """Copy every file ``src/SHA256SUMS`` lists into ``dest``, each verified against it, and
-    record them in ``dest``'s SHA256SUMS (replacing Debian's of the same name)."""
-    names = sorted(read_sums(src))
+# the image archives a lab's workers run (the sandbox, CoreDNS, the test pods' busybox); a
+# hosting lab's also get the hosted control planes' and konnectivity's (``up(hosting=True)``)
+WORKER_IMAGES = frozenset({"image-pause.tar", "image-coredns.tar", "image-busybox.tar"})
+
+
+def import_dir(src: Path, dest: Path, all_images: bool = False) -> list[str]:
+    """Copy every file ``src/SHA256SUMS`` lists into ``dest`` (of the image archives, only
+    WORKER_IMAGES unless ``all_images``: every worker is sent every archive), each verified
+    against it, and record them in ``dest``'s SHA256SUMS (replacing Debian's of the same name)."""
+    names = sorted(n for n in read_sums(src) if all_images or not n.endswith(".tar") or n in WORKER_IMAGES)
     if not names:
         raise LabError(f"--artifacts {src}: no {SUMS_FILE} listing any file")
     try:

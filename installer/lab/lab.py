@@ -196,10 +196,11 @@ def _start_host(spec: LabSpec, paths: LabPaths, base: Path, h: LabHost, files, l
 
 
 def up(name: str, controls: int = 1, workers: int = 2, vm_workers: int = 0, subnet: str | None = None,
-       inventory_out: Path | None = None, log=print, artifacts: Path | None = None) -> Path:
+       inventory_out: Path | None = None, log=print, artifacts: Path | None = None, hosting: bool = False) -> Path:
     """Boot the lab; ``artifacts``: a directory with a SHA256SUMS (e.g. from
     scripts/build-kubernetes) whose files are copied into the lab's artifacts, verified, over
-    the Debian ones."""
+    the Debian ones; ``hosting``: with the image archives of hosted control planes too (its
+    cluster hosts tenants: docs/hosted.md), not only those its workers run themselves."""
     spec = LabSpec.create(name, controls, workers, vm_workers, subnet or DEFAULT_SUBNET)
     paths = LabPaths.of(name)
     preflight(spec, paths)
@@ -215,7 +216,7 @@ def up(name: str, controls: int = 1, workers: int = 2, vm_workers: int = 0, subn
     paths.known_hosts.write_text("".join(seed.known_hosts_line(h, host_keys[h.name]) for h in spec.hosts))
     debian_artifacts.fill(paths.artifacts, log)
     if artifacts is not None:
-        names = debian_artifacts.import_dir(Path(artifacts), paths.artifacts)
+        names = debian_artifacts.import_dir(Path(artifacts), paths.artifacts, all_images=hosting)
         log(f"artifacts: {len(names)} files from {artifacts}")
 
     _raise_inotify_limit(log)

@@ -7,6 +7,13 @@ images the lab needs (pause, CoreDNS, busybox) are wrapped as OCI archives; hapr
 workers' API balancer) is built from its C release (sources.py). DIR gets the files plus a
 ``SHA256SUMS`` in the format ``source: dir`` verifies.
 
+``hosted`` (docs/hosted.md): the images a hosted control plane runs, under the official names
+``installer.core.inventory_hosted.hosted_images`` gives (kube-apiserver, kube-controller-manager,
+kube-scheduler and etcd from the same builds as the binaries; the konnectivity server and agent
+from sigs.k8s.io/apiserver-network-proxy), the hosting cluster's volume provisioner
+(local-path-provisioner), one ``image-<name>.tar`` each (hosted_image_plan), and the konnectivity
+server binary that control hosts with ``egress: konnectivity`` run.
+
 Built outputs are cached per component under ``$HIDDENPLANE_CACHE_DIR/build`` (default
 ``/var/cache/hiddenplane/build``), keyed by everything that goes into them: the wrapper
 module, the Go version, flags, tags and this recipe. A warm call only copies files.
@@ -30,7 +37,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -39,8 +46,10 @@ sys.path.insert(0, str(ROOT))
 
 from installer.core import versions  # noqa: E402
 from installer.core.artifacts import SUMS_FILE, read_sums, sha256_file, write_sums  # noqa: E402
+from installer.core.inventory_hosted import KONNECTIVITY_IMAGE_VERSION, hosted_images  # noqa: E402
 from installer.core.inventory_model import SANDBOX_IMAGE  # noqa: E402
 from installer.core.render.addons.coredns import COREDNS_IMAGE, COREDNS_VERSION  # noqa: E402
+from installer.core.render.addons.konnectivity import SERVER_BINARY as KONNECTIVITY_SERVER  # noqa: E402
 
 PINS = Path(__file__).resolve().parent
 RECIPE = 1                      # bump when how a component's binaries are built changes
@@ -138,6 +147,27 @@ def others(etcd: str | None = None) -> list[Component]:
 
 # cri-tools has no v1.36 on the module proxy; crictl is skew-tolerant within a few minors
 CRICTL_VERSION = "v1.37.0"
+
+# hosted: the konnectivity server and agent (the module proxy serves v0.36.0, not v0.35.0) and
+# the hosting cluster's volume provisioner
+LOCAL_PATH_VERSION = "v0.0.37"
+LOCAL_PATH_IMAGE = f"docker.io/rancher/local-path-provisioner:{LOCAL_PATH_VERSION}"
+_ANP = "sigs.k8s.io/apiserver-network-proxy"
+
+
+def hosted_components() -> list[Component]:
+    """What ``hosted`` builds beside the Kubernetes and etcd binaries. apiserver-network-proxy's
+    go.mod replaces its konnectivity-client module with ./konnectivity-client (not inherited by
+    a dependent): the wrapper requires the published konnectivity-client of the same version.
+    Upstream builds both without version stamps (artifacts/images/*-build.Dockerfile)."""
+    return [
+        Component("konnectivity", KONNECTIVITY_IMAGE_VERSION, (_ANP, f"{_ANP}/konnectivity-client"),
+                  {KONNECTIVITY_SERVER: f"{_ANP}/cmd/server", "proxy-agent": f"{_ANP}/cmd/agent"},
+                  lambda v: []),
+        Component("local-path-provisioner", LOCAL_PATH_VERSION, ("github.com/rancher/local-path-provisioner",),
+                  {"local-path-provisioner": "github.com/rancher/local-path-provisioner"},
+                  lambda v: [f"-X main.VERSION={v}"]),     # as its scripts/build (the git tag)
+    ]
 
 
 # --- go helpers --------------------------------------------------------------------------------
@@ -439,8 +469,9 @@ def coredns_image(coredns: Built) -> Built:
                   key_of(f"recipe={IMAGE_RECIPE}", COREDNS_IMAGE, sha256_file(binary)), make)
 
 
+# rm, chmod: local-path-provisioner's helper pods (/script/setup, /script/teardown) run in this image
 BUSYBOX_APPLETS = ("sh", "ls", "cat", "echo", "sleep", "wget", "nc", "nslookup", "hostname", "httpd", "ip",
-                   "ping", "env", "mkdir", "true", "false", "id", "ps", "grep", "timeout")
+                   "ping", "env", "mkdir", "true", "false", "id", "ps", "grep", "timeout", "rm", "chmod")
 
 
 def busybox_image() -> Built:
@@ -455,6 +486,68 @@ def busybox_image() -> Built:
     return cached("busybox-image", "image-busybox",
                   key_of(f"recipe={IMAGE_RECIPE}", LAB_BUSYBOX_IMAGE, sha256_file(binary), " ".join(BUSYBOX_APPLETS)),
                   make)
+
+
+# --- the hosted control plane's images --------------------------------------------------------------
+
+# what installer/sh/etcd-member-start.sh runs beside etcd and etcdctl: busybox's sh and awk and
+# sleep; printf, echo and [ are builtins of its sh, linked too so as not to depend on that
+ETCD_APPLETS = ("sh", "awk", "sleep", "printf", "echo", "[")
+BUSYBOX = "busybox"     # the source of /bin/busybox in hosted_image_plan
+
+
+@dataclass(frozen=True)
+class BinaryImage:
+    """An image of built binaries: ``files`` maps a path in the image to (the component that
+    built it, its file name there; BUSYBOX: Debian's busybox-static); ``links`` are busybox
+    applets in /bin."""
+    archive: str            # image-<archive>.tar
+    ref: str
+    files: dict[str, tuple[str, str]]
+    entrypoint: str
+    links: tuple[str, ...] = ()
+
+
+def hosted_image_plan(kubernetes_version: str, etcd_version: str) -> list[BinaryImage]:
+    """The images a hosted control plane and its hosting cluster run, one archive each; the
+    entrypoints are where upstream's images have their binaries."""
+    refs = hosted_images("registry.k8s.io", kubernetes_version, etcd_version)
+    bin_dir = "/usr/local/bin"
+    k8s = [BinaryImage(c, refs[c], {f"{bin_dir}/{c}": ("kubernetes", c)}, f"{bin_dir}/{c}")
+           for c in ("kube-apiserver", "kube-controller-manager", "kube-scheduler")]
+    etcd = BinaryImage("etcd", refs["etcd"],
+                       {**{f"{bin_dir}/{b}": ("etcd", b) for b in ("etcd", "etcdctl", "etcdutl")},
+                        "/bin/busybox": (BUSYBOX, "busybox")},
+                       f"{bin_dir}/etcd", ETCD_APPLETS)
+    return [*k8s, etcd,
+            BinaryImage("konnectivity-server", refs["konnectivity-server"],
+                        {"/proxy-server": ("konnectivity", KONNECTIVITY_SERVER)}, "/proxy-server"),
+            BinaryImage("konnectivity-agent", refs["konnectivity-agent"],
+                        {"/proxy-agent": ("konnectivity", "proxy-agent")}, "/proxy-agent"),
+            BinaryImage("local-path-provisioner", LOCAL_PATH_IMAGE,
+                        {"/usr/bin/local-path-provisioner": ("local-path-provisioner", "local-path-provisioner")},
+                        "/usr/bin/local-path-provisioner")]
+
+
+def binary_image(img: BinaryImage, built_files: dict[str, dict[str, Path]]) -> Built:
+    """``img`` as ``image-<archive>.tar``; ``built_files``: component -> its built files."""
+    files = {path: built_files[comp][name] for path, (comp, name) in sorted(img.files.items())}
+
+    def make(tmp: Path) -> None:
+        log(f"==> image {img.ref}")
+        _oci()(tmp / f"image-{img.archive}.tar", img.ref, {p: (f.read_bytes(), 0o755) for p, f in files.items()},
+               [], links={f"/bin/{a}": "busybox" for a in img.links}, entrypoint=[img.entrypoint])
+
+    return cached(f"{img.archive}-image", f"image-{img.archive}",
+                  key_of(f"recipe={IMAGE_RECIPE}", img.ref, img.entrypoint, " ".join(img.links),
+                         *(f"{p}={sha256_file(f)}" for p, f in files.items())), make)
+
+
+def hosted_images_built(kubernetes_version: str, etcd_version: str, by_name: dict[str, Built]) -> list[Built]:
+    from installer.lab.archives import deb_tree
+    built_files = {name: b.files for name, b in by_name.items()}
+    built_files[BUSYBOX] = {"busybox": deb_tree("busybox-static", log) / "bin/busybox"}
+    return [binary_image(img, built_files) for img in hosted_image_plan(kubernetes_version, etcd_version)]
 
 
 # --- output ---------------------------------------------------------------------------------------
@@ -486,7 +579,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--etcd", metavar="VERSION", help=f"etcd version (default {versions.DEFAULT_COMPONENTS['etcd']})")
     p.add_argument("--only", action="append", default=[],
                    help="build only these components (kubernetes, etcd, containerd, runc, cni, cri-tools, coredns, "
-                   "images, haproxy, socat; "
+                   "images, haproxy, socat, konnectivity, local-path-provisioner; "
+                   "hosted: the images of a hosted control plane, local-path-provisioner's and the "
+                   "konnectivity-server binary; "
                    "e2e: the conformance suite and its images, tools/kubebuild/e2e.py, never built by default)")
     args = p.parse_args(argv)
     version = versions.DEFAULT_KUBERNETES_VERSION if args.version == "default" else args.version
@@ -497,19 +592,26 @@ def main(argv: list[str] | None = None) -> int:
     k8s = kubernetes(version)
     if args.etcd and versions.parse(args.etcd) is None:
         p.error(f"--etcd: '{args.etcd}' is not vMAJOR.MINOR.PATCH")
-    components = [k8s, *others(args.etcd)]
+    hosted = hosted_components()
+    hosted_names = {c.name for c in hosted}
+    components = [k8s, *others(args.etcd), *hosted]
     import sources  # tools/kubebuild/sources.py: C release tarballs
     shipped_sources = ("haproxy", "socat")  # built from C, shipped to hosts (busybox is the e2e images')
-    wanted = set(args.only) or {c.name for c in components} | {"images", *shipped_sources}
-    unknown = wanted - {c.name for c in components} - {"images", "e2e", *shipped_sources}
+    wanted = set(args.only) or {c.name for c in components} | {"images", "hosted", *shipped_sources}
+    unknown = wanted - {c.name for c in components} - {"images", "hosted", "e2e", *shipped_sources}
     if unknown:
         p.error(f"--only: unknown {', '.join(sorted(unknown))}")
+    # built for an image, shipped only when named: CoreDNS (images), and what the hosted images hold
+    needed = {"coredns"} if "images" in wanted else set()
+    if "hosted" in wanted:
+        needed |= {"kubernetes", "etcd", *hosted_names}
     if "e2e" in wanted:
         import e2e  # tools/kubebuild/e2e.py
         components.append(e2e.e2e(version))
     if args.pin:
         for c in components:
-            if c.name in wanted or (c.name == "kubernetes-e2e" and "e2e" in wanted):
+            if c.name in wanted or (c.name == "kubernetes-e2e" and "e2e" in wanted) or \
+                    (c.name in hosted_names and "hosted" in wanted):
                 pin(c)
         return 0
     gover = go_version()
@@ -522,13 +624,19 @@ def main(argv: list[str] | None = None) -> int:
             # the etcd of the aggregator test's image is the cluster's own build
             etcd = by_name.get("etcd") or build_component(next(o for o in components if o.name == "etcd"), gover)
             built += e2e.build_e2e(version, gover, etcd)
-        elif c.name in wanted or (c.name == "coredns" and "images" in wanted):
+        elif c.name in wanted or c.name in needed:
             b = build_component(c, gover)
             by_name[c.name] = b
-            if c.name != "coredns":       # CoreDNS runs as a pod: only its image goes out
-                built.append(b)
+            if c.name == "konnectivity":
+                # the server's binary is for control hosts (egress: konnectivity); the agent runs as a pod
+                built.append(replace(b, files={KONNECTIVITY_SERVER: b.files[KONNECTIVITY_SERVER]}))
+            elif c.name in wanted and c.name not in ("coredns", "local-path-provisioner"):
+                built.append(b)           # CoreDNS and local-path-provisioner run as pods: only images go out
     if "images" in wanted:
         built += [pause_image(k8s), coredns_image(by_name["coredns"]), busybox_image()]
+    if "hosted" in wanted:
+        etcd_version = next(c.version for c in components if c.name == "etcd")
+        built += hosted_images_built(version, etcd_version, by_name)
     built += [sources.build_source(n) for n in shipped_sources if n in wanted]
     sums = install(args.dir, built)
     fresh = [b for b in {b.name: b for b in [*by_name.values(), *built]}.values() if not b.cached and b.seconds]

@@ -1,0 +1,10 @@
+//go:build tools
+
+// Package tools names the main packages this wrapper module builds, so that
+// go mod tidy keeps their dependencies.
+package tools
+
+import (
+	_ "sigs.k8s.io/apiserver-network-proxy/cmd/agent"
+	_ "sigs.k8s.io/apiserver-network-proxy/cmd/server"
+)
