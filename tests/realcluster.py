@@ -37,6 +37,9 @@ NAME, SUBNET = "real", "10.213.230.0/24"
 BUSYBOX = "localhost/hiddenplane/busybox:lab"
 OUTSIDE = {"outside.example.": "192.0.2.53"}
 DNS_LOG = "/var/log/hp-test-dns.log"
+# lab hosts that are not the cluster's: the workers of a hosted tenant whose control plane runs
+# in this cluster (tests/test_real_hosted.py); on the same lab network, as they must reach it
+TENANT_WORKERS = ("w3", "w4")
 WAIT = "900"          # seconds: a bound, not a wait (a loaded 2-core machine starts kubelets slowly)
 
 # A DNS server for the lab's upstream (test scaffolding on cp1): A records for OUTSIDE,
@@ -116,7 +119,8 @@ class RealCluster:
 
     @property
     def workers(self) -> list[str]:
-        return [h.name for h in self.lab.spec.hosts if h.role == "worker"]
+        """The cluster's workers (the lab's but the hosted tenant's, TENANT_WORKERS)."""
+        return [h.name for h in self.lab.spec.hosts if h.role == "worker" and h.name not in TENANT_WORKERS]
 
     def address(self, host: str) -> str:
         return self.lab.spec.host(host).address
@@ -162,11 +166,13 @@ def real_cluster(tmp_path_factory, built_artifacts, kubectl) -> RealCluster:
         yield _reuse(Path(os.environ[REUSE]), kubectl)
         return
     tmp = tmp_path_factory.mktemp("real")
-    lab = start_lab(NAME, SUBNET, tmp, controls=3, workers=2, images=True)
+    lab = start_lab(NAME, SUBNET, tmp, controls=3, workers=2 + len(TENANT_WORKERS), images=True,
+                    hosting=True)
     try:
-        assert [h.kind for h in lab.spec.hosts] == ["nspawn"] * 5
+        assert [h.kind for h in lab.spec.hosts] == ["nspawn"] * 7
         cp1 = lab.spec.host("cp1").address
         doc = yaml.safe_load(lab.inventory.read_text())
+        doc["spec"]["hosts"] = [h for h in doc["spec"]["hosts"] if h["name"] not in TENANT_WORKERS]
         doc["spec"]["network"] = {"upstreamDNS": [cp1]}
         # no endpoint (as `installer lab up` writes it): with 3 control hosts every worker
         # balances over the 3 apiservers (spec.apiServer.balancer auto; tests/test_real_ha.py)

@@ -24,9 +24,9 @@ ALLOWED = {
 }
 # imported inside a function on purpose: each costs seconds, and most commands never need it
 # (node_api is the API client's node side: importing it loads urllib3 through host.kube; apireach
-# loads paramiko and fabric through host.ssh)
+# loads paramiko and fabric through host.ssh; hosting, a hosted tenant's hosting cluster, urllib3)
 LAZY_OK = ("installer.host.kube", "installer.host.kube_objects", "installer.host.node_api", "urllib3", "testinfra",
-           "yaml.", "installer.host.apireach")
+           "yaml.", "installer.host.apireach", "installer.host.hosting")
 
 
 def _module(path: Path) -> str:

@@ -25,6 +25,7 @@ from installer.core.render.files import HostPlan
 from installer.core.render.plan import render_cluster
 from installer.core.state import StateDir
 from installer.engine import steps
+from installer.engine.executor import HostedExecutor
 from installer.engine.session import Session
 from installer.host.applylock import UNLOCK
 from installer.host.parallel import each
@@ -103,6 +104,9 @@ class _Reset:
     session: Session | None = None
     stack: ExitStack | None = None
     failed: dict[str, Exception] = field(default_factory=dict)
+    limited: bool = False           # only some hosts (--host): a hosted control plane stays
+    # a hosted tenant's hosting cluster (its lock, its namespace)
+    executor: HostedExecutor = field(default_factory=HostedExecutor)
 
     @property
     def remotes(self) -> dict[str, Remote]:
@@ -156,6 +160,23 @@ def _wipe(role: str) -> Callable[[_Reset], None]:
     return wipe
 
 
+def _hosted_lock(r: _Reset) -> None:
+    try:
+        r.executor.take_lock(r.inv, r.session.run_id)
+    except InstallerError as e:
+        raise TeardownError(f"{e}: nothing was done") from None
+
+
+def _hosted_delete(r: _Reset) -> None:
+    from installer.host import hosting  # lazy: urllib3, for hosted tenants only
+    ns = r.inv.hosted_namespace
+    if hosting.delete_namespace(r.executor.api(r.inv), ns, 600, r.log):
+        r.report.hosts[f"hosting:{ns}"] = [f"deleted namespace {ns} (the control plane, its Secrets, its volumes)"]
+    else:
+        r.log(f"hosting: no namespace {ns}")
+    r.executor.forget_lock()       # it went with the namespace
+
+
 def _purge(r: _Reset) -> None:
     if r.state.root.exists():
         shutil.rmtree(r.state.root)
@@ -168,10 +189,17 @@ def _steps(r: _Reset) -> list[steps.Step[_Reset]]:
                       + (", unless --ignore-unreachable)" if not r.purge else ")"), _connect)]
     if names("control"):
         out.append(steps.Step(f"take the apply lock on {names('control')}", _lock))
+    tenant = r.inv.hosted and not r.limited and r.data
+    if tenant:
+        out.append(steps.Step(f"take the apply lock of the hosted control plane (a Lease in namespace "
+                              f"{r.inv.hosted_namespace} of the hosting cluster)", _hosted_lock))
     for role, what in (("worker", "the workers"), ("control", "the control hosts")):
         if names(role):
             out.append(steps.Step(f"tear down {what} ({names(role)}), in parallel: the steps listed per host",
                                   _wipe(role)))
+    if tenant:
+        out.append(steps.Step(f"delete namespace {r.inv.hosted_namespace} in the hosting cluster: the control "
+                              "plane's pods, Secrets and etcd volumes", _hosted_delete))
     if r.purge:
         out.append(steps.Step(f"delete the local state {r.state.root}", _purge))
     return out
@@ -190,7 +218,7 @@ def reset(cluster: Cluster, *, yes: bool = False, keep_data: bool = False, purge
     inv, state = cluster.inv, cluster.state
     chosen = _chosen(inv, hosts, purge)
     r = _Reset(inv, chosen, cluster_plans(cluster), state, not keep_data, purge, ignore_unreachable, log,
-               ResetReport(state=state.root))
+               ResetReport(state=state.root), limited=bool(list(hosts)))
     todo = _steps(r)
     if not yes:
         would = _plan(inv, chosen, r.plans, state, r.data, purge, steps.plan(todo))
@@ -204,5 +232,6 @@ def reset(cluster: Cluster, *, yes: bool = False, keep_data: bool = False, purge
         raise NotConfirmed("nothing done; pass --yes to reset these hosts")
     with ExitStack() as stack:
         r.stack = stack
+        stack.callback(r.executor.close)
         steps.run_steps("reset", todo, r, log)
     return r.report

@@ -11,9 +11,10 @@ def egress_mode(inv: Inventory) -> str:
 
     ``spec.network.egress`` when set; otherwise ``routes`` with ``cni: routes`` (every host,
     control hosts included, gets static routes to each worker's pod CIDR) and ``konnectivity``
-    with ``cni: cilium`` (whose pod network the control hosts, not being nodes, cannot route to).
+    with ``cni: cilium`` (whose pod network the control hosts, not being nodes, cannot route to)
+    or a hosted control plane (its pods are in another cluster).
     """
     net = inv.spec.network
     if net.egress is not None:
         return net.egress
-    return "konnectivity" if net.cni == "cilium" else "routes"
+    return "konnectivity" if net.cni == "cilium" or inv.hosted else "routes"

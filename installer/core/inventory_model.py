@@ -31,6 +31,7 @@ from installer.core.inventory_fields import (
     semver,
     version_field,
 )
+from installer.core.inventory_hosted import ControlPlaneSpec, HostedSpec, hosted_namespace
 
 # --- the document --------------------------------------------------------------------------
 
@@ -214,6 +215,9 @@ class ClusterSpec(StrictModel):
         "`installer etcd member remove --allow-even` (3 -> 2), then `installer etcd member add` (2 -> 3).")
     artifacts: ArtifactsSpec = Field(default_factory=ArtifactsSpec)
     pki: PKISpec = Field(default_factory=PKISpec)
+    controlPlane: ControlPlaneSpec = Field(
+        default_factory=ControlPlaneSpec, description="Where the control plane runs: on the control hosts "
+        "(systemd, the default) or as pods of a hosting cluster (hosted; docs/hosted.md).")
     workerHosts: WorkerHostsSpec = Field(
         default_factory=WorkerHostsSpec, description="The worker hosts' environment (every worker): "
         "only for workers that need it, such as the local lab's systemd-nspawn containers.")
@@ -237,19 +241,47 @@ class Inventory(StrictModel):
         return [h for h in self.spec.hosts if h.role == "worker"]
 
     @property
+    def hosted(self) -> HostedSpec | None:
+        """spec.controlPlane.hosted when the control plane runs in a hosting cluster, else None."""
+        cp = self.spec.controlPlane
+        return cp.hosted if cp.mode == "hosted" else None
+
+    @property
+    def hosted_namespace(self) -> str:
+        assert self.hosted is not None
+        return hosted_namespace(self.metadata.name, self.hosted)
+
+    @property
     def endpoint(self) -> str:
-        return self.spec.apiServer.endpoint or self.controls[0].address
+        if self.spec.apiServer.endpoint:
+            return self.spec.apiServer.endpoint
+        return self.hosted.expose.addresses[0] if self.hosted else self.controls[0].address
+
+    @property
+    def api_port(self) -> int:
+        """The API's port where clients reach it: a hosted tenant's exposed port, else the apiservers'."""
+        return self.hosted.expose.port if self.hosted else self.spec.apiServer.port
 
     @property
     def api_url(self) -> str:
-        return _https(self.endpoint, self.spec.apiServer.port)
+        return _https(self.endpoint, self.api_port)
+
+    @property
+    def api_backends(self) -> list[tuple[str, str, int]]:
+        """(name, address, port) of every place an apiserver answers: the control hosts, or the
+        addresses exposing a hosted tenant's apiservers."""
+        if self.hosted:
+            return [(f"api-{i}", a, self.hosted.expose.port) for i, a in enumerate(self.hosted.expose.addresses)]
+        return [(c.name, c.address, self.spec.apiServer.port) for c in self.controls]
 
     @property
     def local_balancer(self) -> bool:
-        """Whether every worker runs the API balancer (spec.apiServer.balancer, auto resolved)."""
+        """Whether every worker runs the API balancer (spec.apiServer.balancer, auto resolved).
+        A hosted tenant's workers do by default: the kubernetes Service's endpoint is their
+        balancer's address (its apiservers have none a pod could reach)."""
         mode = self.spec.apiServer.balancer
         if mode == "auto":
-            return len(self.controls) > 1 and not self.spec.apiServer.endpoint
+            return bool(self.hosted) or (len(self.controls) > 1 and not self.spec.apiServer.endpoint)
         return mode == "local"
 
     @property

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from installer.core.inventory_fields import DNS1123_LABEL, HIDDEN_MSG, MAX_PATH, apiserver_san_values, as_ip, quoted
+from installer.core.inventory_hosted import hosted_problems, hosted_san_values, is_hosted
 from installer.core.inventory_model import NetworkSpec, SSHSpec, default_balancer_address
 from installer.core.network import capacity, slice_prefix
 
@@ -160,7 +161,7 @@ CONTROL_COUNTS = (1, 3, 5)
 EVEN_CONTROL_COUNTS = (2, 4)      # only while replacing a control host
 
 
-def _host_problems(hosts: list, allow_even: bool = False) -> list[str]:
+def _host_problems(hosts: list, allow_even: bool = False, hosted: bool = False) -> list[str]:
     out: list[str] = []
     seen: dict[tuple[str, str], int] = {}     # (field, value) -> first index
     roles = {"control": 0, "worker": 0}
@@ -181,7 +182,8 @@ def _host_problems(hosts: list, allow_even: bool = False) -> list[str]:
             else:
                 seen[key] = i
     if not hosts:
-        out.append("spec.hosts: no hosts; a cluster needs at least one control host and one worker")
+        out.append("spec.hosts: no hosts; a cluster needs " + ("at least one worker" if hosted else
+                                                              "at least one control host and one worker"))
         return out
     addressed = sum(1 for h in hosts if isinstance(h, dict) and as_ip(h.get("address")) is not None)
     if loopback and len(loopback) < addressed:
@@ -191,6 +193,8 @@ def _host_problems(hosts: list, allow_even: bool = False) -> list[str]:
                        "other hosts it names themselves, not this one; loopback is only allowed when every "
                        "host is on it")
     count = roles["control"]
+    if hosted:
+        count = 1         # hosted_problems names every control host; etcd's members are pods
     allowed = CONTROL_COUNTS + (EVEN_CONTROL_COUNTS if allow_even else ())
     if count == 0:
         out.append("spec.hosts: no host has role control; the control plane needs one (or 3, 5)")
@@ -268,7 +272,8 @@ def cluster_problems(data: dict, base_dir: Path) -> list[str]:
     hosts = _get(data, "spec", "hosts")
     hosts = hosts if isinstance(hosts, list) else []
     allow_even = _get(data, "spec", "allowEvenControlHosts") is True
-    return (_host_problems(hosts, allow_even) + _network_problems(data, hosts)
+    return (_host_problems(hosts, allow_even, is_hosted(data)) + hosted_problems(data, hosts, base_dir)
+            + _network_problems(data, hosts)
             + _endpoint_problems(data, hosts) + _api_name_problems(data, hosts)
             + _artifact_problems(data, base_dir) + _ssh_file_problems(data, hosts, base_dir))
 
@@ -305,6 +310,12 @@ def _api_name_problems(data: dict, hosts: list) -> list[str]:
                                   endpoint if isinstance(endpoint, str) else None,
                                   [v for v in extra if isinstance(v, str)], [])
     fields = {v: f"spec.apiServer.extraSANs[{k}]" for k, v in enumerate(extra) if isinstance(v, str)}
+    if is_hosted(data):
+        hosted = _get(data, "spec", "controlPlane", "hosted")
+        name = _get(data, "metadata", "name")
+        hosted_values = hosted_san_values(name if isinstance(name, str) else "", hosted)
+        values += hosted_values
+        fields.update({v: "spec.controlPlane.hosted.expose.addresses" for v in hosted_values})
     if isinstance(endpoint, str):
         fields[endpoint] = "spec.apiServer.endpoint"
     names: dict[str, str] = {}        # a name a worker may not have -> the API name it comes from

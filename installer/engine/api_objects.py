@@ -16,7 +16,10 @@ def _ident(obj: dict) -> str:
 
 
 def api_live(ctx: Context) -> bool:
-    """Whether a kube-apiserver already runs (per the facts): then a dry run can ask it."""
+    """Whether a kube-apiserver already runs (per the facts; a hosted tenant's: whether its
+    exposed address answers): then a dry run can ask it."""
+    if ctx.inv.hosted:
+        return apireach.first_reachable([a for _, a, _ in ctx.inv.api_backends], ctx.inv.api_port, 2.0) is not None
     return any(ctx.facts.get(h.name)
                and ctx.facts[h.name].units.get(components.unit("kube-apiserver"), ("",))[0] == "active"
                for h in ctx.inv.controls)

@@ -19,7 +19,7 @@ from installer.core.render.files import HostPlan
 from installer.core.render.plan import render_cluster
 from installer.core.render.worker import HostFacts as RenderFacts
 from installer.core.state import StateDir
-from installer.engine.executor import Executor, SystemdExecutor
+from installer.engine.executor import Executor, HostedExecutor, SystemdExecutor
 from installer.engine.session import Session
 from installer.host.hostops import Payloads, codec_for, script
 from installer.host.ssh import Remote
@@ -91,6 +91,8 @@ class Context:
     session: Session | None = None
 
     def __post_init__(self) -> None:
+        if self.inv.hosted and isinstance(self.executor, SystemdExecutor):
+            self.executor = HostedExecutor()
         if self.session is None:
             self.session = Session(self.inv, log=self.log, accept_new_host_keys=self.options.accept_new_host_keys)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from installer.core import components
 from installer.core.diff import HostChanges
+from installer.core.render.tenant import namespace_object
 from installer.host import waits
 
 # the units an executor runs: every control-plane row of the component table
@@ -56,6 +57,9 @@ class Executor:
         for unit in units:
             self.wait(ctx, host, unit)
 
+    def close(self, ctx) -> None:
+        """The run ends: give back what the executor holds (a hosted tenant's lock, its client)."""
+
 
 class SystemdExecutor(Executor):
     """The control plane as systemd units on the control hosts, changed by the apply script
@@ -81,3 +85,47 @@ class SystemdExecutor(Executor):
 
     def wait_all(self, ctx, host: str, units: tuple[str, ...]) -> None:
         waits.wait_all(ctx, host, units)            # the shell waits in one round trip
+
+
+class HostedExecutor(Executor):
+    """The control plane as pods of a hosting cluster (docs/hosted.md): one target, the tenant's
+    namespace; its objects applied and its workloads waited for through the hosting cluster's
+    API (host/hosting.py), the apply lock a Lease there. The per-unit operations of the systemd
+    rollouts (restart, stop, wait one host's unit) are day 2 of hosted tenants (issue 26)."""
+
+    name = "hosted"
+
+    def __init__(self):
+        self._api = None
+        self._held: tuple[str, str] | None = None
+
+    def api(self, inv):
+        """The hosting cluster's client, made once per command."""
+        if self._api is None:
+            from installer.host.hosting import hosting_client  # lazy: urllib3, for hosted tenants only
+            self._api = hosting_client(inv)
+        return self._api
+
+    def place(self, ctx, phase: str, host: str, changes, no_block: bool = False):
+        raise NotImplementedError("a hosted control plane has no host to place files on")
+
+    def take_lock(self, inv, run_id: str, force: bool = False) -> None:
+        """The tenant's apply lock: its namespace made when missing, the Lease taken for ``run_id``."""
+        from installer.host import hosting
+        hosting.converge(self.api(inv), [namespace_object(inv)], inv.spec.kubernetes.version)
+        hosting.take_lease(self.api(inv), inv.hosted_namespace, run_id, force=force)
+        self._held = (inv.hosted_namespace, run_id)
+
+    def forget_lock(self) -> None:
+        """The lock went with its namespace (a reset)."""
+        self._held = None
+
+    def close(self, ctx=None) -> None:
+        from installer.host import hosting
+        if self._api is None:
+            return
+        if self._held:
+            hosting.release_lease(self._api, *self._held)
+            self._held = None
+        self._api.close()
+        self._api = None

@@ -178,6 +178,7 @@ def _run(cluster: Cluster, options: Options | None, log: Callable[[str], None],
             ctx.state.record_versions(cluster_versions(ctx.inv))
     finally:
         ctx.session.release()           # first: the release's round trips are the run's too
+        ctx.executor.close(ctx)         # a hosted tenant's lock (a Lease) and its client
         for name, remote in ctx.remotes.items():
             report.round_trips[name] = remote.counters.round_trips
             # file content sent to the host (the facts probe's path list is not counted)

@@ -134,6 +134,9 @@ def api_access(inv: Inventory, remotes: RemoteSource, material: Material | None 
     port = inv.spec.apiServer.port
     hosts = [apiserver] if apiserver else list(inv.controls)
     addresses = [h.address for h in hosts]
+    if inv.hosted and apiserver is None:
+        # a hosted tenant's apiservers answer where the hosting cluster exposes them; no host to tunnel through
+        port, addresses = inv.api_port, [address for _, address, _ in inv.api_backends]
     if apiserver is None and inv.spec.apiServer.endpoint:
         addresses.insert(0, inv.spec.apiServer.endpoint)
     reached = first_reachable(addresses, port, probe_timeout)

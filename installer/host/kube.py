@@ -60,6 +60,8 @@ class ApiClient:
 
     def __init__(self, server_url: str, context: ssl.SSLContext, tls_server_name: str | None = None):
         self.host = server_url.rstrip("/")
+        # sent with every request (a hosting cluster's bearer token: host/hosting.py)
+        self.headers: dict[str, str] = {}
         # urllib3 checks the name itself (IP SANs included), against tls_server_name when given
         context.check_hostname = False
         self.pool = urllib3.PoolManager(ssl_context=context, server_hostname=tls_server_name,
@@ -68,7 +70,7 @@ class ApiClient:
     def request(self, method: str, path: str, body: bytes | None, headers: Mapping[str, str],
                 query: Mapping[str, str] | None) -> urllib3.BaseHTTPResponse:
         url = self.host + quote(path, safe="/:") + (f"?{urlencode(query)}" if query else "")
-        return self.pool.request(method, url, body=body, headers=dict(headers), timeout=REQUEST_TIMEOUT,
+        return self.pool.request(method, url, body=body, headers={**self.headers, **headers}, timeout=REQUEST_TIMEOUT,
                                  preload_content=True)
 
     def close(self) -> None:

@@ -126,6 +126,18 @@ def _token_secret(want: dict, live: dict) -> str | None:
     return None
 
 
+def _opaque_secret(want: dict, live: dict) -> str | None:
+    """A Secret of files (a hosted tenant's keys): equal when the type, every key's bytes (no
+    key more, none less: a key left over would still be projected) and the labels are ours."""
+    if "stringData" in want:
+        return _token_secret(want, live)
+    if live.get("type") != want.get("type", "Opaque"):
+        return "recreate"
+    if (live.get("data") or {}) != want.get("data", {}) or not _labels_ok(want, live):
+        return "replace"
+    return None
+
+
 def _zero(value) -> bool:
     """A value the apiserver leaves out of its answers (Go ``omitempty``): false, 0, "", [], {}."""
     return value is not None and not value
@@ -151,8 +163,15 @@ def _as_subset(want: dict, live: dict) -> str | None:
     w, h = want.get("spec") or {}, live.get("spec") or {}
     if want["kind"] == "Service" and "clusterIP" in w and w["clusterIP"] != h.get("clusterIP"):
         return "recreate"
-    if want["kind"] in ("Deployment", "DaemonSet") and "selector" in w and w["selector"] != h.get("selector"):
+    if want["kind"] in ("Deployment", "DaemonSet", "StatefulSet") and "selector" in w \
+            and w["selector"] != h.get("selector"):
         return "recreate"
+    if want["kind"] == "StatefulSet" and any(
+            k in w and not _subset(w[k], h.get(k)) for k in ("serviceName", "volumeClaimTemplates",
+                                                             "podManagementPolicy")):
+        return "recreate"
+    if want["kind"] == "ConfigMap" and set(want.get("data") or {}) != set(live.get("data") or {}):
+        return "replace"          # a key left over would still be projected
     if want["kind"] == "EndpointSlice" and want.get("addressType") != live.get("addressType"):
         return "recreate"
     return None if _subset(want, live) else "replace"
@@ -234,7 +253,10 @@ KINDS: dict[tuple[str, str], tuple[str, bool, Callable[[dict, dict], str | None]
     ("v1", "Service"): ("services", True, _as_subset, True),
     ("v1", "Endpoints"): ("endpoints", True, _as_subset, True),
     ("discovery.k8s.io/v1", "EndpointSlice"): ("endpointslices", True, _as_subset, True),
-    ("v1", "Secret"): ("secrets", True, _token_secret, False),
+    ("v1", "Secret"): ("secrets", True, _opaque_secret, False),
+    ("v1", "Namespace"): ("namespaces", False, _as_subset, True),
+    ("apps/v1", "StatefulSet"): ("statefulsets", True, _as_subset, True),
+    ("policy/v1", "PodDisruptionBudget"): ("poddisruptionbudgets", True, _as_subset, True),
     (f"{RBAC_GROUP}/v1", "ClusterRole"): ("clusterroles", False, _as_subset, True),
     (f"{RBAC_GROUP}/v1", "ClusterRoleBinding"): ("clusterrolebindings", False, _exact_binding, False),
     ("apps/v1", "Deployment"): ("deployments", True, _as_subset, True),
@@ -251,9 +273,9 @@ class _Object:
 
     def __init__(self, obj: dict, api=None):
         key = (obj.get("apiVersion"), obj.get("kind"))
-        if key not in KINDS or (obj.get("kind") == "Secret" and "stringData" not in obj):
-            kinds = ", ".join(sorted({k for (_, k) in KINDS} - {"Secret"}))
-            raise ValueError(f"{_ident(obj)}: apply_objects handles {kinds} and bootstrap token Secrets only")
+        if key not in KINDS or (obj.get("kind") == "Secret" and "stringData" not in obj and "data" not in obj):
+            kinds = ", ".join(sorted({k for (_, k) in KINDS}))
+            raise ValueError(f"{_ident(obj)}: apply_objects handles {kinds} only")
         resource, namespaced, self.compare, self.keep_annotations = KINDS[key]
         meta = obj.get("metadata") or {}
         if namespaced and not meta.get("namespace"):

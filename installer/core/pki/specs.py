@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from installer.core.egress import egress_mode
 from installer.core.inventory import Inventory
 from installer.core.inventory_fields import apiserver_san_values
+from installer.core.inventory_hosted import hosted_san_values
 
 CLUSTER_CA = "ca"
 ETCD_CA = "etcd/ca"
@@ -81,9 +82,21 @@ def _split_sans(values) -> tuple[frozenset[str], frozenset[str]]:
 
 
 def apiserver_sans(inv: Inventory) -> tuple[frozenset[str], frozenset[str]]:
+    hosted = hosted_san_values(inv.metadata.name, inv.hosted.model_dump()) if inv.hosted else []
     return _split_sans(apiserver_san_values(inv.spec.network.clusterDomain, inv.kubernetes_service_ip,
-                                            inv.endpoint, inv.spec.apiServer.extraSANs,
+                                            inv.endpoint, [*inv.spec.apiServer.extraSANs, *hosted],
                                             [(h.name, h.address) for h in inv.controls]))
+
+
+# a hosted tenant's etcd members are the pods of one StatefulSet: one server and one peer
+# certificate for all of them, naming each pod's DNS name through the headless Service
+HOSTED_ETCD = "hosted"
+ETCD_SERVICE = "etcd"
+
+
+def hosted_etcd_sans(namespace: str) -> tuple[frozenset[str], frozenset[str]]:
+    svc = f"{ETCD_SERVICE}.{namespace}.svc"
+    return _split_sans([f"*.{svc}", svc, f"*.{ETCD_SERVICE}", "localhost", "127.0.0.1", "::1"])
 
 
 def etcd_member_sans(name: str, address: str) -> tuple[frozenset[str], frozenset[str]]:
@@ -109,6 +122,11 @@ def cert_specs(inv: Inventory) -> list[CertSpec]:
         # konnectivity-server's kubeconfig: TokenReviews of agent tokens (bound to
         # system:auth-delegator); it serves agents with the apiserver's own pair
         specs.append(CertSpec("konnectivity-server", CLUSTER_CA, "system:konnectivity-server", client=True))
+    if inv.hosted:
+        d, i = hosted_etcd_sans(inv.hosted_namespace)
+        for kind in ("server", "peer"):
+            specs.append(CertSpec(f"etcd/{kind}-{HOSTED_ETCD}", ETCD_CA, f"etcd-{kind}", server=True, client=True,
+                                  dns_names=d, ips=i))
     for h in inv.controls:
         d, i = etcd_member_sans(h.name, h.address)
         specs.append(CertSpec(f"etcd/server-{h.name}", ETCD_CA, h.name, server=True, client=True, dns_names=d, ips=i))

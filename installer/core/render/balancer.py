@@ -46,8 +46,7 @@ HARD_STOP_AFTER = "30s"
 
 
 def server_lines(inv: Inventory) -> list[str]:
-    port = inv.spec.apiServer.port
-    return [f"    server {c.name} {_addr(c.address)}:{port}" for c in inv.controls]
+    return [f"    server {name} {_addr(address)}:{port}" for name, address, port in inv.api_backends]
 
 
 def _addr(address: str) -> str:

@@ -104,7 +104,7 @@ def pod_parts(plan: HostPlan, unit: str, name: str, namespace: str, args: list[s
             sources.append({"secret": {"name": secret["metadata"]["name"], "items": kinds["secret"]}})
         if "configMap" in kinds:
             sources.append({"configMap": {"name": config["metadata"]["name"], "items": kinds["configMap"]}})
-        vol = f"files-{i}"
+        vol = f"{name}-files-{i}"     # several components' parts may share a pod
         parts.volumes.append({"name": vol, "projected": {"sources": sources, "defaultMode": 0o400}})
         parts.mounts.append({"name": vol, "mountPath": root, "readOnly": True})
     return parts

@@ -9,6 +9,7 @@ from installer.engine.phases.read_etcd_membership import ReadEtcdMembership
 from installer.engine.phases.run_preflight import RunPreflight
 from installer.engine.phases.start_control_plane import StartControlPlane
 from installer.engine.phases.start_etcd import StartEtcd
+from installer.engine.phases.start_hosted import StartHosted
 from installer.engine.phases.upload_artifacts import UploadArtifacts
 from installer.engine.phases.verify_hidden import VerifyHidden
 from installer.engine.phases.write_pki import WritePKI
@@ -16,7 +17,7 @@ from installer.engine.phases.write_pki import WritePKI
 # the phases of one run, in order: new instances per run (a phase may keep what it learnt in a
 # run on itself, never across runs)
 PHASE_CLASSES = (ConnectHosts, RunPreflight, AcquireLock, WritePKI, UploadArtifacts, ReadEtcdMembership, StartEtcd,
-                 StartControlPlane, BootstrapCluster, ApplyAddons, JoinWorkers, VerifyHidden)
+                 StartHosted, StartControlPlane, BootstrapCluster, ApplyAddons, JoinWorkers, VerifyHidden)
 
 
 def build() -> tuple:

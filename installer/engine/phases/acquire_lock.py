@@ -22,6 +22,10 @@ class AcquireLock(Phase):
     def prepare(self, ctx: Context) -> list[str]:
         if ctx.options.dry_run:
             return []
+        if ctx.inv.hosted:
+            # a hosted tenant's lock is a Lease in its namespace, taken every run: whether its
+            # control plane needs a change is known only once the hosting cluster is read
+            return [ctx.inv.hosted_namespace]
         ctx.changes_pending = pending_work(ctx)
         if not ctx.changes_pending:
             # nothing to change: only clear stale locks this run may break (the facts saw them)
@@ -35,6 +39,9 @@ class AcquireLock(Phase):
         return bool(why) and (ctx.options.force_unlock or dead_here(why))
 
     def run_host(self, ctx: Context, host: str) -> Event:
+        if ctx.inv.hosted:
+            ctx.executor.take_lock(ctx.inv, ctx.run_id, force=ctx.options.force_unlock)
+            return Event(self.name, host, "checked", detail=["the apply lock (a Lease) taken"])
         if not ctx.changes_pending:
             # a stale lock left by a killed run would block every other machine for an hour
             why = stale_reason(ctx.facts[host].lock or "", time.time())

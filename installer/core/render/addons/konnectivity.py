@@ -50,7 +50,7 @@ from installer.core.render.files import (
 from installer.core.render.kubeconfig import kubeconfig
 from installer.core.render.manifests import LABELS
 
-KONNECTIVITY_VERSION = "v0.35.0"
+KONNECTIVITY_VERSION = "v0.36.0"
 AGENT_IMAGE = f"registry.k8s.io/kas-network-proxy/proxy-agent:{KONNECTIVITY_VERSION}"
 SERVER_BINARY = "konnectivity-server"
 UNIT = components.unit("konnectivity-server")
@@ -87,13 +87,13 @@ def service_account_issuer(inv: Inventory) -> str:
 
 # --- the apiserver side -----------------------------------------------------------------------
 
-def egress_selector_config() -> dict:
+def egress_selector_config(socket: str = SOCKET) -> dict:
     return {
         "apiVersion": "apiserver.k8s.io/v1beta1",
         "kind": "EgressSelectorConfiguration",
         "egressSelections": [{
             "name": "cluster",
-            "connection": {"proxyProtocol": "GRPC", "transport": {"uds": {"udsName": SOCKET}}},
+            "connection": {"proxyProtocol": "GRPC", "transport": {"uds": {"udsName": socket}}},
         }],
     }
 
@@ -164,21 +164,31 @@ def render_konnectivity_server(plan: HostPlan, inv: Inventory, host: HostSpec, m
 
 # --- the agents: API objects ----------------------------------------------------------------
 
-def _container_name(i: int, host: HostSpec) -> str:
-    name = f"to-{host.name}"
+def _container_name(i: int, target: str) -> str:
+    name = f"to-{target}"
     return name if len(name) <= 63 else f"to-control-{i}"
 
 
-def _agent_container(i: int, host: HostSpec) -> dict:
+def agent_targets(inv: Inventory) -> list[tuple[str, str, int]]:
+    """(name, address, port) of each place the agents dial: every control host's server; for a
+    hosted tenant every address exposing its servers (each agent container keeps dialing its
+    address until it holds a tunnel to every replica: the servers' --server-count)."""
+    if inv.hosted:
+        return [(f"api-{i}", a, inv.hosted.expose.konnectivityPort) for i, a in enumerate(inv.hosted.expose.addresses)]
+    return [(h.name, h.address, AGENT_PORT) for h in inv.controls]
+
+
+def _agent_container(i: int, target: tuple[str, str, int]) -> dict:
     health = AGENT_HEALTH_PORT + 2 * i
+    name, address, port = target
     return {
-        "name": _container_name(i, host),
+        "name": _container_name(i, name),
         "image": AGENT_IMAGE,
         "imagePullPolicy": "IfNotPresent",
         "command": ["/proxy-agent"],
         "args": flags({
-            "--proxy-server-host": host.address,
-            "--proxy-server-port": AGENT_PORT,
+            "--proxy-server-host": address,
+            "--proxy-server-port": port,
             "--ca-cert": f"{TOKEN_DIR}/ca.crt",
             "--service-account-token-path": f"{TOKEN_DIR}/{TOKEN_FILE}",
             "--admin-server-port": AGENT_ADMIN_PORT + 2 * i,
@@ -229,7 +239,7 @@ def agent_objects(inv: Inventory) -> list[dict]:
                      "dnsPolicy": "ClusterFirstWithHostNet",
                      "nodeSelector": {"kubernetes.io/os": "linux"},
                      "tolerations": [{"key": "CriticalAddonsOnly", "operator": "Exists"}],
-                     "containers": [_agent_container(i, h) for i, h in enumerate(inv.controls)],
+                     "containers": [_agent_container(i, t) for i, t in enumerate(agent_targets(inv))],
                      "volumes": [{"name": "konnectivity", "projected": {"sources": [
                          {"serviceAccountToken": {"path": TOKEN_FILE, "audience": AUDIENCE,
                                                   "expirationSeconds": 3600}},

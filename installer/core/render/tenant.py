@@ -1,0 +1,290 @@
+"""A hosted tenant's control plane as the objects of its namespace in the hosting cluster
+(docs/hosted.md), from the same plan a control host gets.
+
+``render_control`` renders one virtual control host named ``hosted``: its files are what the
+components read (their etcd pairs are the ``etcd/*-hosted`` rows of the certificate table, which
+name every member's pod), and its flags are the containers' args, changed only where a pod is
+not a host: addresses (pods have their own, etcd members are named by their pods' DNS names),
+the API the controller-manager and scheduler dial (the Service's in-cluster name), etcd's
+endpoints, the konnectivity socket (a shared ``emptyDir``: the projected files are read-only).
+
+Pure: no cluster is reached here; the hosted executor sends these objects.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+from installer.core import components
+from installer.core.inventory import HostSpec, Inventory
+from installer.core.inventory_hosted import API_SERVICE, hosted_images
+from installer.core.pki import issue
+from installer.core.pki.material import Material
+from installer.core.pki.specs import CLUSTER_CA, ETCD_SERVICE, HOSTED_ETCD
+from installer.core.render import control
+from installer.core.render.addons import konnectivity
+from installer.core.render.files import K8S_DIR, HostFile, HostPlan, to_yaml
+from installer.core.render.kubeconfig import kubeconfig
+from installer.core.render.manifests import LABELS
+from installer.core.render.pods import INPUTS_ANNOTATION, PodParts, pod_parts
+from installer.core.shellfiles import SH_DIR
+
+API_UNIT, CM_UNIT, SCHED_UNIT, ETCD_UNIT = components.units(
+    "kube-apiserver", "kube-controller-manager", "kube-scheduler", "etcd")
+KONNECTIVITY_UNIT = konnectivity.UNIT
+ETCD_PORT, PEER_PORT = components.port("etcd", "client"), components.port("etcd", "peer")
+BIN = "/usr/local/bin"
+# etcd's volume; its data one level below, which etcd creates 0700 itself (a provisioner's
+# directory may be 0777, which etcd refuses)
+ETCD_VOLUME, ETCD_DATA = "/var/lib/etcd", "/var/lib/etcd/data"
+START_SCRIPT = "etcd-member-start.sh"
+SCRIPTS = "/scripts"
+SOCKET_DIR = "/run/konnectivity"
+SOCKET = f"{SOCKET_DIR}/konnectivity-server.socket"
+TENANT_LABEL = "hiddenplane.io/tenant"
+
+
+@dataclass
+class TenantPlan:
+    """What the hosting cluster holds for one tenant, in the order it is applied."""
+    namespace: str
+    objects: list[dict] = field(default_factory=list)
+    # the virtual control host's plan the objects come from (the state's view of the files)
+    plan: HostPlan | None = None
+
+    def workloads(self) -> list[tuple[str, str]]:
+        return [(o["kind"], o["metadata"]["name"]) for o in self.objects
+                if o["kind"] in ("StatefulSet", "Deployment")]
+
+
+def virtual_host(inv: Inventory) -> HostSpec:
+    # the address is never used by a pod: every flag naming it is replaced below
+    return HostSpec(name=HOSTED_ETCD, address=inv.balancer_address, role="control")
+
+
+def member_names(inv: Inventory) -> list[str]:
+    assert inv.hosted is not None
+    return [f"{ETCD_SERVICE}-{i}" for i in range(inv.hosted.etcdReplicas)]
+
+
+def member_host(inv: Inventory, member: str) -> str:
+    return f"{member}.{ETCD_SERVICE}.{inv.hosted_namespace}.svc"
+
+
+def api_in_cluster(inv: Inventory) -> str:
+    """The API as the tenant's own pods in the hosting cluster reach it (the Service)."""
+    assert inv.hosted is not None
+    return f"https://{API_SERVICE}.{inv.hosted_namespace}.svc:{inv.hosted.expose.port}"
+
+
+def _replace(args: list[str], values: dict[str, str | None]) -> list[str]:
+    """``args`` with each named flag set to its value (None: dropped); flags not there yet are added."""
+    out, seen = [], set()
+    for a in args:
+        name = a.partition("=")[0]
+        if name in values:
+            seen.add(name)
+            if values[name] is not None:
+                out.append(f"{name}={values[name]}")
+        else:
+            out.append(a)
+    return out + [f"{k}={v}" for k, v in values.items() if k not in seen and v is not None]
+
+
+def _labels(inv: Inventory, component: str) -> dict[str, str]:
+    return {**LABELS, TENANT_LABEL: inv.metadata.name, "app.kubernetes.io/name": component}
+
+
+def _meta(inv: Inventory, name: str, component: str) -> dict:
+    return {"name": name, "namespace": inv.hosted_namespace, "labels": _labels(inv, component)}
+
+
+def _resources(inv: Inventory, component: str) -> dict:
+    r = inv.hosted.resources.get(component) if inv.hosted else None
+    return r.model_dump(exclude_defaults=True) if r else {}
+
+
+def _container(inv: Inventory, component: str, image_key: str, args: list[str], parts: PodParts,
+               command: list[str] | None = None) -> dict:
+    c = {"name": component, "image": _images(inv)[image_key], "imagePullPolicy": "IfNotPresent",
+         "command": command or [f"{BIN}/{component}"], "args": args, "volumeMounts": list(parts.mounts),
+         "resources": _resources(inv, component),
+         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                             "capabilities": {"drop": ["ALL"]}}}
+    return c
+
+
+def _images(inv: Inventory) -> dict[str, str]:
+    assert inv.hosted is not None
+    return hosted_images(inv.hosted.imageRegistry, inv.spec.kubernetes.version,
+                         inv.spec.artifacts.versions.etcd)
+
+
+def _spread(inv: Inventory, component: str) -> dict:
+    """Replicas on different hosting nodes when there are (preferred: a small hosting cluster still runs them)."""
+    return {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+        "weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname", "labelSelector": {
+            "matchLabels": {TENANT_LABEL: inv.metadata.name, "app.kubernetes.io/name": component}}}}]}}
+
+
+def _template(inv: Inventory, component: str, containers: list[dict], volumes: list[dict],
+              digests: list[str]) -> dict:
+    digest = hashlib.sha256("\n".join(digests + [json.dumps(containers, sort_keys=True)]).encode()).hexdigest()
+    return {"metadata": {"labels": _labels(inv, component), "annotations": {INPUTS_ANNOTATION: digest}},
+            "spec": {"automountServiceAccountToken": False, "enableServiceLinks": False,
+                     "affinity": _spread(inv, component), "containers": containers, "volumes": volumes,
+                     "terminationGracePeriodSeconds": 30}}
+
+
+def _selector(inv: Inventory, component: str) -> dict:
+    return {"matchLabels": {TENANT_LABEL: inv.metadata.name, "app.kubernetes.io/name": component}}
+
+
+def _readyz(port: int, path: str = "/readyz") -> dict:
+    return {"httpGet": {"path": path, "port": port, "scheme": "HTTPS"}, "periodSeconds": 2, "failureThreshold": 2}
+
+
+# --- the components ---------------------------------------------------------------------------
+
+def _etcd(inv: Inventory, plan: HostPlan) -> list[dict]:
+    ns, members = inv.hosted_namespace, member_names(inv)
+    svc = f"{ETCD_SERVICE}.{ns}.svc"
+    me = "$(member)"
+    base = [a for a in control.etcd_flags(inv, virtual_host(inv))
+            if a.partition("=")[0] not in ("--name", "--data-dir", "--initial-advertise-peer-urls",
+                                           "--initial-cluster", "--initial-cluster-state")]
+    args = _replace(base, {
+        "--listen-client-urls": f"https://0.0.0.0:{ETCD_PORT}",
+        "--advertise-client-urls": f"https://{me}.{svc}:{ETCD_PORT}",
+        "--listen-peer-urls": f"https://0.0.0.0:{PEER_PORT}",
+    })
+    parts = pod_parts(plan, ETCD_UNIT, ETCD_SERVICE, ns, args, _labels(inv, "etcd"))
+    pki = control.ETCD_PKI_DIR
+    env = [{"name": "member", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+           {"name": "etcd", "value": f"{BIN}/etcd"}, {"name": "etcdctl", "value": f"{BIN}/etcdctl"},
+           {"name": "peer_url", "value": f"https://{me}.{svc}:{PEER_PORT}"},
+           {"name": "cluster", "value": ",".join(f"{m}=https://{m}.{svc}:{PEER_PORT}" for m in members)},
+           {"name": "data", "value": ETCD_DATA},
+           {"name": "endpoints", "value": ",".join(f"https://{m}.{svc}:{ETCD_PORT}" for m in members)},
+           {"name": "cacert", "value": f"{pki}/ca.crt"}, {"name": "cert", "value": f"{pki}/peer.crt"},
+           {"name": "key", "value": f"{pki}/peer.key"}]
+    script = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(inv, "etcd-start", "etcd"),
+              "data": {START_SCRIPT: (SH_DIR / START_SCRIPT).read_text()}}
+    c = _container(inv, "etcd", "etcd", args, parts, command=["/bin/sh", f"{SCRIPTS}/{START_SCRIPT}"])
+    c["env"] = env
+    c["volumeMounts"] += [{"name": "data", "mountPath": ETCD_VOLUME},
+                          {"name": "start", "mountPath": SCRIPTS, "readOnly": True}]
+    c["ports"] = [{"name": "client", "containerPort": ETCD_PORT}, {"name": "peer", "containerPort": PEER_PORT}]
+    c["readinessProbe"] = {"exec": {"command": [
+        f"{BIN}/etcdctl", f"--endpoints=https://127.0.0.1:{ETCD_PORT}", f"--cacert={pki}/ca.crt",
+        f"--cert={pki}/peer.crt", f"--key={pki}/peer.key", "--command-timeout=3s", "endpoint", "health"]},
+        "periodSeconds": 5, "timeoutSeconds": 5}
+    volumes = parts.volumes + [{"name": "start", "configMap": {"name": "etcd-start", "defaultMode": 0o555}}]
+    template = _template(inv, "etcd", [c], volumes, [parts.inputs_sha256, script["data"][START_SCRIPT]])
+    claim = {"metadata": {"name": "data"}, "spec": {"accessModes": ["ReadWriteOnce"],
+                                                    "resources": {"requests": {"storage": inv.hosted.etcdStorage}}}}
+    if inv.hosted.storageClass:
+        claim["spec"]["storageClassName"] = inv.hosted.storageClass
+    headless = {"apiVersion": "v1", "kind": "Service", "metadata": _meta(inv, ETCD_SERVICE, "etcd"),
+                "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                         "selector": _selector(inv, "etcd")["matchLabels"],
+                         "ports": [{"name": "client", "port": ETCD_PORT}, {"name": "peer", "port": PEER_PORT}]}}
+    sts = {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": _meta(inv, ETCD_SERVICE, "etcd"),
+           "spec": {"serviceName": ETCD_SERVICE, "replicas": inv.hosted.etcdReplicas,
+                    "podManagementPolicy": "Parallel", "selector": _selector(inv, "etcd"), "template": template,
+                    "volumeClaimTemplates": [claim]}}
+    return [*parts.objects, script, headless, sts]
+
+
+def _apiserver(inv: Inventory, plan: HostPlan) -> list[dict]:
+    ns, hosted = inv.hosted_namespace, inv.hosted
+    assert hosted is not None
+    svc = f"{ETCD_SERVICE}.{ns}.svc"
+    args = _replace(control.apiserver_flags(inv, virtual_host(inv)), {
+        # the kubernetes Service's endpoint is the workers' balancer address (no reconciler)
+        "--advertise-address": inv.balancer_address,
+        "--etcd-servers": ",".join(f"https://{m}.{svc}:{ETCD_PORT}" for m in member_names(inv)),
+    })
+    api = pod_parts(plan, API_UNIT, "kube-apiserver", ns, args, _labels(inv, "kube-apiserver"))
+    kargs = _replace(konnectivity.server_flags(inv, virtual_host(inv)), {
+        "--uds-name": SOCKET, "--agent-bind-address": None, "--health-bind-address": None,
+        "--server-count": str(hosted.apiServerReplicas)})
+    konn = pod_parts(plan, KONNECTIVITY_UNIT, "konnectivity-server", ns, kargs, _labels(inv, "kube-apiserver"))
+    port = inv.spec.apiServer.port
+    a = _container(inv, "kube-apiserver", "kube-apiserver", args, api)
+    a["ports"] = [{"name": "https", "containerPort": port}]
+    a["readinessProbe"] = _readyz(port)
+    a["livenessProbe"] = {**_readyz(port, "/livez"), "periodSeconds": 10, "failureThreshold": 6,
+                          "initialDelaySeconds": 30}
+    a["volumeMounts"] += [{"name": "konnectivity", "mountPath": SOCKET_DIR},
+                          {"name": "audit", "mountPath": control.AUDIT_DIR}]
+    k = _container(inv, "konnectivity-server", "konnectivity-server", kargs, konn, command=["/proxy-server"])
+    k["ports"] = [{"name": "agents", "containerPort": konnectivity.AGENT_PORT}]
+    # its /readyz fails until an agent connects, and agents connect through the Service, which
+    # lists ready pods only: ready is healthy here
+    k["readinessProbe"] = {"httpGet": {"path": "/healthz", "port": konnectivity.HEALTH_PORT}, "periodSeconds": 5}
+    k["volumeMounts"] += [{"name": "konnectivity", "mountPath": SOCKET_DIR}]
+    volumes = api.volumes + konn.volumes + [{"name": "konnectivity", "emptyDir": {}}, {"name": "audit", "emptyDir": {}}]
+    template = _template(inv, "kube-apiserver", [a, k], volumes, [api.inputs_sha256, konn.inputs_sha256])
+    deploy = {"apiVersion": "apps/v1", "kind": "Deployment",
+              "metadata": _meta(inv, "kube-apiserver", "kube-apiserver"),
+              "spec": {"replicas": hosted.apiServerReplicas, "selector": _selector(inv, "kube-apiserver"),
+                       "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+                       "template": template}}
+    pdb = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+           "metadata": _meta(inv, "kube-apiserver", "kube-apiserver"),
+           "spec": {"maxUnavailable": 1, "selector": _selector(inv, "kube-apiserver")}}
+    ports = [{"name": "https", "port": hosted.expose.port, "targetPort": port},
+             {"name": "konnectivity", "port": hosted.expose.konnectivityPort, "targetPort": konnectivity.AGENT_PORT}]
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": _meta(inv, API_SERVICE, "kube-apiserver"),
+               "spec": {"type": hosted.expose.type, "selector": _selector(inv, "kube-apiserver")["matchLabels"],
+                        "ports": ports}}
+    if hosted.expose.type == "NodePort":
+        for p in ports:
+            p["nodePort"] = p["port"]
+    else:
+        service["spec"]["loadBalancerIP"] = hosted.expose.addresses[0]
+    return [*api.objects, *konn.objects, deploy, pdb, service]
+
+
+def _leader(inv: Inventory, plan: HostPlan, unit: str, component: str, args: list[str]) -> list[dict]:
+    parts = pod_parts(plan, unit, component, inv.hosted_namespace, args, _labels(inv, component))
+    c = _container(inv, component, component, args, parts)
+    template = _template(inv, component, [c], parts.volumes, [parts.inputs_sha256])
+    deploy = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(inv, component, component),
+              "spec": {"replicas": 2, "selector": _selector(inv, component), "template": template}}
+    return [*parts.objects, deploy]
+
+
+# --- the plan ---------------------------------------------------------------------------------
+
+def tenant_plan_files(inv: Inventory, material: Material) -> HostPlan:
+    """The virtual control host's plan, its kubeconfigs dialing the Service and its egress
+    selector naming the pod's socket."""
+    plan = control.render_control(inv, virtual_host(inv), material)
+    ca_pem = issue.cert_pem(material.pair(CLUSTER_CA).cert)
+    for conf, cert, user, unit in (("controller-manager.conf", "controller-manager",
+                                    "system:kube-controller-manager", CM_UNIT),
+                                   ("scheduler.conf", "scheduler", "system:kube-scheduler", SCHED_UNIT)):
+        plan.files[f"{K8S_DIR}/{conf}"] = HostFile(
+            f"{K8S_DIR}/{conf}", kubeconfig(inv.metadata.name, api_in_cluster(inv), ca_pem, user,
+                                            client=material.pair(cert)), 0o600, secret=True, restarts=(unit,))
+    plan.files[konnectivity.EGRESS_CONFIG] = HostFile(
+        konnectivity.EGRESS_CONFIG, to_yaml(konnectivity.egress_selector_config(SOCKET)), 0o600, restarts=(API_UNIT,))
+    return plan
+
+
+def namespace_object(inv: Inventory) -> dict:
+    return {"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": inv.hosted_namespace, "labels": {**LABELS, TENANT_LABEL: inv.metadata.name}}}
+
+
+def render_tenant(inv: Inventory, material: Material) -> TenantPlan:
+    assert inv.hosted is not None, "render_tenant is for spec.controlPlane.mode: hosted"
+    plan = tenant_plan_files(inv, material)
+    objects = [namespace_object(inv), *_etcd(inv, plan), *_apiserver(inv, plan),
+               *_leader(inv, plan, CM_UNIT, "kube-controller-manager", control.controller_manager_flags(inv)),
+               *_leader(inv, plan, SCHED_UNIT, "kube-scheduler", control.scheduler_flags())]
+    return TenantPlan(inv.hosted_namespace, objects, plan)

@@ -1,0 +1,246 @@
+"""The hosting cluster of a hosted tenant (docs/hosted.md), through the API only: a client from
+the inventory's kubeconfig, the tenant's objects applied (host/kube_objects.py), its workloads
+waited for, its apply lock as a Lease in its namespace, and its removal.
+
+The kubeconfig is the operator's, not the state's: its credentials are read into memory
+(``tlsfiles.memory_file``), never written anywhere; a kubeconfig that turns verification off
+(``insecure-skip-tls-verify``) or names an exec or auth-provider plugin is refused: the
+installer runs no program a kubeconfig names.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import ssl
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+
+from installer.core.errors import InstallerError
+from installer.core.inventory import Inventory
+from installer.core.tlsfiles import fd_path, memory_file
+from installer.host.kube import ApiClient, ApiError, rest, status_message
+from installer.host.kube_objects import apply_objects, plan_objects
+
+
+class HostingError(InstallerError):
+    """The hosting cluster refused, or its kubeconfig cannot be used; the message says which."""
+
+
+def _data(entry: dict, key: str, base: Path, what: str) -> bytes | None:
+    """``key-data`` (base64) or ``key`` (a file, relative to the kubeconfig) of a kubeconfig entry."""
+    if entry.get(f"{key}-data"):
+        try:
+            return base64.b64decode(entry[f"{key}-data"], validate=True)
+        except ValueError:
+            raise HostingError(f"{what}: {key}-data is not base64") from None
+    if entry.get(key):
+        path = base / Path(entry[key]).expanduser()
+        try:
+            return path.read_bytes()
+        except OSError as e:
+            raise HostingError(f"{what}: {key} {path}: {e.strerror}") from None
+    return None
+
+
+def hosting_client(inv: Inventory) -> ApiClient:
+    """An ApiClient for the hosting cluster of ``inv`` (spec.controlPlane.hosted.kubeconfig and
+    its context), verifying the server with the kubeconfig's CA (the system's when it names none)."""
+    assert inv.hosted is not None
+    path = (inv.base_dir / Path(inv.hosted.kubeconfig).expanduser()).resolve()
+    what = f"spec.controlPlane.hosted.kubeconfig {path}"
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise HostingError(f"{what}: cannot read: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise HostingError(f"{what}: not YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(doc, dict):
+        raise HostingError(f"{what}: not a kubeconfig")
+
+    def named(section: str, name: str | None) -> dict:
+        for item in doc.get(section) or []:
+            if isinstance(item, dict) and item.get("name") == name:
+                return item.get(section[:-1]) or {}
+        raise HostingError(f"{what}: no {section[:-1]} named {name!r}")
+    context = named("contexts", inv.hosted.context or doc.get("current-context"))
+    cluster, user = named("clusters", context.get("cluster")), named("users", context.get("user"))
+    if cluster.get("insecure-skip-tls-verify"):
+        raise HostingError(f"{what}: insecure-skip-tls-verify is refused: the hosting cluster's certificate "
+                           "must be verified (give certificate-authority-data)")
+    for plugin in ("exec", "auth-provider"):
+        if user.get(plugin):
+            raise HostingError(f"{what}: a user with {plugin} is not supported (the installer runs no program a "
+                               "kubeconfig names): use a client certificate or a token")
+    server = cluster.get("server")
+    if not isinstance(server, str) or not server.startswith("https://"):
+        raise HostingError(f"{what}: the cluster's server must be an https:// URL")
+    base = path.parent
+    ca = _data(cluster, "certificate-authority", base, what)
+    ctx = ssl.create_default_context(cadata=ca.decode() if ca else None)
+    cert, key = _data(user, "client-certificate", base, what), _data(user, "client-key", base, what)
+    if cert and key:
+        with memory_file(cert + b"\n" + key) as fd:
+            ctx.load_cert_chain(fd_path(fd))
+    client = ApiClient(server, ctx, cluster.get("tls-server-name"))
+    token = user.get("token")
+    if token:
+        client.headers = {"Authorization": f"Bearer {token}"}
+    elif not (cert and key):
+        raise HostingError(f"{what}: its user has no client certificate and key, and no token")
+    return client
+
+
+# --- the tenant's objects and their rollouts -------------------------------------------------------
+
+def converge(api: ApiClient, objects: list[dict], k8s_version: str, dry_run: bool = False
+             ) -> list[tuple[str, str, str]]:
+    """Bring the tenant's objects to what is rendered (``plan_objects`` in a dry run)."""
+    return (plan_objects if dry_run else apply_objects)(api, objects, k8s_version)
+
+
+def workload_state(api: ApiClient, namespace: str, kind: str, name: str) -> tuple[bool, str]:
+    """Whether a StatefulSet or Deployment runs its current template on every replica, all ready,
+    and a line saying where it is."""
+    resource = {"StatefulSet": "statefulsets", "Deployment": "deployments"}[kind]
+    obj = rest(api, "GET", f"/apis/apps/v1/namespaces/{namespace}/{resource}/{name}", f"{kind}/{name}") or {}
+    spec, status = obj.get("spec") or {}, obj.get("status") or {}
+    want = spec.get("replicas", 1)
+    ready, updated = status.get("readyReplicas", 0), status.get("updatedReplicas", 0)
+    current = status.get("observedGeneration", 0) >= (obj.get("metadata") or {}).get("generation", 0)
+    if kind == "StatefulSet":
+        done = current and ready == want and updated == want and \
+            status.get("currentRevision") == status.get("updateRevision")
+    else:
+        done = current and ready == want and updated == want and status.get("replicas", 0) == want
+    return done, f"{kind}/{name}: {ready}/{want} ready, {updated} updated"
+
+
+def wait_workloads(api: ApiClient, namespace: str, workloads: list[tuple[str, str]], timeout: float,
+                   log: Callable[[str], None], every: float = 2.0) -> list[str]:
+    """Until every workload is rolled out and ready; lines for the report. A HostingError after
+    ``timeout`` names those still waiting and what their pods say."""
+    deadline, last = time.monotonic() + timeout, ""
+    while True:
+        states = [workload_state(api, namespace, k, n) for k, n in workloads]
+        line = "; ".join(s for _, s in states)
+        if all(done for done, _ in states):
+            return [s for _, s in states]
+        if line != last:
+            log(f"  hosting {namespace}: {line}")
+            last = line
+        if time.monotonic() > deadline:
+            raise HostingError(f"namespace {namespace}: not ready after {timeout:.0f} s: {line}"
+                               + pod_problems(api, namespace))
+        time.sleep(every)
+
+
+def pod_problems(api: ApiClient, namespace: str) -> str:
+    """What the namespace's pods that are not ready say (waiting reasons, last termination), for
+    an error message: where an operator would look first."""
+    pods = (rest(api, "GET", f"/api/v1/namespaces/{namespace}/pods", "pods") or {}).get("items", [])
+    out = []
+    for p in pods:
+        for c in (p.get("status") or {}).get("containerStatuses") or []:
+            if c.get("ready"):
+                continue
+            state = c.get("state") or {}
+            waiting, last = state.get("waiting") or {}, (c.get("lastState") or {}).get("terminated") or {}
+            why = waiting.get("reason") or ("running, not ready" if "running" in state else "")
+            if last:
+                why += f"; last exit {last.get('exitCode')} ({last.get('reason', '')})"
+            out.append(f"\n  pod {p['metadata']['name']} {c['name']}: {why}")
+        if not (p.get("status") or {}).get("containerStatuses"):
+            conds = [c.get("message") for c in (p.get("status") or {}).get("conditions") or [] if c.get("message")]
+            out.append(f"\n  pod {p['metadata']['name']}: {(p.get('status') or {}).get('phase')} "
+                       f"{'; '.join(conds)[:300]}")
+    return "".join(out[:12])
+
+
+# --- the apply lock of a hosted tenant: a Lease in its namespace -------------------------------
+
+LEASE = "hiddenplane-apply"
+LEASE_SECONDS = 3600        # as the control hosts' lock: a run killed leaves it stale for an hour
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def take_lease(api: ApiClient, namespace: str, holder: str, force: bool = False) -> None:
+    """Hold the tenant's apply lock for ``holder`` (the run's id): create the Lease, or take it
+    over when it is free, expired, already ours, or ``force``; a HostingError names the holder
+    otherwise. The apiserver's resourceVersion check makes two takers exclusive."""
+    path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+    spec = {"holderIdentity": holder, "leaseDurationSeconds": LEASE_SECONDS, "acquireTime": _now(),
+            "renewTime": _now()}
+    body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": LEASE, "namespace": namespace}, "spec": spec}
+    try:
+        rest(api, "POST", path, "the apply lock (Lease)", body)
+        return
+    except ApiError as e:
+        if e.status != 409:
+            raise HostingError(f"the apply lock (Lease {namespace}/{LEASE}): {status_message(e)}") from None
+    live = rest(api, "GET", f"{path}/{LEASE}", "the apply lock (Lease)") or {}
+    have = live.get("spec") or {}
+    held_by = have.get("holderIdentity") or ""
+    renewed = have.get("renewTime") or have.get("acquireTime")
+    expired = True
+    if renewed:
+        at = dt.datetime.strptime(renewed.rstrip("Z")[:26], "%Y-%m-%dT%H:%M:%S.%f").replace(tzinfo=dt.timezone.utc)
+        expired = (dt.datetime.now(dt.timezone.utc) - at).total_seconds() > have.get("leaseDurationSeconds", 0)
+    if held_by and held_by != holder and not expired and not force:
+        raise HostingError(f"the apply lock of {namespace} is held by run {held_by} (since {renewed}); "
+                           "another apply or day-2 command runs on this tenant. If that run is gone, "
+                           "pass --force-unlock")
+    try:
+        rest(api, "PUT", f"{path}/{LEASE}", "the apply lock (Lease)",
+             {**body, "metadata": {**body["metadata"], "resourceVersion": live["metadata"]["resourceVersion"]}})
+    except ApiError as e:
+        raise HostingError(f"the apply lock of {namespace}: taken by another run meanwhile ({status_message(e)})"
+                           ) from None
+
+
+def release_lease(api: ApiClient, namespace: str, holder: str) -> None:
+    """Give the lock back when it is still ours (a run that lost it leaves it alone)."""
+    path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{LEASE}"
+    try:
+        live = rest(api, "GET", path, "the apply lock (Lease)") or {}
+        if (live.get("spec") or {}).get("holderIdentity") == holder:
+            rest(api, "DELETE", path, "the apply lock (Lease)",
+                 {"kind": "DeleteOptions", "apiVersion": "v1",
+                  "preconditions": {"resourceVersion": live["metadata"]["resourceVersion"]}})
+    except ApiError:
+        pass
+
+
+def delete_namespace(api: ApiClient, namespace: str, timeout: float, log: Callable[[str], None]) -> bool:
+    """Delete the tenant's namespace (its pods, Secrets and, with the StatefulSet's claims,
+    volumes the provisioner then deletes) and wait until it is gone; False when there was none."""
+    path = f"/api/v1/namespaces/{namespace}"
+    claims = rest(api, "GET", f"{path}/persistentvolumeclaims", "claims") if _exists(api, path) else None
+    if claims is None:
+        return False
+    rest(api, "DELETE", path, f"namespace {namespace}", {"kind": "DeleteOptions", "apiVersion": "v1",
+                                                          "propagationPolicy": "Foreground"})
+    deadline = time.monotonic() + timeout
+    while _exists(api, path):
+        if time.monotonic() > deadline:
+            raise HostingError(f"namespace {namespace}: still terminating after {timeout:.0f} s")
+        time.sleep(2)
+    log(f"  hosting: namespace {namespace} deleted ({len(claims.get('items', []))} volume claim(s) with it)")
+    return True
+
+
+def _exists(api: ApiClient, path: str) -> bool:
+    try:
+        rest(api, "GET", path, path)
+        return True
+    except ApiError as e:
+        if e.status == 404:
+            return False
+        raise HostingError(f"{path}: {status_message(e)}") from None

@@ -1,0 +1,220 @@
+"""Hosted control planes, without a hosting cluster: spec.controlPlane in the inventory (every
+mistake named by its field, nothing else changed) and the tenant's objects rendered from the
+same plan a control host gets (installer/core/render/tenant.py, docs/hosted.md)."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+
+import pytest
+import yaml
+from cryptography import x509
+
+from installer import api
+from installer.core import inventory
+from installer.core.egress import egress_mode
+from installer.core.errors import InventoryError
+from installer.core.pki.specs import cert_specs
+from installer.core.render import control, pods, tenant
+from installer.core.render.balancer import server_lines
+from installer.host import kube_objects
+
+NS = "hp-tenant-a"
+TENANT = {
+    "apiVersion": "hiddenplane/v1alpha1", "kind": "Cluster", "metadata": {"name": "tenant-a"},
+    "spec": {
+        "controlPlane": {"mode": "hosted", "hosted": {
+            "kubeconfig": "hosting.kubeconfig",
+            "expose": {"type": "NodePort", "addresses": ["10.0.0.11", "10.0.0.12"], "port": 30443,
+                       "konnectivityPort": 30132},
+            "apiServerReplicas": 2, "etcdReplicas": 3, "storageClass": "local-path"}},
+        "hosts": [{"name": "t1", "address": "10.0.1.21", "role": "worker"},
+                  {"name": "t2", "address": "10.0.1.22", "role": "worker"}],
+    },
+}
+
+
+@pytest.fixture
+def doc():
+    return copy.deepcopy(TENANT)
+
+
+def parse(doc, tmp_path):
+    (tmp_path / "hosting.kubeconfig").write_text("apiVersion: v1\nkind: Config\n")
+    return inventory.parse(doc, base_dir=tmp_path)
+
+
+def problems(doc, tmp_path) -> list[str]:
+    with pytest.raises(InventoryError) as e:
+        parse(doc, tmp_path)
+    return e.value.problems
+
+
+def test_a_hosted_inventory_lists_workers_only_and_reaches_the_api_where_it_is_exposed(doc, tmp_path):
+    inv = parse(doc, tmp_path)
+    assert inv.hosted is not None and inv.hosted_namespace == NS and inv.controls == []
+    assert inv.api_url == "https://10.0.0.11:30443"
+    assert inv.api_backends == [("api-0", "10.0.0.11", 30443), ("api-1", "10.0.0.12", 30443)]
+    # the workers' balancer by default: the kubernetes Service's endpoint is its address
+    assert inv.local_balancer and inv.worker_api_url == "https://127.0.0.1:6443"
+    assert server_lines(inv) == ["    server api-0 10.0.0.11:30443", "    server api-1 10.0.0.12:30443"]
+    assert egress_mode(inv) == "konnectivity"
+
+
+@pytest.mark.parametrize("mutate, expected", [
+    (lambda d: d["spec"]["hosts"].append({"name": "cp1", "address": "10.0.1.5", "role": "control"}),
+     "spec.hosts[2].role: 'control' with spec.controlPlane.mode: hosted: the control plane runs in the hosting "
+     "cluster; list workers only"),
+    (lambda d: d["spec"]["controlPlane"].pop("hosted"),
+     "spec.controlPlane.hosted: required field is missing with mode: hosted (the hosting cluster's kubeconfig "
+     "and how the API is exposed)"),
+    (lambda d: d["spec"]["controlPlane"].update(mode="systemd"),
+     "spec.controlPlane.hosted: set only with mode: hosted (the control plane runs on the control hosts otherwise)"),
+    (lambda d: d["spec"]["controlPlane"]["hosted"].update(kubeconfig="missing.kubeconfig"),
+     "spec.controlPlane.hosted.kubeconfig: 'missing.kubeconfig' is not a file"),
+    (lambda d: d["spec"]["controlPlane"]["hosted"].update(etcdReplicas=2),
+     "spec.controlPlane.hosted.etcdReplicas: 2 is not allowed; expected 1 or 3"),
+    (lambda d: d["spec"]["controlPlane"]["hosted"].update(apiServerReplicas=1),
+     "spec.controlPlane.hosted.apiServerReplicas: 1: Input should be greater than or equal to 2"),
+    (lambda d: d["spec"]["controlPlane"]["hosted"].update(etcdStorage="lots"),
+     "spec.controlPlane.hosted.etcdStorage: 'lots' is not a Kubernetes quantity (for example 250m, 512Mi, 1Gi)"),
+    (lambda d: d["spec"]["controlPlane"]["hosted"].update(imageRegistry="Registry.Example/x:1"),
+     "spec.controlPlane.hosted.imageRegistry: 'Registry.Example/x:1' is not an image registry (host[:port][/path], "
+     "lower case)"),
+    (lambda d: d["spec"]["controlPlane"]["hosted"]["expose"].update(konnectivityPort=30443),
+     "spec.controlPlane.hosted.expose.konnectivityPort: 30443 is also the API's port"),
+    (lambda d: d["spec"]["controlPlane"]["hosted"]["expose"].update(addresses=[]),
+     "spec.controlPlane.hosted.expose.addresses: []: …"),
+    (lambda d: d["spec"]["controlPlane"]["hosted"].update(resources={"kubelet": {}}),
+     "spec.controlPlane.hosted.resources.kubelet…"),
+    (lambda d: d["spec"]["network"].update(egress="routes") if "network" in d["spec"] else
+     d["spec"].update(network={"egress": "routes"}),
+     "spec.network.egress: 'routes' cannot reach a hosted tenant's pods and kubelets from the hosting cluster: "
+     "use egress: konnectivity (the default with mode: hosted)"),
+    # a worker holding an address or a name of the tenant's API could pass as its apiserver
+    (lambda d: d["spec"]["hosts"][0].update(address="10.0.0.12"),
+     "spec.hosts[0].address: '10.0.0.12' is an address of the API (spec.controlPlane.hosted.expose.addresses "
+     "'10.0.0.12')…"),
+    (lambda d: d["spec"]["hosts"][1].update(name="kube-apiserver"),
+     "spec.hosts[1].name: 'kube-apiserver' is a name of the API…"),
+    (lambda d: d["spec"].update(hosts=[]), "spec.hosts: no hosts; a cluster needs at least one worker"),
+])
+def test_each_mistake_is_named_by_its_field(doc, tmp_path, mutate, expected):
+    mutate(doc)
+    found = problems(doc, tmp_path)
+    if expected.endswith("…"):
+        assert any(p.startswith(expected[:-1]) for p in found), found
+    else:
+        assert expected in found, found
+
+
+def test_the_schema_documents_spec_control_plane():
+    schema = json.dumps(inventory.json_schema())
+    for text in ("controlPlane", "apiServerReplicas", "etcdReplicas", "storageClass", "imageRegistry",
+                 "konnectivityPort"):
+        assert text in schema
+
+
+# --- the tenant's objects ------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tenant")
+    (d / "hosting.kubeconfig").write_text("apiVersion: v1\nkind: Config\n")
+    (d / "tenant.yaml").write_text(yaml.safe_dump(TENANT))
+    p = api.prepare(d / "tenant.yaml", d / "state")
+    return p, tenant.render_tenant(p.inventory, p.material)
+
+
+def _by(plan, kind, name):
+    return next(o for o in plan.objects if o["kind"] == kind and o["metadata"]["name"] == name)
+
+
+def test_the_tenants_objects_pass_the_kubernetes_schemas_and_stay_in_its_namespace(rendered):
+    p, plan = rendered
+    kube_objects.validate_objects(plan.objects, p.inventory.spec.kubernetes.version)
+    assert plan.objects[0]["kind"] == "Namespace" and plan.objects[0]["metadata"]["name"] == NS
+    assert all(o["metadata"].get("namespace") == NS for o in plan.objects[1:])
+    assert plan.workloads() == [("StatefulSet", "etcd"), ("Deployment", "kube-apiserver"),
+                                ("Deployment", "kube-controller-manager"), ("Deployment", "kube-scheduler")]
+    # no control host, no kubelet plan: only the workers are hosts
+    assert sorted(p.plans) == ["t1", "t2"]
+
+
+def test_every_path_a_containers_args_name_is_mounted_in_it(rendered):
+    _, plan = rendered
+    writable = {f"{control.AUDIT_DIR}/audit.log", tenant.SOCKET}
+    for kind, name in plan.workloads():
+        spec = _by(plan, kind, name)["spec"]["template"]["spec"]
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        for c in spec["containers"]:
+            mounted = set()
+            for m in c["volumeMounts"]:
+                v = volumes.get(m["name"], {})      # "data": the StatefulSet's claim
+                if "projected" in v:
+                    for src in v["projected"]["sources"]:
+                        mounted |= {f"{m['mountPath']}/{i['path']}" for i in next(iter(src.values()))["items"]}
+            missing = pods.flag_paths(c["args"]) - mounted - writable
+            assert not missing, (name, c["name"], missing)
+
+
+def test_each_pods_secrets_hold_only_its_own_keys(rendered):
+    """The cluster CA key only in the controller-manager's Secret, etcd's keys only in etcd's,
+    the service-account key in the apiserver's and the controller-manager's: a hosting user who
+    can read one component's Secret gets that component's keys only."""
+    _, plan = rendered
+    secrets = {o["metadata"]["name"]: set(o["data"]) for o in plan.objects if o["kind"] == "Secret"}
+    ca_key, sa_key = pods.key_for(control.P["ca.key"]), pods.key_for(control.P["sa.key"])
+    assert [n for n, k in secrets.items() if ca_key in k] == ["kube-controller-manager-files"]
+    assert sorted(n for n, k in secrets.items() if sa_key in k) == ["kube-apiserver-files",
+                                                                    "kube-controller-manager-files"]
+    assert [n for n, k in secrets.items() if any(x.startswith("etc_etcd_pki_") for x in k)] == ["etcd-files"]
+    # nothing secret in a ConfigMap
+    for o in plan.objects:
+        if o["kind"] == "ConfigMap":
+            assert not any(k.endswith(".key") or k.endswith(".conf") for k in o["data"]), o["metadata"]["name"]
+
+
+def test_the_api_dials_every_etcd_member_and_leaders_dial_the_service(rendered):
+    p, plan = rendered
+    args = _by(plan, "Deployment", "kube-apiserver")["spec"]["template"]["spec"]["containers"][0]["args"]
+    flags = dict(a.split("=", 1) for a in args)
+    assert flags["--etcd-servers"] == ",".join(f"https://etcd-{i}.etcd.{NS}.svc:2379" for i in range(3))
+    assert flags["--advertise-address"] == p.inventory.balancer_address
+    assert flags["--endpoint-reconciler-type"] == "none"
+    assert flags["--egress-selector-config-file"]
+    cm = _by(plan, "Secret", "kube-controller-manager-files")["data"]
+    conf = yaml.safe_load(base64.b64decode(cm[pods.key_for(f"{control.K8S_DIR}/controller-manager.conf")]))
+    assert conf["clusters"][0]["cluster"]["server"] == f"https://kube-apiserver.{NS}.svc:30443"
+
+
+def test_the_certificates_name_the_exposed_addresses_and_every_etcd_member(rendered):
+    p, _ = rendered
+    specs = {s.name: s for s in cert_specs(p.inventory)}
+    api_sans = specs["apiserver"].sans
+    assert {"10.0.0.11", "10.0.0.12", "kube-apiserver", f"kube-apiserver.{NS}.svc", "127.0.0.1"} <= api_sans
+    assert {f"*.etcd.{NS}.svc", f"etcd.{NS}.svc", "127.0.0.1"} <= specs["etcd/server-hosted"].sans
+    assert not any(n.startswith("etcd/server-") and n != "etcd/server-hosted" for n in specs)
+    # and the certificate issued is the row's
+    names = p.material.pair("etcd/server-hosted").cert.extensions.get_extension_for_class(
+        x509.SubjectAlternativeName).value
+    assert f"*.etcd.{NS}.svc" in names.get_values_for_type(x509.DNSName)
+
+
+def test_the_pods_roll_only_when_what_they_run_with_changes(rendered, tmp_path):
+    """The same inputs render the same pod templates (a new installer release alone rolls
+    nothing); another replica count changes the Deployment, not the pod template."""
+    p, plan = rendered
+    again = tenant.render_tenant(p.inventory, p.material)
+    assert json.dumps(again.objects, sort_keys=True) == json.dumps(plan.objects, sort_keys=True)
+    doc = copy.deepcopy(TENANT)
+    doc["spec"]["controlPlane"]["hosted"]["apiServerReplicas"] = 3
+    (tmp_path / "hosting.kubeconfig").write_text("x")
+    inv3 = inventory.parse(doc, base_dir=tmp_path)
+    three = tenant.render_tenant(inv3, p.material)
+    def digest(plan, name):
+        return _by(plan, "Deployment", name)["spec"]["template"]["metadata"]["annotations"][pods.INPUTS_ANNOTATION]
+    assert digest(three, "kube-scheduler") == digest(plan, "kube-scheduler")
+    assert digest(three, "kube-controller-manager") == digest(plan, "kube-controller-manager")
