@@ -37,9 +37,9 @@ NAME, SUBNET = "real", "10.213.230.0/24"
 BUSYBOX = "localhost/hiddenplane/busybox:lab"
 OUTSIDE = {"outside.example.": "192.0.2.53"}
 DNS_LOG = "/var/log/hp-test-dns.log"
-# lab hosts that are not the cluster's: the workers of a hosted tenant whose control plane runs
-# in this cluster (tests/test_real_hosted.py); on the same lab network, as they must reach it
-TENANT_WORKERS = ("w3", "w4")
+# lab hosts that are not the cluster's: the workers of two hosted tenants whose control planes
+# run in this cluster (tests/test_real_hosted.py); on the same lab network, as they must reach it
+TENANT_WORKERS = ("w3", "w4", "w5")
 WAIT = "900"          # seconds: a bound, not a wait (a loaded 2-core machine starts kubelets slowly)
 
 # A DNS server for the lab's upstream (test scaffolding on cp1): A records for OUTSIDE,
@@ -169,7 +169,7 @@ def real_cluster(tmp_path_factory, built_artifacts, kubectl) -> RealCluster:
     lab = start_lab(NAME, SUBNET, tmp, controls=3, workers=2 + len(TENANT_WORKERS), images=True,
                     hosting=True)
     try:
-        assert [h.kind for h in lab.spec.hosts] == ["nspawn"] * 7
+        assert [h.kind for h in lab.spec.hosts] == ["nspawn"] * 8
         cp1 = lab.spec.host("cp1").address
         doc = yaml.safe_load(lab.inventory.read_text())
         doc["spec"]["hosts"] = [h for h in doc["spec"]["hosts"] if h["name"] not in TENANT_WORKERS]

@@ -375,7 +375,7 @@ def test_dry_run_lists_what_it_would_do(cilium, phase_api, fake_helm, chart):
 
 def test_phase_order():
     assert PHASE_NAMES == ("connect", "preflight", "lock", "pki", "artifacts", "etcd-membership", "etcd",
-                           "control-plane", "cluster-bootstrap", "addons", "workers", "verify")
+                           "hosted", "control-plane", "cluster-bootstrap", "addons", "workers", "verify")
     # one name per phase, and one phase per module, named for its class (ReadEtcdMembership in
     # phases/read_etcd_membership.py)
     assert len(set(PHASE_CLASSES)) == len(PHASE_CLASSES) == len(set(PHASE_NAMES))

@@ -218,3 +218,27 @@ def test_the_pods_roll_only_when_what_they_run_with_changes(rendered, tmp_path):
         return _by(plan, "Deployment", name)["spec"]["template"]["metadata"]["annotations"][pods.INPUTS_ANNOTATION]
     assert digest(three, "kube-scheduler") == digest(plan, "kube-scheduler")
     assert digest(three, "kube-controller-manager") == digest(plan, "kube-controller-manager")
+
+
+@pytest.mark.parametrize("args", [["upgrade"], ["ca", "rotate"], ["certs", "renew"], ["certs", "check"],
+                                  ["etcd", "member", "add"], ["etcd", "member", "remove"], ["etcd", "members"],
+                                  ["etcd", "snapshot", "save"], ["etcd", "snapshot", "restore"]])
+def test_day2_commands_not_built_for_tenants_refuse_them_and_do_nothing(tmp_path, args):
+    """Day 2 of hosted tenants is the next issue: until then each such command says so, exit 2,
+    before it reads a host or the state."""
+    from click.testing import CliRunner
+
+    from installer.cli.main import cli
+    (tmp_path / "hosting.kubeconfig").write_text("apiVersion: v1\nkind: Config\n")
+    inv = tmp_path / "tenant.yaml"
+    inv.write_text(yaml.safe_dump(TENANT))
+    snap = tmp_path / "snap.db"
+    snap.write_bytes(b"x")
+    extra = {("etcd", "member", "add"): ["t1"], ("etcd", "member", "remove"): ["t1"],
+             ("etcd", "snapshot", "save"): [str(tmp_path / "out.db")],
+             ("etcd", "snapshot", "restore"): [str(snap), "--yes"]}.get(tuple(args), [])
+    state = ["--state", str(tmp_path / "state")] if args[0] not in ("etcd",) or args[1] == "member" else []
+    result = CliRunner().invoke(cli, [*args, str(inv), *extra, *state])
+    assert result.exit_code == 2, result.output
+    assert "does not handle hosted control planes yet" in result.output, result.output
+    assert not (tmp_path / "state").exists() or not any((tmp_path / "state").iterdir())

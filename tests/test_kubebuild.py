@@ -39,6 +39,25 @@ def _build_module():
 kb = _build_module()
 
 
+def _e2e_module():
+    """tools/kubebuild/e2e.py, which imports build.py and sources.py by name (as build.py runs it)."""
+    saved = {n: sys.modules.get(n) for n in ("build", "sources")}
+    sys.modules["build"] = kb
+    sys.path.insert(0, str(ROOT / "tools/kubebuild"))
+    try:
+        spec = importlib.util.spec_from_file_location("kubebuild_e2e", ROOT / "tools/kubebuild/e2e.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+    finally:
+        sys.path.remove(str(ROOT / "tools/kubebuild"))
+        for name, module in saved.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
+
+
 def gomod(pin_dir: Path) -> dict:
     """The wrapper's go.mod as the go command reads it (go mod edit -json)."""
     out = subprocess.run(["go", "mod", "edit", "-json"], cwd=pin_dir, capture_output=True, text=True, check=True)
@@ -90,6 +109,30 @@ def test_the_hosted_images_are_named_as_the_installer_names_them():
     assert plan["konnectivity-server"].files["/proxy-server"] == ("konnectivity", SERVER_BINARY)
 
 
+def test_the_agnhost_archive_holds_the_e2e_archives_agnhost(tmp_path):
+    e2e = _e2e_module()
+    from installer.lab import archives
+    c = e2e.e2e(versions.DEFAULT_KUBERNETES_VERSION)
+    _, src = kb.download_gomod("k8s.io/kubernetes", c.version, c.pin_dir)
+    # the agnhost tags the pinned suite lists (Agnhost, AgnhostPrev) and the one its tests use
+    manifest = (src / "test/utils/image/manifest.go").read_text()
+    tags = re.findall(r'configs\[Agnhost\w*\] = Config\{list\.PromoterE2eRegistry, "agnhost", "([^"]+)"\}', manifest)
+    current = re.search(r'configs\[Agnhost\] = Config\{[^}]*"agnhost", "([^"]+)"\}', manifest)[1]
+    names = [f"registry.k8s.io/e2e-test-images/agnhost:{t}" for t in tags]
+    assert len(names) == 2 and current in tags
+    names += ["gcr.io/k8s-authenticated-test/agnhost:2.6", "registry.k8s.io/e2e-test-images/busybox:1.37.0-1"]
+    ref = e2e.agnhost_ref(names)
+    assert ref == f"registry.k8s.io/e2e-test-images/agnhost:{current}"
+    # image-agnhost.tar's image is image-e2e.tar's: the same manifest under the same name
+    layers = {"debian": b"debian tree", "agnhost": b"agnhost files", "busybox": b"busybox"}
+    made, _ = e2e.images(names, layers, src)
+    everything = archives.oci_archive(tmp_path / "image-e2e.tar", made)
+    alone = archives.oci_archive(tmp_path / e2e.AGNHOST_ARCHIVE,
+                                 [e2e.agnhost_image(ref, layers["debian"], layers["agnhost"])])
+    assert alone == {ref: everything[ref]}
+    assert archive_images(tmp_path / e2e.AGNHOST_ARCHIVE) == (ref,)
+
+
 def test_the_hosted_images_are_built(built_artifacts):
     k8s, etcd = versions.DEFAULT_KUBERNETES_VERSION, versions.DEFAULT_COMPONENTS["etcd"]
     for img in kb.hosted_image_plan(k8s, etcd):
@@ -134,7 +177,9 @@ def test_import_dir_copies_verified_files_over_debian_ones(tmp_path):
     (dest / "etcd").write_bytes(b"debian etcd")
     (dest / "runc").write_bytes(b"debian runc")
     write_sums(dest, {"etcd": kb.sha256_file(dest / "etcd"), "runc": kb.sha256_file(dest / "runc")})
-    assert debian_artifacts.import_dir(src, dest) == ["etcd", "image-x.tar"]
+    # of the image archives only the ones every worker runs, unless all_images (a lab hosting tenants)
+    assert debian_artifacts.import_dir(src, dest) == ["etcd"] and not (dest / "image-x.tar").exists()
+    assert debian_artifacts.import_dir(src, dest, all_images=True) == ["etcd", "image-x.tar"]
     assert (dest / "etcd").read_bytes() == b"built etcd" and (dest / "runc").read_bytes() == b"debian runc"
     assert (dest / "image-x.tar").stat().st_mode & 0o777 == 0o644 and (dest / "etcd").stat().st_mode & 0o111
     assert set(read_sums(dest)) == {"etcd", "runc", "image-x.tar"}

@@ -11,8 +11,11 @@ kubectl. Nothing stands in for anything.
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -22,8 +25,9 @@ import yaml
 from installer.core.artifacts import read_sums
 from installer.lab.debian_artifacts import WORKER_IMAGES
 
-from .builtfixtures import _linked_dir
-from .realcluster import TENANT_WORKERS, RealCluster, run_installer
+from .builtfixtures import _linked_dir, e2e_dir
+from .labfixtures import wait_for
+from .realcluster import RealCluster, run_installer
 
 pytestmark = [pytest.mark.lab, pytest.mark.real]
 
@@ -31,6 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 STORAGE = ROOT / "installer" / "lab" / "manifests" / "local-path-storage.yaml"
 NS = "hp-tenant"
 API_PORT, KONNECTIVITY_PORT = 30443, 30132
+A_WORKERS, B_WORKERS = ("w3", "w4"), ("w5",)       # tests/realcluster.py TENANT_WORKERS
+AGNHOST_ARCHIVE, AGNHOST = "image-agnhost.tar", "registry.k8s.io/e2e-test-images/agnhost:2.66.1"
 
 
 class Tenant:
@@ -51,35 +57,43 @@ class Tenant:
         return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
 
 
-def tenant_inventory(rc: RealCluster, tmp: Path, name: str = "tenant", namespace: str | None = None) -> Path:
-    """The tenant: w3 and w4 as workers, its control plane in the real cluster, exposed on the
-    hosting workers' addresses (NodePort)."""
+def tenant_inventory(rc: RealCluster, tmp: Path, name: str = "tenant", workers: tuple[str, ...] = A_WORKERS,
+                     ports: tuple[int, int] = (API_PORT, KONNECTIVITY_PORT)) -> Path:
+    """A tenant: ``workers`` (w3 and w4), its control plane in the real cluster, exposed on the
+    hosting workers' addresses (NodePort ``ports``)."""
     lab_doc = yaml.safe_load(rc.lab.inventory.read_text())
     # (the lab's inventory is the hosting cluster's: its hosts are the lab's but the tenant's)
-    hosts = [{"name": w, "address": rc.address(w), "role": "worker"} for w in TENANT_WORKERS]
+    hosts = [{"name": w, "address": rc.address(w), "role": "worker"} for w in workers]
     spec = {k: v for k, v in lab_doc["spec"].items() if k not in ("hosts", "apiServer")}
-    spec["artifacts"] = {**spec["artifacts"], "path": str(worker_artifacts(Path(spec["artifacts"]["path"]), tmp))}
+    artifacts = worker_artifacts(Path(spec["artifacts"]["path"]), tmp.parent)
+    spec["artifacts"] = {**spec["artifacts"], "path": str(artifacts)}
     spec["network"] = {"podCIDR": "10.245.0.0/16", "serviceCIDR": "10.97.0.0/16", "clusterDNS": "10.97.0.10",
                        "upstreamDNS": [rc.address("cp1")]}
     spec["apiServer"] = {"alwaysPullImages": False}
     spec["controlPlane"] = {"mode": "hosted", "hosted": {
-        "kubeconfig": str(rc.kubeconfig), **({"namespace": namespace} if namespace else {}),
+        "kubeconfig": str(rc.kubeconfig),
         "expose": {"type": "NodePort", "addresses": [rc.address(w) for w in rc.workers],
-                   "port": API_PORT, "konnectivityPort": KONNECTIVITY_PORT},
+                   "port": ports[0], "konnectivityPort": ports[1]},
         "apiServerReplicas": 2, "etcdReplicas": 3, "storageClass": "local-path"}}
     spec["hosts"] = hosts
     doc = {"apiVersion": lab_doc["apiVersion"], "kind": "Cluster", "metadata": {"name": name}, "spec": spec}
     path = tmp / f"{name}.yaml"
+    tmp.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
 
 
 def worker_artifacts(src: Path, tmp: Path) -> Path:
     """The hosting lab's artifacts without the control-plane images (hard links): what the
-    tenant's workers run, the konnectivity agent's image with it."""
+    tenant's workers run, the konnectivity agent's image with it, and agnhost (upstream's test
+    image, built with the conformance suite) for the admission webhook a tenant pod serves."""
     images = WORKER_IMAGES | {"image-konnectivity-agent.tar"}
     sums = {n: d for n, d in read_sums(src).items() if not n.endswith(".tar") or n in images}
-    return _linked_dir(tmp / "tenant-artifacts", {n: src / n for n in sums}, sums)
+    files = {n: src / n for n in sums}
+    e2e = e2e_dir()
+    sums[AGNHOST_ARCHIVE] = read_sums(e2e)[AGNHOST_ARCHIVE]
+    files[AGNHOST_ARCHIVE] = e2e / AGNHOST_ARCHIVE
+    return _linked_dir(tmp / "tenant-artifacts", files, sums)
 
 
 def install_storage(rc: RealCluster) -> None:
@@ -92,7 +106,9 @@ def install_storage(rc: RealCluster) -> None:
 @pytest.fixture(scope="module")
 def tenant(real_cluster: RealCluster, tmp_path_factory) -> Tenant:
     rc = real_cluster
-    tmp = tmp_path_factory.mktemp("tenant")
+    # debugging: a tenant of an earlier run kept (its state there), with HIDDENPLANE_REAL_REUSE
+    kept = os.environ.get("HIDDENPLANE_TENANT_DIR")
+    tmp = Path(kept) if kept else tmp_path_factory.mktemp("tenant")
     install_storage(rc)
     inventory, state = tenant_inventory(rc, tmp), tmp / "state"
     started = time.monotonic()
@@ -102,11 +118,15 @@ def tenant(real_cluster: RealCluster, tmp_path_factory) -> Tenant:
     run_installer("kubeconfig", str(inventory), "--state", str(state), "-o", str(kubeconfig))
     print(f"\nhosted tenant: apply {seconds:.0f} s")
     yield Tenant(rc, inventory, state, kubeconfig, json.loads(proc.stdout), seconds)
+    if not kept:
+        # the hosting cluster as the tests after these found it: no tenant, no PodDisruptionBudget
+        # holding a drain of its workers
+        run_installer("reset", str(inventory), "--state", str(state), "--yes", "--ignore-unreachable", timeout=900)
 
 
 def test_the_tenant_shows_its_own_workers_only(tenant: Tenant):
     nodes = tenant.get("nodes")["items"]
-    assert sorted(n["metadata"]["name"] for n in nodes) == sorted(TENANT_WORKERS)
+    assert sorted(n["metadata"]["name"] for n in nodes) == sorted(A_WORKERS)
     assert all(any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"]["conditions"])
                for n in nodes)
     # and the hosting cluster runs its control plane, in its namespace only
@@ -123,3 +143,378 @@ def test_a_second_apply_changes_and_restarts_nothing(tenant: Tenant):
     report = json.loads(proc.stdout)
     assert report["changes"] == 0 and report["restarts"] == [], [e for e in report["events"]
                                                                  if e["action"] == "changed"]
+
+
+# --- the tenant's pods, and its apiservers reaching them ------------------------------------------
+
+BUSYBOX = "localhost/hiddenplane/busybox:lab"
+
+
+def run_pod(t: Tenant, name: str, node: str, command: str) -> dict:
+    spec = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"app": name}},
+            "spec": {"nodeName": node, "terminationGracePeriodSeconds": 1,
+                     "containers": [{"name": "c", "image": BUSYBOX, "imagePullPolicy": "Never",
+                                     "command": ["sh", "-c", command]}]}}
+    t.kubectl("apply", "-f", "-", stdin=json.dumps(spec))
+    return wait_for(f"tenant pod {name} Running", lambda: (p := t.get("pod", name))["status"].get("phase") == "Running"
+                    and p, timeout=300)
+
+
+def test_logs_exec_and_port_forward_go_through_konnectivity_and_pods_reach_the_api(tenant: Tenant):
+    """The tenant's apiservers are pods of another cluster: they reach the tenant's kubelets only
+    through the konnectivity agents' tunnels (exec, logs, port-forward); the tenant's pods reach
+    them at kubernetes.default through their own node's balancer."""
+    run_pod(tenant, "web", "w3", "echo hello-tenant > /tmp/index.html; exec httpd -f -v -p 8080 -h /tmp")
+    assert tenant.kubectl("exec", "web", "--", "cat", "/tmp/index.html").stdout.strip() == "hello-tenant"
+    forward = subprocess.Popen([tenant.rc.kubectl_bin, "--kubeconfig", str(tenant.kubeconfig), "port-forward",
+                                "pod/web", "18089:8080"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        body = wait_for("port-forward answers", lambda: _get("http://127.0.0.1:18089/"), timeout=60, interval=1)
+        assert body.strip() == "hello-tenant"
+    finally:
+        forward.terminate()
+        forward.wait(timeout=30)
+    logs = wait_for("web logs the request", lambda: tenant.kubectl("logs", "web").stdout.strip(), timeout=60)
+    assert "GET /" in logs or logs, logs
+    out = tenant.kubectl("exec", "web", "--", "nslookup", "kubernetes.default.svc.cluster.local", "10.97.0.10").stdout
+    assert "10.97.0.1" in out, out
+    reach = tenant.kubectl("exec", "web", "--", "sh", "-c", "nc -w 5 10.97.0.1 443 </dev/null && echo reached").stdout
+    assert "reached" in reach
+    # the same Service address from the node, TLS verified against the tenant's CA (busybox's
+    # TLS has none of the apiserver's cipher suites): a tenant apiserver answers it
+    r = tenant.rc.ssh("w3", "python3 -c \"import ssl, urllib.request as u; "
+                            "c = ssl.create_default_context(cafile='/etc/kubernetes/pki/ca.crt'); "
+                            "print(u.urlopen('https://10.97.0.1/readyz', context=c, timeout=10).read().decode())\"")
+    assert r.stdout.strip() == "ok", r.stderr
+
+
+def _get(url: str) -> str:
+    import urllib.request
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.read().decode()
+    except OSError:
+        return ""
+
+
+# --- etcd: a member lost, with and without its volume ----------------------------------------------
+
+ETCDCTL = ("/usr/local/bin/etcdctl --endpoints=https://127.0.0.1:2379 --cacert=/etc/etcd/pki/ca.crt "
+           "--cert=/etc/etcd/pki/peer.crt --key=/etc/etcd/pki/peer.key")
+
+
+def members(t: Tenant, via: str) -> list[list[str]]:
+    out = t.rc.kubectl("-n", NS, "exec", via, "--", "/bin/sh", "-c", f"{ETCDCTL} member list -w simple").stdout
+    return [line.split(", ") for line in out.strip().splitlines()]
+
+
+def etcd_ready(t: Tenant) -> None:
+    wait_for("etcd 3/3 ready", lambda: (s := t.rc.get("statefulset", "etcd", "-n", NS))["status"].get(
+        "readyReplicas") == 3 and s["status"].get("updatedReplicas") == 3, timeout=600)
+
+
+def test_an_etcd_member_comes_back_with_its_volume_and_without_it(tenant: Tenant):
+    tenant.kubectl("delete", "configmap", "before-loss", "after-loss", "--ignore-not-found")
+    tenant.kubectl("create", "configmap", "before-loss", "--from-literal=k=v1")
+    tenant.rc.kubectl("-n", NS, "delete", "pod", "etcd-1", "--wait=true", timeout=180)
+    etcd_ready(tenant)
+    assert tenant.get("configmap", "before-loss")["data"] == {"k": "v1"}
+    ids = {m[2]: m[0] for m in members(tenant, "etcd-2")}
+    # its volume gone: a new claim, an empty directory; the member removes its old self and joins
+    tenant.rc.kubectl("-n", NS, "delete", "pvc", "data-etcd-0", "--wait=false")
+    tenant.rc.kubectl("-n", NS, "delete", "pod", "etcd-0", "--wait=true", timeout=180)
+    etcd_ready(tenant)
+    after = members(tenant, "etcd-2")
+    assert sorted(m[2] for m in after) == ["etcd-0", "etcd-1", "etcd-2"] and all(m[1] == "started" for m in after)
+    new_ids = {m[2]: m[0] for m in after}
+    assert new_ids["etcd-0"] != ids["etcd-0"] and new_ids["etcd-1"] == ids["etcd-1"], (ids, new_ids)
+    # (its start may take a restart or two: the other members check a peer's address against
+    # its certificate's names in DNS, which the hosting cluster's DNS caches for 30 s)
+    restarts = tenant.rc.get("pod", "etcd-0", "-n", NS)["status"]["containerStatuses"][0]["restartCount"]
+    print(f"\netcd-0 with a new volume: member {ids['etcd-0']} removed, {new_ids['etcd-0']} added; "
+          f"{restarts} restart(s) of its start")
+    # nothing lost, and the cluster writes again
+    assert tenant.get("configmap", "before-loss")["data"] == {"k": "v1"}
+    tenant.kubectl("create", "configmap", "after-loss", "--from-literal=k=v2")
+    # the rejoined member serves it too
+    out = tenant.rc.kubectl("-n", NS, "exec", "etcd-0", "--", "/bin/sh", "-c",
+                            f"{ETCDCTL} get /registry/configmaps/default/after-loss --keys-only").stdout
+    assert "after-loss" in out
+
+
+# --- a hosting worker drained -------------------------------------------------------------------
+
+def test_draining_a_hosting_worker_keeps_the_tenant_api_answering(tenant: Tenant):
+    """A hosting node running an apiserver replica (and at most one etcd member) is drained and
+    brought back while a probe reads the tenant's API: every request answered (goal: 0 failed)."""
+    pods = tenant.rc.get("pods", "-n", NS)["items"]
+    on = {}
+    for p in pods:
+        on.setdefault(p["spec"].get("nodeName"), []).append(p["metadata"]["name"])
+    node = next(n for n, names in sorted(on.items()) if any(x.startswith("kube-apiserver") for x in names)
+                and sum(x.startswith("etcd-") for x in names) <= 1)
+    results: list[tuple[float, bool, str]] = []
+    stop = threading.Event()
+
+    def probe():
+        while not stop.is_set():
+            start = time.monotonic()
+            r = tenant.kubectl("get", "--raw", "/api/v1/namespaces/default", check=False, timeout=30)
+            results.append((start, r.returncode == 0, r.stderr.strip()[-200:]))
+            time.sleep(0.2)
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    try:
+        started = time.monotonic()
+        tenant.rc.kubectl("drain", node, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=300s",
+                          timeout=330)
+        drained = time.monotonic() - started
+        wait_for("the tenant's apiservers 2/2 ready elsewhere",
+                 lambda: (d := tenant.rc.get("deployment", "kube-apiserver", "-n", NS))["status"].get(
+                     "readyReplicas") == 2 and d["status"].get("updatedReplicas") == 2, timeout=300)
+    finally:
+        tenant.rc.kubectl("uncordon", node)
+    etcd_ready(tenant)
+    time.sleep(5)
+    stop.set()
+    thread.join(timeout=60)
+    failed = [r for r in results if not r[1]]
+    print(f"\ndrain of {node} ({', '.join(on[node])}): {drained:.0f} s; probe: {len(results)} requests, "
+          f"{len(failed)} failed" + (f": {failed[:3]}" if failed else ""))
+    assert len(results) > 20 and not failed, failed[:5]
+    nodes = tenant.get("nodes")["items"]
+    assert all(any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"]["conditions"]) for n in nodes)
+
+
+# --- an admission webhook served by a tenant pod -----------------------------------------------------
+
+def _webhook_tls(tmp: Path) -> tuple[bytes, bytes, bytes]:
+    """A CA of the test's own and a serving pair for the webhook's Service name."""
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    now = dt.datetime.now(dt.timezone.utc)
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(x509.NameOID.COMMON_NAME, "webhook-test-ca")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+          .serial_number(x509.random_serial_number()).not_valid_before(now).not_valid_after(now + dt.timedelta(days=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True).sign(ca_key, hashes.SHA256()))
+    cert = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(x509.NameOID.COMMON_NAME, "webhook")]))
+            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now).not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("webhook.default.svc")]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    pem = serialization.Encoding.PEM
+    return (ca.public_bytes(pem), cert.public_bytes(pem),
+            key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+
+
+def test_a_validating_webhook_served_by_a_tenant_pod_is_called(tenant: Tenant, tmp_path):
+    """The tenant's apiservers call a webhook whose server is a pod on a tenant worker (upstream's
+    agnhost, its configmaps handler): through konnectivity, as no route leads from the hosting
+    cluster's pods to the tenant's Service addresses."""
+    import base64
+    ca, cert, key = _webhook_tls(tmp_path)
+    objects = [
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "webhook-tls"}, "type": "kubernetes.io/tls",
+         "data": {"tls.crt": base64.b64encode(cert).decode(), "tls.key": base64.b64encode(key).decode()}},
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "webhook", "labels": {"app": "webhook"}},
+         "spec": {"nodeName": "w4", "terminationGracePeriodSeconds": 1,
+                  "containers": [{"name": "agnhost", "image": AGNHOST, "imagePullPolicy": "Never",
+                                  "args": ["webhook", "--tls-cert-file=/tls/tls.crt",
+                                           "--tls-private-key-file=/tls/tls.key", "--port=8443"],
+                                  "volumeMounts": [{"name": "tls", "mountPath": "/tls", "readOnly": True}]}],
+                  "volumes": [{"name": "tls", "secret": {"secretName": "webhook-tls"}}]}},
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "webhook"},
+         "spec": {"selector": {"app": "webhook"}, "ports": [{"port": 443, "targetPort": 8443}]}},
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "guarded", "labels": {"webhook": "on"}}},
+    ]
+    for o in objects:
+        tenant.kubectl("apply", "-f", "-", stdin=json.dumps(o))
+    wait_for("the webhook pod ready", lambda: any(c.get("ready") for c in tenant.get("pod", "webhook")["status"].get(
+        "containerStatuses", [])), timeout=300)
+    config = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+              "metadata": {"name": "tenant-test"},
+              "webhooks": [{"name": "configmaps.tenant-test.example", "admissionReviewVersions": ["v1"],
+                            "sideEffects": "None", "failurePolicy": "Fail", "timeoutSeconds": 10,
+                            "namespaceSelector": {"matchLabels": {"webhook": "on"}},
+                            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                                       "resources": ["configmaps"]}],
+                            "clientConfig": {"caBundle": base64.b64encode(ca).decode(), "service": {
+                                "namespace": "default", "name": "webhook", "path": "/configmaps", "port": 443}}}]}
+    tenant.kubectl("apply", "-f", "-", stdin=json.dumps(config))
+    try:
+        denied = wait_for("the webhook denies", lambda: (r := tenant.kubectl(
+            "-n", "guarded", "create", "configmap", "bad", "--from-literal=webhook-e2e-test=webhook-disallow",
+            check=False)).returncode != 0 and "unwanted key and value" in r.stderr and r.stderr, timeout=60)
+        print(f"\nwebhook: {denied.strip()[-200:]}")
+        tenant.kubectl("-n", "guarded", "create", "configmap", "good", "--from-literal=k=v")
+    finally:
+        tenant.kubectl("delete", "validatingwebhookconfiguration", "tenant-test", "--ignore-not-found")
+
+
+# --- a tenant under attack: a leaked join token, a stolen kubelet certificate ------------------------
+
+KUBELET_CLIENT = "/var/lib/kubelet/pki/kubelet-client-current.pem"
+
+
+def _https(url: str, ca: Path, pem: Path | None = None, token: str | None = None, method: str = "GET",
+           body: dict | None = None) -> tuple[int, str]:
+    import ssl
+    import urllib.error
+    import urllib.request
+    ctx = ssl.create_default_context(cafile=str(ca))
+    if pem is not None:
+        ctx.load_cert_chain(str(pem))
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+    req = urllib.request.Request(url, data=json.dumps(body).encode() if body is not None else None, method=method,
+                                 headers=headers)
+    try:
+        with urllib.request.urlopen(req, context=ctx, timeout=30) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def _node_csr(name: str) -> dict:
+    import base64
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    req = (x509.CertificateSigningRequestBuilder().subject_name(x509.Name([
+        x509.NameAttribute(x509.NameOID.ORGANIZATION_NAME, "system:nodes"),
+        x509.NameAttribute(x509.NameOID.COMMON_NAME, f"system:node:{name}")]))
+        .sign(ec.generate_private_key(ec.SECP256R1()), hashes.SHA256()).public_bytes(serialization.Encoding.PEM))
+    return {"apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest",
+            "metadata": {"generateName": f"thief-{name}-"},
+            "spec": {"request": base64.b64encode(req).decode(), "usages": ["digital signature", "client auth"],
+                     "signerName": "kubernetes.io/kube-apiserver-client-kubelet"}}
+
+
+def test_a_tenant_workers_join_token_mints_no_other_node(tenant: Tenant):
+    """w3's token, leaked: once w3 joined it authenticates nobody; made valid again (its Secret
+    back, as if stolen before w3 joined) it asks for a certificate for w4, which nothing approves
+    and the next apply denies, naming w3."""
+    t = yaml.safe_load((tenant.state / "secrets" / "tokens.yaml").read_text())["w3"]
+    token, ca = f"{t['id']}.{t['secret']}", tenant.state / "pki" / "ca.crt"
+    url = f"https://{tenant.rc.address(tenant.rc.workers[0])}:{API_PORT}"
+    wait_for("the used token refused", lambda: _https(f"{url}/api", ca, token=token)[0] == 401, timeout=30, interval=1)
+    tenant.kubectl("apply", "-f", "-", stdin=json.dumps({
+        "apiVersion": "v1", "kind": "Secret", "type": "bootstrap.kubernetes.io/token",
+        "metadata": {"name": f"bootstrap-token-{t['id']}", "namespace": "kube-system"},
+        "stringData": {"token-id": t["id"], "token-secret": t["secret"], "usage-bootstrap-authentication": "true",
+                       "auth-extra-groups": "system:bootstrappers:hiddenplane"}}))
+    code, answer = wait_for("the token authenticates again", lambda: (r := _https(
+        f"{url}/apis/certificates.k8s.io/v1/certificatesigningrequests", ca, token=token, method="POST",
+        body=_node_csr("w4")))[0] == 201 and r, timeout=30, interval=1)
+    name = json.loads(answer)["metadata"]["name"]
+    time.sleep(10)           # room for the controller-manager to approve, if anything let it
+    assert not (tenant.get("csr", name).get("status") or {}).get("conditions")
+    report = json.loads(run_installer("apply", str(tenant.inventory), "--state", str(tenant.state), "--output",
+                                      "json").stdout)
+    lines = [d for e in report["events"] if e["host"] == "(api)" for d in e["detail"]]
+    [line] = [d for d in lines if f"CSR {name}:" in d]
+    assert line.startswith("denied") and "belongs to node w3" in line, line
+    assert [c["type"] for c in tenant.get("csr", name)["status"]["conditions"]] == ["Denied"]
+    print(f"\n{line}")
+
+
+def test_node_revoke_refuses_a_stolen_kubelet_certificate_of_a_tenant(tenant: Tenant, tmp_path):
+    stolen = tmp_path / "stolen.pem"
+    stolen.write_text(tenant.rc.ssh("w4", f"cat {KUBELET_CLIENT}").stdout)
+    stolen.chmod(0o600)
+    ca = tenant.state / "pki" / "ca.crt"
+    url = f"https://{tenant.rc.address(tenant.rc.workers[0])}:{API_PORT}"
+    assert _https(f"{url}/api/v1/nodes/w4", ca, stolen)[0] == 200
+    proc = run_installer("node", "revoke", str(tenant.inventory), "w4", "--state", str(tenant.state), "--yes",
+                         "--host-unreachable", timeout=900)
+    print("\n" + proc.stdout[-1500:])
+    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "w4"}}
+    # every connection is balanced to one of the two apiservers: each refuses it
+    for _ in range(8):
+        code, answer = _https(f"{url}/api/v1/nodes", ca, stolen, method="POST", body=node)
+        assert code == 403 and "this node identity was revoked" in answer, (code, answer[:300])
+    assert [n["metadata"]["name"] for n in tenant.get("nodes")["items"]] == ["w3"]
+
+
+# --- measured: one tenant's control plane ---------------------------------------------------------
+
+def test_one_tenants_control_plane_measured(tenant: Tenant):
+    """What one tenant costs its hosting cluster (the kubelets' summaries, as metrics-server
+    reads them) and how long it took to come up; printed for docs/hosted.md."""
+    memory = cpu = 0
+    per: dict[str, int] = {}
+    for node in tenant.rc.workers:
+        summary = json.loads(tenant.rc.kubectl("get", "--raw", f"/api/v1/nodes/{node}/proxy/stats/summary").stdout)
+        for pod in summary.get("pods", []):
+            if pod["podRef"]["namespace"] != NS:
+                continue
+            m = (pod.get("memory") or {}).get("workingSetBytes", 0)
+            memory += m
+            cpu += (pod.get("cpu") or {}).get("usageNanoCores", 0)
+            kind = pod["podRef"]["name"].split("-")[0] if pod["podRef"]["name"].startswith("etcd") else \
+                "-".join(pod["podRef"]["name"].split("-")[:-2])
+            per[kind] = per.get(kind, 0) + m
+    hosted = [e for e in tenant.report["events"] if e["phase"] == "hosted"]
+    api_ready = sum(e["seconds"] for e in hosted)
+    # the lab's hosts are containers on this machine: what it has left is what more tenants get
+    available = int(next(line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
+                         if line.startswith("MemAvailable:"))) * 1024
+    print(f"\none tenant: apply {tenant.seconds:.0f} s (API ready after the hosted phase's {api_ready:.0f} s, "
+          f"every worker Ready at the end); control plane {memory / 2**20:.0f} MiB "
+          f"({', '.join(f'{k} {v / 2**20:.0f}' for k, v in sorted(per.items()))}), {cpu / 1e6:.0f} mCPU now; "
+          f"this machine has {available / 2**30:.1f} GiB available: room for about {int(available * 0.8 // memory)} "
+          "more at 80 %")
+    assert memory > 0 and per.keys() >= {"etcd", "kube-apiserver"}
+
+
+# --- a second tenant in the same hosting cluster; a tenant reset --------------------------------------
+
+def _admin_pem(state: Path, tmp: Path) -> Path:
+    pem = tmp / f"{state.parent.name}-admin.pem"
+    pem.write_bytes((state / "pki" / "admin.crt").read_bytes() + (state / "pki" / "admin.key").read_bytes())
+    pem.chmod(0o600)
+    return pem
+
+
+def test_a_second_tenant_refuses_the_firsts_credentials_and_reset_removes_it(tenant: Tenant, tmp_path_factory):
+    rc = tenant.rc
+    tmp = tmp_path_factory.mktemp("tenant-b")
+    inventory, state = tenant_inventory(rc, tmp / "b", "tenant-b", B_WORKERS, (30444, 30133)), tmp / "state"
+    started = time.monotonic()
+    proc = run_installer("apply", str(inventory), "--state", str(state), "--wait-timeout", "900")
+    print(f"\nsecond tenant: apply {time.monotonic() - started:.0f} s\n{proc.stdout}")
+    kubeconfig = tmp / "b.kubeconfig"
+    run_installer("kubeconfig", str(inventory), "--state", str(state), "-o", str(kubeconfig))
+    b = Tenant(rc, inventory, state, kubeconfig, {}, 0.0)
+    assert [n["metadata"]["name"] for n in b.get("nodes")["items"]] == list(B_WORKERS)
+    a_url = f"https://{rc.address(rc.workers[0])}:{API_PORT}"
+    b_url = f"https://{rc.address(rc.workers[0])}:30444"
+    a_pem, b_pem = _admin_pem(tenant.state, tmp), _admin_pem(state, tmp)
+    a_ca, b_ca = tenant.state / "pki" / "ca.crt", state / "pki" / "ca.crt"
+    assert _https(f"{a_url}/api/v1/nodes", a_ca, a_pem)[0] == 200
+    assert _https(f"{b_url}/api/v1/nodes", b_ca, b_pem)[0] == 200
+    # each one's admin certificate is nobody to the other (their CAs differ: 401, not 403)
+    assert _https(f"{b_url}/api/v1/nodes", b_ca, a_pem)[0] == 401
+    assert _https(f"{a_url}/api/v1/nodes", a_ca, b_pem)[0] == 401
+    # and each one's API serves a certificate the other's CA does not trust
+    with pytest.raises(OSError, match="CERTIFICATE_VERIFY_FAILED|certificate verify failed"):
+        _https(f"{b_url}/api", a_ca, a_pem)
+    # each tenant's keys in its own namespace only
+    for ns, st in ((NS, tenant.state), ("hp-tenant-b", state)):
+        files = rc.get("secret", "kube-apiserver-files", "-n", ns)["data"]
+        key = base64.b64decode(files["etc_kubernetes_pki_apiserver.key"])
+        assert key == (st / "pki" / "apiserver.key").read_bytes(), ns
+
+    proc = run_installer("reset", str(inventory), "--state", str(state), "--yes", timeout=900)
+    print(proc.stdout[-800:])
+    assert rc.kubectl("get", "namespace", "hp-tenant-b", check=False).returncode != 0
+    assert not [v for v in rc.get("pv")["items"] if (v["spec"].get("claimRef") or {}).get("namespace") == "hp-tenant-b"]
+    r = rc.ssh("w5", "test -e /etc/kubernetes || test -e /var/lib/kubelet || echo clean; "
+                     "systemctl is-active kubelet || true")
+    assert "clean" in r.stdout and "inactive" in r.stdout, r.stdout
+    # the first tenant, untouched
+    assert sorted(n["metadata"]["name"] for n in tenant.get("nodes")["items"])

@@ -1,7 +1,8 @@
 """Run the test suite as two pytest processes side by side: the real-cluster lab and the rest.
 
-The real-cluster lab (tests/test_real_cluster.py, test_real_conformance.py and test_real_day2.py: one session
-fixture, three control hosts and two workers) is the long pole of the suite, and most of its
+The real-cluster lab (tests/test_real_cluster.py, test_real_conformance.py, test_real_ha.py, test_real_hosted.py
+and test_real_day2.py: one session fixture, three control hosts and two workers, three more lab hosts for the
+hosted tenants whose control planes that cluster runs) is the long pole of the suite, and most of its
 time is spent waiting for restarted components, not on this machine's two cores. Everything
 else (pure tests, stand-in labs, the README walkthrough) runs in a second process meanwhile.
 Each gets its own --basetemp: pytest prunes old numbered temp directories, and two processes
@@ -29,7 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 REAL = ("tests/test_real_cluster.py", "tests/test_real_conformance.py", "tests/test_real_ha.py",
-        "tests/test_real_day2.py")
+        "tests/test_real_hosted.py", "tests/test_real_day2.py")
 COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)\b")
 CLOSING = re.compile(r"\bin [\d.]+s\b")
 NO_TESTS = 5

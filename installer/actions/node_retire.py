@@ -166,7 +166,12 @@ def revoke_steps(t: Target, *, host_unreachable: bool = False, refresh_others: b
         _reconcile(r, known, res.cluster)
         if r.api_factory is None:
             # each apiserver loads the policy on its own: see every one refuse before going on
-            for host, seconds in _wait_enforced(r.t.inv, r.material, n, policy_timeout).items():
+            waited = _wait_enforced(r.t.inv, r.material, n, policy_timeout)
+            if r.t.inv.hosted:
+                r.out.done.append(f"each of {len(waited)} connections through the tenant's Service (balanced over "
+                                  f"its apiservers) refuses system:node:{n} ({max(waited.values()):.2f} s after the "
+                                  "policy)")
+            for host, seconds in ({} if r.t.inv.hosted else waited).items():
                 r.out.done.append(f"the apiserver on {host} refuses system:node:{n} ({seconds:.2f} s after the policy)")
 
     def cleanup(r: _Run) -> None:
@@ -302,10 +307,22 @@ def _gone(t: Target, host_unreachable: bool) -> frozenset[str]:
 
 # --- revoke -----------------------------------------------------------------------------------
 
+# a hosted tenant's apiservers answer behind one Service: this many connections, each balanced
+# to a replica on its own, must all see the refusal (2 replicas: each is missed by all of them
+# with a chance of 2^-16)
+HOSTED_PROBES = 16
+
+
 def _wait_enforced(inv: Inventory, material: Material, name: str, timeout: float) -> dict[str, float]:
-    """Every control host's own apiserver refuses ``system:node:<name>`` (node_api)."""
+    """Every control host's own apiserver refuses ``system:node:<name>`` (node_api); for a hosted
+    tenant, HOSTED_PROBES connections through its exposed Service."""
     with Session(inv) as s, contextlib.ExitStack() as stack:
         clients = {}
+        if inv.hosted:
+            url = stack.enter_context(apireach.api_access(inv, s.remote, material))
+            clients = {f"connection {i + 1}":
+                       stack.enter_context(kube.api_client(url, material, credential="admin"))
+                       for i in range(HOSTED_PROBES)}
         for h in inv.controls:
             url = stack.enter_context(apireach.api_access(inv, s.remote, material, apiserver=h))
             clients[h.name] = stack.enter_context(kube.api_client(url, material, credential="admin"))

@@ -11,6 +11,7 @@ import sys
 import click
 
 from installer import api
+from installer.core.inventory_hosted import refuse_hosted
 
 
 def domain_errors(fn):
@@ -33,3 +34,15 @@ def with_cluster(fn):
             return fn(*args, cluster=cluster, **kwargs)
     wrapper.opens_cluster = True        # tests/test_state_rules.py: no such command without it
     return wrapper
+
+
+def systemd_only(command: str):
+    """For a command that does not handle hosted control planes yet (under ``with_cluster``):
+    refused on a hosted tenant before it does anything."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, cluster, **kwargs):
+            refuse_hosted(cluster.inv, command)
+            return fn(*args, cluster=cluster, **kwargs)
+        return wrapper
+    return wrap

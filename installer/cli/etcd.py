@@ -8,9 +8,10 @@ import click
 
 from installer import api
 from installer.api import etcd as etcd_api
-from installer.cli.errors import domain_errors, with_cluster
+from installer.cli.errors import domain_errors, systemd_only, with_cluster
 from installer.cli.options import DRY_RUN, OUTPUT, echo_json, echo_plan
 from installer.cli.output import human_size, nothing_without_yes, table
+from installer.core.inventory_hosted import refuse_hosted
 
 
 @click.group()
@@ -24,7 +25,7 @@ def etcd():
 @domain_errors
 def members(inventory, fmt):
     """List the etcd members (asked on the first reachable control host)."""
-    found = etcd_api.members(api.validate(inventory))
+    found = etcd_api.members(systemd(api.validate(inventory), "etcd members"))
     if fmt == "json":
         echo_json([dataclasses.asdict(m) for m in found])
         return
@@ -32,6 +33,12 @@ def members(inventory, fmt):
     for m in found:
         rows.append((m.name, m.id, ",".join(m.peer_urls), ",".join(m.client_urls), "yes" if m.learner else "no"))
     table(rows)
+
+
+def systemd(inv, command: str):
+    """``inv`` when its control plane runs on control hosts; a hosted tenant is refused."""
+    refuse_hosted(inv, command)
+    return inv
 
 
 def _progress(message: str) -> None:
@@ -53,7 +60,7 @@ def snapshot():
 def save(inventory, file, force, fmt):
     """Take a snapshot (etcdctl snapshot save) and write it to FILE (mode 0600). An existing
     FILE is refused unless --force."""
-    info = etcd_api.snapshot_save(api.validate(inventory), file, force=force)
+    info = etcd_api.snapshot_save(systemd(api.validate(inventory), "etcd snapshot save"), file, force=force)
     if fmt == "json":
         echo_json(dataclasses.asdict(info))
         return
@@ -71,7 +78,7 @@ def save(inventory, file, force, fmt):
 @domain_errors
 def restore(inventory, file, yes, wait_timeout, dry_run, fmt):
     """Restore FILE on every etcd member (the control plane is stopped meanwhile)."""
-    inv = api.validate(inventory)
+    inv = systemd(api.validate(inventory), "etcd snapshot restore")
     if dry_run or not yes:
         plan = etcd_api.restore_plan(inv, file, "<time>")
         if not dry_run:
@@ -111,6 +118,7 @@ ALLOW_EVEN_HELP = ("Allow an even member count: only as one step of replacing a 
 @OUTPUT
 @domain_errors
 @with_cluster
+@systemd_only("etcd member add")
 def member_add(cluster, name, allow_even, wait_timeout, dry_run, fmt):
     """Join control host NAME (already in INVENTORY) to etcd: registered as a learner, its member
     started with --initial-cluster-state=existing, promoted once in sync; then every control
@@ -140,6 +148,7 @@ def member_add(cluster, name, allow_even, wait_timeout, dry_run, fmt):
 @OUTPUT
 @domain_errors
 @with_cluster
+@systemd_only("etcd member remove")
 def member_remove(cluster, name, allow_even, host_unreachable, yes, wait_timeout, dry_run, fmt):
     """Remove etcd member NAME: stop its control plane and etcd, `etcdctl member remove` through
     another member, move its /var/lib/etcd aside, check the others healthy. NAME may already be

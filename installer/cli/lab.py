@@ -31,8 +31,11 @@ def lab():
                    "the lab's artifacts, verified, over the Debian ones. Default: "
                    "/var/cache/hiddenplane/build/artifacts-<default version> when it exists.")
 @click.option("--no-artifacts", is_flag=True, help="Only Debian's packages, even when built artifacts exist.")
+@click.option("--hosting", is_flag=True, help="The workers also get the image archives of hosted control planes "
+              "(kube-apiserver, etcd, konnectivity, local-path-provisioner): the lab's cluster will host tenants "
+              "(docs/hosted.md). Default: only the images workers run themselves (pause, CoreDNS, busybox).")
 @domain_errors
-def up(name, controls, workers, vm_workers, subnet, inventory_out, artifacts, no_artifacts):
+def up(name, controls, workers, vm_workers, subnet, inventory_out, artifacts, no_artifacts, hosting):
     """Boot the lab (idempotent: running hosts are kept)."""
     if no_artifacts and artifacts:
         raise click.UsageError("--artifacts and --no-artifacts exclude each other")
@@ -41,7 +44,7 @@ def up(name, controls, workers, vm_workers, subnet, inventory_out, artifacts, no
         if artifacts:
             click.echo(f"artifacts: {artifacts} (built by scripts/build-kubernetes; --no-artifacts for Debian's only)")
     out = lab_mod.up(name, controls, workers, vm_workers, subnet, inventory_out, log=click.echo,
-                     artifacts=artifacts)
+                     artifacts=artifacts, hosting=hosting)
     click.echo(f"lab {name} is up; inventory: {out}")
 
 

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field
 from pydantic_core import PydanticCustomError
 
+from installer.core.errors import InstallerError
 from installer.core.inventory_fields import HostIP, Int, Label, PathText, Port, StrictModel, Subdomain, quoted
 
 HOSTED = "hosted"
@@ -116,6 +117,18 @@ def hosted_san_values(cluster: str, hosted: Any) -> list[str]:
     ns = hosted.get("namespace")
     namespace = ns if isinstance(ns, str) and ns else f"{NAMESPACE_PREFIX}{cluster}"
     return [a for a in addresses if isinstance(a, str)] + api_service_names(namespace)
+
+
+class NotForHosted(InstallerError):
+    """A command that does not handle hosted control planes yet: refused before it does anything."""
+
+
+def refuse_hosted(inv, command: str) -> None:
+    """Refuse ``command`` on a hosted tenant, naming it and what to use meanwhile: day 2 of
+    hosted control planes (docs/hosted.md, "Not done yet")."""
+    if inv.spec.controlPlane.mode == HOSTED:
+        raise NotForHosted(f"`installer {command}` does not handle hosted control planes yet (spec.controlPlane.mode: "
+                           "hosted; docs/hosted.md, \"Not done yet\"): nothing was done")
 
 
 # --- checks across the document (raw data: a bad field elsewhere never hides them) -----------

@@ -113,8 +113,8 @@ class HostedExecutor(Executor):
         """The tenant's apply lock: its namespace made when missing, the Lease taken for ``run_id``."""
         from installer.host import hosting
         hosting.converge(self.api(inv), [namespace_object(inv)], inv.spec.kubernetes.version)
-        hosting.take_lease(self.api(inv), inv.hosted_namespace, run_id, force=force)
-        self._held = (inv.hosted_namespace, run_id)
+        if hosting.take_lease(self.api(inv), inv.hosted_namespace, run_id, force=force):
+            self._held = (inv.hosted_namespace, run_id)
 
     def forget_lock(self) -> None:
         """The lock went with its namespace (a reset)."""

@@ -20,12 +20,14 @@ member remove` inside `node remove`) joins the held session instead of fighting 
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator
 
 from installer.core.errors import InstallerError
 from installer.core.inventory import HostSpec, Inventory
+from installer.engine.executor import HostedExecutor
 from installer.host import applylock
 from installer.host.parallel import each
 from installer.host.runmark import set_process_scope
@@ -137,13 +139,18 @@ def hold(inv: Inventory, *, skip: frozenset[str] = frozenset(), log: Log = print
     if name in _held:
         yield _held[name]
         return
-    with Session(inv, log=log, remote=remote) as s:
+    with Session(inv, log=log, remote=remote) as s, contextlib.ExitStack() as stack:
         hosts = [h for h in inv.controls if h.name not in skip]
         s.connect(hosts)
         _held[name] = s
         applylock.hold_run(name, s.run_id)
         try:
             s.lock([h.name for h in hosts], flag=applylock.UNLOCK)
+            if inv.hosted:
+                # a hosted tenant's lock: the Lease in its namespace (given back on leaving)
+                tenant = HostedExecutor()
+                stack.callback(tenant.close)
+                tenant.take_lock(inv, s.run_id)
             # every command of this process from here on is in the run's scope (end_dead_run)
             set_process_scope(applylock.scope_of(s.run_id))
             try:

@@ -170,10 +170,11 @@ def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def take_lease(api: ApiClient, namespace: str, holder: str, force: bool = False) -> None:
+def take_lease(api: ApiClient, namespace: str, holder: str, force: bool = False) -> bool:
     """Hold the tenant's apply lock for ``holder`` (the run's id): create the Lease, or take it
-    over when it is free, expired, already ours, or ``force``; a HostingError names the holder
-    otherwise. The apiserver's resourceVersion check makes two takers exclusive."""
+    over when it is free, expired, or ``force``; a HostingError names the holder otherwise. The
+    apiserver's resourceVersion check makes two takers exclusive. False when ``holder`` held it
+    already (a run inside a day-2 command that holds it: the outer one gives it back)."""
     path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
     spec = {"holderIdentity": holder, "leaseDurationSeconds": LEASE_SECONDS, "acquireTime": _now(),
             "renewTime": _now()}
@@ -181,13 +182,15 @@ def take_lease(api: ApiClient, namespace: str, holder: str, force: bool = False)
             "metadata": {"name": LEASE, "namespace": namespace}, "spec": spec}
     try:
         rest(api, "POST", path, "the apply lock (Lease)", body)
-        return
+        return True
     except ApiError as e:
         if e.status != 409:
             raise HostingError(f"the apply lock (Lease {namespace}/{LEASE}): {status_message(e)}") from None
     live = rest(api, "GET", f"{path}/{LEASE}", "the apply lock (Lease)") or {}
     have = live.get("spec") or {}
     held_by = have.get("holderIdentity") or ""
+    if held_by == holder:
+        return False
     renewed = have.get("renewTime") or have.get("acquireTime")
     expired = True
     if renewed:
@@ -203,6 +206,7 @@ def take_lease(api: ApiClient, namespace: str, holder: str, force: bool = False)
     except ApiError as e:
         raise HostingError(f"the apply lock of {namespace}: taken by another run meanwhile ({status_message(e)})"
                            ) from None
+    return True
 
 
 def release_lease(api: ApiClient, namespace: str, holder: str) -> None:

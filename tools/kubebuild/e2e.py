@@ -6,6 +6,8 @@ upstream CI run), ``ginkgo`` (the same ginkgo v2 release, for parallel runs), an
 ``image-e2e.tar``: one OCI archive with every image this module knows how to make, under the
 exact names ``e2e.test --list-images`` prints, plus ``e2e-images.json`` saying which of the
 listed images it made and which it did not (``scripts/conformance`` skips the tests of those).
+``image-agnhost.tar`` holds agnhost alone (the reference of imageutils.Agnhost, the same image as
+in image-e2e.tar), for a test that needs only agnhost on a few nodes.
 
 No registry is reachable here, so the images are made from what is: Go programs from their
 modules (agnhost, sample-apiserver, etcd), Debian packages for the tools the tests exec inside
@@ -38,6 +40,7 @@ BASE_SKIP = ("var/cache/apt", "var/lib/apt/lists", "usr/share/doc", "usr/share/m
 IMAGE_USERS = ("user-defined-in-image:x:1000:1000::/home/user-defined-in-image:/bin/sh\n",
                "user-defined-in-image:x:1000:\ngroup-defined-in-image:x:50000:user-defined-in-image\n")
 AGNHOST = "k8s.io/kubernetes/test/images/agnhost"
+AGNHOST_ARCHIVE = "image-agnhost.tar"
 
 
 def e2e(version: str) -> Component:
@@ -60,6 +63,16 @@ def list_images(e2e_test: Path) -> list[str]:
 def repo_of(image: str) -> str:
     """registry.k8s.io/e2e-test-images/agnhost:2.66.1 -> agnhost"""
     return image.rsplit(":", 1)[0].split("/", 1)[1].removeprefix("e2e-test-images/")
+
+
+def agnhost_ref(names: list[str]) -> str:
+    """The agnhost reference the tests use (imageutils.Agnhost) among the listed ``names``: the
+    newest tag; the older one is AgnhostPrev, for the few tests of an upgrade."""
+    tags = {n: tuple(int(x) if x.isdigit() else -1 for x in n.rsplit(":", 1)[1].split("."))
+            for n in names if repo_of(n) == "agnhost" and n != SANDBOX_IMAGE}
+    if not tags:
+        raise SystemExit("build-kubernetes: e2e.test --list-images names no agnhost image")
+    return max(tags, key=tags.__getitem__)
 
 
 # --- the layers ---------------------------------------------------------------------------------
@@ -171,6 +184,11 @@ def _agnhost_layer(files: dict[str, Path], src: Path) -> bytes:
         {"/agnhost-2": "agnhost", "/usr/local/bin/iperf": "/usr/bin/iperf"}, dirs={"/uploads": 0o755})
 
 
+def agnhost_image(name: str, debian: bytes, agnhost: bytes):
+    """agnhost as image-e2e.tar and image-agnhost.tar hold it: on the Debian tools."""
+    return _archives().Image(name, (debian, agnhost), ("pause",), ("/agnhost",))
+
+
 def images(names: list[str], layers: dict[str, bytes], src: Path) -> tuple[list, dict[str, str]]:
     """The images among ``names`` this module makes, and why each other one is not made.
     Each is made from the layers the upstream image's Dockerfile amounts to, as far as the
@@ -187,7 +205,7 @@ def images(names: list[str], layers: dict[str, bytes], src: Path) -> tuple[list,
         return Image(name, (debian, agnhost, top), ("test-webserver",), ("/agnhost",))
 
     makers = {
-        "agnhost": lambda n: Image(n, (debian, agnhost), ("pause",), ("/agnhost",)),
+        "agnhost": lambda n: agnhost_image(n, debian, agnhost),
         "busybox": lambda n: Image(n, (busybox,), ("sh",)),
         "nginx": lambda n: Image(n, (debian,), ("nginx", "-g", "daemon off;")),
         # upstream: Debian bookworm-slim with dnsutils (the DNS tests' glibc resolver side)
@@ -213,16 +231,17 @@ def images(names: list[str], layers: dict[str, bytes], src: Path) -> tuple[list,
 
 
 def build_e2e(version: str, gover: str, etcd: Built) -> list[Built]:
-    """e2e.test, ginkgo and image-e2e.tar (+ e2e-images.json) for ``version``."""
+    """e2e.test, ginkgo, image-e2e.tar (+ e2e-images.json) and image-agnhost.tar for ``version``."""
     c = e2e(version)
     progs = build.build_component(c, gover)
     _, src = download_gomod("k8s.io/kubernetes", version, c.pin_dir)
     names = list_images(progs.files["e2e.test"])
     base = debian_layer()
     busybox, busybox_digest = busybox_layer()
-    key = key_of(f"recipe={RECIPE}", sha256_file(progs.files["agnhost"]), sha256_file(progs.files["sample-apiserver"]),
+    agnhost_digest, debian_digest = sha256_file(progs.files["agnhost"]), sha256_file(base.files["layer-debian.tar"])
+    key = key_of(f"recipe={RECIPE}", agnhost_digest, sha256_file(progs.files["sample-apiserver"]),
                  sha256_file(progs.files["nnp"]),
-                 sha256_file(etcd.files["etcd"]), sha256_file(base.files["layer-debian.tar"]), busybox_digest,
+                 sha256_file(etcd.files["etcd"]), debian_digest, busybox_digest,
                  *names)
 
     def make(tmp: Path) -> None:
@@ -241,5 +260,16 @@ def build_e2e(version: str, gover: str, etcd: Built) -> list[Built]:
         log(f"    made {len(made)} images; not made: {len(missing)}")
 
     imgs = cached("e2e-images", f"e2e-images-{version}", key, make)
+
+    # agnhost alone, from the same binary and layers (its own cache entry: image-e2e.tar's stays)
+    ref = agnhost_ref(names)
+
+    def make_agnhost(tmp: Path) -> None:
+        log(f"==> {AGNHOST_ARCHIVE}: {ref}")
+        _archives().oci_archive(tmp / AGNHOST_ARCHIVE, [agnhost_image(
+            ref, base.files["layer-debian.tar"].read_bytes(), _agnhost_layer(progs.files, src))])
+
+    agnhost = cached("e2e-agnhost-image", f"e2e-agnhost-image-{version}",
+                     key_of(f"recipe={RECIPE}", AGNHOST_ARCHIVE, agnhost_digest, debian_digest, ref), make_agnhost)
     tests = Built("e2e", {n: progs.files[n] for n in ("e2e.test", "ginkgo")}, progs.cached, progs.seconds)
-    return [tests, imgs]
+    return [tests, imgs, agnhost]
