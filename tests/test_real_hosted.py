@@ -143,6 +143,9 @@ def test_a_second_apply_changes_and_restarts_nothing(tenant: Tenant):
     report = json.loads(proc.stdout)
     assert report["changes"] == 0 and report["restarts"] == [], [e for e in report["events"]
                                                                  if e["action"] == "changed"]
+    # and plan --check, reading the hosting cluster's objects and the tenant's, finds nothing to do
+    plan = run_installer("plan", str(tenant.inventory), "--state", str(tenant.state), "--check", "--output", "json")
+    assert json.loads(plan.stdout)["changes"] == 0
 
 
 # --- the tenant's pods, and its apiservers reaching them ------------------------------------------

@@ -15,6 +15,7 @@ from installer.core import inventory as inventory_mod
 from installer.core.cluster import Cluster, open_cluster, resolve
 from installer.core.errors import InstallerError
 from installer.core.inventory import Inventory, as_inventory, json_schema
+from installer.core.inventory_hosted import refuse_hosted
 from installer.core.pki.material import Changes, Material, ensure
 from installer.core.render.files import HostPlan
 from installer.core.render.plan import render_cluster, write_tree
@@ -23,6 +24,7 @@ from installer.core.state import StateDir, state_for, write_admin_kubeconfig
 # part of the API: every domain error (its exit_code is the CLI's), the Cluster every command
 # takes (open_cluster holds its state, resolve does not), the inventory's JSON schema
 __all__ = ["Cluster", "InstallerError", "Prepared", "admin_kubeconfig", "as_inventory", "json_schema", "open_cluster",
+           "refuse_hosted",
            "resolve", "prepare", "render", "state_for", "validate", "write_admin_kubeconfig"]
 
 

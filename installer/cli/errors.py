@@ -11,7 +11,6 @@ import sys
 import click
 
 from installer import api
-from installer.core.inventory_hosted import refuse_hosted
 
 
 def domain_errors(fn):
@@ -42,7 +41,7 @@ def systemd_only(command: str):
     def wrap(fn):
         @functools.wraps(fn)
         def wrapper(*args, cluster, **kwargs):
-            refuse_hosted(cluster.inv, command)
+            api.refuse_hosted(cluster.inv, command)
             return fn(*args, cluster=cluster, **kwargs)
         return wrapper
     return wrap

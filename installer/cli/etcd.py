@@ -11,7 +11,6 @@ from installer.api import etcd as etcd_api
 from installer.cli.errors import domain_errors, systemd_only, with_cluster
 from installer.cli.options import DRY_RUN, OUTPUT, echo_json, echo_plan
 from installer.cli.output import human_size, nothing_without_yes, table
-from installer.core.inventory_hosted import refuse_hosted
 
 
 @click.group()
@@ -37,7 +36,7 @@ def members(inventory, fmt):
 
 def systemd(inv, command: str):
     """``inv`` when its control plane runs on control hosts; a hosted tenant is refused."""
-    refuse_hosted(inv, command)
+    api.refuse_hosted(inv, command)
     return inv
 
 
