@@ -242,3 +242,52 @@ def test_day2_commands_not_built_for_tenants_refuse_them_and_do_nothing(tmp_path
     assert result.exit_code == 2, result.output
     assert "does not handle hosted control planes yet" in result.output, result.output
     assert not (tmp_path / "state").exists() or not any((tmp_path / "state").iterdir())
+
+
+def test_the_ca_guard_compares_what_the_hosting_cluster_holds(rendered):
+    """A tenant's CA files as its ConfigMaps hold them: the same CA passes, another one is a
+    mismatch naming the namespace and the path (core/trust.py)."""
+    from installer.core import trust
+    p, _ = rendered
+    plan = tenant.tenant_plan_files(p.inventory, p.material)
+    ca = plan.files[control.P["ca.crt"]]
+    assert trust.held_mismatches("hosting namespace x", plan, {ca.path: ca.content}) == []
+    etcd_ca = plan.files[control.P["etcd-ca.crt"]].content
+    found = trust.held_mismatches("hosting namespace x", plan, {ca.path: etcd_ca})
+    assert [(m.host, m.path) for m in found] == [("hosting namespace x", ca.path)]
+
+
+# --- the hosting cluster's kubeconfig ----------------------------------------------------------------
+
+def _kubeconfig(tmp_path, cluster: dict, user: dict) -> None:
+    (tmp_path / "hosting.kubeconfig").write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "k", "cluster": {"server": "https://10.0.0.1:6443", **cluster}}],
+        "users": [{"name": "u", "user": user}],
+        "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}]}))
+
+
+@pytest.mark.parametrize("cluster, user, message", [
+    ({"insecure-skip-tls-verify": True}, {"token": "t"}, "insecure-skip-tls-verify is refused"),
+    ({}, {"exec": {"command": "aws"}}, "a user with exec is not supported"),
+    ({}, {"auth-provider": {"name": "gcp"}}, "a user with auth-provider is not supported"),
+    ({}, {}, "its user has no client certificate and key, and no token"),
+    ({"server": "http://10.0.0.1:8080"}, {"token": "t"}, "the cluster's server must be an https:// URL"),
+    ({"certificate-authority": "missing-ca.crt"}, {"token": "t"}, "certificate-authority"),
+])
+def test_a_hosting_kubeconfig_that_would_skip_verification_or_run_a_program_is_refused(tmp_path, doc, cluster,
+                                                                                         user, message):
+    from installer.host import hosting
+    inv = parse(doc, tmp_path)
+    _kubeconfig(tmp_path, cluster, user)
+    with pytest.raises(hosting.HostingError, match=message):
+        hosting.hosting_client(inv)
+
+
+def test_a_hosting_token_is_sent_as_a_header_and_never_shown(tmp_path, doc):
+    from installer.host import hosting
+    inv = parse(doc, tmp_path)
+    _kubeconfig(tmp_path, {}, {"token": "s3cr3t-token"})
+    client = hosting.hosting_client(inv)
+    assert client.headers == {"Authorization": "Bearer s3cr3t-token"} and client.host == "https://10.0.0.1:6443"
+    assert "s3cr3t" not in repr(client)

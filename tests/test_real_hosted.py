@@ -148,6 +148,16 @@ def test_a_second_apply_changes_and_restarts_nothing(tenant: Tenant):
     assert json.loads(plan.stdout)["changes"] == 0
 
 
+def test_a_wrong_state_directory_is_refused_before_anything_changes(tenant: Tenant, tmp_path):
+    """The CA guard reads the tenant's CA files in the hosting cluster too: an apply from another
+    state directory (other CAs) stops before the lock and any change, naming the namespace."""
+    before = tenant.rc.get("secret", "kube-apiserver-files", "-n", NS)["metadata"]["resourceVersion"]
+    proc = run_installer("apply", str(tenant.inventory), "--state", str(tmp_path / "other"), check_rc=2)
+    assert f"hosting namespace {NS} /etc/kubernetes/pki/ca.crt: the host trusts kubernetes-ca" in proc.stderr, \
+        proc.stderr
+    assert tenant.rc.get("secret", "kube-apiserver-files", "-n", NS)["metadata"]["resourceVersion"] == before
+
+
 # --- the tenant's pods, and its apiservers reaching them ------------------------------------------
 
 BUSYBOX = "localhost/hiddenplane/busybox:lab"

@@ -68,15 +68,22 @@ def mismatches(plans: Mapping[str, HostPlan], facts: Mapping[str, HostFacts]) ->
     """Pure: every managed CA file whose copy on the host shares no certificate with the plan's."""
     out = []
     for host, plan in plans.items():
-        if host not in facts:
+        if host in facts:
+            out += held_mismatches(host, plan, facts[host].trusted)
+    return out
+
+
+def held_mismatches(where: str, plan: HostPlan, held: Mapping[str, bytes]) -> list[Mismatch]:
+    """Pure: each CA file of ``plan`` whose copy in ``held`` (path -> bytes: a host's files, or a
+    hosted tenant's ConfigMaps in its hosting cluster) shares no certificate with the plan's."""
+    out = []
+    for f in plan.files.values():
+        have = held.get(f.path) if f.trust else None
+        if have is None:
             continue
-        for f in plan.files.values():
-            held = facts[host].trusted.get(f.path) if f.trust else None
-            if held is None:
-                continue
-            on_host, in_state = certificates(held), certificates(f.content)
-            if not {c.fingerprint for c in on_host} & {c.fingerprint for c in in_state}:
-                out.append(Mismatch(host, f.path, on_host, in_state))
+        on_host, in_state = certificates(have), certificates(f.content)
+        if not {c.fingerprint for c in on_host} & {c.fingerprint for c in in_state}:
+            out.append(Mismatch(where, f.path, on_host, in_state))
     return out
 
 
@@ -100,7 +107,9 @@ def message(found: list[Mismatch], state_root: str, new_ca: bool) -> str:
     return "\n".join(lines)
 
 
-def check(plans: Mapping[str, HostPlan], facts: Mapping[str, HostFacts], state_root: str, new_ca: bool) -> None:
-    found = mismatches(plans, facts)
+def check(plans: Mapping[str, HostPlan], facts: Mapping[str, HostFacts], state_root: str, new_ca: bool,
+          more: list[Mismatch] = ()) -> None:
+    """``more``: mismatches found elsewhere (a hosted tenant's hosting cluster)."""
+    found = mismatches(plans, facts) + list(more)
     if found:
         raise TrustMismatch(message(found, state_root, new_ca))

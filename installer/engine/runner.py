@@ -20,6 +20,7 @@ from installer.core.render.plan import render_cluster
 from installer.engine.bootstrap import refuse_revoked_before_changes
 from installer.engine.context import Context, Event, Options
 from installer.engine.phases import ALWAYS, PHASE_NAMES, RUN_WITH, SKIPPED_WITH, build
+from installer.engine.phases.start_hosted import hosted_trust
 from installer.host.fetch import digest_record, resolve, resolve_images
 from installer.host.ssh import HostError
 
@@ -170,7 +171,8 @@ def _run(cluster: Cluster, options: Options | None, log: Callable[[str], None],
                 report.events += [e for e in events if e not in report.events]
                 if phase.name == "connect":
                     # before the lock and any change, in a dry run too
-                    trust.check(ctx.plans, ctx.facts, str(ctx.state.root), "ca" in ctx.pki_changes.reasons)
+                    trust.check(ctx.plans, ctx.facts, str(ctx.state.root), "ca" in ctx.pki_changes.reasons,
+                                more=hosted_trust(ctx) if ctx.inv.hosted else [])
                     refuse_revoked_before_changes(ctx)
                     if check is not None:
                         check(ctx)

@@ -160,6 +160,23 @@ def pod_problems(api: ApiClient, namespace: str) -> str:
     return "".join(out[:12])
 
 
+def held_files(api: ApiClient, namespace: str, paths: dict[str, str]) -> dict[str, bytes]:
+    """What the tenant's ConfigMaps in the hosting cluster hold of ``paths`` (ConfigMap key ->
+    host path): path -> bytes; nothing when the namespace or its ConfigMaps are not there yet."""
+    try:
+        found = rest(api, "GET", f"/api/v1/namespaces/{namespace}/configmaps", "the tenant's ConfigMaps") or {}
+    except ApiError as e:
+        if e.status == 404:
+            return {}
+        raise HostingError(f"namespace {namespace}: its ConfigMaps cannot be read: {status_message(e)}") from None
+    out = {}
+    for cm in found.get("items", []):
+        for key, value in (cm.get("data") or {}).items():
+            if key in paths and isinstance(value, str):
+                out.setdefault(paths[key], value.encode())
+    return out
+
+
 # --- the apply lock of a hosted tenant: a Lease in its namespace -------------------------------
 
 LEASE = "hiddenplane-apply"

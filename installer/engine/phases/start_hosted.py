@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import time
 
-from installer.core.render.tenant import render_tenant
+from installer.core import trust
+from installer.core.render.pods import key_for
+from installer.core.render.tenant import render_tenant, tenant_plan_files
 from installer.engine.context import Context, Event
 from installer.engine.phases.base import Phase
 from installer.host.ssh import HostError
@@ -52,3 +54,17 @@ class StartHosted(Phase):
         except hosting.HostingError as e:
             raise HostError(ns, str(e)) from None
         ctx.events.append(Event(self.name, ns, "waited", detail=lines))
+
+
+def hosted_trust(ctx: Context) -> list[trust.Mismatch]:
+    """The CA guard for a hosted tenant (core/trust.py): the CA files its ConfigMaps in the
+    hosting cluster hold, each compared with what the state would write there. A wrong
+    ``--state`` would otherwise replace the tenant's PKI under its running etcd and workers."""
+    from installer.host import hosting  # lazy: urllib3, for hosted tenants only
+    plan = tenant_plan_files(ctx.inv, ctx.material)
+    paths = {key_for(f.path): f.path for f in plan.files.values() if f.trust}
+    try:
+        held = hosting.held_files(ctx.executor.api(ctx.inv), ctx.inv.hosted_namespace, paths)
+    except hosting.HostingError as e:
+        raise HostError(ctx.inv.hosted_namespace, str(e)) from None
+    return trust.held_mismatches(f"hosting namespace {ctx.inv.hosted_namespace}", plan, held)
