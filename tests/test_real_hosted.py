@@ -158,6 +158,25 @@ def test_a_wrong_state_directory_is_refused_before_anything_changes(tenant: Tena
     assert tenant.rc.get("secret", "kube-apiserver-files", "-n", NS)["metadata"]["resourceVersion"] == before
 
 
+def test_the_tenants_apply_lock_refuses_another_holder(tenant: Tenant):
+    """The tenant's apply lock is a Lease in its namespace: held by another run, an apply stops
+    before any change (exit 3, naming the holder); given back, the next apply runs."""
+    import datetime as dt
+    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+             "metadata": {"name": "hiddenplane-apply", "namespace": NS},
+             "spec": {"holderIdentity": "another-run", "leaseDurationSeconds": 3600, "renewTime": now}}
+    tenant.rc.kubectl("create", "-f", "-", stdin=json.dumps(lease))
+    try:
+        proc = run_installer("apply", str(tenant.inventory), "--state", str(tenant.state), check_rc=3)
+        assert "held by run another-run" in proc.stderr and "nothing was changed" in proc.stderr, proc.stderr
+    finally:
+        tenant.rc.kubectl("delete", "lease", "hiddenplane-apply", "-n", NS)
+    run_installer("apply", str(tenant.inventory), "--state", str(tenant.state))
+    # and it was given back
+    assert tenant.rc.kubectl("get", "lease", "hiddenplane-apply", "-n", NS, check=False).returncode != 0
+
+
 # --- the tenant's pods, and its apiservers reaching them ------------------------------------------
 
 BUSYBOX = "localhost/hiddenplane/busybox:lab"

@@ -189,7 +189,8 @@ def _now() -> str:
 
 def take_lease(api: ApiClient, namespace: str, holder: str, force: bool = False) -> bool:
     """Hold the tenant's apply lock for ``holder`` (the run's id): create the Lease, or take it
-    over when it is free, expired, or ``force``; a HostingError names the holder otherwise. The
+    over when it is free (no holder), or stale (not renewed for LEASE_SECONDS) and ``force``, as
+    the control hosts' lock is; a HostingError names the holder otherwise. The
     apiserver's resourceVersion check makes two takers exclusive. False when ``holder`` held it
     already (a run inside a day-2 command that holds it: the outer one gives it back)."""
     path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
@@ -213,10 +214,13 @@ def take_lease(api: ApiClient, namespace: str, holder: str, force: bool = False)
     if renewed:
         at = dt.datetime.strptime(renewed.rstrip("Z")[:26], "%Y-%m-%dT%H:%M:%S.%f").replace(tzinfo=dt.timezone.utc)
         expired = (dt.datetime.now(dt.timezone.utc) - at).total_seconds() > have.get("leaseDurationSeconds", 0)
-    if held_by and held_by != holder and not expired and not force:
-        raise HostingError(f"the apply lock of {namespace} is held by run {held_by} (since {renewed}); "
-                           "another apply or day-2 command runs on this tenant. If that run is gone, "
-                           "pass --force-unlock")
+    if held_by and not expired:
+        raise HostingError(f"the apply lock of {namespace} (Lease {LEASE}) is held by run {held_by} since {renewed}: "
+                           "another apply or day-2 command runs on this tenant; nothing was changed")
+    if held_by and not force:
+        raise HostingError(f"the apply lock of {namespace} (Lease {LEASE}) is stale: run {held_by}, last renewed "
+                           f"{renewed}, more than {LEASE_SECONDS // 60} minutes ago; if that run is gone, pass "
+                           "--force-unlock")
     try:
         rest(api, "PUT", f"{path}/{LEASE}", "the apply lock (Lease)",
              {**body, "metadata": {**body["metadata"], "resourceVersion": live["metadata"]["resourceVersion"]}})

@@ -13,6 +13,7 @@ from installer.engine.context import Context, Event
 from installer.engine.parts import pending_work
 from installer.engine.phases.base import Phase
 from installer.host.applylock import break_stale, dead_here, end_dead_run, stale_reason
+from installer.host.ssh import HostError
 
 
 class AcquireLock(Phase):
@@ -40,7 +41,11 @@ class AcquireLock(Phase):
 
     def run_host(self, ctx: Context, host: str) -> Event:
         if ctx.inv.hosted:
-            ctx.executor.take_lock(ctx.inv, ctx.run_id, force=ctx.options.force_unlock)
+            from installer.host.hosting import HostingError  # lazy: urllib3, for hosted tenants only
+            try:
+                ctx.executor.take_lock(ctx.inv, ctx.run_id, force=ctx.options.force_unlock)
+            except HostingError as e:
+                raise HostError(host, str(e)) from None
             return Event(self.name, host, "checked", detail=["the apply lock (a Lease) taken"])
         if not ctx.changes_pending:
             # a stale lock left by a killed run would block every other machine for an hour
