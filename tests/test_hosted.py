@@ -291,3 +291,31 @@ def test_a_hosting_token_is_sent_as_a_header_and_never_shown(tmp_path, doc):
     client = hosting.hosting_client(inv)
     assert client.headers == {"Authorization": "Bearer s3cr3t-token"} and client.host == "https://10.0.0.1:6443"
     assert "s3cr3t" not in repr(client)
+
+
+# --- how a tenant's live objects compare (host/kube_objects.py) ------------------------------------
+
+def test_a_tenants_live_objects_compare_by_what_decides_them(rendered):
+    """A file Secret is equal only with exactly its keys (a key left over would still be
+    projected); a ConfigMap likewise; a StatefulSet whose claims or Service name changed must be
+    made again (the API refuses to change them); server defaults alone change nothing."""
+    from installer.host import kube_objects as ko
+    _, plan = rendered
+    secret = _by(plan, "Secret", "etcd-files")
+    live = {**secret, "data": dict(secret["data"]), "metadata": {**secret["metadata"], "uid": "x"}}
+    assert ko._opaque_secret(secret, live) is None
+    live["data"]["extra"] = "eA=="
+    assert ko._opaque_secret(secret, live) == "replace"
+    assert ko._opaque_secret(secret, {**live, "type": "kubernetes.io/tls"}) == "recreate"
+    cm = _by(plan, "ConfigMap", "etcd-config")
+    assert ko._as_subset(cm, {**cm, "data": {**cm["data"], "old-key": "x"}}) == "replace"
+    sts = _by(plan, "StatefulSet", "etcd")
+    live = json.loads(json.dumps(sts))
+    live["spec"]["revisionHistoryLimit"] = 10                      # a server default
+    live["spec"]["volumeClaimTemplates"][0]["spec"]["volumeMode"] = "Filesystem"
+    assert ko._as_subset(sts, live) is None
+    live["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] = "2Gi"
+    assert ko._as_subset(sts, live) == "recreate"
+    live = json.loads(json.dumps(sts))
+    live["spec"]["template"]["metadata"]["annotations"][pods.INPUTS_ANNOTATION] = "0" * 64
+    assert ko._as_subset(sts, live) == "replace"
