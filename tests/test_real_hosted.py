@@ -28,6 +28,7 @@ from installer.lab.debian_artifacts import WORKER_IMAGES
 from .builtfixtures import _linked_dir, e2e_dir
 from .labfixtures import wait_for
 from .realcluster import RealCluster, run_installer
+from .test_real_cluster import _csr_for
 
 pytestmark = [pytest.mark.lab, pytest.mark.real]
 
@@ -413,22 +414,6 @@ def _https(url: str, ca: Path, pem: Path | None = None, token: str | None = None
         return e.code, e.read().decode()
 
 
-def _node_csr(name: str) -> dict:
-    import base64
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    req = (x509.CertificateSigningRequestBuilder().subject_name(x509.Name([
-        x509.NameAttribute(x509.NameOID.ORGANIZATION_NAME, "system:nodes"),
-        x509.NameAttribute(x509.NameOID.COMMON_NAME, f"system:node:{name}")]))
-        .sign(ec.generate_private_key(ec.SECP256R1()), hashes.SHA256()).public_bytes(serialization.Encoding.PEM))
-    return {"apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest",
-            "metadata": {"generateName": f"thief-{name}-"},
-            "spec": {"request": base64.b64encode(req).decode(), "usages": ["digital signature", "client auth"],
-                     "signerName": "kubernetes.io/kube-apiserver-client-kubelet"}}
-
-
 def test_a_tenant_workers_join_token_mints_no_other_node(tenant: Tenant):
     """w3's token, leaked: once w3 joined it authenticates nobody; made valid again (its Secret
     back, as if stolen before w3 joined) it asks for a certificate for w4, which nothing approves
@@ -444,7 +429,7 @@ def test_a_tenant_workers_join_token_mints_no_other_node(tenant: Tenant):
                        "auth-extra-groups": "system:bootstrappers:hiddenplane"}}))
     code, answer = wait_for("the token authenticates again", lambda: (r := _https(
         f"{url}/apis/certificates.k8s.io/v1/certificatesigningrequests", ca, token=token, method="POST",
-        body=_node_csr("w4")))[0] == 201 and r, timeout=30, interval=1)
+        body=_csr_for("w4")))[0] == 201 and r, timeout=30, interval=1)
     name = json.loads(answer)["metadata"]["name"]
     time.sleep(10)           # room for the controller-manager to approve, if anything let it
     assert not (tenant.get("csr", name).get("status") or {}).get("conditions")

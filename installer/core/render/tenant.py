@@ -51,8 +51,6 @@ class TenantPlan:
     """What the hosting cluster holds for one tenant, in the order it is applied."""
     namespace: str
     objects: list[dict] = field(default_factory=list)
-    # the virtual control host's plan the objects come from (the state's view of the files)
-    plan: HostPlan | None = None
 
     def workloads(self) -> list[tuple[str, str]]:
         return [(o["kind"], o["metadata"]["name"]) for o in self.objects
@@ -67,10 +65,6 @@ def virtual_host(inv: Inventory) -> HostSpec:
 def member_names(inv: Inventory) -> list[str]:
     assert inv.hosted is not None
     return [f"{ETCD_SERVICE}-{i}" for i in range(inv.hosted.etcdReplicas)]
-
-
-def member_host(inv: Inventory, member: str) -> str:
-    return f"{member}.{ETCD_SERVICE}.{inv.hosted_namespace}.svc"
 
 
 def api_in_cluster(inv: Inventory) -> str:
@@ -298,4 +292,4 @@ def render_tenant(inv: Inventory, material: Material) -> TenantPlan:
     objects = [namespace_object(inv), *_etcd(inv, plan), *_apiserver(inv, plan),
                *_leader(inv, plan, CM_UNIT, "kube-controller-manager", control.controller_manager_flags(inv)),
                *_leader(inv, plan, SCHED_UNIT, "kube-scheduler", control.scheduler_flags())]
-    return TenantPlan(inv.hosted_namespace, objects, plan)
+    return TenantPlan(inv.hosted_namespace, objects)
