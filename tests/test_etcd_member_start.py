@@ -2,7 +2,9 @@
 real etcd and etcdctl (built from their Go modules) and the cluster's own etcd certificates:
 three members bootstrap at once; a member killed with its data comes back on it; a member whose
 volume is lost comes back empty, is removed and added again by its own start, and gets every key
-from the others (nothing lost). Members run on 127.0.0.1 (every etcd certificate names it)."""
+from the others (nothing lost); a snapshot handed to every member's next start is restored in
+place (a new cluster: what was written after the snapshot is gone). Members run on 127.0.0.1
+(every etcd certificate names it)."""
 
 from __future__ import annotations
 
@@ -47,12 +49,16 @@ class Members:
     def data(self, name: str) -> Path:
         return self.tmp / f"data-{name}"
 
+    def restore(self, name: str) -> Path:
+        return self.tmp / f"restore-{name}"
+
     def start(self, name: str) -> None:
         script = shell_file(
             "etcd-member-start.sh", etcd=str(self.bin / "etcd"), etcdctl=str(self.bin / "etcdctl"), member=name,
             peer_url=self.peer[name], cluster=",".join(f"{n}={self.peer[n]}" for n in NAMES),
             data=str(self.data(name)), endpoints=",".join(self.client.values()),
-            cacert=str(self.pki / "ca.crt"), cert=str(self.pki / "client.crt"), key=str(self.pki / "client.key"))
+            cacert=str(self.pki / "ca.crt"), cert=str(self.pki / "client.crt"), key=str(self.pki / "client.key"),
+            etcdutl=str(self.bin / "etcdutl"), restore=str(self.restore(name)))
         p = self.pki
         flags = [f"--listen-client-urls={self.client[name]}", f"--advertise-client-urls={self.client[name]}",
                  f"--listen-peer-urls={self.peer[name]}", "--initial-cluster-token=hosted-test",
@@ -164,3 +170,38 @@ def test_a_member_whose_volume_is_lost_rejoins_and_nothing_is_lost(members):
     local = members.ctl("get", "/registry/answer", "--print-value-only", "--consistency=s",
                         endpoints=members.client["cp1"])
     assert local.stdout.strip() == "42", (local.stdout, local.stderr)
+
+
+def test_a_snapshot_handed_to_every_member_is_restored_in_place_by_their_next_start(members, tmp_path):
+    """What `installer etcd snapshot restore` does to a hosted tenant (actions/etcd_hosted.py):
+    each member's volume gets restore/snapshot.db and restore/token, its pod is deleted, and the
+    next start writes its member of a new cluster from the file before etcd runs."""
+    for n in NAMES:
+        members.start(n)
+    members.wait_healthy()
+    assert members.ctl("put", "/registry/before", "kept").returncode == 0
+    snap = tmp_path / "snap.db"
+    saved = members.ctl("snapshot", "save", str(snap), endpoints=members.client["cp1"])
+    assert saved.returncode == 0, saved.stderr
+    assert members.ctl("put", "/registry/after", "gone").returncode == 0
+    old_ids = {n: i for n, (i, _) in members.members().items()}
+    members.stop_all()
+    for n in NAMES:
+        members.restore(n).mkdir()
+        shutil.copy(snap, members.restore(n) / "snapshot.db")
+        (members.restore(n) / "token").write_text("tenant-etcd-restore-1")
+    for n in NAMES:
+        members.start(n)
+    members.wait_healthy()
+    assert all("restoring the snapshot" in members.log(n) for n in NAMES)
+    assert all(not members.restore(n).exists() and (members.data(f"{n}.before-restore")).is_dir() for n in NAMES)
+    got = members.ctl("get", "/registry/", "--prefix", "--keys-only")
+    assert got.returncode == 0 and got.stdout.split() == ["/registry/before"], got.stdout
+    after = members.members()
+    assert sorted(after) == list(NAMES) and all(s == "started" for _, s in after.values()), after
+    assert not set(old_ids.values()) & {i for i, _ in after.values()}, "a restored cluster has new member ids"
+    # the next start of a member is an ordinary one: on its data, nothing restored again
+    members.kill("cp2")
+    members.start("cp2")
+    members.wait_healthy()
+    assert members.log("cp2").count("restoring the snapshot") == 1

@@ -275,6 +275,49 @@ def test_an_etcd_member_comes_back_with_its_volume_and_without_it(tenant: Tenant
     assert "after-loss" in out
 
 
+def test_a_snapshot_is_restored_into_the_running_tenant(tenant: Tenant, tmp_path):
+    """`etcd members`, `etcd snapshot save` and `etcd snapshot restore` on a tenant (through the
+    hosting API's pods/exec): after the restore the objects of the snapshot are back, one written
+    after it is gone, the members form a new cluster, the workers are Ready, writes work."""
+    listed = json.loads(run_installer("etcd", "members", str(tenant.inventory), "--output", "json").stdout)
+    assert sorted(m["name"] for m in listed) == ["etcd-0", "etcd-1", "etcd-2"], listed
+    tenant.kubectl("delete", "configmap", "snap-before", "snap-after", "after-restore", "--ignore-not-found")
+    tenant.kubectl("create", "configmap", "snap-before", "--from-literal=k=kept")
+    snap = tmp_path / "tenant.db"
+    saved = json.loads(run_installer("etcd", "snapshot", "save", str(tenant.inventory), str(snap),
+                                     "--output", "json").stdout)
+    assert snap.stat().st_mode & 0o777 == 0o600 and saved["size"] == snap.stat().st_size > 0, saved
+    assert saved["revision"] > 1 and saved["total_keys"] > 100, saved
+    # nothing of it stays in the member's volume
+    left = tenant.rc.kubectl("-n", NS, "exec", saved["host"], "--", "/bin/sh", "-c", "echo /var/lib/etcd/*").stdout
+    assert left.split() == ["/var/lib/etcd/data"], left
+    tenant.kubectl("create", "configmap", "snap-after", "--from-literal=k=gone")
+    plan = run_installer("etcd", "snapshot", "restore", str(tenant.inventory), str(snap), "--dry-run").stdout
+    assert "nothing is stopped yet" in plan and "delete every etcd member's pod" in plan, plan
+
+    started = time.monotonic()
+    proc = run_installer("etcd", "snapshot", "restore", str(tenant.inventory), str(snap), "--yes",
+                         "--wait-timeout", "300", timeout=900)
+    seconds = time.monotonic() - started
+    assert "restored" in proc.stdout and "[5/5]" in proc.stderr, proc.stderr
+    assert tenant.get("configmap", "snap-before")["data"] == {"k": "kept"}
+    gone = tenant.kubectl("get", "configmap", "snap-after", check=False)
+    assert gone.returncode != 0 and "NotFound" in gone.stderr, gone.stdout
+    after = members(tenant, "etcd-1")
+    assert sorted(m[2] for m in after) == ["etcd-0", "etcd-1", "etcd-2"] and all(m[1] == "started" for m in after)
+    assert not {m["id"] for m in listed} & {m[0] for m in after}, "the restored members are a new cluster"
+
+    def workers_ready() -> bool:
+        nodes = tenant.get("nodes")["items"]
+        return len(nodes) == len(A_WORKERS) and all(
+            any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"]["conditions"]) for n in nodes)
+    wait_for("the tenant's workers Ready after the restore", workers_ready, timeout=300)
+    back = time.monotonic() - started
+    tenant.kubectl("create", "configmap", "after-restore", "--from-literal=k=v")
+    print(f"\netcd snapshot restore into the running tenant: {seconds:.0f} s (workers Ready {back:.0f} s after "
+          f"its start); snapshot {saved['size']} bytes, {saved['total_keys']} keys")
+
+
 # --- a hosting worker drained -------------------------------------------------------------------
 
 def test_draining_a_hosting_worker_keeps_the_tenant_api_answering(tenant: Tenant):

@@ -119,3 +119,13 @@ def test_the_steps_of_an_upgrade_and_of_its_second_run(prepared, tmp_path):
                      "converge every host at v1.37.2 (add-ons; nothing else should change); record the versions"]
     up_mod._mark(state, [])
     assert not (st / "upgrade.yaml").exists()
+    # Kubernetes and etcd both behind: each control host's etcd turn first, then its own turn
+    # (the etcd turns were once counted twice, making every control turn an etcd one)
+    both = up_mod.Survey([HostState("cp1", "control", "v1.36.5", "v3.6.14"), HostState("cp2", "control", "v1.36.5",
+                                                                                      "v3.6.14"),
+                          HostState("node2", "worker", "v1.36.5")])
+    words = [s.says for s in up_mod.upgrade_steps(up, both, "v3.6.14")]
+    assert [w.split(":")[0] for w in words[1:5]] == ["cp1", "cp2", "cp1", "cp2"], words
+    assert all(f"etcd v3.6.14 -> {etcd}" in w for w in words[1:3]), words
+    assert all("kube-apiserver, kube-controller-manager, kube-scheduler v1.36.5 -> v1.37.2" in w
+               for w in words[3:5]), words

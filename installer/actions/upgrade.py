@@ -29,7 +29,9 @@ from typing import Callable
 
 import yaml
 
-from installer.actions.etcd_ops import day2_etcdctl, snapshot_save
+from installer.actions import upgrade_hosted
+from installer.actions.etcd_hosted import actions_for
+from installer.actions.etcd_ops import day2_etcdctl
 from installer.actions.node_ops import ApiFactory, cluster_api, material_for
 from installer.core import upgrade_rules, versions
 from installer.core.cluster import Cluster
@@ -88,7 +90,11 @@ def survey(inv: Inventory, material, api_factory: ApiFactory | None = None, use_
         if lost:
             raise UpgradeRefused("cannot reach every host (an upgrade needs them all): " + "; ".join(lost)
                                  + "; nothing was changed")
-        etcd = probes.ask(remotes[inv.controls[0].name], probes.endpoint_health(day2_etcdctl(etcd_servers(inv))))
+        if inv.hosted:
+            control, etcd = upgrade_hosted.control_state(inv)
+            found = {control.name: control, **found}
+        else:
+            etcd = probes.ask(remotes[inv.controls[0].name], probes.endpoint_health(day2_etcdctl(etcd_servers(inv))))
     hosts, nodes, leaders = list(found.values()), {}, {}
     if use_api:
         with cluster_api(inv, material, api_factory) as api:
@@ -178,7 +184,7 @@ def _with_version(inv: Inventory, kubernetes: str | None = None, etcd: str | Non
 def _snapshot(up: Upgrade) -> None:
     dest = up.state.root / "backups" / f"upgrade-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}" / "etcd.db"
     dest.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    info = snapshot_save(up.inv, dest)
+    info = actions_for(up.inv).snapshot_save(up.inv, dest)
     up.snapshot = info.path
     up.log(f"  etcd snapshot: {info.path} ({info.size} bytes, revision {info.revision})")
 
@@ -260,9 +266,9 @@ def upgrade_steps(up: Upgrade, found: Survey, current_etcd: str | None) -> list[
     target_etcd = up.inv.spec.artifacts.versions.etcd
     order = upgrade_order(found.hosts, up.target, target_etcd, up.max_unavailable)
     role = {h.name: h.role for h in found.hosts}
-    etcd_hosts = [b[0] for b in order if role[b[0]] == "control" and
-                  next(h for h in found.hosts if h.name == b[0]).etcd != target_etcd]
-    etcd_n = len(etcd_hosts)
+    # the first turns are etcd's, one per member whose version differs (upgrade_order); a
+    # control host whose Kubernetes differs too comes again after them for its own turn
+    etcd_n = sum(1 for h in found.hosts if h.role == "control" and h.etcd is not None and h.etcd != target_etcd)
     steps: list[Step[Upgrade]] = []
     left = [n for n in cordoned_by_upgrade(up.state) if not any(n in b for b in order)]
     if left:
@@ -284,7 +290,9 @@ def upgrade_steps(up: Upgrade, found: Survey, current_etcd: str | None) -> list[
         if i == first_worker and restarts_controllers and up.use_api:
             steps.append(Step("wait until a restarted kube-controller-manager and kube-scheduler lead (their "
                               "kube-system Leases) before any worker is drained", _controllers_lead(found.leaders)))
-        if i < etcd_n:
+        if up.inv.hosted and role[batch[0]] == "control":
+            steps.append(_hosted_turn(up, i < etcd_n, etcd_inv, current_etcd, target_etcd, was))
+        elif i < etcd_n:
             steps.append(Step(f"{names}: etcd {current_etcd} -> {target_etcd}, this member alone; a healthy "
                               "cluster before the next",
                               lambda up, b=batch: up.converge(etcd_inv, frozenset(b),
@@ -301,6 +309,25 @@ def upgrade_steps(up: Upgrade, found: Survey, current_etcd: str | None) -> list[
             steps.append(Step(f"{names}: {what}kubelet and kube-proxy {was} -> {up.target} (containerd too "
                               f"when its pin changes; apply on {names}){after}", _worker_batch(batch)))
     return steps + [last]
+
+
+def _hosted_turn(up: Upgrade, etcd: bool, etcd_inv: Inventory, current_etcd: str | None, target_etcd: str,
+                 was: str) -> Step[Upgrade]:
+    """A hosted tenant's control plane's turn (actions/upgrade_hosted.py)."""
+    ns = up.inv.hosted_namespace
+    if etcd:
+        return Step(f"etcd (StatefulSet etcd in {ns}) {current_etcd} -> {target_etcd}: one member at a time, "
+                    "each ready (healthy) before the next",
+                    lambda up: upgrade_hosted.roll(etcd_inv, material_for(up.inv, up.state), upgrade_hosted.ETCD,
+                                                   up.wait_timeout, up.log))
+
+    def run(up: Upgrade) -> None:
+        material = material_for(up.inv, up.state)
+        for components in (upgrade_hosted.APISERVER, upgrade_hosted.CONTROLLERS):
+            upgrade_hosted.roll(up.inv, material, components, up.wait_timeout, up.log)
+    return Step(f"kube-apiserver, kube-controller-manager, kube-scheduler in {ns} {was} -> {up.target}: the "
+                "apiserver replicas first (a new one ready before an old one goes: its PodDisruptionBudget "
+                "holds), then the controller-managers and schedulers", run)
 
 
 @dataclass
@@ -329,7 +356,7 @@ def _checks(inv: Inventory, found: Survey, force: bool, use_api: bool) -> list[s
     unhealthy = [e for e, ok in found.etcd.items() if not ok]
     if not found.etcd or unhealthy:
         problems.append("etcd is not healthy: " + (", ".join(unhealthy) or "no endpoint answered"))
-    said.append(f"etcd: {len(found.etcd) - len(unhealthy)}/{len(inv.controls)} members healthy")
+    said.append(f"etcd: {len(found.etcd) - len(unhealthy)}/{len(inv.controls) or len(found.etcd)} members healthy")
     if use_api:
         not_ready = [f"{w.name}: {'NotReady' if w.name in found.nodes else 'not registered'}"
                      for w in inv.workers if not (found.nodes.get(w.name) and found.nodes[w.name].ready)]

@@ -23,8 +23,9 @@ def etcd():
 @OUTPUT
 @domain_errors
 def members(inventory, fmt):
-    """List the etcd members (asked on the first reachable control host)."""
-    found = etcd_api.members(systemd(api.validate(inventory), "etcd members"))
+    """List the etcd members (asked on the first reachable control host, or a hosted tenant's
+    first ready member)."""
+    found = etcd_api.members(api.validate(inventory))
     if fmt == "json":
         echo_json([dataclasses.asdict(m) for m in found])
         return
@@ -32,12 +33,6 @@ def members(inventory, fmt):
     for m in found:
         rows.append((m.name, m.id, ",".join(m.peer_urls), ",".join(m.client_urls), "yes" if m.learner else "no"))
     table(rows)
-
-
-def systemd(inv, command: str):
-    """``inv`` when its control plane runs on control hosts; a hosted tenant is refused."""
-    api.refuse_hosted(inv, command)
-    return inv
 
 
 def _progress(message: str) -> None:
@@ -59,7 +54,7 @@ def snapshot():
 def save(inventory, file, force, fmt):
     """Take a snapshot (etcdctl snapshot save) and write it to FILE (mode 0600). An existing
     FILE is refused unless --force."""
-    info = etcd_api.snapshot_save(systemd(api.validate(inventory), "etcd snapshot save"), file, force=force)
+    info = etcd_api.snapshot_save(api.validate(inventory), file, force=force)
     if fmt == "json":
         echo_json(dataclasses.asdict(info))
         return
@@ -76,8 +71,9 @@ def save(inventory, file, force, fmt):
 @OUTPUT
 @domain_errors
 def restore(inventory, file, yes, wait_timeout, dry_run, fmt):
-    """Restore FILE on every etcd member (the control plane is stopped meanwhile)."""
-    inv = systemd(api.validate(inventory), "etcd snapshot restore")
+    """Restore FILE on every etcd member (the control plane is stopped meanwhile). A hosted
+    tenant's members are restored in place: their pods restart on the snapshot."""
+    inv = api.validate(inventory)
     if dry_run or not yes:
         plan = etcd_api.restore_plan(inv, file, "<time>")
         if not dry_run:

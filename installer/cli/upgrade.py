@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from installer.api import upgrade as upgrade_api
-from installer.cli.errors import domain_errors, systemd_only, with_cluster
+from installer.cli.errors import domain_errors, with_cluster
 from installer.cli.options import OUTPUT, STATE_DEFAULT, echo_json
 
 
@@ -30,7 +30,6 @@ from installer.cli.options import OUTPUT, STATE_DEFAULT, echo_json
 @OUTPUT
 @domain_errors
 @with_cluster
-@systemd_only("upgrade")
 def upgrade(cluster, to, plan_only, max_unavailable, drain_timeout, wait_timeout, force, no_api, fmt):
     """Roll the cluster of INVENTORY to a new Kubernetes (and etcd patch) version without an
     outage: an etcd snapshot first (kept), etcd one member at a time when its version changes,

@@ -49,6 +49,7 @@ class Session:
         self.remotes: dict[str, Remote] = {}
         self.locked: list[str] = []
         self.run_id = run_id or uuid.uuid4().hex
+        self.hosted = None      # a hosted tenant's HostedExecutor while hold() holds its Lease
 
     # --- connections ---------------------------------------------------------------------
 
@@ -151,6 +152,7 @@ def hold(inv: Inventory, *, skip: frozenset[str] = frozenset(), log: Log = print
                 tenant = HostedExecutor()
                 stack.callback(tenant.close)
                 tenant.take_lock(inv, s.run_id)
+                s.hosted = tenant           # its hosting client, for the command's own requests
             # every command of this process from here on is in the run's scope (end_dead_run)
             set_process_scope(applylock.scope_of(s.run_id))
             try:

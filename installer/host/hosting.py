@@ -80,12 +80,16 @@ def hosting_client(inv: Inventory) -> ApiClient:
         raise HostingError(f"{what}: the cluster's server must be an https:// URL")
     base = path.parent
     ca = _data(cluster, "certificate-authority", base, what)
-    ctx = ssl.create_default_context(cadata=ca.decode() if ca else None)
     cert, key = _data(user, "client-certificate", base, what), _data(user, "client-key", base, what)
-    if cert and key:
-        with memory_file(cert + b"\n" + key) as fd:
-            ctx.load_cert_chain(fd_path(fd))
-    client = ApiClient(server, ctx, cluster.get("tls-server-name"))
+
+    def context() -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cadata=ca.decode() if ca else None)
+        if cert and key:
+            with memory_file(cert + b"\n" + key) as fd:
+                ctx.load_cert_chain(fd_path(fd))
+        return ctx
+    client = ApiClient(server, context(), cluster.get("tls-server-name"))
+    client.stream_context = context()       # check_hostname stays on: websocket-client checks nothing itself
     token = user.get("token")
     if token:
         client.headers = {"Authorization": f"Bearer {token}"}

@@ -62,6 +62,10 @@ class ApiClient:
         self.host = server_url.rstrip("/")
         # sent with every request (a hosting cluster's bearer token: host/hosting.py)
         self.headers: dict[str, str] = {}
+        self.tls_server_name = tls_server_name
+        # streams (a pod's exec: host/podexec.py) go through a context of their own that checks
+        # the server's name in the TLS handshake; only a hosting client has one
+        self.stream_context: ssl.SSLContext | None = None
         # urllib3 checks the name itself (IP SANs included), against tls_server_name when given
         context.check_hostname = False
         self.pool = urllib3.PoolManager(ssl_context=context, server_hostname=tls_server_name,

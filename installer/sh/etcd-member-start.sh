@@ -3,7 +3,12 @@
 # its volume, or with an empty one. Assigned before this: etcd and etcdctl (the binaries), member (its name),
 # peer_url (this member's), cluster (every member, name=peer URL, for a first bootstrap), data
 # (the data directory), endpoints (the other members' client URLs, comma-separated), and the
-# client certificate etcdctl uses: cacert, cert, key. The arguments are etcd's other flags.
+# client certificate etcdctl uses: cacert, cert, key; etcdutl and restore (the directory an
+# `etcd snapshot restore` leaves a snapshot and its cluster token in). The arguments are etcd's
+# other flags.
+#   - a restore waiting (restore/snapshot.db and restore/token): this member of a new cluster
+#     (every member, that token) is written from the snapshot, the data before it kept in
+#     data.before-restore, then etcd starts on it (every member restores the same file);
 #   - data present: etcd starts on it (the bootstrap flags are ignored then, as etcd does);
 #   - no data, and no cluster answers: a first bootstrap, every member at once (state new);
 #   - no data, the cluster answers and lists this member as never started (late for the
@@ -14,7 +19,21 @@
 #   - no data, the cluster answers without this member: added, then started (state existing).
 set -eu
 : "${etcd:?}" "${etcdctl:?}" "${member:?}" "${peer_url:?}" "${cluster:?}" "${data:?}" "${endpoints:?}"
-: "${cacert:?}" "${cert:?}" "${key:?}"
+: "${cacert:?}" "${cert:?}" "${key:?}" "${etcdutl:?}" "${restore:?}"
+
+if [ -f "$restore/snapshot.db" ] && [ -f "$restore/token" ]; then
+  token=$(cat "$restore/token")
+  echo "etcd-member-start: $member: restoring the snapshot in $restore (cluster token $token)" >&2
+  rm -rf "$data.restoring"
+  "$etcdutl" snapshot restore "$restore/snapshot.db" --name="$member" --initial-cluster="$cluster" \
+    --initial-cluster-token="$token" --initial-advertise-peer-urls="$peer_url" --data-dir="$data.restoring"
+  rm -rf "$data.before-restore"
+  if [ -e "$data" ]; then
+    mv "$data" "$data.before-restore"
+  fi
+  mv "$data.restoring" "$data"
+  rm -rf "$restore"
+fi
 
 if [ -f "$data/member/snap/db" ]; then
   exec "$etcd" "$@" --name="$member" --data-dir="$data" --initial-advertise-peer-urls="$peer_url" \

@@ -505,9 +505,11 @@ def busybox_image() -> Built:
 
 # --- the hosted control plane's images --------------------------------------------------------------
 
-# what installer/sh/etcd-member-start.sh runs beside etcd and etcdctl: busybox's sh and awk and
-# sleep; printf, echo and [ are builtins of its sh, linked too so as not to depend on that
-ETCD_APPLETS = ("sh", "awk", "sleep", "printf", "echo", "[")
+# what installer/sh/etcd-member-start.sh runs beside etcd, etcdctl and etcdutl: busybox's sh,
+# awk, sleep, cat, mv, rm; printf, echo and [ are builtins of its sh, linked too so as not to
+# depend on that. `etcd snapshot save|restore` of a tenant (actions/etcd_hosted.py) execs
+# cat, mkdir, mv and rm in a member's container.
+ETCD_APPLETS = ("sh", "awk", "sleep", "printf", "echo", "[", "cat", "mv", "rm", "mkdir")
 BUSYBOX = "busybox"     # the source of /bin/busybox in hosted_image_plan
 
 

@@ -39,6 +39,9 @@ BIN = "/usr/local/bin"
 # etcd's volume; its data one level below, which etcd creates 0700 itself (a provisioner's
 # directory may be 0777, which etcd refuses)
 ETCD_VOLUME, ETCD_DATA = "/var/lib/etcd", "/var/lib/etcd/data"
+# where `etcd snapshot restore` leaves the snapshot and its cluster token for the member's next
+# start (installer/sh/etcd-member-start.sh); written first beside it as RESTORE.part
+ETCD_RESTORE = "/var/lib/etcd/restore"
 START_SCRIPT = "etcd-member-start.sh"
 SCRIPTS = "/scripts"
 SOCKET_DIR = "/run/konnectivity"
@@ -65,6 +68,17 @@ def virtual_host(inv: Inventory) -> HostSpec:
 def member_names(inv: Inventory) -> list[str]:
     assert inv.hosted is not None
     return [f"{ETCD_SERVICE}-{i}" for i in range(inv.hosted.etcdReplicas)]
+
+
+def deployment_replicas(inv: Inventory) -> dict[str, int]:
+    """The tenant's Deployments and how many replicas each runs (leader-elected: two)."""
+    assert inv.hosted is not None
+    return {"kube-apiserver": inv.hosted.apiServerReplicas, "kube-controller-manager": 2, "kube-scheduler": 2}
+
+
+def component_selector(inv: Inventory, component: str) -> str:
+    """A label selector (query form) for the pods of one of the tenant's components."""
+    return f"{TENANT_LABEL}={inv.metadata.name},app.kubernetes.io/name={component}"
 
 
 def api_in_cluster(inv: Inventory) -> str:
@@ -165,7 +179,8 @@ def _etcd(inv: Inventory, plan: HostPlan) -> list[dict]:
            {"name": "etcd", "value": f"{BIN}/etcd"}, {"name": "etcdctl", "value": f"{BIN}/etcdctl"},
            {"name": "peer_url", "value": f"https://{me}.{svc}:{PEER_PORT}"},
            {"name": "cluster", "value": ",".join(f"{m}=https://{m}.{svc}:{PEER_PORT}" for m in members)},
-           {"name": "data", "value": ETCD_DATA},
+           {"name": "data", "value": ETCD_DATA}, {"name": "etcdutl", "value": f"{BIN}/etcdutl"},
+           {"name": "restore", "value": ETCD_RESTORE},
            {"name": "endpoints", "value": ",".join(f"https://{m}.{svc}:{ETCD_PORT}" for m in members)},
            {"name": "cacert", "value": f"{pki}/ca.crt"}, {"name": "cert", "value": f"{pki}/peer.crt"},
            {"name": "key", "value": f"{pki}/peer.key"}]
@@ -235,7 +250,8 @@ def _apiserver(inv: Inventory, plan: HostPlan) -> list[dict]:
     template = _template(inv, "kube-apiserver", [a, k], volumes, [api.inputs_sha256, konn.inputs_sha256])
     deploy = {"apiVersion": "apps/v1", "kind": "Deployment",
               "metadata": _meta(inv, "kube-apiserver", "kube-apiserver"),
-              "spec": {"replicas": hosted.apiServerReplicas, "selector": _selector(inv, "kube-apiserver"),
+              "spec": {"replicas": deployment_replicas(inv)["kube-apiserver"],
+                       "selector": _selector(inv, "kube-apiserver"),
                        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
                        "template": template}}
     pdb = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
@@ -259,7 +275,8 @@ def _leader(inv: Inventory, plan: HostPlan, unit: str, component: str, args: lis
     c = _container(inv, component, component, args, parts)
     template = _template(inv, component, [c], parts.volumes, [parts.inputs_sha256])
     deploy = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(inv, component, component),
-              "spec": {"replicas": 2, "selector": _selector(inv, component), "template": template}}
+              "spec": {"replicas": deployment_replicas(inv)[component], "selector": _selector(inv, component),
+                       "template": template}}
     return [*parts.objects, deploy]
 
 

@@ -1,0 +1,279 @@
+"""etcd day 2 of a hosted tenant (docs/hosted.md): its members are the pods of a StatefulSet in
+the hosting cluster, reached through that cluster's API only (``pods/exec``: host/podexec.py).
+
+The member list and a snapshot are etcdctl's answers in a member's container, with the client
+certificate every member has (the etcd CA's peer pair). A snapshot is saved on the member's
+volume (the root file system is read-only), read out with ``cat``, removed, and written on the
+operator machine 0600, as for control hosts (actions/etcd_ops.py).
+
+A restore into the running tenant follows etcd's documented order as the control hosts' does:
+the snapshot is first copied into every member and checked there (etcdutl snapshot status),
+nothing stopped yet; then the apiservers, controller-managers and schedulers go (replicas 0),
+each member is handed the snapshot and a new cluster token for its next start, the members'
+pods are deleted together, and each new pod's start (installer/sh/etcd-member-start.sh)
+writes its member of the new cluster from that file before etcd runs; the control plane is
+scaled back once every member is ready. The workers' kubelets reconnect by themselves.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from installer.actions import etcd_ops
+from installer.actions.etcd_ops import SnapshotInfo, member_revision, restore_token, snapshot_info
+from installer.core.etcd_rules import EtcdOpError, Member, parse_members
+from installer.core.inventory import Inventory
+from installer.core.render.control import ETCD_PKI_DIR
+from installer.core.render.tenant import (
+    BIN,
+    ETCD_RESTORE,
+    ETCD_VOLUME,
+    component_selector,
+    deployment_replicas,
+    member_names,
+)
+from installer.core.safefs import write_atomic
+from installer.engine.session import hold
+from installer.engine.steps import Step, plan, run_steps
+from installer.host.kube import STRATEGIC_MERGE, ApiClient, ApiError, rest, status_message
+from installer.host.podexec import ExecResult, pod_exec
+
+CONTAINER = "etcd"
+ETCDCTL = [f"{BIN}/etcdctl", "--endpoints=https://127.0.0.1:2379", f"--cacert={ETCD_PKI_DIR}/ca.crt",
+           f"--cert={ETCD_PKI_DIR}/peer.crt", f"--key={ETCD_PKI_DIR}/peer.key", "--dial-timeout=3s",
+           "--command-timeout=30s"]
+ETCDUTL = f"{BIN}/etcdutl"
+
+
+@contextmanager
+def hosting_api(inv: Inventory) -> Iterator[ApiClient]:
+    """The hosting cluster's client for a command that changes nothing (no lock)."""
+    from installer.engine.executor import HostedExecutor
+    tenant = HostedExecutor()
+    try:
+        yield tenant.api(inv)
+    finally:
+        tenant.close()
+
+
+def component_pods(api: ApiClient, inv: Inventory, component: str) -> list[dict]:
+    found = rest(api, "GET", f"/api/v1/namespaces/{inv.hosted_namespace}/pods", f"the {component} pods",
+                 query={"labelSelector": component_selector(inv, component)}) or {}
+    return found.get("items", [])
+
+
+def actions_for(inv: Inventory):
+    """The module whose etcd operations serve ``inv``: this one for a hosted tenant."""
+    import sys
+    return sys.modules[__name__] if inv.hosted else etcd_ops
+
+
+def _ready(pod: dict) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (pod.get("status") or {}).get("conditions") or [])
+
+
+def ready_members(api: ApiClient, inv: Inventory) -> list[str]:
+    """The etcd pods that are ready, in member order; an EtcdOpError when none is."""
+    ready = {p["metadata"]["name"] for p in component_pods(api, inv, "etcd") if _ready(p)}
+    out = [m for m in member_names(inv) if m in ready]
+    if not out:
+        raise EtcdOpError(f"namespace {inv.hosted_namespace}: no etcd member's pod is ready")
+    return out
+
+
+def _run(api: ApiClient, inv: Inventory, pod: str, argv: list[str], what: str, stdin: bytes | None = None,
+         check: bool = True, timeout: float = 300) -> ExecResult:
+    r = pod_exec(api, inv.hosted_namespace, pod, CONTAINER, argv, stdin=stdin, timeout=timeout)
+    if check and r.rc != 0:
+        raise EtcdOpError(f"{pod}: {what} failed (exit {r.rc}): {r.stderr.decode(errors='replace').strip()[-500:]}")
+    return r
+
+
+def _sh(script: str) -> list[str]:
+    return ["/bin/sh", "-c", script]
+
+
+# --- members and snapshots -----------------------------------------------------------------
+
+def members(inv: Inventory) -> list[Member]:
+    with hosting_api(inv) as api:
+        pod = ready_members(api, inv)[0]
+        out = _run(api, inv, pod, [*ETCDCTL, "member", "list", "-w", "json"], "etcdctl member list").stdout
+    return parse_members(out.decode(), pod)
+
+
+def snapshot_save(inv: Inventory, dest, force: bool = False) -> SnapshotInfo:
+    dest = Path(dest)
+    if not force and (dest.exists() or dest.is_symlink()):
+        raise EtcdOpError(f"{dest} already exists: not overwriting it (pass --force to replace it)")
+    if dest.is_dir():
+        raise EtcdOpError(f"{dest} is a directory")
+    tmp = f"{ETCD_VOLUME}/snapshot-{int(time.time())}.db"
+    q = shlex.quote(tmp)
+    with hosting_api(inv) as api:
+        pod = ready_members(api, inv)[0]
+        try:
+            out = _run(api, inv, pod, _sh(
+                f"set -e; umask 077; {shlex.join(ETCDCTL)} endpoint status -w json; echo; "
+                f"{shlex.join(ETCDCTL)} snapshot save {q} >/dev/null; {ETCDUTL} snapshot status {q} -w json"),
+                "etcdctl snapshot save, etcdutl snapshot status").stdout.decode(errors="replace")
+            data = _run(api, inv, pod, ["/bin/cat", tmp], "read the snapshot").stdout
+        finally:
+            _run(api, inv, pod, ["/bin/rm", "-f", tmp, f"{tmp}.part"], "remove the snapshot file", check=False)
+    lines = [x for x in out.splitlines() if x.strip()]
+    try:
+        member, st = json.loads(lines[0]), json.loads(lines[-1])
+    except (ValueError, IndexError):
+        raise EtcdOpError(f"{pod}: etcdctl endpoint status / etcdutl snapshot status printed no JSON: "
+                          f"{out[:200]}") from None
+    if not data:
+        raise EtcdOpError(f"{pod}: the snapshot is empty")
+    write_atomic(dest, data, 0o600)
+    return snapshot_info(st, str(dest), pod, len(data), member_revision(member))
+
+
+# --- restore into the running tenant -------------------------------------------------------
+
+class _Restore:
+    """What the restore's steps share."""
+
+    def __init__(self, inv: Inventory, data: bytes, stamp: str, wait_timeout: float, log: Callable[[str], None]):
+        self.inv, self.data, self.stamp, self.timeout, self.log = inv, data, stamp, wait_timeout, log
+        self.api: ApiClient | None = None
+        self.old_uids: set[str] = set()
+
+
+def restore_plan(inv: Inventory, snapshot: str, stamp: str) -> list[str]:
+    return plan(_steps(inv, str(snapshot), stamp))
+
+
+def _steps(inv: Inventory, snapshot: str, stamp: str) -> list[Step[_Restore]]:
+    ns, names = inv.hosted_namespace, member_names(inv)
+    deployments = deployment_replicas(inv)
+    return [
+        Step(f"copy {snapshot} into every etcd member of namespace {ns} ({', '.join(names)}) beside its data, "
+             "check it there (etcdutl snapshot status); nothing is stopped yet", _upload),
+        Step(f"stop {', '.join(deployments)} (replicas 0), wait until their pods are gone", _stop_control_plane),
+        Step(f"hand the snapshot to each member's next start, with cluster token {restore_token(inv, stamp)}",
+             _commit),
+        Step("delete every etcd member's pod: each new one restores its member from the snapshot, then starts; "
+             "wait until all are ready", _restart_members),
+        Step(f"start {', '.join(deployments)} again ({', '.join(str(n) for n in deployments.values())} replicas), "
+             "wait until they are ready", _start_control_plane),
+    ]
+
+
+def _upload(r: _Restore) -> None:
+    assert r.api is not None
+    part = f"{ETCD_RESTORE}.part"
+    names = member_names(r.inv)
+    missing = set(names) - set(ready_members(r.api, r.inv))
+    if missing:
+        raise EtcdOpError(f"namespace {r.inv.hosted_namespace}: etcd member(s) {', '.join(sorted(missing))} not "
+                          "ready: every member gets the snapshot, nothing was changed")
+    done = []
+    try:
+        for pod in names:
+            done.append(pod)
+            _run(r.api, r.inv, pod, _sh(
+                'set -e; umask 077; rm -rf "$1"; mkdir -p "$1"; cat > "$1/snapshot.db"; printf %s "$2" > "$1/token"; '
+                f'{ETCDUTL} snapshot status "$1/snapshot.db" -w json >/dev/null') + ["sh", part,
+                                                                                   restore_token(r.inv, r.stamp)],
+                "copy and check the snapshot", stdin=r.data)
+    except Exception:
+        for pod in done:
+            _run(r.api, r.inv, pod, ["/bin/rm", "-rf", part], "remove the snapshot copy", check=False)
+        raise
+
+
+def _scale(r: _Restore, replicas: dict[str, int]) -> None:
+    assert r.api is not None
+    for name, n in replicas.items():
+        rest(r.api, "PATCH", f"/apis/apps/v1/namespaces/{r.inv.hosted_namespace}/deployments/{name}",
+             f"Deployment/{name}", {"spec": {"replicas": n}}, content_type=STRATEGIC_MERGE)
+
+
+def _until(r: _Restore, done: Callable[[], str], what: str) -> None:
+    """Until ``done()`` says nothing is left (its answer otherwise: what is still waited for)."""
+    deadline, last = time.monotonic() + r.timeout, ""
+    while left := done():
+        if left != last:
+            r.log(f"  hosting {r.inv.hosted_namespace}: {left}")
+            last = left
+        if time.monotonic() > deadline:
+            raise EtcdOpError(f"namespace {r.inv.hosted_namespace}: {what} not done after {r.timeout:.0f} s: {left}"
+                              + STOPPED)
+        time.sleep(2)
+
+
+STOPPED = ("; the tenant's control plane is stopped: `installer etcd snapshot restore` again, or "
+           "`installer apply` to start it on the data etcd has")
+
+
+def _stop_control_plane(r: _Restore) -> None:
+    assert r.api is not None
+    _scale(r, {name: 0 for name in deployment_replicas(r.inv)})
+
+    def left() -> str:
+        pods = [p["metadata"]["name"] for c in deployment_replicas(r.inv) for p in component_pods(r.api, r.inv, c)]
+        return f"{len(pods)} pod(s) still running: {', '.join(pods)}" if pods else ""
+    _until(r, left, "stopping the control plane")
+
+
+def _commit(r: _Restore) -> None:
+    assert r.api is not None
+    for pod in member_names(r.inv):
+        _run(r.api, r.inv, pod, _sh(f'rm -rf {ETCD_RESTORE}; mv {ETCD_RESTORE}.part {ETCD_RESTORE}'),
+             "hand over the snapshot")
+
+
+def _restart_members(r: _Restore) -> None:
+    assert r.api is not None
+    ns = r.inv.hosted_namespace
+    r.old_uids = {p["metadata"]["uid"] for p in component_pods(r.api, r.inv, "etcd")}
+    for pod in member_names(r.inv):
+        try:
+            rest(r.api, "DELETE", f"/api/v1/namespaces/{ns}/pods/{pod}", f"pod {pod}")
+        except ApiError as e:
+            if e.status != 404:
+                raise EtcdOpError(f"pod {ns}/{pod}: cannot delete it: {status_message(e)}{STOPPED}") from None
+
+    def left() -> str:
+        pods = {p["metadata"]["name"]: p for p in component_pods(r.api, r.inv, "etcd")}
+        waiting = [m for m in member_names(r.inv)
+                   if m not in pods or pods[m]["metadata"]["uid"] in r.old_uids or not _ready(pods[m])]
+        return f"etcd member(s) not back and ready: {', '.join(waiting)}" if waiting else ""
+    _until(r, left, "the etcd members' restore")
+
+
+def _start_control_plane(r: _Restore) -> None:
+    from installer.host.hosting import wait_workloads
+    assert r.api is not None
+    replicas = deployment_replicas(r.inv)
+    _scale(r, replicas)
+    wait_workloads(r.api, r.inv.hosted_namespace, [("Deployment", n) for n in replicas], r.timeout, r.log)
+
+
+def snapshot_restore(inv: Inventory, snapshot, wait_timeout: float = 120,
+                     log: Callable[[str], None] = print) -> list[str]:
+    """Restore ``snapshot`` into every member of the running tenant, holding its Lease; the
+    members restored."""
+    snapshot = Path(snapshot)
+    try:
+        data = snapshot.read_bytes()
+    except OSError as e:
+        raise EtcdOpError(f"cannot read {snapshot}: {e.strerror or e}") from None
+    if not data:
+        raise EtcdOpError(f"{snapshot} is empty")
+    stamp = time.strftime("%Y%m%d%H%M%S", time.gmtime())
+    r = _Restore(inv, data, stamp, wait_timeout, log)
+    with hold(inv, log=log) as s:
+        r.api = s.hosted.api(inv)
+        run_steps("etcd snapshot restore", _steps(inv, str(snapshot), stamp), r, log)
+    return member_names(inv)

@@ -1,0 +1,70 @@
+"""``installer upgrade`` of a hosted tenant (docs/hosted.md): its control plane is the objects of
+its namespace in the hosting cluster, so its turn is theirs; its workers' turns are the same as
+any cluster's (actions/upgrade.py).
+
+What runs is read from the pods (their images' tags): a rollout cut short leaves old pods, and
+the oldest counts, as the oldest control host does. The control plane's turn in the same order
+as control hosts': etcd first when its version changes (the StatefulSet's rolling update: one
+member at a time, each ready, that is healthy, before the next), then the apiserver replicas
+(a rolling update that adds one new replica before it takes an old one away: ``maxSurge 1``,
+``maxUnavailable 0``), then the controller-managers and schedulers; each component's objects
+(its files' Secrets and ConfigMaps with it) are applied alone and waited for before the next.
+"""
+
+from __future__ import annotations
+
+from installer.actions.etcd_hosted import component_pods, hosting_api
+from installer.core.inventory import Inventory
+from installer.core.pki.specs import HOSTED_ETCD
+from installer.core.render.tenant import deployment_replicas, render_tenant
+from installer.core.upgrade_rules import HostState, oldest
+
+# the virtual control host of a hosted tenant, as the upgrade's order names it
+CONTROL = HOSTED_ETCD
+COMPONENT_LABEL = "app.kubernetes.io/name"
+
+
+def _tag(image: str) -> str:
+    return image.rpartition(":")[2]
+
+
+def control_state(inv: Inventory) -> tuple[HostState, dict[str, bool]]:
+    """The tenant's control plane as one control host of the upgrade's order (the oldest
+    Kubernetes and etcd its pods run), and each etcd member's pod -> ready (its readiness is
+    etcd's endpoint health)."""
+    with hosting_api(inv) as api:
+        kube = [_tag(c["image"]) for name in deployment_replicas(inv) for p in component_pods(api, inv, name)
+                for c in p["spec"]["containers"] if c["name"] == name]
+        members = component_pods(api, inv, "etcd")
+    etcd = ["v" + _tag(c["image"]).split("-")[0] for p in members for c in p["spec"]["containers"]
+            if c["name"] == "etcd"]
+    health = {p["metadata"]["name"]: any(c.get("type") == "Ready" and c.get("status") == "True"
+                                         for c in (p.get("status") or {}).get("conditions") or [])
+              for p in members}
+    return HostState(CONTROL, "control", oldest(kube), oldest(etcd)), health
+
+
+def component_objects(inv: Inventory, material, components: tuple[str, ...]) -> list[dict]:
+    """The tenant's rendered objects of ``components`` (by their component label), its
+    Namespace first."""
+    objects = render_tenant(inv, material).objects
+    return [o for o in objects if o["kind"] == "Namespace"
+            or (o["metadata"].get("labels") or {}).get(COMPONENT_LABEL) in components]
+
+
+def roll(inv: Inventory, material, components: tuple[str, ...], timeout: float, log) -> list[str]:
+    """Apply ``components``' objects as ``inv`` renders them and wait for their workloads."""
+    from installer.host import hosting
+    objects = component_objects(inv, material, components)
+    workloads = [(o["kind"], o["metadata"]["name"]) for o in objects if o["kind"] in ("StatefulSet", "Deployment")]
+    with hosting_api(inv) as api:
+        changed = hosting.converge(api, objects, inv.spec.kubernetes.version)
+        for kind, name, action in changed:
+            if action != "unchanged":
+                log(f"  hosting {inv.hosted_namespace}: {action} {kind} {name}")
+        return hosting.wait_workloads(api, inv.hosted_namespace, workloads, timeout, log)
+
+
+ETCD = ("etcd",)
+APISERVER = ("kube-apiserver",)
+CONTROLLERS = ("kube-controller-manager", "kube-scheduler")
