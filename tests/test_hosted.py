@@ -220,7 +220,7 @@ def test_the_pods_roll_only_when_what_they_run_with_changes(rendered, tmp_path):
     assert digest(three, "kube-controller-manager") == digest(plan, "kube-controller-manager")
 
 
-@pytest.mark.parametrize("args", [["ca", "rotate"], ["certs", "renew"], ["certs", "check"],
+@pytest.mark.parametrize("args", [["ca", "rotate"],
                                   ["etcd", "member", "add"], ["etcd", "member", "remove"]])
 def test_day2_commands_not_built_for_tenants_refuse_them_and_do_nothing(tmp_path, args):
     """Day 2 of hosted tenants is the next issue: until then each such command says so, exit 2,
@@ -339,7 +339,8 @@ def test_an_upgrade_of_a_tenant_rolls_its_control_plane_by_component(rendered, t
     words = [s.says for s in up_mod.upgrade_steps(up, survey, "v3.6.1")]
     assert words[0].startswith("save an etcd snapshot")
     assert words[1].startswith(f"etcd (StatefulSet etcd in hp-tenant-a) v3.6.1 -> {etcd}: one member at a time"), words
-    assert words[2].startswith("kube-apiserver, kube-controller-manager, kube-scheduler in hp-tenant-a v1.36.5 -> v1.37.2")
+    assert words[2].startswith("kube-apiserver, kube-controller-manager, kube-scheduler in hp-tenant-a "
+                               "v1.36.5 -> v1.37.2")
     assert words[3].startswith("wait until a restarted kube-controller-manager and kube-scheduler lead")
     assert all(": cordon, drain" in w for w in words[4:-1]) and words[-1].startswith("converge every host")
 
@@ -380,7 +381,8 @@ def test_the_restore_of_a_tenant_copies_before_it_stops_anything(rendered, tmp_p
     inv.write_text(yaml.safe_dump(TENANT))
     res = CliRunner().invoke(cli, ["etcd", "snapshot", "restore", str(inv), str(snap), "--dry-run"])
     assert res.exit_code == 0, res.output
-    order = ["copy ", "stop kube-apiserver", "hand the snapshot", "delete every etcd member's pod", "start kube-apiserver"]
+    order = ["copy ", "stop kube-apiserver", "hand the snapshot", "delete every etcd member's pod",
+             "start kube-apiserver"]
     at = [res.output.find(w) for w in order]
     assert -1 not in at and at == sorted(at), res.output
     assert "etcd-0, etcd-1, etcd-2" in res.output and "nothing is stopped yet" in res.output
@@ -389,3 +391,28 @@ def test_the_restore_of_a_tenant_copies_before_it_stops_anything(rendered, tmp_p
                               "details": {"causes": [{"reason": "ExitCode", "message": "3"}]}}) == 3
     with pytest.raises(podexec.ExecError, match="container not found"):
         podexec.exit_code({"status": "Failure", "message": "container not found (\"etcd\")"})
+
+
+def test_a_renewal_of_a_tenant_rolls_its_control_plane_between_the_push_and_the_workers(rendered):
+    """`certs renew --dry-run` of a tenant: the tenant's files that change (as its Secrets and
+    ConfigMaps hold them) beside the workers', and its roll before the workers' restarts; the
+    renewal checks the tenant's API and konnectivity certificates by handshake from a worker."""
+    from click.testing import CliRunner
+
+    from installer.actions.endpoints import endpoints
+    from installer.cli.main import cli
+    p, _ = rendered
+    d = p.state.root.parent
+    res = CliRunner().invoke(cli, ["certs", "renew", str(d / "tenant.yaml"), "--state", str(p.state.root),
+                                   "--only", "apiserver", "--only", "etcd/server-hosted", "--dry-run",
+                                   "--output", "json"])
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.output[res.output.index("{"):])
+    tenant_files = report["rollout"]["hosting hp-tenant-a"]["files"]
+    assert {"/etc/kubernetes/pki/apiserver.crt", "/etc/etcd/pki/server.crt"} <= set(tenant_files), tenant_files
+    assert not any(k != "hosting hp-tenant-a" for k in report["rollout"]), report["rollout"]
+    steps = report["steps"]
+    roll = next(i for i, s in enumerate(steps) if s.startswith("roll the tenant's control plane"))
+    assert steps[roll - 1].startswith("push the new files") and steps[roll + 1].startswith("restart what uses them")
+    names = [(e.host, e.name, e.port) for e in endpoints(p.inventory)]
+    assert ("t1", "kube-apiserver (hosted)", 30443) in names and ("t1", "konnectivity-server (hosted)", 30132) in names

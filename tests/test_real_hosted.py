@@ -25,9 +25,9 @@ import yaml
 from installer.core.artifacts import read_sums
 from installer.lab.debian_artifacts import WORKER_IMAGES
 
-from .builtfixtures import _linked_dir, e2e_dir
+from .builtfixtures import UPGRADE_TO, _linked_dir, e2e_dir, upgrade_artifacts_dir
 from .labfixtures import wait_for
-from .realcluster import RealCluster, run_installer
+from .realcluster import BUSYBOX, INSTALLER, RealCluster, run_installer
 from .test_real_cluster import _csr_for
 
 pytestmark = [pytest.mark.lab, pytest.mark.real]
@@ -84,7 +84,7 @@ def tenant_inventory(rc: RealCluster, tmp: Path, name: str = "tenant", workers: 
     return path
 
 
-def worker_artifacts(src: Path, tmp: Path) -> Path:
+def worker_artifacts(src: Path, tmp: Path, name: str = "tenant-artifacts") -> Path:
     """The hosting lab's artifacts without the control-plane images (hard links): what the
     tenant's workers run, the konnectivity agent's image with it, and agnhost (upstream's test
     image, built with the conformance suite) for the admission webhook a tenant pod serves."""
@@ -94,7 +94,7 @@ def worker_artifacts(src: Path, tmp: Path) -> Path:
     e2e = e2e_dir()
     sums[AGNHOST_ARCHIVE] = read_sums(e2e)[AGNHOST_ARCHIVE]
     files[AGNHOST_ARCHIVE] = e2e / AGNHOST_ARCHIVE
-    return _linked_dir(tmp / "tenant-artifacts", files, sums)
+    return _linked_dir(tmp / name, files, sums)
 
 
 def install_storage(rc: RealCluster) -> None:
@@ -180,7 +180,6 @@ def test_the_tenants_apply_lock_refuses_another_holder(tenant: Tenant):
 
 # --- the tenant's pods, and its apiservers reaching them ------------------------------------------
 
-BUSYBOX = "localhost/hiddenplane/busybox:lab"
 
 
 def run_pod(t: Tenant, name: str, node: str, command: str) -> dict:
@@ -581,3 +580,172 @@ def test_a_second_tenant_refuses_the_firsts_credentials_and_reset_removes_it(ten
     assert "clean" in r.stdout and "inactive" in r.stdout, r.stdout
     # the first tenant, untouched
     assert sorted(n["metadata"]["name"] for n in tenant.get("nodes")["items"])
+
+
+def test_certs_check_reads_the_tenants_certificates_and_renew_rolls_them(tenant: Tenant):
+    """`certs check` reads the tenant's control-plane certificates where its pods do (its Secrets
+    and ConfigMaps); `certs renew` of the apiserver's and etcd's serving certificates rolls
+    etcd's members and then the apiserver replicas while the tenant's API is probed, and the
+    Service then presents the new certificate."""
+    where = f"hosting {NS}"
+
+    def rows() -> dict[str, dict]:
+        proc = run_installer("certs", "check", str(tenant.inventory), "--state", str(tenant.state), "--output",
+                             "json", check_rc=None)
+        assert proc.returncode in (0, 1), proc.stderr[-2000:]
+        return {r["name"]: r for r in json.loads(proc.stdout)["certificates"] if r["where"] == where}
+    before = rows()
+    assert {"/etc/kubernetes/pki/apiserver.crt", "/etc/etcd/pki/server.crt", "/etc/etcd/pki/peer.crt",
+            "/etc/kubernetes/controller-manager.conf"} <= before.keys(), sorted(before)
+    assert not [n for n, r in before.items() if r["notes"]], before
+
+    def api(_):
+        r = tenant.kubectl("get", "--raw", "/api/v1/namespaces/default", check=False, timeout=30)
+        if r.returncode:
+            raise RuntimeError(r.stderr.strip()[-200:])
+    probe = Probe(api)
+    started = time.monotonic()
+    try:
+        proc = run_installer("certs", "renew", str(tenant.inventory), "--state", str(tenant.state), "--only",
+                             "apiserver", "--only", "etcd/server-hosted", "--output", "json", timeout=900)
+    finally:
+        ok, failed = probe.end()
+    seconds = time.monotonic() - started
+    report = json.loads(proc.stdout)
+    checks = {c["endpoint"]: c for c in report["checks"]}
+    assert checks["kube-apiserver (hosted)"]["ok"] and checks["konnectivity-server (hosted)"]["ok"], checks
+    after = rows()
+    for name in ("/etc/kubernetes/pki/apiserver.crt", "/etc/etcd/pki/server.crt"):
+        assert after[name]["serial"] != before[name]["serial"], name
+    assert after["/etc/etcd/pki/peer.crt"]["serial"] == before["/etc/etcd/pki/peer.crt"]["serial"]
+    assert not [n for n, r in after.items() if r["notes"]], after
+    print(f"\ncerts renew of the tenant's apiserver and etcd serving certificates: {seconds:.0f} s; API probe "
+          f"{ok} ok, {len(failed)} failed" + "".join(f"\n  {f}" for f in failed[:5]))
+    assert ok > 20 and not failed, failed[:5]
+
+
+# --- upgrade: the tenant a minor up, under probes (last: the tenants before run the default version) ---
+
+ECHO_PORT = 30081
+# a replica's restart seen through the other worker's NodePort (as tests/test_real_upgrade.py)
+ALLOWED_FAILURES = 10
+CONTROL_IMAGES = ("image-kube-apiserver.tar", "image-kube-controller-manager.tar", "image-kube-scheduler.tar")
+
+
+def echo_workload() -> list[dict]:
+    labels = {"app": "echo"}
+    pod = {"terminationGracePeriodSeconds": 2,
+           "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+               {"labelSelector": {"matchLabels": labels}, "topologyKey": "kubernetes.io/hostname"}]}},
+           "containers": [{"name": "httpd", "image": BUSYBOX, "imagePullPolicy": "Never",
+                           "command": ["sh", "-c", "mkdir -p /www && hostname > /www/index.html && "
+                                                   "exec httpd -f -p 8080 -h /www"],
+                           "readinessProbe": {"httpGet": {"path": "/", "port": 8080}, "periodSeconds": 1}}]}
+    return [{"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "echo", "namespace": "default"},
+             "spec": {"replicas": 2, "selector": {"matchLabels": labels},
+                      "template": {"metadata": {"labels": labels}, "spec": pod}}},
+            {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "echo", "namespace": "default"},
+             "spec": {"type": "NodePort", "selector": labels,
+                      "ports": [{"port": 80, "targetPort": 8080, "nodePort": ECHO_PORT}]}},
+            {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "echo",
+                                                                                  "namespace": "default"},
+             "spec": {"minAvailable": 1, "selector": {"matchLabels": labels}}}]
+
+
+class Probe:
+    """Requests in a loop on a thread until stopped: (ok, what failed)."""
+
+    def __init__(self, call):
+        self.call, self.ok, self.failed = call, 0, []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def _loop(self):
+        i = 0
+        while not self.stop.is_set():
+            i += 1
+            try:
+                self.call(i)
+                self.ok += 1
+            except Exception as e:  # noqa: BLE001 - every failure is counted and shown
+                self.failed.append(f"{time.strftime('%H:%M:%S')} {type(e).__name__}: {e}"[:200])
+            time.sleep(0.2)
+
+    def end(self) -> tuple[int, list[str]]:
+        self.stop.set()
+        self.thread.join(timeout=60)
+        return self.ok, self.failed
+
+
+def test_the_tenant_upgrades_a_minor_under_probes(tenant: Tenant, tmp_path):
+    """`installer upgrade` of the tenant v1.36.5 -> v1.37.2: the apiserver replicas roll, then the
+    controller-manager and scheduler, then the workers one at a time; the tenant's API, probed
+    from here through its Service, never fails, and a Deployment of two replicas behind a
+    NodePort of the tenant's workers answers throughout (goal: no failure)."""
+    import urllib.request
+
+    rc = tenant.rc
+    target_artifacts = upgrade_artifacts_dir()
+    # the hosting workers get the new control-plane images (with a registry, the kubelets pull them)
+    for w in rc.workers:
+        for image in CONTROL_IMAGES:
+            with open(target_artifacts / image, "rb") as f:
+                subprocess.run(["ssh", "-F", str(rc.lab.ssh_config), w,
+                                "/usr/local/bin/ctr -n k8s.io images import -"], stdin=f, check=True,
+                               capture_output=True, timeout=300)
+    for obj in echo_workload():
+        tenant.kubectl("apply", "-f", "-", stdin=json.dumps(obj))
+    wait_for("both echo replicas ready", lambda: tenant.get("deployment", "echo")["status"].get(
+        "readyReplicas") == 2, timeout=300)
+    doc = yaml.safe_load(tenant.inventory.read_text())
+    doc["spec"]["kubernetes"]["version"] = UPGRADE_TO
+    doc["spec"]["artifacts"]["path"] = str(worker_artifacts(target_artifacts, tenant.inventory.parent.parent,
+                                                            "tenant-artifacts-up"))
+    target = tenant.inventory.parent / "tenant-up.yaml"
+    target.write_text(yaml.safe_dump(doc, sort_keys=False))
+    plan = json.loads(run_installer("upgrade", str(target), "--state", str(tenant.state), "--plan",
+                                    "--output", "json").stdout)
+    print("\n" + "\n".join(plan["steps"]))
+    assert any(s.startswith(f"kube-apiserver, kube-controller-manager, kube-scheduler in {NS} v1.36.5 -> "
+                            f"{UPGRADE_TO}") for s in plan["steps"]), plan["steps"]
+
+    echo = [f"http://{rc.address(w)}:{ECHO_PORT}/" for w in A_WORKERS]
+    workload = Probe(lambda i: urllib.request.urlopen(echo[i % 2], timeout=1).read())
+
+    def api(_):
+        r = tenant.kubectl("get", "--raw", "/api/v1/namespaces/default", check=False, timeout=30)
+        if r.returncode:
+            raise RuntimeError(r.stderr.strip()[-200:])
+    api_probe = Probe(api)
+    started = time.monotonic()
+    try:
+        proc = subprocess.run([INSTALLER, "upgrade", str(target), "--state", str(tenant.state), "--output", "json",
+                               "--wait-timeout", "600"], capture_output=True, text=True, timeout=1800)
+    finally:
+        time.sleep(3)
+        ok, failed = workload.end()
+        api_ok, api_failed = api_probe.end()
+    seconds = time.monotonic() - started
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    done = json.loads(proc.stdout)
+    for t in done["timings"]:
+        print(f"{t['seconds']:7.1f} s  {t['step']}")
+    print(f"tenant upgrade v1.36.5 -> {UPGRADE_TO}: {seconds:.0f} s; API probe {api_ok} ok, {len(api_failed)} "
+          f"failed; workload probe {ok} ok, {len(failed)} failed" + "".join(f"\n  {f}" for f in failed[:10]))
+    assert api_ok > 50 and not api_failed, api_failed[:5]
+    assert ok > 100 and len(failed) <= ALLOWED_FAILURES, failed
+    server = json.loads(tenant.kubectl("version", "-o", "json").stdout)["serverVersion"]["gitVersion"]
+    assert server == UPGRADE_TO
+    images = {c["image"] for p in rc.get("pods", "-n", NS)["items"] for c in p["spec"]["containers"]
+              if c["name"] in ("kube-apiserver", "kube-controller-manager", "kube-scheduler")}
+    assert images == {f"registry.k8s.io/{c}:{UPGRADE_TO}" for c in
+                      ("kube-apiserver", "kube-controller-manager", "kube-scheduler")}, images
+    nodes = tenant.get("nodes")["items"]
+    assert {n["status"]["nodeInfo"]["kubeletVersion"] for n in nodes} == {UPGRADE_TO}
+    assert not any(n["spec"].get("unschedulable") for n in nodes)
+    assert done["snapshot"] and Path(done["snapshot"]).is_file()
+    # a second run finds nothing left to roll
+    again = json.loads(run_installer("upgrade", str(target), "--state", str(tenant.state), "--plan",
+                                     "--output", "json").stdout)
+    assert len(again["steps"]) == 1 and again["steps"][0].startswith("converge every host"), again["steps"]

@@ -148,20 +148,26 @@ def parse_fetched(raw: bytes) -> dict[str, list[x509.Certificate] | None]:
     return out
 
 
+def certificate_paths(plan) -> dict[str, int | None]:
+    """A plan's certificate files and kubeconfigs with one: {path: serial the state puts there
+    (None: not from the state)}."""
+    paths: dict[str, int | None] = {}
+    for path, f in sorted(plan.files.items()):
+        if path.endswith(".crt"):
+            try:
+                paths[path] = x509.load_pem_x509_certificate(f.content).serial_number
+            except ValueError:
+                paths[path] = None
+        elif path.endswith(KUBECONFIG_SUFFIX) and (serial := kubeconfig_serial(f.content)) is not None:
+            paths[path] = serial
+    return paths
+
+
 def expected_paths(inv: Inventory, plans) -> dict[str, dict[str, int | None]]:
     """host -> {path: serial the state puts there (None: not from the state)}."""
     out: dict[str, dict[str, int | None]] = {}
     for h in inv.spec.hosts:
-        plan = plans[h.name]
-        paths: dict[str, int | None] = {}
-        for path, f in sorted(plan.files.items()):
-            if path.endswith(".crt"):
-                try:
-                    paths[path] = x509.load_pem_x509_certificate(f.content).serial_number
-                except ValueError:
-                    paths[path] = None
-            elif path.endswith(KUBECONFIG_SUFFIX) and (serial := kubeconfig_serial(f.content)) is not None:
-                paths[path] = serial
+        paths = certificate_paths(plans[h.name])
         if h.role == "worker":
             paths[KUBELET_CLIENT] = None       # issued by the cluster (TLS bootstrap), not by us
         out[h.name] = paths
@@ -182,6 +188,41 @@ def host_rows(name: str, expected: dict[str, int | None], raw: bytes) -> list[Ce
         if want is not None and r.serial != want:
             r.notes.append("differs from state")
         rows.append(r)
+    return rows
+
+
+def as_fetched(files: dict[str, bytes]) -> bytes:
+    """Files read elsewhere (a hosted tenant's Secrets and ConfigMaps) in what ``fetch_script``
+    prints: the certificates of each, a kubeconfig's client certificate only."""
+    out = b""
+    for path, content in sorted(files.items()):
+        if path.endswith(KUBECONFIG_SUFFIX):
+            try:
+                users = yaml.safe_load(content).get("users") or []
+                content = base64.b64decode(users[0]["user"]["client-certificate-data"])
+            except (yaml.YAMLError, AttributeError, IndexError, KeyError, TypeError, ValueError):
+                content = b""
+        out += f"{MARK}{path}\n".encode() + b"".join(m + b"\n" for m in _PEM.findall(content))
+    return out
+
+
+def hosted_rows(inv: Inventory, loaded: Material) -> list[CertRow]:
+    """A hosted tenant's control-plane certificates as its Secrets and ConfigMaps in the hosting
+    cluster hold them (where its pods read them), each compared with the state's."""
+    from installer.actions.etcd_hosted import hosting_api
+    from installer.core.render.pods import key_for
+    from installer.core.render.tenant import tenant_plan_files
+    from installer.host import hosting
+    material, _ = ensure(inv, loaded)
+    material.cas.update(loaded.cas)
+    material.certs.update(loaded.certs)
+    expected = certificate_paths(tenant_plan_files(inv, material))
+    with hosting_api(inv) as api:
+        held = hosting.held_files(api, inv.hosted_namespace, {key_for(p): p for p in expected}, secrets=True)
+    where = f"hosting {inv.hosted_namespace}"
+    rows = host_rows(where, expected, as_fetched(held))
+    rows += [CertRow(where, p, "", "", dt.datetime.min.replace(tzinfo=dt.timezone.utc), 0,
+                     ["not in the tenant's Secrets or ConfigMaps"]) for p in expected if p not in held]
     return rows
 
 
@@ -237,5 +278,8 @@ def check(cluster: Cluster, offline: bool = False, remote_for: Callable | None =
         if errors:
             raise CertsError("cannot read certificates from " + "; ".join(errors)
                              + " (use --offline to check the state only)")
+        if inv.hosted:
+            log(f"hosting {inv.hosted_namespace}: reading the control plane's certificates")
+            rows += hosted_rows(inv, loaded)
     rows.sort(key=lambda r: (r.not_after, r.where != STATE, r.where, r.name))
     return rows

@@ -119,6 +119,13 @@ def endpoints(inv: Inventory) -> list[Endpoint]:
                          components.port("kube-controller-manager", "secure"), None, None, CONTROLLER_MANAGER),
                 Endpoint(h.name, "kube-scheduler", "127.0.0.1", components.port("kube-scheduler", "secure"),
                          None, None, SCHEDULER)]
+    if inv.hosted and inv.workers:
+        # a hosted tenant's apiservers and konnectivity servers, as its first worker reaches them
+        # (through the hosting cluster's Service: one replica per connection)
+        w, (_, address, port) = inv.workers[0], inv.api_backends[0]
+        out += [Endpoint(w.name, "kube-apiserver (hosted)", address, port, "apiserver", "admin", APISERVER),
+                Endpoint(w.name, "konnectivity-server (hosted)", address, inv.hosted.expose.konnectivityPort,
+                         "apiserver", None, KONNECTIVITY)]
     for h in inv.workers:
         out.append(Endpoint(h.name, "kubelet", h.address, components.port("kubelet", "secure"),
                             f"kubelet/{h.name}-serving", "apiserver-kubelet-client", KUBELET))

@@ -52,6 +52,7 @@ from installer.core.pki.issue import Pair
 from installer.core.pki.material import Material, ensure
 from installer.core.pki.specs import CAS, CLUSTER_CA, ETCD_CA, FRONT_PROXY_CA, cert_specs
 from installer.core.render.plan import render_cluster
+from installer.core.render.tenant import tenant_plan_files
 from installer.core.safefs import write_atomic
 from installer.core.state import StateDir, write_admin_kubeconfig
 from installer.engine.context import Context
@@ -113,13 +114,16 @@ def rollout(inv: Inventory, old: Material, new: Material) -> dict[str, Rollout]:
     """Per host: the files that differ between the two materials and the units they restart
     (rendered without facts, as for a host that matches the state)."""
     before, after = render_cluster(inv, old), render_cluster(inv, new)
+    plans = [(h.name, before[h.name], after[h.name]) for h in inv.spec.hosts]
+    if inv.hosted:
+        plans.append((f"hosting {inv.hosted_namespace}", tenant_plan_files(inv, old), tenant_plan_files(inv, new)))
     out = {}
-    for h in inv.spec.hosts:
-        a, b = before[h.name].files, after[h.name].files
+    for name, was, now in plans:
+        a, b = was.files, now.files
         files = sorted(p for p, f in b.items() if p not in a or a[p].sha256 != f.sha256)
         units = restart_order(u for p in files for u in b[p].restarts)
         if files:
-            out[h.name] = Rollout(files, units)
+            out[name] = Rollout(files, units)
     return out
 
 
@@ -244,18 +248,28 @@ def _push_all(r: Roll) -> None:
         r.pending[h.name] = pushed.units
 
 
-def renew_steps(names: list[str], use_api: bool) -> list[Step[Roll]]:
+def _roll_tenant(r: Roll) -> None:
+    from installer.actions import upgrade_hosted
+    for components in (upgrade_hosted.ETCD, upgrade_hosted.APISERVER, upgrade_hosted.CONTROLLERS):
+        upgrade_hosted.roll(r.inv, r.new, components, r.wait_timeout, r.log)
+
+
+def renew_steps(names: list[str], use_api: bool, hosted: bool = False) -> list[Step[Roll]]:
     def save(r: Roll) -> None:
         paths = pki_paths(r.state, names) + ([r.state.admin_kubeconfig] if "admin" in names else [])
         keep_and_save(r, "renew", paths, "after fixing the cause, `installer apply` pushes what is missing and "
                                          "restarts what each host's pending-restart ledger names")
     nodes = ", the workers' kubelet and kube-proxy (each Node Ready before the next)" if use_api else \
         ", the workers' kubelet and kube-proxy"
+    tenant = [Step("roll the tenant's control plane in its hosting cluster with the new files: etcd's members one "
+                   "at a time (each healthy before the next), then the apiserver replicas (a new one ready before "
+                   "an old one goes), then the controller-managers and schedulers", _roll_tenant)] if hosted else []
     return [
         Step(CONNECT, connect),
         Step(f"save {len(names)} re-issued leaf certificate(s) (new keys, the same CAs); the old files kept in "
              "<state>/backups/renew-<time>/ (0700)", save),
         Step("push the new files to every host that holds one", _push_all),
+        *tenant,
         Step("restart what uses them, in order: etcd one member at a time (healthy before the next), "
              f"kube-apiserver one host at a time (/livez, /readyz), then the rest of the control plane{nodes}",
              lambda r: roll(r.ctx, r.pending, r.report, nodes_ready=use_api)),
@@ -270,7 +284,7 @@ def renew(cluster: Cluster, *, only=(), dry_run: bool = False, wait_timeout: flo
     state, old = load_state(cluster)
     names = leaf_names(inv, old, only)
     new = reissue(inv, old, names)
-    steps = renew_steps(names, use_api)
+    steps = renew_steps(names, use_api, hosted=inv.hosted is not None)
     report = Report("renew", dry_run, reissued_rows(inv, old, new, names), rollout(inv, old, new), notes=[NOT_OURS],
                     steps=plan(steps) if dry_run else [])
     if dry_run:

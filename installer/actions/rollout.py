@@ -266,5 +266,25 @@ def session(inv: Inventory, state: StateDir, material: Material, wait_timeout: f
             s.lock(h.name for h in inv.controls)
         except HostError as e:
             raise RenewError(str(e)) from None
-        s.mark_scope()                          # this run's commands in its scope from here on
-        yield ctx
+        with _tenant_lock(inv, s.run_id):
+            s.mark_scope()                      # this run's commands in its scope from here on
+            yield ctx
+
+
+@contextmanager
+def _tenant_lock(inv: Inventory, run_id: str) -> Iterator[None]:
+    """A hosted tenant's apply lock (a Lease in its namespace) for the command's length."""
+    if not inv.hosted:
+        yield
+        return
+    from installer.engine.executor import HostedExecutor
+    from installer.host.hosting import HostingError
+    tenant = HostedExecutor()
+    try:
+        try:
+            tenant.take_lock(inv, run_id)
+        except HostingError as e:
+            raise RenewError(str(e)) from None
+        yield
+    finally:
+        tenant.close()

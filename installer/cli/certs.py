@@ -7,7 +7,7 @@ import json
 
 import click
 
-from installer.cli.errors import domain_errors, systemd_only, with_cluster
+from installer.cli.errors import domain_errors, with_cluster
 from installer.cli.options import STATE_DEFAULT
 from installer.cli.output import table
 
@@ -29,7 +29,6 @@ def certs():
 @click.option("--output", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @domain_errors
 @with_cluster
-@systemd_only("certs check")
 def check(cluster, within, offline, fmt):
     """Every certificate in the state and as deployed on each host, soonest expiry first.
 
@@ -101,7 +100,6 @@ def print_report(report, fmt: str) -> None:
 @click.option("--output", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @domain_errors
 @with_cluster
-@systemd_only("certs renew")
 def renew(cluster, only, dry_run, wait_timeout, no_api, fmt):
     """Re-issue leaf certificates (new keys; never a CA), push them, restart in a safe order
     (etcd member by member, apiserver host by host, then the rest, then the workers, each Node

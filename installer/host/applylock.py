@@ -267,6 +267,12 @@ def release(remotes: dict[str, Remote], locked: list[str], run_id: str) -> None:
         locked.remove(host)
 
 
+def held_run(cluster: str) -> str | None:
+    """The run id this process holds ``cluster``'s lock as for a command's length (hold_run)."""
+    with _held_guard:
+        return _held.get(cluster)
+
+
 def hold_run(cluster: str, run_id: str | None) -> None:
     """Record (or with None forget) that this process holds ``cluster``'s lock as ``run_id``
     for a command's whole length (engine/session.py ``hold``): ``ours`` then knows it."""

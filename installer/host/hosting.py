@@ -164,20 +164,22 @@ def pod_problems(api: ApiClient, namespace: str) -> str:
     return "".join(out[:12])
 
 
-def held_files(api: ApiClient, namespace: str, paths: dict[str, str]) -> dict[str, bytes]:
-    """What the tenant's ConfigMaps in the hosting cluster hold of ``paths`` (ConfigMap key ->
-    host path): path -> bytes; nothing when the namespace or its ConfigMaps are not there yet."""
-    try:
-        found = rest(api, "GET", f"/api/v1/namespaces/{namespace}/configmaps", "the tenant's ConfigMaps") or {}
-    except ApiError as e:
-        if e.status == 404:
-            return {}
-        raise HostingError(f"namespace {namespace}: its ConfigMaps cannot be read: {status_message(e)}") from None
+def held_files(api: ApiClient, namespace: str, paths: dict[str, str], secrets: bool = False) -> dict[str, bytes]:
+    """What the tenant's ConfigMaps (and with ``secrets`` its Secrets) in the hosting cluster hold
+    of ``paths`` (key -> host path): path -> bytes; nothing when the namespace or its objects are
+    not there yet. Secrets' other keys are read and dropped, never kept."""
     out = {}
-    for cm in found.get("items", []):
-        for key, value in (cm.get("data") or {}).items():
-            if key in paths and isinstance(value, str):
-                out.setdefault(paths[key], value.encode())
+    for resource in ("configmaps", "secrets") if secrets else ("configmaps",):
+        try:
+            found = rest(api, "GET", f"/api/v1/namespaces/{namespace}/{resource}", f"the tenant's {resource}") or {}
+        except ApiError as e:
+            if e.status == 404:
+                return {}
+            raise HostingError(f"namespace {namespace}: its {resource} cannot be read: {status_message(e)}") from None
+        for obj in found.get("items", []):
+            for key, value in (obj.get("data") or {}).items():
+                if key in paths and isinstance(value, str):
+                    out.setdefault(paths[key], base64.b64decode(value) if resource == "secrets" else value.encode())
     return out
 
 

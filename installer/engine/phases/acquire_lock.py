@@ -12,7 +12,7 @@ import time
 from installer.engine.context import Context, Event
 from installer.engine.parts import pending_work
 from installer.engine.phases.base import Phase
-from installer.host.applylock import break_stale, dead_here, end_dead_run, stale_reason
+from installer.host.applylock import break_stale, dead_here, end_dead_run, held_run, stale_reason
 from installer.host.ssh import HostError
 
 
@@ -42,8 +42,11 @@ class AcquireLock(Phase):
     def run_host(self, ctx: Context, host: str) -> Event:
         if ctx.inv.hosted:
             from installer.host.hosting import HostingError  # lazy: urllib3, for hosted tenants only
+            # a run inside a day-2 command (upgrade's turns, node add) holds the Lease as that
+            # command's run: it is ours already, and that command gives it back
+            holder = held_run(ctx.inv.metadata.name) or ctx.run_id
             try:
-                ctx.executor.take_lock(ctx.inv, ctx.run_id, force=ctx.options.force_unlock)
+                ctx.executor.take_lock(ctx.inv, holder, force=ctx.options.force_unlock)
             except HostingError as e:
                 raise HostError(host, str(e)) from None
             return Event(self.name, host, "checked", detail=["the apply lock (a Lease) taken"])
