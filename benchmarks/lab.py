@@ -39,7 +39,7 @@ def pss_kib_in_netns(netns: str) -> int:
 
 @contextmanager
 def real_lab(name: str, subnet: str, controls: int, workers: int, tmp: str, *, needs: str = "kube-apiserver",
-             keep: bool = False) -> Iterator[tuple[Path, float]]:
+             keep: bool = False, hosting: bool = False) -> Iterator[tuple[Path, float]]:
     """A lab of nspawn hosts with the built real binaries (scripts/build-kubernetes; ``needs``
     one of them): (its inventory, seconds its `up` took). Any earlier lab of the name goes
     first; this one goes after, unless ``keep``, with how long `down` took printed."""
@@ -51,7 +51,7 @@ def real_lab(name: str, subnet: str, controls: int, workers: int, tmp: str, *, n
     inv = Path(tmp) / f"{name}.inventory.yaml"
     try:
         t = time.perf_counter()
-        lab_mod.up(name, controls, workers, 0, subnet, inv, quiet, artifacts=artifacts)
+        lab_mod.up(name, controls, workers, 0, subnet, inv, quiet, artifacts=artifacts, hosting=hosting)
         yield inv, time.perf_counter() - t
     finally:
         if not keep:

@@ -216,7 +216,10 @@ def hosted_rows(inv: Inventory, loaded: Material) -> list[CertRow]:
     material, _ = ensure(inv, loaded)
     material.cas.update(loaded.cas)
     material.certs.update(loaded.certs)
-    expected = certificate_paths(tenant_plan_files(inv, material))
+    plan = tenant_plan_files(inv, material)
+    # the files a pod reads (the rest of the virtual control host's plan, admin.conf, the
+    # health-check client, goes to no pod)
+    expected = {p: serial for p, serial in certificate_paths(plan).items() if plan.files[p].restarts}
     with hosting_api(inv) as api:
         held = hosting.held_files(api, inv.hosted_namespace, {key_for(p): p for p in expected}, secrets=True)
     where = f"hosting {inv.hosted_namespace}"
