@@ -21,12 +21,15 @@ import yaml
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
+from installer.actions.etcd_hosted import hosting_api
 from installer.core.cluster import Cluster
 from installer.core.errors import InstallerError, StateError
 from installer.core.inventory import Inventory
 from installer.core.pki.material import Material, ensure
 from installer.core.pki.specs import CAS
 from installer.core.render.plan import render_cluster
+from installer.core.render.pods import key_for
+from installer.core.render.tenant import tenant_plan_files
 from installer.core.render.worker import KUBELET_CLIENT_PEM
 from installer.core.state import StateDir
 from installer.engine.session import Session
@@ -209,10 +212,7 @@ def as_fetched(files: dict[str, bytes]) -> bytes:
 def hosted_rows(inv: Inventory, loaded: Material) -> list[CertRow]:
     """A hosted tenant's control-plane certificates as its Secrets and ConfigMaps in the hosting
     cluster hold them (where its pods read them), each compared with the state's."""
-    from installer.actions.etcd_hosted import hosting_api
-    from installer.core.render.pods import key_for
-    from installer.core.render.tenant import tenant_plan_files
-    from installer.host import hosting
+    from installer.host import hosting  # lazy: urllib3, for hosted tenants only
     material, _ = ensure(inv, loaded)
     material.cas.update(loaded.cas)
     material.certs.update(loaded.certs)

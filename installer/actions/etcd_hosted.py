@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -38,6 +39,7 @@ from installer.core.render.tenant import (
     member_names,
 )
 from installer.core.safefs import write_atomic
+from installer.engine.executor import HostedExecutor
 from installer.engine.session import hold
 from installer.engine.steps import Step, plan, run_steps
 from installer.host.kube import STRATEGIC_MERGE, ApiClient, ApiError, rest, status_message
@@ -53,7 +55,6 @@ ETCDUTL = f"{BIN}/etcdutl"
 @contextmanager
 def hosting_api(inv: Inventory) -> Iterator[ApiClient]:
     """The hosting cluster's client for a command that changes nothing (no lock)."""
-    from installer.engine.executor import HostedExecutor
     tenant = HostedExecutor()
     try:
         yield tenant.api(inv)
@@ -69,7 +70,6 @@ def component_pods(api: ApiClient, inv: Inventory, component: str) -> list[dict]
 
 def actions_for(inv: Inventory):
     """The module whose etcd operations serve ``inv``: this one for a hosted tenant."""
-    import sys
     return sys.modules[__name__] if inv.hosted else etcd_ops
 
 
@@ -228,9 +228,15 @@ def _stop_control_plane(r: _Restore) -> None:
 
 def _commit(r: _Restore) -> None:
     assert r.api is not None
+    done = []
     for pod in member_names(r.inv):
-        _run(r.api, r.inv, pod, _sh(f'rm -rf {ETCD_RESTORE}; mv {ETCD_RESTORE}.part {ETCD_RESTORE}'),
-             "hand over the snapshot")
+        try:
+            _run(r.api, r.inv, pod, _sh(f'rm -rf {ETCD_RESTORE}; mv {ETCD_RESTORE}.part {ETCD_RESTORE}'),
+                 "hand over the snapshot")
+        except EtcdOpError as e:
+            # a member handed the snapshot restores it at its next start, whatever happens here
+            raise EtcdOpError(f"{e}; handed over to {', '.join(done) or 'no member'} already{STOPPED}") from None
+        done.append(pod)
 
 
 def _restart_members(r: _Restore) -> None:

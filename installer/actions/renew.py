@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
+from installer.actions import upgrade_hosted
 from installer.actions.certs import existing_state
 from installer.actions.endpoints import endpoints, read_endpoints, verify
 from installer.actions.rollout import (
@@ -249,7 +250,6 @@ def _push_all(r: Roll) -> None:
 
 
 def _roll_tenant(r: Roll) -> None:
-    from installer.actions import upgrade_hosted
     for components in (upgrade_hosted.ETCD, upgrade_hosted.APISERVER, upgrade_hosted.CONTROLLERS):
         upgrade_hosted.roll(r.inv, r.new, components, r.wait_timeout, r.log)
 

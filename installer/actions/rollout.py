@@ -34,7 +34,7 @@ from installer.core.pki.material import Changes, Material
 from installer.core.render.plan import render_cluster
 from installer.core.state import StateDir
 from installer.engine.context import Context, Options
-from installer.engine.executor import CONTROL_PLANE_UNITS
+from installer.engine.executor import CONTROL_PLANE_UNITS, HostedExecutor
 from installer.engine.parts import control_plane_part, etcd_part, probed_files, worker_part
 from installer.engine.session import Session
 from installer.host import apireach, handover, probes, waits
@@ -277,8 +277,7 @@ def _tenant_lock(inv: Inventory, run_id: str) -> Iterator[None]:
     if not inv.hosted:
         yield
         return
-    from installer.engine.executor import HostedExecutor
-    from installer.host.hosting import HostingError
+    from installer.host.hosting import HostingError  # lazy: urllib3, for hosted tenants only
     tenant = HostedExecutor()
     try:
         try:
