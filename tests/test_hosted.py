@@ -222,9 +222,9 @@ def test_the_pods_roll_only_when_what_they_run_with_changes(rendered, tmp_path):
 
 @pytest.mark.parametrize("args", [["ca", "rotate"],
                                   ["etcd", "member", "add"], ["etcd", "member", "remove"]])
-def test_day2_commands_not_built_for_tenants_refuse_them_and_do_nothing(tmp_path, args):
-    """Day 2 of hosted tenants is the next issue: until then each such command says so, exit 2,
-    before it reads a host or the state."""
+def test_day2_commands_not_for_tenants_refuse_them_and_do_nothing(tmp_path, args):
+    """`ca rotate` is not built for tenants, and a tenant's members follow etcdReplicas: each
+    says so, exit 2, before it reads a host or the state."""
     from click.testing import CliRunner
 
     from installer.cli.main import cli
@@ -239,7 +239,9 @@ def test_day2_commands_not_built_for_tenants_refuse_them_and_do_nothing(tmp_path
     state = ["--state", str(tmp_path / "state")] if args[0] not in ("etcd",) or args[1] == "member" else []
     result = CliRunner().invoke(cli, [*args, str(inv), *extra, *state])
     assert result.exit_code == 2, result.output
-    assert "does not handle hosted control planes yet" in result.output, result.output
+    assert "does not handle hosted control planes" in result.output, result.output
+    if args[0] == "etcd":
+        assert "follow spec.controlPlane.hosted.etcdReplicas" in result.output, result.output
     assert not (tmp_path / "state").exists() or not any((tmp_path / "state").iterdir())
 
 
@@ -416,3 +418,13 @@ def test_a_renewal_of_a_tenant_rolls_its_control_plane_between_the_push_and_the_
     assert steps[roll - 1].startswith("push the new files") and steps[roll + 1].startswith("restart what uses them")
     names = [(e.host, e.name, e.port) for e in endpoints(p.inventory)]
     assert ("t1", "kube-apiserver (hosted)", 30443) in names and ("t1", "konnectivity-server (hosted)", 30132) in names
+
+
+
+def test_a_tenants_member_count_changes_one_member_at_a_time():
+    """etcdReplicas 1 -> 3 adds etcd-1 then etcd-2; 3 -> 1 removes etcd-2 then etcd-1 (member
+    0 always stays, the highest goes first); no change, or a first apply, changes nothing."""
+    from installer.host import tenant_etcd
+    assert tenant_etcd.scale_plan(1, 3) == ["+etcd-1", "+etcd-2"]
+    assert tenant_etcd.scale_plan(3, 1) == ["-etcd-2", "-etcd-1"]
+    assert tenant_etcd.scale_plan(3, 3) == [] and tenant_etcd.scale_plan(None, 3) == []

@@ -59,7 +59,7 @@ class Tenant:
 
 
 def tenant_inventory(rc: RealCluster, tmp: Path, name: str = "tenant", workers: tuple[str, ...] = A_WORKERS,
-                     ports: tuple[int, int] = (API_PORT, KONNECTIVITY_PORT)) -> Path:
+                     ports: tuple[int, int] = (API_PORT, KONNECTIVITY_PORT), etcd: int = 3) -> Path:
     """A tenant: ``workers`` (w3 and w4), its control plane in the real cluster, exposed on the
     hosting workers' addresses (NodePort ``ports``)."""
     lab_doc = yaml.safe_load(rc.lab.inventory.read_text())
@@ -75,7 +75,7 @@ def tenant_inventory(rc: RealCluster, tmp: Path, name: str = "tenant", workers: 
         "kubeconfig": str(rc.kubeconfig),
         "expose": {"type": "NodePort", "addresses": [rc.address(w) for w in rc.workers],
                    "port": ports[0], "konnectivityPort": ports[1]},
-        "apiServerReplicas": 2, "etcdReplicas": 3, "storageClass": "local-path"}}
+        "apiServerReplicas": 2, "etcdReplicas": etcd, "storageClass": "local-path"}}
     spec["hosts"] = hosts
     doc = {"apiVersion": lab_doc["apiVersion"], "kind": "Cluster", "metadata": {"name": name}, "spec": spec}
     path = tmp / f"{name}.yaml"
@@ -549,7 +549,8 @@ def _admin_pem(state: Path, tmp: Path) -> Path:
 def test_a_second_tenant_refuses_the_firsts_credentials_and_reset_removes_it(tenant: Tenant, tmp_path_factory):
     rc = tenant.rc
     tmp = tmp_path_factory.mktemp("tenant-b")
-    inventory, state = tenant_inventory(rc, tmp / "b", "tenant-b", B_WORKERS, (30444, 30133)), tmp / "state"
+    # one etcd member: grown to three and back below
+    inventory, state = tenant_inventory(rc, tmp / "b", "tenant-b", B_WORKERS, (30444, 30133), etcd=1), tmp / "state"
     started = time.monotonic()
     proc = run_installer("apply", str(inventory), "--state", str(state), "--wait-timeout", "900")
     print(f"\nsecond tenant: apply {time.monotonic() - started:.0f} s\n{proc.stdout}")
@@ -574,6 +575,30 @@ def test_a_second_tenant_refuses_the_firsts_credentials_and_reset_removes_it(ten
         files = rc.get("secret", "kube-apiserver-files", "-n", ns)["data"]
         key = base64.b64decode(files["etc_kubernetes_pki_apiserver.key"])
         assert key == (st / "pki" / "apiserver.key").read_bytes(), ns
+
+    # etcd 1 -> 3 -> 1 members by `apply` (etcdReplicas), one member at a time; nothing lost
+    b.kubectl("create", "configmap", "before-scale", "--from-literal=k=v")
+    doc = yaml.safe_load(inventory.read_text())
+    for count in (3, 1):
+        doc["spec"]["controlPlane"]["hosted"]["etcdReplicas"] = count
+        inventory.write_text(yaml.safe_dump(doc, sort_keys=False))
+        started = time.monotonic()
+        report = json.loads(run_installer("apply", str(inventory), "--state", str(state), "--wait-timeout", "600",
+                                          "--output", "json").stdout)
+        said = [d for e in report["events"] if e["phase"] == "hosted" for d in e.get("detail") or []
+                if "etcd member" in d]
+        assert said == ([f"add etcd member etcd-{i}" for i in (1, 2)] if count == 3 else
+                        [f"remove etcd member etcd-{i}" for i in (2, 1)]), said
+        listed = json.loads(run_installer("etcd", "members", str(inventory), "--output", "json").stdout)
+        print(f"etcd of tenant-b to {count} member(s) by apply: {time.monotonic() - started:.0f} s")
+        assert sorted(m["name"] for m in listed) == [f"etcd-{i}" for i in range(count)], listed
+        assert not any(m["learner"] for m in listed)
+        assert b.get("configmap", "before-scale")["data"] == {"k": "v"}
+        claims = [c["metadata"]["name"] for c in rc.get("pvc", "-n", "hp-tenant-b")["items"]]
+        assert sorted(claims) == [f"data-etcd-{i}" for i in range(count)], claims
+        b.kubectl("create", "configmap", f"at-{count}", "--from-literal=k=v")
+    again = json.loads(run_installer("apply", str(inventory), "--state", str(state), "--output", "json").stdout)
+    assert not [e for e in again["events"] if e["phase"] == "hosted" and e["action"] == "changed"], again["events"]
 
     proc = run_installer("reset", str(inventory), "--state", str(state), "--yes", timeout=900)
     print(proc.stdout[-800:])

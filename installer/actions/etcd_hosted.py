@@ -27,14 +27,11 @@ from pathlib import Path
 
 from installer.actions import etcd_ops
 from installer.actions.etcd_ops import SnapshotInfo, member_revision, restore_token, snapshot_info
-from installer.core.etcd_rules import EtcdOpError, Member, parse_members
+from installer.core.etcd_rules import EtcdOpError, Member
 from installer.core.inventory import Inventory
-from installer.core.render.control import ETCD_PKI_DIR
 from installer.core.render.tenant import (
-    BIN,
     ETCD_RESTORE,
     ETCD_VOLUME,
-    component_selector,
     deployment_replicas,
     member_names,
 )
@@ -43,13 +40,15 @@ from installer.engine.executor import HostedExecutor
 from installer.engine.session import hold
 from installer.engine.steps import Step, plan, run_steps
 from installer.host.kube import STRATEGIC_MERGE, ApiClient, ApiError, rest, status_message
-from installer.host.podexec import ExecResult, pod_exec
-
-CONTAINER = "etcd"
-ETCDCTL = [f"{BIN}/etcdctl", "--endpoints=https://127.0.0.1:2379", f"--cacert={ETCD_PKI_DIR}/ca.crt",
-           f"--cert={ETCD_PKI_DIR}/peer.crt", f"--key={ETCD_PKI_DIR}/peer.key", "--dial-timeout=3s",
-           "--command-timeout=30s"]
-ETCDUTL = f"{BIN}/etcdutl"
+from installer.host.tenant_etcd import (
+    ETCDCTL,
+    ETCDUTL,
+    component_pods,
+    member_list,
+    pod_ready,
+    ready_members,
+    run_in_member,
+)
 
 
 @contextmanager
@@ -62,37 +61,9 @@ def hosting_api(inv: Inventory) -> Iterator[ApiClient]:
         tenant.close()
 
 
-def component_pods(api: ApiClient, inv: Inventory, component: str) -> list[dict]:
-    found = rest(api, "GET", f"/api/v1/namespaces/{inv.hosted_namespace}/pods", f"the {component} pods",
-                 query={"labelSelector": component_selector(inv, component)}) or {}
-    return found.get("items", [])
-
-
 def actions_for(inv: Inventory):
     """The module whose etcd operations serve ``inv``: this one for a hosted tenant."""
     return sys.modules[__name__] if inv.hosted else etcd_ops
-
-
-def _ready(pod: dict) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in (pod.get("status") or {}).get("conditions") or [])
-
-
-def ready_members(api: ApiClient, inv: Inventory) -> list[str]:
-    """The etcd pods that are ready, in member order; an EtcdOpError when none is."""
-    ready = {p["metadata"]["name"] for p in component_pods(api, inv, "etcd") if _ready(p)}
-    out = [m for m in member_names(inv) if m in ready]
-    if not out:
-        raise EtcdOpError(f"namespace {inv.hosted_namespace}: no etcd member's pod is ready")
-    return out
-
-
-def _run(api: ApiClient, inv: Inventory, pod: str, argv: list[str], what: str, stdin: bytes | None = None,
-         check: bool = True, timeout: float = 300) -> ExecResult:
-    r = pod_exec(api, inv.hosted_namespace, pod, CONTAINER, argv, stdin=stdin, timeout=timeout)
-    if check and r.rc != 0:
-        raise EtcdOpError(f"{pod}: {what} failed (exit {r.rc}): {r.stderr.decode(errors='replace').strip()[-500:]}")
-    return r
 
 
 def _sh(script: str) -> list[str]:
@@ -103,9 +74,7 @@ def _sh(script: str) -> list[str]:
 
 def members(inv: Inventory) -> list[Member]:
     with hosting_api(inv) as api:
-        pod = ready_members(api, inv)[0]
-        out = _run(api, inv, pod, [*ETCDCTL, "member", "list", "-w", "json"], "etcdctl member list").stdout
-    return parse_members(out.decode(), pod)
+        return member_list(api, inv, ready_members(api, inv)[0])
 
 
 def snapshot_save(inv: Inventory, dest, force: bool = False) -> SnapshotInfo:
@@ -119,13 +88,13 @@ def snapshot_save(inv: Inventory, dest, force: bool = False) -> SnapshotInfo:
     with hosting_api(inv) as api:
         pod = ready_members(api, inv)[0]
         try:
-            out = _run(api, inv, pod, _sh(
+            out = run_in_member(api, inv, pod, _sh(
                 f"set -e; umask 077; {shlex.join(ETCDCTL)} endpoint status -w json; echo; "
                 f"{shlex.join(ETCDCTL)} snapshot save {q} >/dev/null; {ETCDUTL} snapshot status {q} -w json"),
                 "etcdctl snapshot save, etcdutl snapshot status").stdout.decode(errors="replace")
-            data = _run(api, inv, pod, ["/bin/cat", tmp], "read the snapshot").stdout
+            data = run_in_member(api, inv, pod, ["/bin/cat", tmp], "read the snapshot").stdout
         finally:
-            _run(api, inv, pod, ["/bin/rm", "-f", tmp, f"{tmp}.part"], "remove the snapshot file", check=False)
+            run_in_member(api, inv, pod, ["/bin/rm", "-f", tmp, f"{tmp}.part"], "remove the snapshot file", check=False)
     lines = [x for x in out.splitlines() if x.strip()]
     try:
         member, st = json.loads(lines[0]), json.loads(lines[-1])
@@ -181,14 +150,14 @@ def _upload(r: _Restore) -> None:
     try:
         for pod in names:
             done.append(pod)
-            _run(r.api, r.inv, pod, _sh(
+            run_in_member(r.api, r.inv, pod, _sh(
                 'set -e; umask 077; rm -rf "$1"; mkdir -p "$1"; cat > "$1/snapshot.db"; printf %s "$2" > "$1/token"; '
                 f'{ETCDUTL} snapshot status "$1/snapshot.db" -w json >/dev/null') + ["sh", part,
                                                                                    restore_token(r.inv, r.stamp)],
                 "copy and check the snapshot", stdin=r.data)
     except Exception:
         for pod in done:
-            _run(r.api, r.inv, pod, ["/bin/rm", "-rf", part], "remove the snapshot copy", check=False)
+            run_in_member(r.api, r.inv, pod, ["/bin/rm", "-rf", part], "remove the snapshot copy", check=False)
         raise
 
 
@@ -231,7 +200,7 @@ def _commit(r: _Restore) -> None:
     done = []
     for pod in member_names(r.inv):
         try:
-            _run(r.api, r.inv, pod, _sh(f'rm -rf {ETCD_RESTORE}; mv {ETCD_RESTORE}.part {ETCD_RESTORE}'),
+            run_in_member(r.api, r.inv, pod, _sh(f'rm -rf {ETCD_RESTORE}; mv {ETCD_RESTORE}.part {ETCD_RESTORE}'),
                  "hand over the snapshot")
         except EtcdOpError as e:
             # a member handed the snapshot restores it at its next start, whatever happens here
@@ -253,7 +222,7 @@ def _restart_members(r: _Restore) -> None:
     def left() -> str:
         pods = {p["metadata"]["name"]: p for p in component_pods(r.api, r.inv, "etcd")}
         waiting = [m for m in member_names(r.inv)
-                   if m not in pods or pods[m]["metadata"]["uid"] in r.old_uids or not _ready(pods[m])]
+                   if m not in pods or pods[m]["metadata"]["uid"] in r.old_uids or not pod_ready(pods[m])]
         return f"etcd member(s) not back and ready: {', '.join(waiting)}" if waiting else ""
     _until(r, left, "the etcd members' restore")
 

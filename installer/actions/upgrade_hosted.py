@@ -13,11 +13,12 @@ member at a time, each ready, that is healthy, before the next), then the apiser
 
 from __future__ import annotations
 
-from installer.actions.etcd_hosted import component_pods, hosting_api
+from installer.actions.etcd_hosted import hosting_api
 from installer.core.inventory import Inventory
 from installer.core.pki.specs import HOSTED_ETCD
 from installer.core.render.tenant import deployment_replicas, render_tenant
 from installer.core.upgrade_rules import HostState, oldest
+from installer.host.tenant_etcd import component_pods, pod_ready
 
 # the virtual control host of a hosted tenant, as the upgrade's order names it
 CONTROL = HOSTED_ETCD
@@ -38,9 +39,7 @@ def control_state(inv: Inventory) -> tuple[HostState, dict[str, bool]]:
         members = component_pods(api, inv, "etcd")
     etcd = ["v" + _tag(c["image"]).split("-")[0] for p in members for c in p["spec"]["containers"]
             if c["name"] == "etcd"]
-    health = {p["metadata"]["name"]: any(c.get("type") == "Ready" and c.get("status") == "True"
-                                         for c in (p.get("status") or {}).get("conditions") or [])
-              for p in members}
+    health = {p["metadata"]["name"]: pod_ready(p) for p in members}
     return HostState(CONTROL, "control", oldest(kube), oldest(etcd)), health
 
 

@@ -35,13 +35,13 @@ def with_cluster(fn):
     return wrapper
 
 
-def systemd_only(command: str):
-    """For a command that does not handle hosted control planes yet (under ``with_cluster``):
-    refused on a hosted tenant before it does anything."""
+def systemd_only(command: str, instead: str = ""):
+    """For a command that does not handle hosted control planes (under ``with_cluster``):
+    refused on a hosted tenant before it does anything, saying what to use ``instead``."""
     def wrap(fn):
         @functools.wraps(fn)
         def wrapper(*args, cluster, **kwargs):
-            api.refuse_hosted(cluster.inv, command)
+            api.refuse_hosted(cluster.inv, command, instead)
             return fn(*args, cluster=cluster, **kwargs)
         return wrapper
     return wrap

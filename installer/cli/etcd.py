@@ -98,6 +98,10 @@ def member():
     """
 
 
+# a hosted tenant's members are the pods of its etcd StatefulSet (host/tenant_etcd.py)
+TENANT_MEMBERS = ("a hosted tenant's etcd members follow spec.controlPlane.hosted.etcdReplicas (1 or 3): change it "
+                  "and run `installer apply`, which adds or removes one member at a time, every member healthy first")
+
 ALLOW_EVEN_HELP = ("Allow an even member count: only as one step of replacing a host "
                    "(3 -> 2 while a dead member is replaced, then 2 -> 3).")
 
@@ -113,7 +117,7 @@ ALLOW_EVEN_HELP = ("Allow an even member count: only as one step of replacing a 
 @OUTPUT
 @domain_errors
 @with_cluster
-@systemd_only("etcd member add")
+@systemd_only("etcd member add", TENANT_MEMBERS)
 def member_add(cluster, name, allow_even, wait_timeout, dry_run, fmt):
     """Join control host NAME (already in INVENTORY) to etcd: registered as a learner, its member
     started with --initial-cluster-state=existing, promoted once in sync; then every control
@@ -143,7 +147,7 @@ def member_add(cluster, name, allow_even, wait_timeout, dry_run, fmt):
 @OUTPUT
 @domain_errors
 @with_cluster
-@systemd_only("etcd member remove")
+@systemd_only("etcd member remove", TENANT_MEMBERS)
 def member_remove(cluster, name, allow_even, host_unreachable, yes, wait_timeout, dry_run, fmt):
     """Remove etcd member NAME: stop its control plane and etcd, `etcdctl member remove` through
     another member, move its /var/lib/etcd aside, check the others healthy. NAME may already be

@@ -123,12 +123,13 @@ class NotForHosted(InstallerError):
     """A command that does not handle hosted control planes yet: refused before it does anything."""
 
 
-def refuse_hosted(inv, command: str) -> None:
-    """Refuse ``command`` on a hosted tenant, naming it and what to use meanwhile: day 2 of
-    hosted control planes (docs/hosted.md, "Not done yet")."""
+def refuse_hosted(inv, command: str, instead: str = "") -> None:
+    """Refuse ``command`` on a hosted tenant, naming it and what to use ``instead`` (default:
+    day 2 of hosted control planes not built yet, docs/hosted.md, "Not done yet")."""
     if inv.spec.controlPlane.mode == HOSTED:
-        raise NotForHosted(f"`installer {command}` does not handle hosted control planes yet (spec.controlPlane.mode: "
-                           "hosted; docs/hosted.md, \"Not done yet\"): nothing was done")
+        raise NotForHosted(f"`installer {command}` does not handle hosted control planes"
+                           + (f": {instead}" if instead else " yet (spec.controlPlane.mode: hosted; docs/hosted.md, "
+                              "\"Not done yet\")") + "; nothing was done")
 
 
 # --- checks across the document (raw data: a bad field elsewhere never hides them) -----------

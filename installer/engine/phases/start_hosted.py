@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 
 from installer.core import trust
+from installer.core.etcd_rules import EtcdOpError
 from installer.core.render.pods import key_for
 from installer.core.render.tenant import render_tenant, tenant_plan_files
 from installer.engine.context import Context, Event
@@ -28,17 +29,20 @@ class StartHosted(Phase):
         return [ctx.inv.hosted_namespace] if ctx.inv.hosted else []
 
     def run_host(self, ctx: Context, host: str) -> Event:
-        from installer.host import hosting  # lazy: urllib3, for hosted tenants only
+        from installer.host import hosting, tenant_etcd  # lazy: urllib3, for hosted tenants only
         started = time.monotonic()
         tenant = render_tenant(ctx.inv, ctx.material)
+        api = ctx.executor.api(ctx.inv)
         try:
-            done = hosting.converge(ctx.executor.api(ctx.inv), tenant.objects, ctx.inv.spec.kubernetes.version,
-                                    dry_run=ctx.options.dry_run)
-        except hosting.HostingError as e:
+            # a changed member count first, one member at a time (host/tenant_etcd.py), then
+            # the objects as rendered for it
+            scaled = tenant_etcd.scale(api, ctx.inv, ctx.options.wait_timeout, ctx.log, dry_run=ctx.options.dry_run)
+            done = hosting.converge(api, tenant.objects, ctx.inv.spec.kubernetes.version, dry_run=ctx.options.dry_run)
+        except (hosting.HostingError, EtcdOpError) as e:
             raise HostError(host, str(e)) from None
         verb = "would " if ctx.options.dry_run else ""
-        changed = [f"{verb}{'create' if a == 'created' else 'replace'} {k} {n}" if verb else f"{a} {k} {n}"
-                   for k, n, a in done if a != "unchanged"]
+        changed = scaled + [f"{verb}{'create' if a == 'created' else 'replace'} {k} {n}" if verb else f"{a} {k} {n}"
+                            for k, n, a in done if a != "unchanged"]
         self.workloads = tenant.workloads()
         return Event(self.name, host, "changed" if changed else "unchanged", time.monotonic() - started,
                      files=len(changed), detail=changed)
