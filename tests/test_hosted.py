@@ -220,11 +220,10 @@ def test_the_pods_roll_only_when_what_they_run_with_changes(rendered, tmp_path):
     assert digest(three, "kube-controller-manager") == digest(plan, "kube-controller-manager")
 
 
-@pytest.mark.parametrize("args", [["ca", "rotate"],
-                                  ["etcd", "member", "add"], ["etcd", "member", "remove"]])
+@pytest.mark.parametrize("args", [["etcd", "member", "add"], ["etcd", "member", "remove"]])
 def test_day2_commands_not_for_tenants_refuse_them_and_do_nothing(tmp_path, args):
-    """`ca rotate` is not built for tenants, and a tenant's members follow etcdReplicas: each
-    says so, exit 2, before it reads a host or the state."""
+    """A tenant's members follow etcdReplicas: `etcd member add|remove` say so, exit 2, before
+    they read a host or the state."""
     from click.testing import CliRunner
 
     from installer.cli.main import cli
@@ -240,8 +239,7 @@ def test_day2_commands_not_for_tenants_refuse_them_and_do_nothing(tmp_path, args
     result = CliRunner().invoke(cli, [*args, str(inv), *extra, *state])
     assert result.exit_code == 2, result.output
     assert "does not handle hosted control planes" in result.output, result.output
-    if args[0] == "etcd":
-        assert "follow spec.controlPlane.hosted.etcdReplicas" in result.output, result.output
+    assert "follow spec.controlPlane.hosted.etcdReplicas" in result.output, result.output
     assert not (tmp_path / "state").exists() or not any((tmp_path / "state").iterdir())
 
 
@@ -428,3 +426,24 @@ def test_a_tenants_member_count_changes_one_member_at_a_time():
     assert tenant_etcd.scale_plan(1, 3) == ["+etcd-1", "+etcd-2"]
     assert tenant_etcd.scale_plan(3, 1) == ["-etcd-2", "-etcd-1"]
     assert tenant_etcd.scale_plan(3, 3) == [] and tenant_etcd.scale_plan(None, 3) == []
+
+
+def test_a_ca_rotation_of_a_tenant_stops_and_starts_it_in_its_hosting_cluster(rendered):
+    """`ca rotate --dry-run` of a tenant: its control plane stopped (etcd's members too when the
+    etcd CA rotates: members of two CAs cannot talk), written with the new files and started,
+    before the tokens and the workers' bootstrap, as on control hosts."""
+    from click.testing import CliRunner
+
+    from installer.cli.main import cli
+    p, _ = rendered
+    d = p.state.root.parent
+    for which, etcd in (("ca", False), ("etcd-ca", True)):
+        res = CliRunner().invoke(cli, ["ca", "rotate", str(d / "tenant.yaml"), "--state", str(p.state.root),
+                                       "--which", which, "--dry-run"])
+        assert res.exit_code == 0, res.output
+        order = ["new CA(s)", "stop the tenant's kube-apiserver", "write the tenant's Secrets",
+                 "bootstrap token Secrets", "each worker in turn", "check by TLS handshake"]
+        at = [res.output.find(w) for w in order]
+        assert -1 not in at and at == sorted(at), res.output
+        assert ("and etcd's members (their volumes stay" in res.output) == etcd, res.output
+        assert "on control hosts" not in res.output and "push the new files to" not in res.output

@@ -21,8 +21,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cryptography import x509
 
 from installer.core.artifacts import read_sums
+from installer.core.pki import issue
 from installer.lab.debian_artifacts import WORKER_IMAGES
 
 from .builtfixtures import UPGRADE_TO, _linked_dir, e2e_dir, upgrade_artifacts_dir
@@ -651,6 +653,46 @@ def test_certs_check_reads_the_tenants_certificates_and_renew_rolls_them(tenant:
     print(f"\ncerts renew of the tenant's apiserver and etcd serving certificates: {seconds:.0f} s; API probe "
           f"{ok} ok, {len(failed)} failed" + "".join(f"\n  {f}" for f in failed[:5]))
     assert ok > 20 and not failed, failed[:5]
+
+
+def test_ca_rotate_moves_the_tenant_and_its_workers_to_new_cas(tenant: Tenant, tmp_path):
+    """`ca rotate` of every CA of the tenant: its control plane stopped in the hosting cluster
+    (etcd too: its CA changes), written with the new files and started; the workers bootstrap
+    again; etcd's data kept; the old admin certificate refused; the Service presents a
+    certificate of the new CA; the hosting cluster's copies of the CAs are the new ones."""
+    rc = tenant.rc
+    old_admin = _admin_pem(tenant.state, tmp_path)
+    old_ca = (tenant.state / "pki" / "ca.crt").read_bytes()
+    tenant.kubectl("create", "configmap", "before-rotate", "--from-literal=k=1")
+    started = time.monotonic()
+    proc = run_installer("ca", "rotate", str(tenant.inventory), "--state", str(tenant.state), "--yes",
+                         "--wait-timeout", "600", "--output", "json", timeout=1800)
+    seconds = time.monotonic() - started
+    report = json.loads(proc.stdout)
+    assert all(c["ok"] for c in report["checks"]), [c for c in report["checks"] if not c["ok"]]
+    new_ca = (tenant.state / "pki" / "ca.crt").read_bytes()
+    assert new_ca != old_ca
+    run_installer("kubeconfig", str(tenant.inventory), "--state", str(tenant.state), "-o", str(tenant.kubeconfig),
+                  "--force")
+
+    def workers_ready() -> bool:
+        nodes = tenant.get("nodes")["items"]
+        return len(nodes) == len(A_WORKERS) and all(
+            any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"]["conditions"]) for n in nodes)
+    wait_for("the tenant's workers Ready under the new CA", workers_ready, timeout=600)
+    assert tenant.get("configmap", "before-rotate")["data"] == {"k": "1"}, "etcd kept its data"
+    url = f"https://{rc.address(rc.workers[0])}:{API_PORT}/api"
+    ca = tenant.state / "pki" / "ca.crt"
+    assert _https(url, ca, old_admin)[0] == 401
+    (tmp_path / "new").mkdir()
+    assert _https(url, ca, _admin_pem(tenant.state, tmp_path / "new"))[0] == 200
+    held = rc.get("configmap", "kube-apiserver-config", "-n", NS)["data"]
+    assert held["etc_kubernetes_pki_ca.crt"].encode() == new_ca
+    for w in A_WORKERS:
+        pem = rc.ssh(w, "cat /var/lib/kubelet/pki/kubelet-client-current.pem").stdout
+        cert = x509.load_pem_x509_certificate(pem[pem.index("-----BEGIN CERTIFICATE"):].encode())
+        assert issue.signed_by(cert, x509.load_pem_x509_certificate(new_ca)), w
+    print(f"\nca rotate of the tenant (every CA): {seconds:.0f} s")
 
 
 # --- upgrade: the tenant a minor up, under probes (last: the tenants before run the default version) ---

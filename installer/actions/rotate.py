@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
+from installer.actions import upgrade_hosted
 from installer.actions.certs import existing_state
 from installer.actions.endpoints import verify
 from installer.actions.renew import (
@@ -258,16 +259,38 @@ def _rebootstrap_workers(r: _Rotation) -> None:
             _rebootstrap_worker(r.ctx, w.name, r.report, r.use_api)
 
 
+def _stop_tenant(r: _Rotation) -> None:
+    upgrade_hosted.stop(r.inv, r.wait_timeout, r.log, etcd=r.etcd_together)
+
+
+def _start_tenant(r: _Rotation) -> None:
+    # its objects as the new material renders them, the replica counts with them: etcd's members
+    # start together on their volumes, then the rest rolls out
+    upgrade_hosted.roll(r.inv, r.new, upgrade_hosted.ALL, r.wait_timeout, r.log)
+    r.ctx.material = r.new
+    for w in r.inv.workers:
+        r.ctx.facts[w.name].kubelet_joined = False
+        r.ctx.rejoin.add(w.name)
+
+
+def _tenant_steps(r: _Rotation) -> list[Step[_Rotation]]:
+    ns = r.inv.hosted_namespace
+    etcd = ", and etcd's members (their volumes stay: members of different CAs cannot talk)" \
+        if r.etcd_together else ""
+    return [Step(f"stop the tenant's kube-apiserver, kube-controller-manager and kube-scheduler in {ns} (replicas 0)"
+                 f"{etcd}; the API is down from here", _stop_tenant),
+            Step(f"write the tenant's Secrets, ConfigMaps and workloads in {ns} with the new files and start it: "
+                 + ("etcd's members together, " if r.etcd_together else "etcd's members one at a time, ")
+                 + "then the apiserver replicas, controller-managers and schedulers; wait until every one is ready",
+                 _start_tenant)]
+
+
 def _rotate_steps(r: _Rotation) -> list[Step[_Rotation]]:
+    if r.inv.hosted:
+        return _steps_around(r, _tenant_steps(r))
     controls = ", ".join(r.controls)
     stop = "kube-scheduler, kube-controller-manager" + (", konnectivity-server" if konnectivity_enabled(r.inv) else "")
-    steps = [
-        Step(CONNECT, connect),
-        Step(f"new CA(s): {', '.join(r.cas)}; every leaf certificate re-issued with a new key; a new bootstrap "
-             "token per worker; the service-account key and the encryption key kept; the old CA material, leaves, "
-             "tokens and admin.conf kept in <state>/backups/ca-rotate-<time>/ (0700)", _save),
-        Step(f"stop {stop}, kube-apiserver on {controls} (the API is down from here)", _stop_control_plane),
-    ]
+    steps = [Step(f"stop {stop}, kube-apiserver on {controls} (the API is down from here)", _stop_control_plane)]
     if r.etcd_together:
         steps.append(Step(f"stop etcd on {controls} (members of different CAs cannot talk; the data directory "
                           "stays)", _stop_etcd))
@@ -276,6 +299,18 @@ def _rotate_steps(r: _Rotation) -> list[Step[_Rotation]]:
             "restart etcd one member at a time, waiting for a healthy cluster after each")
     steps.append(Step(f"{etcd}; then start kube-apiserver on each control host in turn (wait for /livez and "
                       "/readyz), then the rest of the control plane", _start_control_plane))
+    return _steps_around(r, steps)
+
+
+def _steps_around(r: _Rotation, control_plane: list[Step[_Rotation]]) -> list[Step[_Rotation]]:
+    """The rotation's steps around those of its control plane (on control hosts, or a tenant's)."""
+    steps = [
+        Step(CONNECT, connect),
+        Step(f"new CA(s): {', '.join(r.cas)}; every leaf certificate re-issued with a new key; a new bootstrap "
+             "token per worker; the service-account key and the encryption key kept; the old CA material, leaves, "
+             "tokens and admin.conf kept in <state>/backups/ca-rotate-<time>/ (0700)", _save),
+        *control_plane,
+    ]
     if r.use_api:
         steps.append(Step("through the API: create the new bootstrap token Secrets, delete the old ones",
                           lambda r: _api_tokens(r.ctx, r.old, r.report)))

@@ -13,11 +13,15 @@ member at a time, each ready, that is healthy, before the next), then the apiser
 
 from __future__ import annotations
 
+import time
+
 from installer.actions.etcd_hosted import hosting_api
+from installer.core.errors import InstallerError
 from installer.core.inventory import Inventory
 from installer.core.pki.specs import HOSTED_ETCD
 from installer.core.render.tenant import deployment_replicas, render_tenant
 from installer.core.upgrade_rules import HostState, oldest
+from installer.host.kube import STRATEGIC_MERGE, rest
 from installer.host.tenant_etcd import component_pods, pod_ready
 
 # the virtual control host of a hosted tenant, as the upgrade's order names it
@@ -67,3 +71,29 @@ def roll(inv: Inventory, material, components: tuple[str, ...], timeout: float, 
 ETCD = ("etcd",)
 APISERVER = ("kube-apiserver",)
 CONTROLLERS = ("kube-controller-manager", "kube-scheduler")
+
+
+# --- stopping and starting the whole control plane (a CA rotation) -------------------------------
+
+def stop(inv: Inventory, timeout: float, log, etcd: bool = False) -> None:
+    """Every apiserver, controller-manager and scheduler (and with ``etcd`` every member) gone:
+    replicas 0, waited until no pod of them is left; the members' volumes stay."""
+    ns = inv.hosted_namespace
+    names = [*deployment_replicas(inv), *(["etcd"] if etcd else [])]
+    with hosting_api(inv) as api:
+        for name in names:
+            kind = "statefulsets" if name == "etcd" else "deployments"
+            rest(api, "PATCH", f"/apis/apps/v1/namespaces/{ns}/{kind}/{name}", f"{kind}/{name}",
+                 {"spec": {"replicas": 0}}, content_type=STRATEGIC_MERGE)
+        deadline, last = time.monotonic() + timeout, ""
+        while pods := [p["metadata"]["name"] for n in names for p in component_pods(api, inv, n)]:
+            line = f"{len(pods)} pod(s) still running: {', '.join(pods)}"
+            if line != last:
+                log(f"  hosting {ns}: {line}")
+                last = line
+            if time.monotonic() > deadline:
+                raise InstallerError(f"namespace {ns}: {line} after {timeout:.0f} s")
+            time.sleep(2)
+
+
+ALL = ETCD + APISERVER + CONTROLLERS

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from installer.cli.certs import STATE_HELP, print_report
-from installer.cli.errors import domain_errors, systemd_only, with_cluster
+from installer.cli.errors import domain_errors, with_cluster
 from installer.cli.options import DRY_RUN, OUTPUT, echo_plan
 from installer.cli.output import nothing_without_yes
 
@@ -33,7 +33,6 @@ def ca():
 @OUTPUT
 @domain_errors
 @with_cluster
-@systemd_only("ca rotate")
 def rotate(cluster, which, yes, no_api, wait_timeout, dry_run, fmt):
     """New certificate authorities and every certificate re-issued under them, rolled out without
     losing etcd data: the complete cure for a stolen certificate (kube-apiserver has no
