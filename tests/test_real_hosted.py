@@ -131,7 +131,7 @@ def tenant(real_cluster: RealCluster, tmp_path_factory) -> Tenant:
             "poddisruptionbudgets", "-n", NS)["items"], timeout=120)
 
 
-def test_the_tenant_shows_its_own_workers_only(tenant: Tenant):
+def test_the_tenant_shows_its_own_workers_only(tenant: Tenant, tenant_b):
     nodes = tenant.get("nodes")["items"]
     assert sorted(n["metadata"]["name"] for n in nodes) == sorted(A_WORKERS)
     assert all(any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"]["conditions"])
@@ -490,24 +490,6 @@ def test_a_tenant_workers_join_token_mints_no_other_node(tenant: Tenant):
     print(f"\n{line}")
 
 
-def test_node_revoke_refuses_a_stolen_kubelet_certificate_of_a_tenant(tenant: Tenant, tmp_path):
-    stolen = tmp_path / "stolen.pem"
-    stolen.write_text(tenant.rc.ssh("w4", f"cat {KUBELET_CLIENT}").stdout)
-    stolen.chmod(0o600)
-    ca = tenant.state / "pki" / "ca.crt"
-    url = f"https://{tenant.rc.address(tenant.rc.workers[0])}:{API_PORT}"
-    assert _https(f"{url}/api/v1/nodes/w4", ca, stolen)[0] == 200
-    proc = run_installer("node", "revoke", str(tenant.inventory), "w4", "--state", str(tenant.state), "--yes",
-                         "--host-unreachable", timeout=900)
-    print("\n" + proc.stdout[-1500:])
-    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "w4"}}
-    # every connection is balanced to one of the two apiservers: each refuses it
-    for _ in range(8):
-        code, answer = _https(f"{url}/api/v1/nodes", ca, stolen, method="POST", body=node)
-        assert code == 403 and "this node identity was revoked" in answer, (code, answer[:300])
-    assert [n["metadata"]["name"] for n in tenant.get("nodes")["items"]] == ["w3"]
-
-
 # --- measured: one tenant's control plane ---------------------------------------------------------
 
 def test_one_tenants_control_plane_measured(tenant: Tenant):
@@ -548,9 +530,53 @@ def _admin_pem(state: Path, tmp: Path) -> Path:
     return pem
 
 
-def test_a_second_tenant_refuses_the_firsts_credentials_and_reset_removes_it(tenant: Tenant, tmp_path_factory):
-    rc = tenant.rc
+class Background:
+    """A function run on a thread from now on; ``join`` waits for it and raises what it raised."""
+
+    def __init__(self, fn):
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
+        self.thread.start()
+
+    def _run(self, fn):
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001 - re-raised by join, in the test that waits
+            self.error = e
+
+    def join(self, timeout: float = 1800) -> None:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the second tenant's scenario did not end"
+        if self.error is not None:
+            raise self.error
+
+
+@pytest.fixture(scope="module")
+def tenant_b(tenant: Tenant, tmp_path_factory) -> Background:
+    """The second tenant's whole scenario, run beside the first tenant's tests (it touches only
+    its own namespace and w5): started by the first test, waited for by its own (and by any test
+    that stops the first tenant's API for longer than it waits)."""
     tmp = tmp_path_factory.mktemp("tenant-b")
+    bg = Background(lambda: second_tenant(tenant, tmp))
+    yield bg
+    bg.thread.join(1800)
+
+
+def _answer(url: str, ca: Path, pem: Path) -> int | None:
+    """The status the API at ``url`` answers; None while it does not answer (the first
+    tenant's API is down during its etcd restore)."""
+    try:
+        return _https(url, ca, pem)[0]
+    except ConnectionError:
+        return None
+    except OSError as e:
+        if "CERTIFICATE_VERIFY_FAILED" in str(e) or "certificate verify failed" in str(e):
+            raise
+        return None
+
+
+def second_tenant(tenant: Tenant, tmp: Path) -> None:
+    rc = tenant.rc
     # one etcd member: grown to three and back below
     inventory, state = tenant_inventory(rc, tmp / "b", "tenant-b", B_WORKERS, (30444, 30133), etcd=1), tmp / "state"
     started = time.monotonic()
@@ -564,11 +590,14 @@ def test_a_second_tenant_refuses_the_firsts_credentials_and_reset_removes_it(ten
     b_url = f"https://{rc.address(rc.workers[0])}:30444"
     a_pem, b_pem = _admin_pem(tenant.state, tmp), _admin_pem(state, tmp)
     a_ca, b_ca = tenant.state / "pki" / "ca.crt", state / "pki" / "ca.crt"
-    assert _https(f"{a_url}/api/v1/nodes", a_ca, a_pem)[0] == 200
-    assert _https(f"{b_url}/api/v1/nodes", b_ca, b_pem)[0] == 200
-    # each one's admin certificate is nobody to the other (their CAs differ: 401, not 403)
-    assert _https(f"{b_url}/api/v1/nodes", b_ca, a_pem)[0] == 401
-    assert _https(f"{a_url}/api/v1/nodes", a_ca, b_pem)[0] == 401
+    # (the first tenant's API may be down a while: its etcd restore runs beside this)
+    for url, ca, pem, code in ((a_url, a_ca, a_pem, 200), (b_url, b_ca, b_pem, 200),
+                               # each one's admin certificate is nobody to the other (their CAs
+                               # differ: 401, not 403)
+                               (b_url, b_ca, a_pem, 401), (a_url, a_ca, b_pem, 401)):
+        wait_for(f"{url} answers", lambda u=url, c=ca, p=pem: _answer(f"{u}/api/v1/nodes", c, p) is not None,
+                 timeout=300)
+        assert _answer(f"{url}/api/v1/nodes", ca, pem) == code, (url, pem.name, code)
     # and each one's API serves a certificate the other's CA does not trust
     with pytest.raises(OSError, match="CERTIFICATE_VERIFY_FAILED|certificate verify failed"):
         _https(f"{b_url}/api", a_ca, a_pem)
@@ -609,8 +638,16 @@ def test_a_second_tenant_refuses_the_firsts_credentials_and_reset_removes_it(ten
     r = rc.ssh("w5", "test -e /etc/kubernetes || test -e /var/lib/kubelet || echo clean; "
                      "systemctl is-active kubelet || true")
     assert "clean" in r.stdout and "inactive" in r.stdout, r.stdout
+
+
+def test_a_second_tenant_refuses_the_firsts_credentials_and_reset_removes_it(tenant: Tenant, tenant_b: Background):
+    """A second tenant (w5) in the same hosting cluster, its scenario run beside the first's
+    tests (second_tenant): isolation of the two, etcd 1 -> 3 -> 1 by apply, reset."""
+    tenant_b.join()
     # the first tenant, untouched
-    assert sorted(n["metadata"]["name"] for n in tenant.get("nodes")["items"])
+    assert sorted(n["metadata"]["name"] for n in tenant.get("nodes")["items"]) == sorted(A_WORKERS)
+
+
 
 
 def test_certs_check_reads_the_tenants_certificates_and_renew_rolls_them(tenant: Tenant):
@@ -655,11 +692,12 @@ def test_certs_check_reads_the_tenants_certificates_and_renew_rolls_them(tenant:
     assert ok > 20 and not failed, failed[:5]
 
 
-def test_ca_rotate_moves_the_tenant_and_its_workers_to_new_cas(tenant: Tenant, tmp_path):
+def test_ca_rotate_moves_the_tenant_and_its_workers_to_new_cas(tenant: Tenant, tenant_b, tmp_path):
     """`ca rotate` of every CA of the tenant: its control plane stopped in the hosting cluster
     (etcd too: its CA changes), written with the new files and started; the workers bootstrap
     again; etcd's data kept; the old admin certificate refused; the Service presents a
     certificate of the new CA; the hosting cluster's copies of the CAs are the new ones."""
+    tenant_b.join()                     # its checks read this tenant's CA and API
     rc = tenant.rc
     old_admin = _admin_pem(tenant.state, tmp_path)
     old_ca = (tenant.state / "pki" / "ca.crt").read_bytes()
@@ -820,3 +858,41 @@ def test_the_tenant_upgrades_a_minor_under_probes(tenant: Tenant, tmp_path):
     again = json.loads(run_installer("upgrade", str(target), "--state", str(tenant.state), "--plan",
                                      "--output", "json").stdout)
     assert len(again["steps"]) == 1 and again["steps"][0].startswith("converge every host"), again["steps"]
+    tenant.inventory = target           # the tenant's inventory from here on
+
+
+def test_node_drain_remove_and_add_of_a_tenant_worker(tenant: Tenant):
+    """The node commands on a tenant's worker, as on any cluster's: drained (cordoned, its pods
+    evicted), removed (Node deleted, host wiped), added back (joined with a new token, Ready)."""
+    inv, st = str(tenant.inventory), str(tenant.state)
+    run_installer("node", "drain", inv, "w4", "--state", st)
+    assert tenant.get("node", "w4")["spec"].get("unschedulable") is True
+    run_installer("node", "remove", inv, "w4", "--state", st, "--yes", timeout=900)
+    assert [n["metadata"]["name"] for n in tenant.get("nodes")["items"]] == ["w3"]
+    assert "clean" in tenant.rc.ssh("w4", "test -e /var/lib/kubelet/pki || echo clean").stdout
+    started = time.monotonic()
+    run_installer("node", "add", inv, "w4", "--state", st, "--wait-timeout", "600", timeout=1200)
+    node = tenant.get("node", "w4")
+    assert any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"]["conditions"])
+    assert not node["spec"].get("unschedulable")
+    print(f"\nnode remove and add of tenant worker w4: added back in {time.monotonic() - started:.0f} s")
+
+
+# --- last: a revoked worker stays out of the tenant -------------------------------------------------
+
+def test_node_revoke_refuses_a_stolen_kubelet_certificate_of_a_tenant(tenant: Tenant, tmp_path):
+    stolen = tmp_path / "stolen.pem"
+    stolen.write_text(tenant.rc.ssh("w4", f"cat {KUBELET_CLIENT}").stdout)
+    stolen.chmod(0o600)
+    ca = tenant.state / "pki" / "ca.crt"
+    url = f"https://{tenant.rc.address(tenant.rc.workers[0])}:{API_PORT}"
+    assert _https(f"{url}/api/v1/nodes/w4", ca, stolen)[0] == 200
+    proc = run_installer("node", "revoke", str(tenant.inventory), "w4", "--state", str(tenant.state), "--yes",
+                         "--host-unreachable", timeout=900)
+    print("\n" + proc.stdout[-1500:])
+    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "w4"}}
+    # every connection is balanced to one of the two apiservers: each refuses it
+    for _ in range(8):
+        code, answer = _https(f"{url}/api/v1/nodes", ca, stolen, method="POST", body=node)
+        assert code == 403 and "this node identity was revoked" in answer, (code, answer[:300])
+    assert [n["metadata"]["name"] for n in tenant.get("nodes")["items"]] == ["w3"]
