@@ -150,6 +150,15 @@ def test_a_member_whose_volume_is_lost_rejoins_and_nothing_is_lost(members):
     assert local.returncode == 0 and local.stdout.strip() == "42", (local.stdout, local.stderr)
     assert (members.data("cp3") / "member" / "snap" / "db").is_file()
 
+    # a data directory with the database but no write-ahead log (a start that died before it
+    # joined): not data; the start empties it and rejoins as for a lost volume
+    members.kill("cp3")
+    shutil.rmtree(members.data("cp3") / "member" / "wal")
+    members.start("cp3")
+    members.wait_healthy()
+    assert "holds no write-ahead log" in members.log("cp3")
+    assert sorted(members.members()) == list(NAMES)
+
     # a start that died between its member add and etcd: the member is listed, never started;
     # the next start joins as it is listed (no second add)
     members.kill("cp1")

@@ -9,7 +9,8 @@
 #   - a restore waiting (restore/snapshot.db and restore/token): this member of a new cluster
 #     (every member, that token) is written from the snapshot, the data before it kept in
 #     data.before-restore, then etcd starts on it (every member restores the same file);
-#   - data present: etcd starts on it (the bootstrap flags are ignored then, as etcd does);
+#   - data present (a write-ahead log file): etcd starts on it (the bootstrap flags are ignored
+#     then, as etcd does); a data directory without one is removed (its start never joined);
 #   - no data, and no cluster answers: a first bootstrap, every member at once (state new);
 #   - no data, the cluster answers and lists this member as never started (late for the
 #     bootstrap, or added by a start that died before etcd ran): it joins as listed;
@@ -35,9 +36,18 @@ if [ -f "$restore/snapshot.db" ] && [ -f "$restore/token" ]; then
   rm -rf "$restore"
 fi
 
-if [ -f "$data/member/snap/db" ]; then
-  exec "$etcd" "$@" --name="$member" --data-dir="$data" --initial-advertise-peer-urls="$peer_url" \
-    --initial-cluster="$cluster" --initial-cluster-state=existing
+# a member is on its data when its write-ahead log has a file (etcd's own test: the database
+# file alone is made before the member has joined; a start that died there left it)
+for wal in "$data"/member/wal/*.wal; do
+  if [ -e "$wal" ]; then
+    exec "$etcd" "$@" --name="$member" --data-dir="$data" --initial-advertise-peer-urls="$peer_url" \
+      --initial-cluster="$cluster" --initial-cluster-state=existing
+  fi
+  break
+done
+if [ -e "$data" ]; then
+  echo "etcd-member-start: $member: $data holds no write-ahead log (a start that never joined): starting empty" >&2
+  rm -rf "$data"
 fi
 
 ctl() {

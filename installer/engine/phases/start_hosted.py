@@ -34,15 +34,14 @@ class StartHosted(Phase):
         tenant = render_tenant(ctx.inv, ctx.material)
         api = ctx.executor.api(ctx.inv)
         try:
-            # a changed member count first, one member at a time (host/tenant_etcd.py), then
-            # the objects as rendered for it
-            scaled = tenant_etcd.scale(api, ctx.inv, ctx.options.wait_timeout, ctx.log, dry_run=ctx.options.dry_run)
+            # a running tenant's etcd member count is fixed (host/tenant_etcd.py)
+            tenant_etcd.refuse_member_change(api, ctx.inv)
             done = hosting.converge(api, tenant.objects, ctx.inv.spec.kubernetes.version, dry_run=ctx.options.dry_run)
         except (hosting.HostingError, EtcdOpError) as e:
             raise HostError(host, str(e)) from None
         verb = "would " if ctx.options.dry_run else ""
-        changed = scaled + [f"{verb}{'create' if a == 'created' else 'replace'} {k} {n}" if verb else f"{a} {k} {n}"
-                            for k, n, a in done if a != "unchanged"]
+        changed = [f"{verb}{'create' if a == 'created' else 'replace'} {k} {n}" if verb else f"{a} {k} {n}"
+                   for k, n, a in done if a != "unchanged"]
         self.workloads = tenant.workloads()
         return Event(self.name, host, "changed" if changed else "unchanged", time.monotonic() - started,
                      files=len(changed), detail=changed)
