@@ -438,3 +438,18 @@ def test_a_ca_rotation_of_a_tenant_stops_and_starts_it_in_its_hosting_cluster(re
         assert -1 not in at and at == sorted(at), res.output
         assert ("and etcd's members (their volumes stay" in res.output) == etcd, res.output
         assert "on control hosts" not in res.output and "push the new files to" not in res.output
+
+
+def test_the_hosted_executor_restarts_a_tenant_workers_units_as_systemd():
+    """A tenant's hosts are its workers: a rollout's restart of their units goes to systemd
+    (the apply script), not to the hosting cluster (a full `certs renew` of a tenant restarts
+    kubelets; `ca rotate` stops them)."""
+    from installer.core.diff import HostChanges
+    from installer.engine.executor import HostedExecutor
+    calls = []
+
+    class Ctx:
+        def execute(self, phase, host, changes: HostChanges, no_block=False):
+            calls.append((phase, host, list(changes.restart)))
+    HostedExecutor().restart(Ctx(), "t1", "kubelet.service")
+    assert calls == [("restart", "t1", ["kubelet.service"])]

@@ -544,8 +544,12 @@ class Background:
         except BaseException as e:  # noqa: BLE001 - re-raised by join, in the test that waits
             self.error = e
 
-    def join(self, timeout: float = 1800) -> None:
+    def wait(self, timeout: float = 1800) -> None:
+        """Until it ends (what it raised is its own test's to report)."""
         self.thread.join(timeout)
+
+    def join(self, timeout: float = 1800) -> None:
+        self.wait(timeout)
         assert not self.thread.is_alive(), "the second tenant's scenario did not end"
         if self.error is not None:
             raise self.error
@@ -683,7 +687,7 @@ def test_ca_rotate_moves_the_tenant_and_its_workers_to_new_cas(tenant: Tenant, t
     (etcd too: its CA changes), written with the new files and started; the workers bootstrap
     again; etcd's data kept; the old admin certificate refused; the Service presents a
     certificate of the new CA; the hosting cluster's copies of the CAs are the new ones."""
-    tenant_b.join()                     # its checks read this tenant's CA and API
+    tenant_b.wait()                     # its checks read this tenant's CA and API
     rc = tenant.rc
     old_admin = _admin_pem(tenant.state, tmp_path)
     old_ca = (tenant.state / "pki" / "ca.crt").read_bytes()
@@ -847,21 +851,15 @@ def test_the_tenant_upgrades_a_minor_under_probes(tenant: Tenant, tmp_path):
     tenant.inventory = target           # the tenant's inventory from here on
 
 
-def test_node_drain_remove_and_add_of_a_tenant_worker(tenant: Tenant):
-    """The node commands on a tenant's worker, as on any cluster's: drained (cordoned, its pods
-    evicted), removed (Node deleted, host wiped), added back (joined with a new token, Ready)."""
-    inv, st = str(tenant.inventory), str(tenant.state)
-    run_installer("node", "drain", inv, "w4", "--state", st)
+def test_node_drain_of_a_tenant_worker(tenant: Tenant):
+    """`node drain` on a tenant's worker, as on any cluster's: cordoned, its pods evicted (the
+    PodDisruptionBudget of the workload above holds: its other replica stays)."""
+    run_installer("node", "drain", str(tenant.inventory), "w4", "--state", str(tenant.state))
     assert tenant.get("node", "w4")["spec"].get("unschedulable") is True
-    run_installer("node", "remove", inv, "w4", "--state", st, "--yes", timeout=900)
-    assert [n["metadata"]["name"] for n in tenant.get("nodes")["items"]] == ["w3"]
-    assert "clean" in tenant.rc.ssh("w4", "test -e /var/lib/kubelet/pki || echo clean").stdout
-    started = time.monotonic()
-    run_installer("node", "add", inv, "w4", "--state", st, "--wait-timeout", "600", timeout=1200)
-    node = tenant.get("node", "w4")
-    assert any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"]["conditions"])
-    assert not node["spec"].get("unschedulable")
-    print(f"\nnode remove and add of tenant worker w4: added back in {time.monotonic() - started:.0f} s")
+    left = [p["metadata"]["name"] for p in tenant.get("pods", "-A", "--field-selector", "spec.nodeName=w4")["items"]
+            if not any(o.get("kind") == "DaemonSet" for o in p["metadata"].get("ownerReferences") or [])]
+    assert not left, left
+    tenant.kubectl("uncordon", "w4")
 
 
 # --- last: a revoked worker stays out of the tenant -------------------------------------------------

@@ -90,8 +90,8 @@ class SystemdExecutor(Executor):
 class HostedExecutor(Executor):
     """The control plane as pods of a hosting cluster (docs/hosted.md): one target, the tenant's
     namespace; its objects applied and its workloads waited for through the hosting cluster's
-    API (host/hosting.py), the apply lock a Lease there. The per-unit operations of the systemd
-    rollouts (restart, stop, wait one host's unit) are day 2 of hosted tenants (issue 26)."""
+    API (host/hosting.py), the apply lock a Lease there. Its control plane has no units: day 2
+    rolls its objects by component (actions/upgrade_hosted.py)."""
 
     name = "hosted"
 
@@ -108,6 +108,21 @@ class HostedExecutor(Executor):
 
     def place(self, ctx, phase: str, host: str, changes, no_block: bool = False):
         raise NotImplementedError("a hosted control plane has no host to place files on")
+
+    # a tenant's hosts are its workers, whose units (kubelet, kube-proxy, containerd, the API
+    # balancer) are systemd's as on any cluster: a rollout (certs renew, ca rotate) restarts,
+    # stops and waits for them the same way
+    def restart(self, ctx, host: str, unit: str, no_block: bool = False) -> None:
+        SystemdExecutor.restart(self, ctx, host, unit, no_block)
+
+    def stop(self, ctx, host: str, unit: str) -> None:
+        SystemdExecutor.stop(self, ctx, host, unit)
+
+    def wait(self, ctx, host: str, unit: str, after: str = "") -> None:
+        SystemdExecutor.wait(self, ctx, host, unit, after)
+
+    def wait_all(self, ctx, host: str, units: tuple[str, ...]) -> None:
+        SystemdExecutor.wait_all(self, ctx, host, units)
 
     def take_lock(self, inv, run_id: str, force: bool = False) -> None:
         """The tenant's apply lock: its namespace made when missing, the Lease taken for ``run_id``."""

@@ -151,7 +151,11 @@ def _selector(inv: Inventory, component: str) -> dict:
 
 
 def _readyz(port: int, path: str = "/readyz") -> dict:
-    return {"httpGet": {"path": path, "port": port, "scheme": "HTTPS"}, "periodSeconds": 2, "failureThreshold": 2}
+    # a probe answered late is not a failed one (kubeadm's static pods wait 15 s): with the
+    # default second, a busy hosting node took both replicas out of the Service at once (the
+    # lab: 13 refused requests while another tenant's pods restarted in a loop beside them)
+    return {"httpGet": {"path": path, "port": port, "scheme": "HTTPS"}, "periodSeconds": 2, "timeoutSeconds": 15,
+            "failureThreshold": 3}
 
 
 # --- the components ---------------------------------------------------------------------------
