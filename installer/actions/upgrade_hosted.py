@@ -9,6 +9,9 @@ member at a time, each ready, that is healthy, before the next), then the apiser
 (a rolling update that adds one new replica before it takes an old one away: ``maxSurge 1``,
 ``maxUnavailable 0``), then the controller-managers and schedulers; each component's objects
 (its files' Secrets and ConfigMaps with it) are applied alone and waited for before the next.
+
+`certs renew` rolls the same way (``roll``); `ca rotate` stops the whole control plane first
+(``stop``: members of two CAs cannot talk) and starts it with its new files.
 """
 
 from __future__ import annotations
