@@ -453,3 +453,79 @@ def test_the_hosted_executor_restarts_a_tenant_workers_units_as_systemd():
             calls.append((phase, host, list(changes.restart)))
     HostedExecutor().restart(Ctx(), "t1", "kubelet.service")
     assert calls == [("restart", "t1", ["kubelet.service"])]
+
+
+def _ca_and_server(tmp_path, san: str):
+    """A CA and a server pair for ``san`` (an IP address), PEM files in ``tmp_path``."""
+    import datetime as dt
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+    now = dt.datetime.now(dt.timezone.utc)
+
+    def cert(subject, key, issuer, issuer_key, ca, ext=None):
+        b = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+             .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)])).public_key(key.public_key())
+             .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=1))
+             .not_valid_after(now + dt.timedelta(days=1))
+             .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+        if ext is not None:
+            b = b.add_extension(ext, critical=False)
+        return b.sign(issuer_key, hashes.SHA256())
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca = cert("test-ca", ca_key, "test-ca", ca_key, True)
+    srv = cert("hosting", key, "test-ca", ca_key, False,
+               x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(san))]))
+    pem = lambda c: c.public_bytes(serialization.Encoding.PEM)  # noqa: E731
+    (tmp_path / "ca.crt").write_bytes(pem(ca))
+    (tmp_path / "srv.pem").write_bytes(pem(srv) + key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    return tmp_path / "ca.crt", tmp_path / "srv.pem"
+
+
+@pytest.mark.parametrize("san, refused", [("127.0.0.2", True), ("127.0.0.1", False)])
+def test_the_exec_stream_checks_the_hosting_servers_name(tmp_path, doc, san, refused):
+    """Someone on the network between this machine and the hosting cluster, holding a certificate
+    of the kubeconfig's CA for another name, is refused before anything is sent (the WebSocket
+    library checks no name itself: the stream's TLS context does). A server with the right name
+    gets the handshake (and then a request it does not answer as an API)."""
+    import socket
+    import ssl
+    import threading
+
+    from installer.host import hosting, podexec
+    ca, srv = _ca_and_server(tmp_path, san)
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(str(srv))
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    port = listener.getsockname()[1]
+    seen = []
+
+    def serve():
+        conn, _ = listener.accept()
+        try:
+            with server_ctx.wrap_socket(conn, server_side=True) as tls:
+                seen.append(tls.recv(4096))
+                tls.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
+        except (ssl.SSLError, OSError):
+            seen.append(b"")
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    inv = parse(doc, tmp_path)
+    _kubeconfig(tmp_path, {"server": f"https://127.0.0.1:{port}", "certificate-authority": str(ca)},
+                {"token": "s3cr3t-token"})
+    client = hosting.hosting_client(inv)
+    with pytest.raises(podexec.ExecError) as err:
+        podexec.pod_exec(client, "hp-t", "etcd-0", "etcd", ["/bin/true"], timeout=10)
+    t.join(10)
+    listener.close()
+    if refused:
+        assert "certificate" in str(err.value).lower() and seen == [b""], (err.value, seen)
+    else:
+        assert b"GET /api/v1/namespaces/hp-t/pods/etcd-0/exec?" in seen[0] and b"403" in str(err.value).encode()
+    assert "s3cr3t" not in str(err.value)
