@@ -795,8 +795,16 @@ def test_the_tenant_upgrades_a_minor_under_probes(tenant: Tenant, tmp_path):
                                capture_output=True, timeout=300)
     for obj in echo_workload():
         tenant.kubectl("apply", "-f", "-", stdin=json.dumps(obj))
-    wait_for("both echo replicas ready", lambda: tenant.get("deployment", "echo")["status"].get(
-        "readyReplicas") == 2, timeout=300)
+    try:
+        wait_for("both echo replicas ready", lambda: tenant.get("deployment", "echo")["status"].get(
+            "readyReplicas") == 2, timeout=300)
+    except BaseException:
+        # (CI of dda85fe: not ready after 300 s, once, after the CA rotation; not seen on a
+        # dev lab: what the tenant says is the diagnosis)
+        pods = tenant.kubectl("get", "pods", "-o", "wide", check=False).stdout
+        events = tenant.kubectl("get", "events", "--sort-by=.lastTimestamp", check=False).stdout[-3000:]
+        nodes = tenant.kubectl("get", "nodes", "-o", "wide", check=False).stdout
+        raise AssertionError(f"echo not ready:\n{pods}\n{nodes}\n{events}") from None
     doc = yaml.safe_load(tenant.inventory.read_text())
     doc["spec"]["kubernetes"]["version"] = UPGRADE_TO
     doc["spec"]["artifacts"]["path"] = str(worker_artifacts(target_artifacts, tenant.inventory.parent.parent,

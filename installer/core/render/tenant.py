@@ -43,6 +43,7 @@ ETCD_VOLUME, ETCD_DATA = "/var/lib/etcd", "/var/lib/etcd/data"
 # start (installer/sh/etcd-member-start.sh); written first beside it as RESTORE.part
 ETCD_RESTORE = "/var/lib/etcd/restore"
 START_SCRIPT = "etcd-member-start.sh"
+HOSTED_SHUTDOWN_DELAY = "15s"       # within the pods' terminationGracePeriodSeconds (30)
 SCRIPTS = "/scripts"
 SOCKET_DIR = "/run/konnectivity"
 SOCKET = f"{SOCKET_DIR}/konnectivity-server.socket"
@@ -230,6 +231,10 @@ def _apiserver(inv: Inventory, plan: HostPlan) -> list[dict]:
         # the kubernetes Service's endpoint is the workers' balancer address (no reconciler)
         "--advertise-address": inv.balancer_address,
         "--etcd-servers": ",".join(f"https://{m}.{svc}:{ETCD_PORT}" for m in member_names(inv)),
+        # a replica going keeps serving until every hosting node's kube-proxy has taken it out
+        # of the Service (its endpoint turns terminating at once; a node's sync may lag under
+        # load): a rolling certs renew in CI saw 7 refused connections in ~1.5 s with 5 s
+        "--shutdown-delay-duration": HOSTED_SHUTDOWN_DELAY,
     })
     api = pod_parts(plan, API_UNIT, "kube-apiserver", ns, args, _labels(inv, "kube-apiserver"))
     kargs = _replace(konnectivity.server_flags(inv, virtual_host(inv)), {
