@@ -43,7 +43,6 @@ ETCD_VOLUME, ETCD_DATA = "/var/lib/etcd", "/var/lib/etcd/data"
 # start (installer/sh/etcd-member-start.sh); written first beside it as RESTORE.part
 ETCD_RESTORE = "/var/lib/etcd/restore"
 START_SCRIPT = "etcd-member-start.sh"
-HOSTED_SHUTDOWN_DELAY = "15s"       # within the pods' terminationGracePeriodSeconds (30)
 SCRIPTS = "/scripts"
 SOCKET_DIR = "/run/konnectivity"
 SOCKET = f"{SOCKET_DIR}/konnectivity-server.socket"
@@ -231,10 +230,6 @@ def _apiserver(inv: Inventory, plan: HostPlan) -> list[dict]:
         # the kubernetes Service's endpoint is the workers' balancer address (no reconciler)
         "--advertise-address": inv.balancer_address,
         "--etcd-servers": ",".join(f"https://{m}.{svc}:{ETCD_PORT}" for m in member_names(inv)),
-        # a replica going keeps serving until every hosting node's kube-proxy has taken it out
-        # of the Service (its endpoint turns terminating at once; a node's sync may lag under
-        # load): a rolling certs renew in CI saw 7 refused connections in ~1.5 s with 5 s
-        "--shutdown-delay-duration": HOSTED_SHUTDOWN_DELAY,
     })
     api = pod_parts(plan, API_UNIT, "kube-apiserver", ns, args, _labels(inv, "kube-apiserver"))
     kargs = _replace(konnectivity.server_flags(inv, virtual_host(inv)), {
@@ -244,8 +239,12 @@ def _apiserver(inv: Inventory, plan: HostPlan) -> list[dict]:
     port = inv.spec.apiServer.port
     a = _container(inv, "kube-apiserver", "kube-apiserver", args, api)
     a["ports"] = [{"name": "https", "containerPort": port}]
-    a["readinessProbe"] = _readyz(port)
-    a["livenessProbe"] = {**_readyz(port, "/livez"), "periodSeconds": 10, "failureThreshold": 6,
+    # without etcd's checks: the replicas share one etcd, so an etcd blip (a member's restart
+    # in a roll, a leader election) failed every replica's /readyz at once and emptied the
+    # Service (refused connections on the lab and in CI during a certs renew), and failed
+    # /livez too (restarts); a replica left in the Service waits for etcd instead
+    a["readinessProbe"] = _readyz(port, "/readyz?exclude=etcd&exclude=etcd-readiness")
+    a["livenessProbe"] = {**_readyz(port, "/livez?exclude=etcd"), "periodSeconds": 10, "failureThreshold": 6,
                           "initialDelaySeconds": 30}
     a["volumeMounts"] += [{"name": "konnectivity", "mountPath": SOCKET_DIR},
                           {"name": "audit", "mountPath": control.AUDIT_DIR}]
