@@ -657,11 +657,7 @@ def test_certs_check_reads_the_tenants_certificates_and_renew_rolls_them(tenant:
             "/etc/kubernetes/controller-manager.conf"} <= before.keys(), sorted(before)
     assert not [n for n, r in before.items() if r["notes"]], before
 
-    def api(_):
-        r = tenant.kubectl("get", "--raw", "/api/v1/namespaces/default", check=False, timeout=30)
-        if r.returncode:
-            raise RuntimeError(r.stderr.strip()[-200:])
-    probe = Probe(api)
+    probe = api_probe(tenant)
     started = time.monotonic()
     try:
         proc = run_installer("certs", "renew", str(tenant.inventory), "--state", str(tenant.state), "--only",
@@ -777,6 +773,15 @@ class Probe:
         return self.ok, self.failed
 
 
+def api_probe(tenant: Tenant) -> Probe:
+    """The tenant's API read from here through its Service every 0.2 s."""
+    def get(_):
+        r = tenant.kubectl("get", "--raw", "/api/v1/namespaces/default", check=False, timeout=30)
+        if r.returncode:
+            raise RuntimeError(r.stderr.strip()[-200:])
+    return Probe(get)
+
+
 def test_the_tenant_upgrades_a_minor_under_probes(tenant: Tenant, tmp_path):
     """`installer upgrade` of the tenant v1.36.5 -> v1.37.2: the apiserver replicas roll, then the
     controller-manager and scheduler, then the workers one at a time; the tenant's API, probed
@@ -820,11 +825,7 @@ def test_the_tenant_upgrades_a_minor_under_probes(tenant: Tenant, tmp_path):
     echo = [f"http://{rc.address(w)}:{ECHO_PORT}/" for w in A_WORKERS]
     workload = Probe(lambda i: urllib.request.urlopen(echo[i % 2], timeout=1).read())
 
-    def api(_):
-        r = tenant.kubectl("get", "--raw", "/api/v1/namespaces/default", check=False, timeout=30)
-        if r.returncode:
-            raise RuntimeError(r.stderr.strip()[-200:])
-    api_probe = Probe(api)
+    api = api_probe(tenant)
     started = time.monotonic()
     try:
         proc = subprocess.run([INSTALLER, "upgrade", str(target), "--state", str(tenant.state), "--output", "json",
@@ -832,7 +833,7 @@ def test_the_tenant_upgrades_a_minor_under_probes(tenant: Tenant, tmp_path):
     finally:
         time.sleep(3)
         ok, failed = workload.end()
-        api_ok, api_failed = api_probe.end()
+        api_ok, api_failed = api.end()
     seconds = time.monotonic() - started
     assert proc.returncode == 0, proc.stderr[-4000:]
     done = json.loads(proc.stdout)

@@ -17,7 +17,6 @@ scaled back once every member is ready. The workers' kubelets reconnect by thems
 
 from __future__ import annotations
 
-import json
 import shlex
 import sys
 import time
@@ -26,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from installer.actions import etcd_ops
-from installer.actions.etcd_ops import SnapshotInfo, member_revision, restore_token, snapshot_info
+from installer.actions.etcd_ops import SnapshotInfo, restore_token, saved_snapshot, snapshot_dest
 from installer.core.etcd_rules import EtcdOpError, Member
 from installer.core.inventory import Inventory
 from installer.core.render.tenant import (
@@ -35,7 +34,6 @@ from installer.core.render.tenant import (
     deployment_replicas,
     member_names,
 )
-from installer.core.safefs import write_atomic
 from installer.engine.executor import HostedExecutor
 from installer.engine.session import hold
 from installer.engine.steps import Step, plan, run_steps
@@ -78,11 +76,7 @@ def members(inv: Inventory) -> list[Member]:
 
 
 def snapshot_save(inv: Inventory, dest, force: bool = False) -> SnapshotInfo:
-    dest = Path(dest)
-    if not force and (dest.exists() or dest.is_symlink()):
-        raise EtcdOpError(f"{dest} already exists: not overwriting it (pass --force to replace it)")
-    if dest.is_dir():
-        raise EtcdOpError(f"{dest} is a directory")
+    dest = snapshot_dest(dest, force)
     tmp = f"{ETCD_VOLUME}/snapshot-{int(time.time())}.db"
     q = shlex.quote(tmp)
     with hosting_api(inv) as api:
@@ -95,16 +89,7 @@ def snapshot_save(inv: Inventory, dest, force: bool = False) -> SnapshotInfo:
             data = run_in_member(api, inv, pod, ["/bin/cat", tmp], "read the snapshot").stdout
         finally:
             run_in_member(api, inv, pod, ["/bin/rm", "-f", tmp, f"{tmp}.part"], "remove the snapshot file", check=False)
-    lines = [x for x in out.splitlines() if x.strip()]
-    try:
-        member, st = json.loads(lines[0]), json.loads(lines[-1])
-    except (ValueError, IndexError):
-        raise EtcdOpError(f"{pod}: etcdctl endpoint status / etcdutl snapshot status printed no JSON: "
-                          f"{out[:200]}") from None
-    if not data:
-        raise EtcdOpError(f"{pod}: the snapshot is empty")
-    write_atomic(dest, data, 0o600)
-    return snapshot_info(st, str(dest), pod, len(data), member_revision(member))
+    return saved_snapshot(pod, out, data, dest)
 
 
 # --- restore into the running tenant -------------------------------------------------------

@@ -85,13 +85,34 @@ class SnapshotInfo:
     size: int
 
 
-def snapshot_save(inv: Inventory, dest, force: bool = False) -> SnapshotInfo:
+def snapshot_dest(dest, force: bool) -> Path:
+    """Where a snapshot goes, checked before any member is asked: a refused save changes nothing
+    anywhere."""
     dest = Path(dest)
     if not force and (dest.exists() or dest.is_symlink()):
-        # checked before any host is asked: a refused save changes nothing anywhere
         raise EtcdOpError(f"{dest} already exists: not overwriting it (pass --force to replace it)")
     if dest.is_dir():
         raise EtcdOpError(f"{dest} is a directory")
+    return dest
+
+
+def saved_snapshot(where: str, out: str, data: bytes, dest: Path) -> SnapshotInfo:
+    """``out``: the save's two JSON lines (the member's status before it, the file's status);
+    ``data``: the file read from ``where``, written to ``dest`` 0600, atomically."""
+    lines = [x for x in out.splitlines() if x.strip()]
+    try:
+        member, st = json.loads(lines[0]), json.loads(lines[-1])
+    except (ValueError, IndexError):
+        raise EtcdOpError(f"{where}: etcdctl endpoint status / etcdutl snapshot status printed no JSON: "
+                          f"{out[:200]}") from None
+    if not data:
+        raise EtcdOpError(f"{where}: the snapshot is empty")
+    write_atomic(dest, data, 0o600)
+    return snapshot_info(st, str(dest), where, len(data), member_revision(member))
+
+
+def snapshot_save(inv: Inventory, dest, force: bool = False) -> SnapshotInfo:
+    dest = snapshot_dest(dest, force)
     with control_remotes(inv) as remotes:
         r = _first_reachable(inv, remotes)
         tmp = f"{WORK_DIR}/etcd-snapshot-{int(time.time())}-{os.getpid()}.db"
@@ -107,16 +128,7 @@ def snapshot_save(inv: Inventory, dest, force: bool = False) -> SnapshotInfo:
             data = r.get(tmp, what="copy the snapshot")
         finally:
             r.run(f"rm -f -- {q} {q}.part", check=False, what="remove the host's snapshot file")
-    lines = [x for x in out.splitlines() if x.strip()]
-    try:
-        member, st = json.loads(lines[0]), json.loads(lines[-1])
-    except (ValueError, IndexError):
-        raise EtcdOpError(f"{r.name}: etcdctl endpoint status / etcdutl snapshot status printed no JSON: "
-                          f"{out[:200]}") from None
-    if not data:
-        raise EtcdOpError(f"{r.name}: the snapshot is empty")
-    write_atomic(dest, data, 0o600)
-    return snapshot_info(st, str(dest), r.name, len(data), member_revision(member))
+    return saved_snapshot(r.name, out, data, dest)
 
 
 def member_revision(endpoint_status) -> int:
