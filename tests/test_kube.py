@@ -283,6 +283,19 @@ def test_only_a_ready_posted_since_the_kubelets_restart_counts(api, fake):
     kube.wait_nodes_ready(api, ["node2"], timeout=0, interval=0, since=restarted)
 
 
+def test_each_node_is_held_to_its_own_kubelets_restart(api, fake):
+    """The workers phase restarts the kubelet of each node that joined in this run (and no other):
+    a node restarted later than its Ready is waited for, a node not restarted is not."""
+    for name, beat in (("node2", "2026-12-02T01:48:40Z"), ("node3", "2026-12-02T01:48:40Z")):
+        n = node(name, "True")
+        n["status"]["conditions"][0]["lastHeartbeatTime"] = beat
+        fake.put(n)
+    restarted = {"node2": dt.datetime(2026, 12, 2, 1, 48, 48, tzinfo=dt.timezone.utc).timestamp()}
+    with pytest.raises(kube.KubeError) as e:
+        kube.wait_nodes_ready(api, ["node2", "node3"], timeout=0.05, interval=0.01, since=restarted)
+    assert "node2: Ready=True from before the kubelet's restart" in str(e.value) and "node3" not in str(e.value)
+
+
 def test_wait_nodes_ready_times_out_naming_each_node(api, fake):
     fake.put(node("node2", "False", "KubeletNotReady"))
     with pytest.raises(kube.KubeError) as e:

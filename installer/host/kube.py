@@ -174,13 +174,14 @@ def list_nodes(api: ApiClient) -> dict[str, dict]:
 
 def wait_nodes_ready(api: ApiClient, names: Sequence[str], timeout: float, *,
                      interval: float = 2.0, registered_only: bool = False,
-                     each_round: Callable[[], None] | None = None, since: float | None = None) -> None:
+                     each_round: Callable[[], None] | None = None,
+                     since: float | Mapping[str, float] | None = None) -> None:
     """Poll (one list of Nodes per round) until every named Node has Ready=True (or, with
     ``registered_only``, exists); KubeError naming each node that is missing or not ready when
     ``timeout`` seconds have passed. ``each_round`` runs before each look (e.g. approving the
-    CSRs the nodes wait for). ``since`` (epoch seconds on the node's clock): only a Ready
-    condition the kubelet posted since then counts (a restarted kubelet reports NotReady first,
-    while the API still shows its predecessor's Ready)."""
+    CSRs the nodes wait for). ``since`` (epoch seconds on the node's clock, one for all or one
+    per node name): only a Ready condition the kubelet posted since then counts (a restarted
+    kubelet reports NotReady first, while the API still shows its predecessor's Ready)."""
     deadline = time.monotonic() + timeout
     while True:
         if each_round is not None:
@@ -191,7 +192,7 @@ def wait_nodes_ready(api: ApiClient, names: Sequence[str], timeout: float, *,
             if name not in nodes:
                 waiting[name] = "not registered"
             elif not registered_only:
-                ok, why = ready(nodes[name], since)
+                ok, why = ready(nodes[name], since.get(name) if isinstance(since, Mapping) else since)
                 if not ok:
                     waiting[name] = why
         if not waiting:

@@ -34,7 +34,7 @@ from installer.core.shellfiles import shell_file
 from installer.engine.context import Context, Event
 from installer.engine.parts import worker_part
 from installer.engine.phases.base import Phase
-from installer.host import apireach, csr_approval
+from installer.host import apireach, csr_approval, probes
 from installer.host.fetch import BIN_DIR, IMAGE_DIR, is_image
 from installer.host.parallel import each
 from installer.host.ssh import HostError
@@ -193,24 +193,27 @@ class JoinWorkers(Phase):
                 if deleted:
                     ctx.events.append(Event(self.name, "(api)", "changed",
                                             detail=[f"deleted the bootstrap token Secret of {n}" for n in deleted]))
-            self._joined(ctx, names)
+            restarted = self._joined(ctx, names)
             # podCIDR as soon as each Node exists: Cilium (ipam kubernetes) needs it before the
             # node can become Ready
             done = {n: kube.set_pod_cidr(api, n, ctx.material.pod_cidrs[n]) for n in names}
             ctx.events.append(Event(self.name, "(api)", "changed" if "set" in done.values() else "unchanged",
                                     detail=[f"node {n} podCIDR {ctx.material.pod_cidrs[n]}: {how}"
                                             for n, how in done.items()]))
-            kube.wait_nodes_ready(api, names, ctx.options.wait_timeout)
+            # a Node Ready before its kubelet's restart above shows its old Ready for a moment,
+            # then NotReady from the new kubelet: only a Ready posted since the restart counts
+            kube.wait_nodes_ready(api, names, ctx.options.wait_timeout, since=restarted)
             ctx.events.append(Event(self.name, "(api)", "waited", detail=[f"node {n} Ready" for n in names]))
 
-    def _joined(self, ctx: Context, names: list[str]) -> None:
+    def _joined(self, ctx: Context, names: list[str]) -> dict[str, float]:
         """The Nodes that registered in this run hold the kubelet's own client certificate: in
         this run, not the next, the bootstrap kubeconfig (its token deleted) goes and the
         kubelet's config turns client certificate rotation on (off while it bootstrapped: see
-        render/worker.kubelet_config); the kubelet restarts for it."""
+        render/worker.kubelet_config); the kubelet restarts for it. Returns when each restarted
+        kubelet started (its host's clock)."""
         newly = [n for n in names if not ctx.facts[n].kubelet_joined]
         if not newly:
-            return
+            return {}
         for n in newly:
             ctx.facts[n].kubelet_joined = True
         ctx.rerender()
@@ -219,6 +222,9 @@ class JoinWorkers(Phase):
             config = (ctx.plans[n].files[KUBELET_CONFIG], ctx.plans[n].files[KUBELET_KUBECONFIG])
             ctx.events.append(ctx.execute(self.name, n, ctx.changes_for(
                 n, Selection(files=config, absent=(BOOTSTRAP_KUBECONFIG,), units=(components.unit("kubelet"),)))))
+        started = each(lambda n: probes.ask(ctx.remotes[n], probes.unit_started("kubelet")), newly,
+                       width=len(newly))
+        return {n: t for n, t in started.items() if isinstance(t, float | int)}
 
 
 def delete_registered_tokens(api, ctx: Context) -> list[str]:
