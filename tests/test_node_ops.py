@@ -27,7 +27,7 @@ from installer.core.cluster import resolve
 from installer.core.errors import InstallerError, StateError
 from installer.core.inventory import HostSpec
 from installer.core.ledger import Ledger, NodeRetiredError, check_inventory
-from installer.core.pki import issue
+from installer.core.pki import issue, material
 from installer.core.render import revocation
 from installer.engine import runner
 from installer.engine.context import Event, Options
@@ -341,6 +341,14 @@ def test_remove_with_host_unreachable_does_the_cluster_side(prepared, cluster, f
     assert not [p for m, p in paths if p.startswith(VAP)]                 # removal is not revocation
     assert Ledger.load(api.state_for(prepared.inventory, state_copy)).entries["node2"].state == "removed"
     assert out.entry.state == "removed" and "deleted Node node2" in out.done
+    # its token joined it once (an issued CSR made with it stays in the cluster for an hour, and
+    # marks it used): the state forgets it, so `node add` issues a new token and sends its Secret
+    st = api.state_for(prepared.inventory, state_copy)
+    assert "node2" not in st.load(prepared.inventory).tokens and "node3" in st.load(prepared.inventory).tokens
+    assert any("dropped its bootstrap token" in d for d in out.done)
+    assert (st.tokens_path.stat().st_mode & 0o777) == 0o600
+    again, changes = material.ensure(prepared.inventory, st.load(prepared.inventory))
+    assert again.tokens["node2"].id != tid and "token/node2" in changes.reasons
 
 
 def test_remove_stops_when_the_drain_is_blocked(prepared, cluster, fake_api, state_copy):

@@ -100,6 +100,8 @@ def _mark_step(t: Target, state: str) -> Step:
         r.ledger.save(r.t.state)
         r.log(f"{r.t.host.name}: recorded as {state} in {Ledger.path(r.t.state)}"
               + (f" (certificate serials {', '.join(r.serials)})" if r.serials else ""))
+        if r.t.host.role == "worker" and r.t.state.drop_token(r.t.host.name):
+            r.out.done.append("dropped its bootstrap token from the state (`node add` issues a new one)")
     return Step(f"mark {t.host.name} {state} in the node ledger", mark)
 
 

@@ -351,6 +351,24 @@ class StateDir:
                                                                   sort_keys=True).encode(), 0o644)
         return written
 
+    def drop_token(self, node: str) -> bool:
+        """Forget ``node``'s bootstrap token (True when there was one): a node taken out joined
+        with it, and a certificate issued to a request made with it marks it used for good
+        (bootstrap.joined_workers), so `node add` must get a new one, not its old one back
+        without a Secret."""
+        if (tk := self._read(self.tokens_path)) is None:
+            return False
+        try:
+            tokens = yaml.safe_load(tk) or {}
+            if not isinstance(tokens, dict):
+                raise TypeError
+        except (yaml.YAMLError, TypeError):
+            raise StateError(f"{self.tokens_path} is corrupt; move it away to have tokens re-issued") from None
+        if tokens.pop(node, None) is None:
+            return False
+        write_atomic(self.tokens_path, yaml.safe_dump(tokens, sort_keys=True).encode(), 0o600)
+        return True
+
 
 def state_for(inv: Inventory, state_dir: "str | Path | None") -> StateDir:
     """``--state DIR``, else the default next to the inventory (see default_state_dir)."""
