@@ -220,6 +220,42 @@ def test_the_pods_roll_only_when_what_they_run_with_changes(rendered, tmp_path):
     assert digest(three, "kube-controller-manager") == digest(plan, "kube-controller-manager")
 
 
+def test_another_etcd_member_count_restarts_no_member_and_is_planned_one_at_a_time(rendered, tmp_path):
+    """etcdReplicas 3 -> 1 (or back): the member list is a ConfigMap each start reads, so the
+    StatefulSet's pod template stays (no member restarts for it); the apiservers' flags change.
+    The plan: one member at a time, a new one a learner first."""
+    from installer.host import tenant_members
+    p, plan = rendered
+    doc = copy.deepcopy(TENANT)
+    doc["spec"]["controlPlane"]["hosted"]["etcdReplicas"] = 1
+    (tmp_path / "hosting.kubeconfig").write_text("x")
+    inv1 = inventory.parse(doc, base_dir=tmp_path)
+    one = tenant.render_tenant(inv1, p.material)
+    sts3, sts1 = _by(plan, "StatefulSet", "etcd"), _by(one, "StatefulSet", "etcd")
+    assert sts3["spec"]["template"] == sts1["spec"]["template"]
+    assert (sts3["spec"]["replicas"], sts1["spec"]["replicas"]) == (3, 1)
+    url = f"https://etcd-0.etcd.{NS}.svc:2380"
+    assert _by(one, "ConfigMap", "etcd-members")["data"]["cluster"] == f"etcd-0={url}"
+    assert _by(plan, "ConfigMap", "etcd-members")["data"]["endpoints"].count("https://etcd-") == 3
+    env = {e["name"]: e for e in sts3["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["peer_url"]["value"] == "https://$(member).etcd." + NS + ".svc:2380"
+    assert env["cluster"]["valueFrom"]["configMapKeyRef"] == {"name": "etcd-members", "key": "cluster"}
+
+    def servers(objs):
+        args = _by(objs, "Deployment", "kube-apiserver")["spec"]["template"]["spec"]["containers"][0]["args"]
+        return next(a for a in args if a.startswith("--etcd-servers="))
+    assert servers(one) == f"--etcd-servers=https://etcd-0.etcd.{NS}.svc:2379"
+    assert [s.split(" (")[0] for s in tenant_members.count_steps(p.inventory, 1)] == [
+        "add etcd-1 as a learner", "add etcd-2 as a learner"]
+    assert [s.split(",")[0] for s in tenant_members.count_steps(inv1, 3)] == [
+        "remove member etcd-2 through a member that stays", "remove member etcd-1 through a member that stays"]
+    assert not _by_kind(one, "PodDisruptionBudget", "etcd") and _by_kind(plan, "PodDisruptionBudget", "etcd")
+
+
+def _by_kind(plan, kind, name):
+    return [o for o in plan.objects if o["kind"] == kind and o["metadata"]["name"] == name]
+
+
 @pytest.mark.parametrize("args", [["etcd", "member", "add"], ["etcd", "member", "remove"]])
 def test_day2_commands_not_for_tenants_refuse_them_and_do_nothing(tmp_path, args):
     """A tenant's members are etcdReplicas: `etcd member add|remove` say so, exit 2, before they

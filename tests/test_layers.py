@@ -27,7 +27,7 @@ ALLOWED = {
 # loads paramiko and fabric through host.ssh; hosting, a hosted tenant's hosting cluster, urllib3)
 LAZY_OK = ("installer.host.kube", "installer.host.kube_objects", "installer.host.node_api", "urllib3", "testinfra",
            "yaml.", "installer.host.apireach", "installer.host.hosting", "websocket",
-           "installer.host.tenant_etcd")
+           "installer.host.tenant_etcd", "installer.host.tenant_members")
 
 
 def _module(path: Path) -> str:

@@ -99,8 +99,8 @@ def member():
 
 
 # a hosted tenant's members are the pods of its etcd StatefulSet (host/tenant_etcd.py)
-TENANT_MEMBERS = ("a hosted tenant's etcd members are spec.controlPlane.hosted.etcdReplicas (1 or 3), fixed once "
-                  "it runs: changing their number is not built yet (docs/hosted.md)")
+TENANT_MEMBERS = ("a hosted tenant's etcd members are spec.controlPlane.hosted.etcdReplicas (1 or 3): change it "
+                  "and run `installer apply` (one member at a time, a new one a learner first: docs/hosted.md)")
 
 ALLOW_EVEN_HELP = ("Allow an even member count: only as one step of replacing a host "
                    "(3 -> 2 while a dead member is replaced, then 2 -> 3).")

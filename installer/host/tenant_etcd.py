@@ -1,13 +1,6 @@
 """A hosted tenant's etcd members, reached through the hosting cluster's API (docs/hosted.md):
 etcdctl in a member's container (``pods/exec``, host/podexec.py), the members' pods, and the
-refusal of a member count that differs from the running tenant's.
-
-The member count is ``spec.controlPlane.hosted.etcdReplicas`` (1 or 3), fixed once the tenant
-runs: growing or shrinking a running tenant's etcd is not built. Tried on the lab, growing 1 -> 2
-by one more replica of the StatefulSet made a two-member cluster that needed the new member to
-run before the API answered again; a start of it that failed left the tenant without quorum.
-etcd's answer is a learner (added without a vote, promoted once in sync), which is what a
-member-count change of a tenant will use.
+running member count (a change of it: host/tenant_members.py).
 """
 
 from __future__ import annotations
@@ -63,26 +56,15 @@ def member_list(api: ApiClient, inv: Inventory, pod: str) -> list[Member]:
 
 # --- the member count ---------------------------------------------------------------------------
 
-def _sts_path(inv: Inventory) -> str:
+def sts_path(inv: Inventory) -> str:
     return f"/apis/apps/v1/namespaces/{inv.hosted_namespace}/statefulsets/{ETCD_SERVICE}"
 
 
 def live_members(api: ApiClient, inv: Inventory) -> int | None:
     """The StatefulSet's replica count; None before the first apply."""
     try:
-        return int(((rest(api, "GET", _sts_path(inv), "StatefulSet/etcd") or {}).get("spec") or {}).get("replicas", 1))
+        return int(((rest(api, "GET", sts_path(inv), "StatefulSet/etcd") or {}).get("spec") or {}).get("replicas", 1))
     except ApiError as e:
         if e.status == 404:
             return None
         raise EtcdOpError(f"StatefulSet {inv.hosted_namespace}/etcd: {status_message(e)}") from None
-
-
-def refuse_member_change(api: ApiClient, inv: Inventory) -> None:
-    """A running tenant whose member count differs from ``etcdReplicas`` is refused before any
-    change: changing the number of members of a running tenant is not built (docs/hosted.md)."""
-    assert inv.hosted is not None
-    have, want = live_members(api, inv), inv.hosted.etcdReplicas
-    if have is not None and have != want:
-        raise EtcdOpError(f"spec.controlPlane.hosted.etcdReplicas: {want}, but the running tenant has {have} etcd "
-                          "member(s): changing the member count of a running tenant is not built yet (docs/hosted.md, "
-                          f"\"Not done yet\"); set it back to {have}. Nothing was changed")

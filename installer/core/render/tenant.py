@@ -43,6 +43,7 @@ ETCD_VOLUME, ETCD_DATA = "/var/lib/etcd", "/var/lib/etcd/data"
 # start (installer/sh/etcd-member-start.sh); written first beside it as RESTORE.part
 ETCD_RESTORE = "/var/lib/etcd/restore"
 START_SCRIPT = "etcd-member-start.sh"
+MEMBER_LIST = "etcd-members"       # ConfigMap: cluster (name=peer URL, ...) and endpoints (client URLs)
 SCRIPTS = "/scripts"
 SOCKET_DIR = "/run/konnectivity"
 SOCKET = f"{SOCKET_DIR}/konnectivity-server.socket"
@@ -68,6 +69,16 @@ def virtual_host(inv: Inventory) -> HostSpec:
 def member_names(inv: Inventory) -> list[str]:
     assert inv.hosted is not None
     return [f"{ETCD_SERVICE}-{i}" for i in range(inv.hosted.etcdReplicas)]
+
+
+def member_peer_url(inv: Inventory, member: str) -> str:
+    """The peer URL of etcd member ``member`` (a pod's name): its DNS name under the headless
+    Service, which every start and every membership change uses."""
+    return f"https://{member}.{ETCD_SERVICE}.{inv.hosted_namespace}.svc:{PEER_PORT}"
+
+
+def _member_list_env(key: str) -> dict:
+    return {"name": key, "valueFrom": {"configMapKeyRef": {"name": MEMBER_LIST, "key": key}}}
 
 
 def deployment_replicas(inv: Inventory) -> dict[str, int]:
@@ -181,15 +192,21 @@ def _etcd(inv: Inventory, plan: HostPlan) -> list[dict]:
     pki = control.ETCD_PKI_DIR
     env = [{"name": "member", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
            {"name": "etcd", "value": f"{BIN}/etcd"}, {"name": "etcdctl", "value": f"{BIN}/etcdctl"},
-           {"name": "peer_url", "value": f"https://{me}.{svc}:{PEER_PORT}"},
-           {"name": "cluster", "value": ",".join(f"{m}=https://{m}.{svc}:{PEER_PORT}" for m in members)},
+           {"name": "peer_url", "value": member_peer_url(inv, me)},
+           _member_list_env("cluster"),
            {"name": "data", "value": ETCD_DATA}, {"name": "etcdutl", "value": f"{BIN}/etcdutl"},
            {"name": "restore", "value": ETCD_RESTORE},
-           {"name": "endpoints", "value": ",".join(f"https://{m}.{svc}:{ETCD_PORT}" for m in members)},
+           _member_list_env("endpoints"),
            {"name": "cacert", "value": f"{pki}/ca.crt"}, {"name": "cert", "value": f"{pki}/peer.crt"},
            {"name": "key", "value": f"{pki}/peer.key"}]
     script = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(inv, "etcd-start", "etcd"),
               "data": {START_SCRIPT: (SH_DIR / START_SCRIPT).read_text()}}
+    # the member list, read by each start from here and not written into the pod template: a
+    # member count change (host/tenant_members.py) then restarts no member; the apiservers'
+    # --etcd-servers roll instead
+    member_list = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(inv, MEMBER_LIST, "etcd"),
+                   "data": {"cluster": ",".join(f"{m}={member_peer_url(inv, m)}" for m in members),
+                            "endpoints": ",".join(f"https://{m}.{svc}:{ETCD_PORT}" for m in members)}}
     c = _container(inv, "etcd", "etcd", args, parts, command=["/bin/sh", f"{SCRIPTS}/{START_SCRIPT}"])
     c["env"] = env
     c["volumeMounts"] += [{"name": "data", "mountPath": ETCD_VOLUME},
@@ -213,7 +230,7 @@ def _etcd(inv: Inventory, plan: HostPlan) -> list[dict]:
            "spec": {"serviceName": ETCD_SERVICE, "replicas": inv.hosted.etcdReplicas,
                     "podManagementPolicy": "Parallel", "selector": _selector(inv, "etcd"), "template": template,
                     "volumeClaimTemplates": [claim]}}
-    out = [*parts.objects, script, headless, sts]
+    out = [*parts.objects, script, member_list, headless, sts]
     if inv.hosted.etcdReplicas > 1:
         # a drain takes one member at a time: a hosting node holding two must wait for the first
         # to run elsewhere (its volume is that node's with a local provisioner: until uncordoned)

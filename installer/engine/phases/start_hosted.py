@@ -29,19 +29,21 @@ class StartHosted(Phase):
         return [ctx.inv.hosted_namespace] if ctx.inv.hosted else []
 
     def run_host(self, ctx: Context, host: str) -> Event:
-        from installer.host import hosting, tenant_etcd  # lazy: urllib3, for hosted tenants only
+        from installer.host import hosting, tenant_members  # lazy: urllib3, for hosted tenants only
         started = time.monotonic()
         tenant = render_tenant(ctx.inv, ctx.material)
         api = ctx.executor.api(ctx.inv)
         try:
-            # a running tenant's etcd member count is fixed (host/tenant_etcd.py)
-            tenant_etcd.refuse_member_change(api, ctx.inv)
+            # another etcdReplicas for a running tenant: one member at a time, before the objects
+            # name the new member list (host/tenant_members.py)
+            members = tenant_members.change_member_count(api, ctx.inv, ctx.options.wait_timeout, ctx.log,
+                                                         dry_run=ctx.options.dry_run)
             done = hosting.converge(api, tenant.objects, ctx.inv.spec.kubernetes.version, dry_run=ctx.options.dry_run)
         except (hosting.HostingError, EtcdOpError) as e:
             raise HostError(host, str(e)) from None
         verb = "would " if ctx.options.dry_run else ""
-        changed = [f"{verb}{'create' if a == 'created' else 'replace'} {k} {n}" if verb else f"{a} {k} {n}"
-                   for k, n, a in done if a != "unchanged"]
+        changed = members + [f"{verb}{'create' if a == 'created' else 'replace'} {k} {n}" if verb else f"{a} {k} {n}"
+                             for k, n, a in done if a != "unchanged"]
         self.workloads = tenant.workloads()
         return Event(self.name, host, "changed" if changed else "unchanged", time.monotonic() - started,
                      files=len(changed), detail=changed)
