@@ -125,10 +125,12 @@ def tenant(real_cluster: RealCluster, tmp_path_factory) -> Tenant:
         # the hosting cluster as the tests after these found it: no PodDisruptionBudget of the
         # tenant holding a drain of its workers, its pods going. Not a whole `reset` (the second
         # tenant's test proves that): its workers are not the hosting cluster's, and the
-        # namespace's volumes go on being deleted while the next tests run (a reset waits ~55 s)
+        # namespace's volumes go on being deleted while the next tests run (a reset waits ~55 s).
+        # The budgets first, by name: the namespace's deletion removes them only after its pods
+        # (~50 s in CI of fe8d511)
+        rc.kubectl("delete", "poddisruptionbudgets", "--all", "-n", NS, "--wait=true", timeout=120)
         rc.kubectl("delete", "namespace", NS, "--wait=false")
-        wait_for("the tenant's PodDisruptionBudgets gone", lambda: not rc.get(
-            "poddisruptionbudgets", "-n", NS)["items"], timeout=120)
+        assert not rc.get("poddisruptionbudgets", "-n", NS)["items"]
 
 
 def test_the_tenant_shows_its_own_workers_only(tenant: Tenant, tenant_b):
@@ -611,15 +613,7 @@ def second_tenant(tenant: Tenant, tmp: Path) -> None:
         key = base64.b64decode(files["etc_kubernetes_pki_apiserver.key"])
         assert key == (st / "pki" / "apiserver.key").read_bytes(), ns
 
-    # a running tenant's etcd member count is fixed: another etcdReplicas is refused, naming it,
-    # before anything changes
-    doc = yaml.safe_load(inventory.read_text())
-    doc["spec"]["controlPlane"]["hosted"]["etcdReplicas"] = 3
-    other = inventory.with_name("tenant-b-3.yaml")
-    other.write_text(yaml.safe_dump(doc, sort_keys=False))
-    proc = run_installer("apply", str(other), "--state", str(state), check_rc=None)
-    assert proc.returncode != 0 and "etcdReplicas: 3, but the running tenant has 1" in proc.stderr, proc.stderr
-    assert rc.get("statefulset", "etcd", "-n", "hp-tenant-b")["spec"]["replicas"] == 1
+    member_count_changes(b, state)
 
     proc = run_installer("reset", str(inventory), "--state", str(state), "--yes", timeout=900)
     print(proc.stdout[-800:])
@@ -628,6 +622,60 @@ def second_tenant(tenant: Tenant, tmp: Path) -> None:
     r = rc.ssh("w5", "test -e /etc/kubernetes || test -e /var/lib/kubelet || echo clean; "
                      "systemctl is-active kubelet || true")
     assert "clean" in r.stdout and "inactive" in r.stdout, r.stdout
+
+
+def member_count_changes(b: Tenant, state: Path) -> None:
+    """etcdReplicas 1 -> 3 on the running tenant by `apply` (each new member a learner first,
+    promoted once in sync), its API read all along; then 3 -> 1. The data stays."""
+    rc = b.rc
+    b.kubectl("create", "configmap", "before-members", "--from-literal=k=1")
+    doc = yaml.safe_load(b.inventory.read_text())
+    doc["spec"]["controlPlane"]["hosted"]["etcdReplicas"] = 3
+    three = b.inventory.with_name("tenant-b-3.yaml")
+    three.write_text(yaml.safe_dump(doc, sort_keys=False))
+    plan = json.loads(run_installer("apply", str(three), "--state", str(state), "--dry-run", "--output",
+                                    "json").stdout)
+    would = [d for e in plan["events"] if e["phase"] == "hosted" for d in e["detail"]]
+    assert [d.split(" (")[0] for d in would[:2]] == ["would add etcd-1 as a learner",
+                                                     "would add etcd-2 as a learner"], would
+    assert rc.get("statefulset", "etcd", "-n", "hp-tenant-b")["spec"]["replicas"] == 1
+    probe = api_probe(b)
+    started = time.monotonic()
+    try:
+        out = run_installer("apply", str(three), "--state", str(state), "--output", "json", "--wait-timeout", "600",
+                            timeout=1500).stdout
+    finally:
+        ok, failed = probe.end()
+    grew = time.monotonic() - started
+    detail = [d for e in json.loads(out)["events"] if e["phase"] == "hosted" for d in e["detail"]]
+    print(f"\nsecond tenant: etcd 1 -> 3 in {grew:.0f} s; API reads {ok} ok, {len(failed)} failed {failed[:5]}\n"
+          + "\n".join(detail[:4]))
+    assert [d.split(":")[0] for d in detail[:2]] == ["added etcd member etcd-1", "added etcd member etcd-2"], detail
+    assert not failed and ok > 0
+    members = json.loads(run_installer("etcd", "members", str(three), "--state", str(state), "--output",
+                                       "json").stdout)
+    assert sorted(m["name"] for m in members) == ["etcd-0", "etcd-1", "etcd-2"], members
+    assert not any(m["learner"] for m in members), members
+    assert b.kubectl("get", "configmap", "before-members", check=False).returncode == 0
+    again = json.loads(run_installer("apply", str(three), "--state", str(state), "--output", "json").stdout)
+    assert again["changes"] == 0 and again["restarts"] == [], again["events"]
+
+    started = time.monotonic()
+    out = run_installer("apply", str(b.inventory), "--state", str(state), "--output", "json", "--wait-timeout", "600",
+                        timeout=1500).stdout
+    detail = [d for e in json.loads(out)["events"] if e["phase"] == "hosted" for d in e["detail"]]
+    print(f"second tenant: etcd 3 -> 1 in {time.monotonic() - started:.0f} s\n" + "\n".join(detail[:2]))
+    assert [d.split(" (")[0] for d in detail[:2]] == [
+        "removed etcd member etcd-2, its pod and its volume claim data-etcd-2",
+        "removed etcd member etcd-1, its pod and its volume claim data-etcd-1"], detail
+    members = json.loads(run_installer("etcd", "members", str(b.inventory), "--state", str(state), "--output",
+                                       "json").stdout)
+    assert [m["name"] for m in members] == ["etcd-0"], members
+    claims = sorted(c["metadata"]["name"] for c in rc.get("pvc", "-n", "hp-tenant-b")["items"])
+    assert claims == ["data-etcd-0"], claims
+    assert rc.kubectl("get", "pdb", "etcd", "-n", "hp-tenant-b", check=False).returncode != 0
+    wait_for("the tenant's API back after its one member's restart",
+             lambda: b.kubectl("get", "configmap", "before-members", check=False).returncode == 0, timeout=300)
 
 
 def test_a_second_tenant_refuses_the_firsts_credentials_and_reset_removes_it(tenant: Tenant, tenant_b: Background):
@@ -860,15 +908,37 @@ def test_the_tenant_upgrades_a_minor_under_probes(tenant: Tenant, tmp_path):
     tenant.inventory = target           # the tenant's inventory from here on
 
 
-def test_node_drain_of_a_tenant_worker(tenant: Tenant):
-    """`node drain` on a tenant's worker, as on any cluster's: cordoned, its pods evicted (the
-    PodDisruptionBudget of the workload above holds: its other replica stays)."""
-    run_installer("node", "drain", str(tenant.inventory), "w4", "--state", str(tenant.state))
+def test_node_drain_remove_and_add_of_a_tenant_worker(tenant: Tenant):
+    """`node drain`, `node remove` and `node add` on a tenant's worker, as on any cluster's:
+    cordoned, its pods evicted (the PodDisruptionBudget of the workload above holds: its other
+    replica stays); removed with the inventory still listing it, then added back: it joins
+    with a new bootstrap token (its first one was used: it must not come back, and did without a
+    Secret, 401, before the state forgot it)."""
+    inv, state = str(tenant.inventory), str(tenant.state)
+    run_installer("node", "drain", inv, "w4", "--state", state)
     assert tenant.get("node", "w4")["spec"].get("unschedulable") is True
     left = [p["metadata"]["name"] for p in tenant.get("pods", "-A", "--field-selector", "spec.nodeName=w4")["items"]
             if not any(o.get("kind") == "DaemonSet" for o in p["metadata"].get("ownerReferences") or [])]
     assert not left, left
-    tenant.kubectl("uncordon", "w4")
+
+    def token() -> str | None:
+        t = yaml.safe_load((tenant.state / "secrets" / "tokens.yaml").read_text()).get("w4")
+        return t and t["id"]
+    first = token()
+    out = run_installer("node", "remove", inv, "w4", "--state", state, "--yes", timeout=900).stdout
+    print("\n" + out[-800:])
+    assert [n["metadata"]["name"] for n in tenant.get("nodes")["items"]] == ["w3"] and token() is None
+    assert tenant.rc.ssh("w4", "test -e /etc/systemd/system/kubelet.service").returncode != 0
+    started = time.monotonic()
+    run_installer("node", "add", inv, "w4", "--state", state, "--wait-timeout", "600", timeout=1200)
+    print(f"node add w4: {time.monotonic() - started:.0f} s")
+    nodes = {n["metadata"]["name"]: n for n in tenant.get("nodes")["items"]}
+    assert sorted(nodes) == ["w3", "w4"] and not nodes["w4"]["spec"].get("unschedulable")
+    assert any(c["type"] == "Ready" and c["status"] == "True" for c in nodes["w4"]["status"]["conditions"])
+    assert token() not in (None, first)
+    rows = {r["name"]: r for r in json.loads(run_installer("node", "list", inv, "--state", state,
+                                                            "--output", "json").stdout)}
+    assert rows["w4"]["state"] == "active"
 
 
 # --- last: a revoked worker stays out of the tenant -------------------------------------------------
