@@ -1,7 +1,7 @@
 """Container images without a registry, without hosts: image archives (``image-*.tar``) in the
 artifacts are verified against SHA256SUMS, travel to workers only (/var/lib/hiddenplane/images),
 and the workers phase's import script imports each one into containerd's k8s.io namespace only
-when missing (run here under /bin/sh with a fake ``ctr`` that records its calls)."""
+when missing, and pins it (run here under /bin/sh with a fake ``ctr`` that records its calls)."""
 
 from __future__ import annotations
 
@@ -142,7 +142,9 @@ if [ "$1" = version ]; then [ -e "@UP@" ]; exit; fi
 echo "$*" >> "@LOG@"
 case "$*" in
   "-n k8s.io images ls -q") cat "@DB@" 2>/dev/null || true ;;
+  '-n k8s.io images ls -q labels."io.cri-containerd.pinned"==pinned') cat "@DB@.pinned" 2>/dev/null || true ;;
   "-n k8s.io images import "*) for ref in $(cat "$5.refs"); do echo "$ref" >> "@DB@"; done ;;
+  "-n k8s.io images label "*" io.cri-containerd.pinned=pinned") echo "$5" >> "@DB@.pinned" ;;
   *) echo "unexpected: $*" >&2; exit 2 ;;
 esac
 """
@@ -179,22 +181,34 @@ def test_import_script_imports_only_what_is_missing(tmp_path):
     images = [("image-dns.tar", "d" * 64, ("registry.k8s.io/coredns/coredns:v1.12.0",)),
               ("image-pause.tar", "a" * 64, (REF,))]
 
+    dns = "registry.k8s.io/coredns/coredns:v1.12.0"
+    listing = ["-n k8s.io images ls -q", '-n k8s.io images ls -q labels."io.cri-containerd.pinned"==pinned']
     r = w.run(images)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == ["imported image-dns.tar", "imported image-pause.tar"]
-    assert w.calls() == ["-n k8s.io images ls -q", f"-n k8s.io images import {w.root}/image-dns.tar",
-                         f"-n k8s.io images import {w.root}/image-pause.tar"]
+    # each image pinned once imported: the kubelet's image garbage collection leaves it
+    assert w.calls() == [*listing, f"-n k8s.io images import {w.root}/image-dns.tar",
+                         f"-n k8s.io images label {dns} io.cri-containerd.pinned=pinned",
+                         f"-n k8s.io images import {w.root}/image-pause.tar",
+                         f"-n k8s.io images label {REF} io.cri-containerd.pinned=pinned"]
     assert (w.root / "image-pause.tar.imported").read_text() == "a" * 64 + "\n"
 
     r = w.run(images)                     # second run: everything is there
     assert (r.returncode, r.stdout) == (0, "")
-    assert w.calls() == ["-n k8s.io images ls -q"]
+    assert w.calls() == listing
+
+    # an image there but not pinned (imported by an earlier release): pinned, not imported
+    (w.db.parent / "images.db.pinned").write_text(REF + "\n")
+    r = w.run(images)
+    assert r.stdout.splitlines() == [f"pinned {dns}"]
+    assert w.calls()[2:] == [f"-n k8s.io images label {dns} io.cri-containerd.pinned=pinned"]
 
     # an image removed from containerd (e.g. garbage-collected) is imported again
     w.db.write_text("registry.k8s.io/coredns/coredns:v1.12.0\n")
     r = w.run(images)
     assert r.stdout.splitlines() == ["imported image-pause.tar"]
-    assert w.calls()[1:] == [f"-n k8s.io images import {w.root}/image-pause.tar"]
+    assert w.calls()[2:] == [f"-n k8s.io images import {w.root}/image-pause.tar",
+                             f"-n k8s.io images label {REF} io.cri-containerd.pinned=pinned"]
 
     # a new archive (another digest) under the same name is imported even though its names exist
     r = w.run([("image-pause.tar", "b" * 64, (REF,))])

@@ -2,7 +2,11 @@
 # Import image archives into containerd's k8s.io namespace (the workers phase). Assigned before
 # this: ctr (the ctr binary), dir (where the archives are), tries (seconds to wait for
 # containerd). Then one `imp FILE DIGEST NAME...` per archive: imported when one of its images
-# is missing or the digest stamped beside it differs; prints "imported FILE".
+# is missing or the digest stamped beside it differs; prints "imported FILE". Each image is
+# pinned (containerd's CRI label io.cri-containerd.pinned=pinned): the kubelet's image garbage
+# collection never removes a pinned image, and one imported from an archive has no registry to
+# be pulled back from (seen on the lab: a disk at 85 % use lost busybox and agnhost); prints
+# "pinned NAME" for an image found unpinned.
 set -eu
 : "${ctr:?}" "${dir:?}" "${tries:?}"
 # containerd may still be (re)starting: its units were started without blocking
@@ -16,6 +20,8 @@ until "$ctr" version >/dev/null 2>&1; do
   sleep 1
 done
 have=$("$ctr" -n k8s.io images ls -q)
+pin=io.cri-containerd.pinned
+pinned=$("$ctr" -n k8s.io images ls -q "labels.\"$pin\"==pinned")
 imp() { # file digest names...
   f=$dir/$1
   d=$2
@@ -25,9 +31,16 @@ imp() { # file digest names...
   for ref in "$@"; do
     printf '%s\n' "$have" | grep -qxF -- "$ref" || need=1
   done
-  [ "$need" = 1 ] || return 0
-  "$ctr" -n k8s.io images import "$f" >&2
-  printf '%s\n' "$d" >"$f.imported.new"
-  mv -f "$f.imported.new" "$f.imported"
-  echo "imported ${f##*/}"
+  if [ "$need" = 1 ]; then
+    "$ctr" -n k8s.io images import "$f" >&2
+    printf '%s\n' "$d" >"$f.imported.new"
+    mv -f "$f.imported.new" "$f.imported"
+    echo "imported ${f##*/}"
+  fi
+  for ref in "$@"; do
+    if [ "$need" = 1 ] || ! printf '%s\n' "$pinned" | grep -qxF -- "$ref"; then
+      "$ctr" -n k8s.io images label "$ref" "$pin=pinned" >/dev/null
+      [ "$need" = 1 ] || echo "pinned $ref"
+    fi
+  done
 }

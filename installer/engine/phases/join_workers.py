@@ -12,8 +12,9 @@ Node's spec.podCIDR to the installer's allocation (any CNI) and waits for Ready.
 Image archives from the artifacts (``image-*.tar``, uploaded to the workers by the artifacts
 phase) are imported into containerd's ``k8s.io`` namespace once containerd runs, only when
 missing: when an image the archive names is not in containerd, or the archive is not the one
-last imported (a stamp ``<archive>.imported`` holds its sha256). Each import is named in the
-phase's event; a run with nothing to import reports none.
+last imported (a stamp ``<archive>.imported`` holds its sha256). Each image is pinned for the
+kubelet's image garbage collection (nothing could pull it back). Each import (and each pin of
+an image found unpinned) is named in the phase's event; a run with nothing to do reports none.
 """
 
 from __future__ import annotations
@@ -126,7 +127,7 @@ class JoinWorkers(Phase):
                                       timeout=max(600, ctx.options.wait_timeout))
             if r.rc != 0:
                 raise HostError(host, f"importing container images failed: {r.stderr.strip()[-800:]}")
-            imported = [line for line in r.stdout.splitlines() if line.startswith("imported ")]
+            imported = [line for line in r.stdout.splitlines() if line.startswith(("imported ", "pinned "))]
             if imported:
                 out.append(Event(self.name, host, "changed", detail=imported))
         return out
