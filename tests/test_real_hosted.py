@@ -845,13 +845,20 @@ def test_the_tenant_upgrades_a_minor_under_probes(tenant: Tenant, tmp_path):
 
     rc = tenant.rc
     target_artifacts = upgrade_artifacts_dir()
-    # the hosting workers get the new control-plane images (with a registry, the kubelets pull them)
+    # the hosting workers get the new control-plane images (with a registry, the kubelets pull
+    # them), pinned as the installer pins what it imports: the lab's disk is near the kubelet's
+    # image GC threshold, and nothing could pull them back
     for w in rc.workers:
         for image in CONTROL_IMAGES:
             with open(target_artifacts / image, "rb") as f:
                 subprocess.run(["ssh", "-F", str(rc.lab.ssh_config), w,
                                 "/usr/local/bin/ctr -n k8s.io images import -"], stdin=f, check=True,
                                capture_output=True, timeout=300)
+        refs = " ".join(f"registry.k8s.io/{c}:{UPGRADE_TO}" for c in
+                        ("kube-apiserver", "kube-controller-manager", "kube-scheduler"))
+        pin = rc.ssh(w, f"for r in {refs}; do /usr/local/bin/ctr -n k8s.io images label $r "
+                        "io.cri-containerd.pinned=pinned >/dev/null || exit 1; done")
+        assert pin.returncode == 0, pin.stderr
     for obj in echo_workload():
         tenant.kubectl("apply", "-f", "-", stdin=json.dumps(obj))
     try:
