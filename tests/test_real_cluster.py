@@ -130,7 +130,7 @@ def test_the_image_archives_went_to_the_workers_only_and_were_imported(rc):
         assert not rc.lab.host(c).file("/var/lib/hiddenplane/images").exists
 
 
-def test_an_image_removed_from_containerd_is_imported_again(rc, web):
+def test_an_image_removed_from_containerd_is_imported_again(rc, web, built_artifacts):
     w1 = rc.lab.host("w1")
     w1.run_expect([0], f"/usr/local/bin/ctr -n k8s.io images rm {BUSYBOX}")
     report = apply(rc)
@@ -140,8 +140,16 @@ def test_an_image_removed_from_containerd_is_imported_again(rc, web):
     assert rc.get("pod", "web-w1")["status"]["phase"] == "Running"
     # and pinned as the kubelet sees it (CRI): its image garbage collection never removes it
     # (seen on this lab: a disk at 85 % use lost busybox and agnhost, which nothing could pull back)
-    cri = json.loads(w1.check_output("/usr/local/bin/crictl --runtime-endpoint unix:///run/containerd/containerd.sock "
-                                     "images -o json"))["images"]
+    # (crictl is not installed on workers: the artifacts' copy, run once from root's home, removed)
+    probe = "/root/crictl-probe"
+    with open(built_artifacts / "crictl", "rb") as f:
+        subprocess.run(["ssh", "-F", str(rc.lab.ssh_config), "w1", f"cat > {probe} && chmod 700 {probe}"],
+                       stdin=f, check=True, capture_output=True, timeout=120)
+    try:
+        cri = json.loads(w1.check_output(f"{probe} --runtime-endpoint unix:///run/containerd/containerd.sock "
+                                         "images -o json"))["images"]
+    finally:
+        rc.ssh("w1", f"rm -f {probe}")
     [busybox] = [i for i in cri if BUSYBOX in i.get("repoTags", [])]
     assert busybox.get("pinned") is True, busybox
 
