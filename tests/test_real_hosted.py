@@ -657,8 +657,7 @@ def member_count_changes(b: Tenant, state: Path) -> None:
           + "\n".join(detail[:4]))
     assert [d.split(":")[0] for d in detail[:2]] == ["added etcd member etcd-1", "added etcd member etcd-2"], detail
     assert not failed and ok > 0
-    members = json.loads(run_installer("etcd", "members", str(three), "--state", str(state), "--output",
-                                       "json").stdout)
+    members = json.loads(run_installer("etcd", "members", str(three), "--output", "json").stdout)
     assert sorted(m["name"] for m in members) == ["etcd-0", "etcd-1", "etcd-2"], members
     assert not any(m["learner"] for m in members), members
     assert b.kubectl("get", "configmap", "before-members", check=False).returncode == 0
@@ -673,8 +672,7 @@ def member_count_changes(b: Tenant, state: Path) -> None:
     assert [d.split(" (")[0] for d in detail[:2]] == [
         "removed etcd member etcd-2, its pod and its volume claim data-etcd-2",
         "removed etcd member etcd-1, its pod and its volume claim data-etcd-1"], detail
-    members = json.loads(run_installer("etcd", "members", str(b.inventory), "--state", str(state), "--output",
-                                       "json").stdout)
+    members = json.loads(run_installer("etcd", "members", str(b.inventory), "--output", "json").stdout)
     assert [m["name"] for m in members] == ["etcd-0"], members
     claims = sorted(c["metadata"]["name"] for c in rc.get("pvc", "-n", "hp-tenant-b")["items"])
     assert claims == ["data-etcd-0"], claims
