@@ -232,6 +232,33 @@ def test_drain_times_out_naming_the_blocked_pod(cluster, fake_api):
     assert "db/primary: eviction refused" in str(e.value) and "disruption budget" in str(e.value)
 
 
+def test_drain_waits_for_a_pod_whose_namespace_is_being_deleted(cluster, fake_api):
+    """No eviction can be created in a terminating namespace (403, cause NamespaceTerminating: the
+    real lab's drain met one, a tenant's namespace deleted just before): the pod goes with its
+    namespace, so it is waited for as an evicted pod, as kubectl drain does; another 403 still
+    stops the drain."""
+    seed_node(cluster, "node2")
+    cluster.add("/api/v1/namespaces/old/pods", pod("etcd-0", "node2", "old"))
+    path = "/api/v1/namespaces/old/pods/etcd-0/eviction"
+    cause = {"reason": "NamespaceTerminating", "message": "namespace old is being terminated", "field": "metadata"}
+    cluster.fail[("POST", path)] = (403, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 403,
+                                          "reason": "Forbidden", "message": 'pods "etcd-0" is forbidden: unable to '
+                                          "create new content in namespace old because it is being terminated",
+                                          "details": {"name": "etcd-0", "kind": "pods", "causes": [cause]}})
+    with fake_api() as a, pytest.raises(node_api.DrainError) as e:
+        node_api.drain(a, "node2", timeout=0.05, interval=0.01, log=lambda m: None)
+    assert "old/etcd-0: terminating (its namespace is being deleted)" in str(e.value)
+    del cluster.store["/api/v1/namespaces/old/pods/etcd-0"]          # the namespace's deletion took it
+    with fake_api() as a:
+        assert node_api.drain(a, "node2", timeout=1, interval=0.01, log=lambda m: None).evicted == []
+    # a 403 for anything else is no such thing
+    cluster.add("/api/v1/namespaces/old/pods", pod("etcd-0", "node2", "old"))
+    cluster.fail[("POST", path)] = (403, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 403,
+                                          "reason": "Forbidden", "message": "forbidden", "details": {}})
+    with fake_api() as a, pytest.raises(kube.KubeError, match="eviction refused"):
+        node_api.drain(a, "node2", timeout=0.05, interval=0.01, log=lambda m: None)
+
+
 # --- remove and revoke through the client -------------------------------------------------------
 
 def csr(name: str, user: str, *, issued_to: str | None = None, key=None, ca=None, approved=False) -> dict:

@@ -126,11 +126,11 @@ def tenant(real_cluster: RealCluster, tmp_path_factory) -> Tenant:
         # tenant holding a drain of its workers, its pods going. Not a whole `reset` (the second
         # tenant's test proves that): its workers are not the hosting cluster's, and the
         # namespace's volumes go on being deleted while the next tests run (a reset waits ~55 s).
-        # The budgets first, by name: the namespace's deletion removes them only after its pods
-        # (~50 s in CI of fe8d511)
-        rc.kubectl("delete", "poddisruptionbudgets", "--all", "-n", NS, "--wait=true", timeout=120)
+        # Its budgets go after its pods: then no pod of it is left on a hosting worker that the
+        # next tests drain (deleting the budgets first left terminating pods there: CI of 23b311f)
         rc.kubectl("delete", "namespace", NS, "--wait=false")
-        assert not rc.get("poddisruptionbudgets", "-n", NS)["items"]
+        wait_for("the tenant's PodDisruptionBudgets gone", lambda: not rc.get(
+            "poddisruptionbudgets", "-n", NS)["items"], timeout=120)
 
 
 def test_the_tenant_shows_its_own_workers_only(tenant: Tenant, tenant_b):
