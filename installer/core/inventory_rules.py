@@ -58,7 +58,7 @@ def _network_problems(data: dict, hosts: list) -> list[str]:
     if svc and dns:
         if dns.version != svc.version or dns not in svc:
             out.append(f"spec.network.clusterDNS: '{dns}' is outside spec.network.serviceCIDR {svc}")
-        elif dns == svc[1]:
+        elif svc.num_addresses > 1 and dns == svc[1]:     # a /32 or /128 has no second address
             out.append(f"spec.network.clusterDNS: '{dns}' is the first address of the service CIDR, "
                        "which the kubernetes Service takes; pick another (for example the tenth)")
     if svc and endpoint and endpoint.version != svc.version:

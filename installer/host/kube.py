@@ -138,6 +138,14 @@ def reason(e: ApiError) -> str | None:
         return None
 
 
+def causes(e: ApiError) -> list[str]:
+    """The reasons of the Status's ``details.causes`` (e.g. NamespaceTerminating)."""
+    try:
+        return [c.get("reason") for c in (json.loads(e.body or "").get("details") or {}).get("causes") or []]
+    except (TypeError, ValueError, AttributeError):
+        return []
+
+
 # --- the workers phase ----------------------------------------------------------------------
 
 NODES = "/api/v1/nodes"

@@ -12,7 +12,6 @@ object).
 from __future__ import annotations
 
 import base64
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -43,10 +42,6 @@ NODE_LABEL = "hiddenplane.io/node"
 
 class DrainError(KubeError):
     """Pods are still on the node when the drain's time is up."""
-
-
-def _gone(e: ApiError) -> bool:
-    return e.status == 404
 
 
 # --- cordon and drain -------------------------------------------------------------------------
@@ -236,17 +231,15 @@ def drain(api: ApiClient, name: str, timeout: float, *, log: Callable[[str], Non
                 waiting[key] = "terminating"
                 log(f"{name}: evicted {key}")
             except ApiError as e:
-                if _gone(e):
+                if e.status == 404:          # gone already
                     continue
                 if e.status == 429:
                     waiting[key] = f"eviction refused: {status_message(e)}"
                     continue
-                if _namespace_terminating(e):
-                    # its namespace is being deleted, and the pod with it (no eviction can be
-                    # made there: 403): waited for as an evicted pod is, as kubectl drain does
+                if e.status == 403 and "NamespaceTerminating" in kube.causes(e):
+                    # no eviction in a namespace being deleted: the pod goes with it (as kubectl drain)
                     result.evicted.append(key)
                     waiting[key] = "terminating (its namespace is being deleted)"
-                    log(f"{name}: {key} goes with its namespace")
                     continue
                 raise KubeError(f"Pod/{key}: eviction refused: {status_message(e)}") from None
         if not pending:
@@ -256,18 +249,6 @@ def drain(api: ApiClient, name: str, timeout: float, *, log: Callable[[str], Non
                              + "; ".join(f"{k}: {w}" for k, w in sorted(waiting.items())
                                          if k in {_key(p) for p in pending}))
         time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
-
-
-def _namespace_terminating(e: ApiError) -> bool:
-    """A 403 whose Status names the cause NamespaceTerminating (the API's answer to any create in
-    a namespace being deleted, an Eviction included)."""
-    if e.status != 403:
-        return False
-    try:
-        causes = ((json.loads(e.body or "{}").get("details") or {}).get("causes")) or []
-    except (ValueError, AttributeError):
-        return False
-    return any(isinstance(c, dict) and c.get("reason") == "NamespaceTerminating" for c in causes)
 
 
 # --- deleting what let the node in ------------------------------------------------------------
