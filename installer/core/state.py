@@ -306,12 +306,7 @@ class StateDir:
                 # never re-create it silently: secrets in etcd are encrypted with it
                 raise StateError(f"{self.encryption_key_path} is not a base64 32-byte key; restore it "
                                  "from a backup (Secrets in etcd are encrypted with it)")
-        if (tk := self._read(self.tokens_path)) is not None:
-            try:
-                for node, t in (yaml.safe_load(tk) or {}).items():
-                    m.tokens[node] = BootstrapToken(t["id"], t["secret"], dt.datetime.fromisoformat(t["expires"]))
-            except (yaml.YAMLError, AttributeError, KeyError, TypeError, ValueError):
-                raise StateError(f"{self.tokens_path} is corrupt; move it away to have tokens re-issued") from None
+        m.tokens = self._read_tokens()
         if (nw := self._read(self.network_path)) is not None:
             try:
                 doc = yaml.safe_load(nw) or {}
@@ -343,31 +338,36 @@ class StateDir:
             put(self.pki("sa", "pub"), issue.public_pem(m.sa_key), 0o644)
         if m.encryption_key is not None:
             put(self.encryption_key_path, m.encryption_key_b64.encode() + b"\n", 0o600)
-        tokens = {n: {"id": t.id, "secret": t.secret, "expires": t.expires.isoformat()}
-                  for n, t in sorted(m.tokens.items())}
-        put(self.tokens_path, yaml.safe_dump(tokens, sort_keys=True).encode(), 0o600)
+        put(self.tokens_path, _tokens_yaml(m.tokens), 0o600)
         if m.pod_cidrs or self.network_path.exists():
             put(self.network_path, NETWORK_HEADER + yaml.safe_dump({"podCIDRs": dict(sorted(m.pod_cidrs.items()))},
                                                                   sort_keys=True).encode(), 0o644)
         return written
+
+    def _read_tokens(self) -> dict[str, BootstrapToken]:
+        if (tk := self._read(self.tokens_path)) is None:
+            return {}
+        try:
+            return {node: BootstrapToken(t["id"], t["secret"], dt.datetime.fromisoformat(t["expires"]))
+                    for node, t in (yaml.safe_load(tk) or {}).items()}
+        except (yaml.YAMLError, AttributeError, KeyError, TypeError, ValueError):
+            raise StateError(f"{self.tokens_path} is corrupt; move it away to have tokens re-issued") from None
 
     def drop_token(self, node: str) -> bool:
         """Forget ``node``'s bootstrap token (True when there was one): a node taken out joined
         with it, and a certificate issued to a request made with it marks it used for good
         (bootstrap.joined_workers), so `node add` must get a new one, not its old one back
         without a Secret."""
-        if (tk := self._read(self.tokens_path)) is None:
-            return False
-        try:
-            tokens = yaml.safe_load(tk) or {}
-            if not isinstance(tokens, dict):
-                raise TypeError
-        except (yaml.YAMLError, TypeError):
-            raise StateError(f"{self.tokens_path} is corrupt; move it away to have tokens re-issued") from None
+        tokens = self._read_tokens()
         if tokens.pop(node, None) is None:
             return False
-        write_atomic(self.tokens_path, yaml.safe_dump(tokens, sort_keys=True).encode(), 0o600)
+        write_atomic(self.tokens_path, _tokens_yaml(tokens), 0o600)
         return True
+
+
+def _tokens_yaml(tokens: dict[str, BootstrapToken]) -> bytes:
+    return yaml.safe_dump({n: {"id": t.id, "secret": t.secret, "expires": t.expires.isoformat()}
+                           for n, t in sorted(tokens.items())}, sort_keys=True).encode()
 
 
 def state_for(inv: Inventory, state_dir: "str | Path | None") -> StateDir:
