@@ -936,6 +936,7 @@ def test_node_drain_remove_and_add_of_a_tenant_worker(tenant: Tenant):
         t = yaml.safe_load((tenant.state / "secrets" / "tokens.yaml").read_text()).get("w4")
         return t and t["id"]
     first = token()
+    old = yaml.safe_load((tenant.state / "secrets" / "tokens.yaml").read_text())["w4"]
     out = run_installer("node", "remove", inv, "w4", "--state", state, "--yes", timeout=900).stdout
     print("\n" + out[-800:])
     assert [n["metadata"]["name"] for n in tenant.get("nodes")["items"]] == ["w3"] and token() is None
@@ -947,6 +948,10 @@ def test_node_drain_remove_and_add_of_a_tenant_worker(tenant: Tenant):
     assert sorted(nodes) == ["w3", "w4"] and not nodes["w4"]["spec"].get("unschedulable")
     assert any(c["type"] == "Ready" and c["status"] == "True" for c in nodes["w4"]["status"]["conditions"])
     assert token() not in (None, first)
+    # a holder of w4's first token (stolen before the remove) is nobody to the tenant's API
+    url = f"https://{tenant.rc.address(tenant.rc.workers[0])}:{API_PORT}"
+    code, _ = _https(f"{url}/api", tenant.state / "pki" / "ca.crt", token=f"{old['id']}.{old['secret']}")
+    assert code == 401, code
     rows = {r["name"]: r for r in json.loads(run_installer("node", "list", inv, "--state", state,
                                                             "--output", "json").stdout)}
     assert rows["w4"]["state"] == "active"
