@@ -67,6 +67,36 @@ while True:
 '''
 
 
+# A workload that survives drains: two replicas (one per worker), a NodePort, a PodDisruptionBudget.
+# Its preStop sleep keeps a replica serving while its endpoint leaves every kube-proxy's rules (the
+# EndpointSlice update and each kube-proxy's resync take about a second); without it, busybox's
+# httpd exits on SIGTERM while some rules still send to it and a probe sees "connection refused"
+# (0-2 per upgrade before; the upgrade tests now assert none). A workload's own duty, as for any
+# rolling change of Kubernetes: https://kubernetes.io/docs/concepts/containers/container-lifecycle-hooks/
+ECHO_STOP_DELAY = 5
+
+
+def echo_workload(node_port: int, namespace: str = "default") -> list[dict]:
+    labels = {"app": "echo"}
+    meta = {"name": "echo", "namespace": namespace}
+    pod = {"terminationGracePeriodSeconds": ECHO_STOP_DELAY + 10,
+           "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+               {"labelSelector": {"matchLabels": labels}, "topologyKey": "kubernetes.io/hostname"}]}},
+           "containers": [{"name": "httpd", "image": BUSYBOX, "imagePullPolicy": "Never",
+                           "command": ["sh", "-c", "mkdir -p /www && hostname > /www/index.html && "
+                                                   "exec httpd -f -p 8080 -h /www"],
+                           "lifecycle": {"preStop": {"sleep": {"seconds": ECHO_STOP_DELAY}}},
+                           "readinessProbe": {"httpGet": {"path": "/", "port": 8080}, "periodSeconds": 1}}]}
+    return [{"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta,
+             "spec": {"replicas": 2, "selector": {"matchLabels": labels},
+                      "template": {"metadata": {"labels": labels}, "spec": pod}}},
+            {"apiVersion": "v1", "kind": "Service", "metadata": meta,
+             "spec": {"type": "NodePort", "selector": labels,
+                      "ports": [{"port": 80, "targetPort": 8080, "nodePort": node_port}]}},
+            {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": meta,
+             "spec": {"minAvailable": 1, "selector": {"matchLabels": labels}}}]
+
+
 def run_installer(*args: str, check_rc: int | None = 0, timeout: float = 1800) -> subprocess.CompletedProcess:
     proc = subprocess.run([INSTALLER, *args], capture_output=True, text=True, timeout=timeout)
     if check_rc is not None:

@@ -706,12 +706,18 @@ def test_etcd_member_remove_and_add_with_the_api_serving(rc):
     without_cp3.write_text(yaml.safe_dump(doc, sort_keys=False))
     # each apiserver uses its own host's member: while cp3 leaves and comes back, one always answers
     with Probe("API (any apiserver) during etcd member remove/add", lambda: some_apiserver_answers(rc)) as api_probe:
+        t0 = time.monotonic()
         out = run_installer("etcd", "member", "remove", str(inv), "cp3", "--state", str(rc.state), "--allow-even",
                             "--yes", timeout=900).stdout
         assert "removed; 2 members healthy: cp1, cp2" in out, out
-        run_installer("apply", str(without_cp3), "--state", str(rc.state), "--wait-timeout", "600", timeout=1800)
+        t1 = time.monotonic()
+        out = run_installer("apply", str(without_cp3), "--state", str(rc.state), "--wait-timeout", "600",
+                            timeout=1800).stdout
+        print(f"\nmember remove {t1 - t0:.0f} s; apply without cp3 {time.monotonic() - t1:.0f} s:\n{out[-1500:]}")
+        t1 = time.monotonic()
         out = run_installer("etcd", "member", "add", str(inv), "cp3", "--state", str(rc.state), "--wait-timeout",
                             "600", timeout=1800).stdout
+        print(f"member add {time.monotonic() - t1:.0f} s:\n{out[-2500:]}")
         assert "added and promoted; 3 voting members, all healthy" in out, out
     assert api_probe.failed == 0 and api_probe.ok > 0
     assert ready_nodes(rc) == {"w1": True}

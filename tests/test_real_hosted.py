@@ -29,7 +29,7 @@ from installer.lab.debian_artifacts import WORKER_IMAGES
 
 from .builtfixtures import UPGRADE_TO, _linked_dir, e2e_dir, upgrade_artifacts_dir
 from .labfixtures import wait_for
-from .realcluster import BUSYBOX, INSTALLER, RealCluster, run_installer
+from .realcluster import BUSYBOX, INSTALLER, RealCluster, echo_workload, run_installer
 from .test_real_cluster import _csr_for
 
 pytestmark = [pytest.mark.lab, pytest.mark.real]
@@ -774,29 +774,7 @@ def test_ca_rotate_moves_the_tenant_and_its_workers_to_new_cas(tenant: Tenant, t
 # --- upgrade: the tenant a minor up, under probes (last: the tenants before run the default version) ---
 
 ECHO_PORT = 30081
-# a replica's restart seen through the other worker's NodePort (as tests/test_real_upgrade.py)
-ALLOWED_FAILURES = 10
 CONTROL_IMAGES = ("image-kube-apiserver.tar", "image-kube-controller-manager.tar", "image-kube-scheduler.tar")
-
-
-def echo_workload() -> list[dict]:
-    labels = {"app": "echo"}
-    pod = {"terminationGracePeriodSeconds": 2,
-           "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-               {"labelSelector": {"matchLabels": labels}, "topologyKey": "kubernetes.io/hostname"}]}},
-           "containers": [{"name": "httpd", "image": BUSYBOX, "imagePullPolicy": "Never",
-                           "command": ["sh", "-c", "mkdir -p /www && hostname > /www/index.html && "
-                                                   "exec httpd -f -p 8080 -h /www"],
-                           "readinessProbe": {"httpGet": {"path": "/", "port": 8080}, "periodSeconds": 1}}]}
-    return [{"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "echo", "namespace": "default"},
-             "spec": {"replicas": 2, "selector": {"matchLabels": labels},
-                      "template": {"metadata": {"labels": labels}, "spec": pod}}},
-            {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "echo", "namespace": "default"},
-             "spec": {"type": "NodePort", "selector": labels,
-                      "ports": [{"port": 80, "targetPort": 8080, "nodePort": ECHO_PORT}]}},
-            {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "echo",
-                                                                                  "namespace": "default"},
-             "spec": {"minAvailable": 1, "selector": {"matchLabels": labels}}}]
 
 
 class Probe:
@@ -838,7 +816,7 @@ def test_the_tenant_upgrades_a_minor_under_probes(tenant: Tenant, tmp_path):
     """`installer upgrade` of the tenant v1.36.5 -> v1.37.2: the apiserver replicas roll, then the
     controller-manager and scheduler, then the workers one at a time; the tenant's API, probed
     from here through its Service, never fails, and a Deployment of two replicas behind a
-    NodePort of the tenant's workers answers throughout (goal: no failure)."""
+    NodePort of the tenant's workers answers throughout: no probe fails."""
     import urllib.request
 
     rc = tenant.rc
@@ -857,7 +835,7 @@ def test_the_tenant_upgrades_a_minor_under_probes(tenant: Tenant, tmp_path):
         pin = rc.ssh(w, f"for r in {refs}; do /usr/local/bin/ctr -n k8s.io images label $r "
                         "io.cri-containerd.pinned=pinned >/dev/null || exit 1; done")
         assert pin.returncode == 0, pin.stderr
-    for obj in echo_workload():
+    for obj in echo_workload(ECHO_PORT):
         tenant.kubectl("apply", "-f", "-", stdin=json.dumps(obj))
     try:
         wait_for("both echo replicas ready", lambda: tenant.get("deployment", "echo")["status"].get(
@@ -901,7 +879,7 @@ def test_the_tenant_upgrades_a_minor_under_probes(tenant: Tenant, tmp_path):
     print(f"tenant upgrade v1.36.5 -> {UPGRADE_TO}: {seconds:.0f} s; API probe {api_ok} ok, {len(api_failed)} "
           f"failed; workload probe {ok} ok, {len(failed)} failed" + "".join(f"\n  {f}" for f in failed[:10]))
     assert api_ok > 50 and not api_failed, api_failed[:5]
-    assert ok > 100 and len(failed) <= ALLOWED_FAILURES, failed
+    assert ok > 100 and not failed, failed
     server = json.loads(tenant.kubectl("version", "-o", "json").stdout)["serverVersion"]["gitVersion"]
     assert server == UPGRADE_TO
     images = {c["image"] for p in rc.get("pods", "-n", NS)["items"] for c in p["spec"]["containers"]
