@@ -93,3 +93,30 @@ def marked(cfg: Path, worker: str, server: str, since: float, state: str) -> flo
         if f"apiservers/{server} is {state}" in line and float(line.split()[0]) >= since:
             return float(line.split()[0]) - since
     return None
+
+
+class Stop(NamedTuple):
+    seconds: float          # from systemd's "Stopping" to its "Stopped"
+    deadline: bool          # the apiserver said its HTTP server's shutdown ran out of time
+
+
+def apiserver_stops(cfg: Path, host: str, since: float) -> list[Stop]:
+    """Each stop of ``host``'s kube-apiserver unit since ``since`` (unix time), from its journal.
+    ``deadline``: "Failed to shutdown server: context deadline exceeded", what a stop held open
+    by watches until --request-timeout says (render/control.py's watch drain is the cure)."""
+    out = ssh(cfg, host, "journalctl -u kube-apiserver.service -o short-unix --no-pager "
+                         f"--since=@{int(since) - 1}").stdout
+    stops, began, deadline = [], None, False
+    for line in out.splitlines():
+        first = line.split(maxsplit=1)[0] if line.strip() else ""
+        if not first.replace(".", "", 1).isdigit() or float(first) < since:
+            continue                    # "-- No entries --", or before since
+        at = float(first)
+        if "Stopping kube-apiserver.service" in line:
+            began, deadline = at, False
+        elif "Failed to shutdown server" in line:
+            deadline = True
+        elif "Stopped kube-apiserver.service" in line and began is not None:
+            stops.append(Stop(round(at - began, 1), deadline))
+            began = None
+    return stops

@@ -655,6 +655,7 @@ def test_certs_renew_keeps_the_cluster_working(rc, web_w1, tmp_path):
     # apiserver and etcd member restarts, one host at a time, and none of it may fail
     for name, url in hostprobes.api("w1"):
         hostprobes.start(rc.lab.ssh_config, "w1", f"hp-renew-{name}", url)
+    began = time.time()
     with Probe("pod on w1 during certs renew", lambda: pod_answers(rc, web_w1)) as pod_probe:
         proc = run_installer("certs", "renew", str(inv), "--state", str(rc.state), "--wait-timeout", "600",
                              timeout=2400)
@@ -664,6 +665,10 @@ def test_certs_renew_keeps_the_cluster_working(rc, web_w1, tmp_path):
     # its stop for its etcd member's restart also did its own pending restart
     said = proc.stdout + proc.stderr
     assert [said.count(f"{c}: kube-apiserver left the API balancers of 1 worker(s)") for c in rc.controls] == [1] * 3
+    # ... and stopped without being held to its deadline by the watches it served
+    stops = {c: hostprobes.apiserver_stops(rc.lab.ssh_config, c, began) for c in rc.controls}
+    print(f"kube-apiserver stops (seconds, held to the deadline): {stops}")
+    assert all(s and not any(x.deadline for x in s) for s in stops.values()), stops
     for name, _ in hostprobes.api("w1"):
         rows = hostprobes.rows(rc.lab.ssh_config, "w1", f"hp-renew-{name}")
         print(f"w1 API probe {name} during certs renew: requests / failed / longest (s) {hostprobes.summary(rows)}")

@@ -181,6 +181,7 @@ def test_0_an_etcd_patch_is_rolled_one_member_at_a_time_and_the_api_keeps_answer
             hostprobes.start(lab.ssh_config, "w1", f"hp-probe-{name}", url)
         try:
             time.sleep(2)
+            began = time.time()
             done = json.loads(run_installer("upgrade", str(target), "--state", str(state), "--output", "json",
                                             "--wait-timeout", WAIT).stdout)
             time.sleep(2)
@@ -197,6 +198,10 @@ def test_0_an_etcd_patch_is_rolled_one_member_at_a_time_and_the_api_keeps_answer
             rows = hostprobes.rows(lab.ssh_config, "w1", f"hp-probe-{name}")
             print(f"w1 API probe {name}: requests / failed / longest (s) {hostprobes.summary(rows)}")
             assert len(rows) > 50 and hostprobes.failed(rows) == [], hostprobes.failed(rows)[:5]
+        # each apiserver stopped once for its member, its watches ended, not held to its deadline
+        stops = {h.name: hostprobes.apiserver_stops(lab.ssh_config, h.name, began) for h in controls}
+        print(f"kube-apiserver stops (seconds, held to the deadline): {stops}")
+        assert all(len(s) == 1 and not s[0].deadline for s in stops.values()), stops
         assert etcd_versions() == [f"etcd Version: {to_etcd.lstrip('v')}"] * 3
         health = subprocess.run(["ssh", "-F", str(lab.ssh_config), "cp1",
                                  "ETCDCTL_API=3 /usr/local/bin/etcdctl --endpoints=" + ",".join(
