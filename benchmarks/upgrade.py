@@ -25,7 +25,8 @@ sys.path.insert(0, str(ROOT))
 from installer.lab import lab as lab_mod  # noqa: E402
 from installer.lab.model import LabPaths  # noqa: E402
 from tests.builtfixtures import UPGRADE_TO, artifacts_dir, upgrade_artifacts_dir  # noqa: E402
-from tests.test_real_upgrade import NODE_PORT, PROBER, workload  # noqa: E402
+from tests.realcluster import echo_workload  # noqa: E402
+from tests.test_real_upgrade import NODE_PORT, PROBER  # noqa: E402
 
 NAME, SUBNET = "bupg", "10.213.212.0/24"
 INSTALLER = str(Path(sys.executable).with_name("installer"))
@@ -58,7 +59,7 @@ def main() -> None:
             kubeconfig = tmp / "admin.kubeconfig"
             run("kubeconfig", str(inv), "-o", str(kubeconfig))
             kubectl = [str(source / "kubectl"), "--kubeconfig", str(kubeconfig)]
-            for obj in workload():
+            for obj in echo_workload(NODE_PORT):
                 subprocess.run([*kubectl, "apply", "-f", "-"], input=json.dumps(obj), text=True, check=True,
                                capture_output=True)
             subprocess.run([*kubectl, "rollout", "status", "deployment/echo", "--timeout=600s"], check=True,
