@@ -33,11 +33,13 @@ def default_dir(version: str = versions.DEFAULT_KUBERNETES_VERSION) -> Path:
     return cache / "build" / f"artifacts-{version}"
 
 
-def build(dest: Path, version: str = "default") -> None:
-    proc = subprocess.run([sys.executable, str(ROOT / "tools/kubebuild/build.py"), version, str(dest)],
+def build(dest: Path, version: str = "default", *options: str) -> None:
+    """scripts/build-kubernetes ``version`` ``dest`` ``options`` (from the cache in seconds once built)."""
+    proc = subprocess.run([sys.executable, str(ROOT / "tools/kubebuild/build.py"), version, str(dest), *options],
                           capture_output=True, text=True)
     if proc.returncode != 0:
-        pytest.fail(f"scripts/build-kubernetes failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+        pytest.fail(f"scripts/build-kubernetes {version} {' '.join(options)} failed:\n"
+                    f"{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
 
 
 def artifacts_dir() -> Path:
@@ -66,10 +68,7 @@ def e2e_dir() -> Path:
     built when missing; scripts/test builds them first and exports HIDDENPLANE_TEST_E2E."""
     dest = Path(os.environ.get(E2E_ENV) or default_dir().parent / f"e2e-{versions.DEFAULT_KUBERNETES_VERSION}")
     if not (dest / "e2e.test").is_file():
-        proc = subprocess.run([sys.executable, str(ROOT / "tools/kubebuild/build.py"), "default", str(dest),
-                               "--only", "e2e"], capture_output=True, text=True)
-        if proc.returncode != 0:
-            pytest.fail(f"scripts/build-kubernetes --only e2e failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+        build(dest, "default", "--only", "e2e")
     verify(dest, sorted(read_sums(dest)))
     return dest
 
@@ -82,12 +81,19 @@ def etcd_dir(version: str) -> Path:
     """etcd, etcdctl and etcdutl of ``version``, built (when missing) into a directory of their own."""
     dest = default_dir().parent / f"etcd-{version}"
     if not (dest / "etcd").is_file():
-        proc = subprocess.run([sys.executable, str(ROOT / "tools/kubebuild/build.py"), "default", str(dest),
-                               "--etcd", version, "--only", "etcd"], capture_output=True, text=True)
-        if proc.returncode != 0:
-            pytest.fail(f"scripts/build-kubernetes --etcd {version} failed:\n"
-                        f"{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+        build(dest, "default", "--etcd", version, "--only", "etcd")
     return dest
+
+
+def hosted_etcd_image(version: str = ETCD_FROM) -> Path:
+    """The image archive of a hosted control plane's etcd at ``version`` (image-etcd.tar,
+    registry.k8s.io/etcd:<version>-0), built when missing: tests/test_real_hosted.py's tenant
+    starts on it, and its upgrade rolls etcd to the default one member at a time."""
+    dest = default_dir().parent / f"hosted-etcd-{version}"
+    if not (dest / "image-etcd.tar").is_file():
+        build(dest, "default", "--etcd", version, "--only", "hosted")
+    verify(dest, ["image-etcd.tar"])
+    return dest / "image-etcd.tar"
 
 
 def _linked_dir(dest: Path, files: dict[str, Path], sums: dict[str, str]) -> Path:

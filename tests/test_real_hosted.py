@@ -23,11 +23,13 @@ import pytest
 import yaml
 from cryptography import x509
 
+from installer.core import versions
 from installer.core.artifacts import read_sums
+from installer.core.inventory_hosted import hosted_images
 from installer.core.pki import issue
 from installer.lab.debian_artifacts import WORKER_IMAGES
 
-from .builtfixtures import UPGRADE_TO, _linked_dir, e2e_dir, upgrade_artifacts_dir
+from .builtfixtures import ETCD_FROM, UPGRADE_TO, _linked_dir, e2e_dir, hosted_etcd_image, upgrade_artifacts_dir
 from .labfixtures import wait_for
 from .realcluster import BUSYBOX, INSTALLER, RealCluster, echo_workload, run_installer
 from .test_real_cluster import _csr_for
@@ -61,15 +63,18 @@ class Tenant:
 
 
 def tenant_inventory(rc: RealCluster, tmp: Path, name: str = "tenant", workers: tuple[str, ...] = A_WORKERS,
-                     ports: tuple[int, int] = (API_PORT, KONNECTIVITY_PORT), etcd: int = 3) -> Path:
+                     ports: tuple[int, int] = (API_PORT, KONNECTIVITY_PORT), etcd: int = 3,
+                     etcd_version: str | None = None) -> Path:
     """A tenant: ``workers`` (w3 and w4), its control plane in the real cluster, exposed on the
-    hosting workers' addresses (NodePort ``ports``)."""
+    hosting workers' addresses (NodePort ``ports``); its etcd at ``etcd_version`` (else the default)."""
     lab_doc = yaml.safe_load(rc.lab.inventory.read_text())
     # (the lab's inventory is the hosting cluster's: its hosts are the lab's but the tenant's)
     hosts = [{"name": w, "address": rc.address(w), "role": "worker"} for w in workers]
     spec = {k: v for k, v in lab_doc["spec"].items() if k not in ("hosts", "apiServer")}
     artifacts = worker_artifacts(Path(spec["artifacts"]["path"]), tmp.parent)
     spec["artifacts"] = {**spec["artifacts"], "path": str(artifacts)}
+    if etcd_version:
+        spec["artifacts"]["versions"] = {**spec["artifacts"].get("versions", {}), "etcd": etcd_version}
     spec["network"] = {"podCIDR": "10.245.0.0/16", "serviceCIDR": "10.97.0.0/16", "clusterDNS": "10.97.0.10",
                        "upstreamDNS": [rc.address("cp1")]}
     spec["apiServer"] = {"alwaysPullImages": False}
@@ -99,6 +104,20 @@ def worker_artifacts(src: Path, tmp: Path, name: str = "tenant-artifacts") -> Pa
     return _linked_dir(tmp / name, files, sums)
 
 
+def import_pinned(rc: RealCluster, archives: list[Path], refs: list[str]) -> None:
+    """Image archives imported on every hosting worker (lab tooling: with a registry, the
+    kubelets pull them), pinned as the installer pins what it imports: the lab's disk is near
+    the kubelet's image GC threshold, and nothing could pull them back."""
+    for w in rc.workers:
+        for archive in archives:
+            with open(archive, "rb") as f:
+                subprocess.run(["ssh", "-F", str(rc.lab.ssh_config), w, "/usr/local/bin/ctr -n k8s.io images import -"],
+                               stdin=f, check=True, capture_output=True, timeout=300)
+        pin = rc.ssh(w, f"for r in {' '.join(refs)}; do /usr/local/bin/ctr -n k8s.io images label $r "
+                        "io.cri-containerd.pinned=pinned >/dev/null || exit 1; done")
+        assert pin.returncode == 0, pin.stderr
+
+
 def install_storage(rc: RealCluster) -> None:
     """The hosting cluster's provisioner (lab tooling): applied once, ready before any tenant."""
     rc.kubectl("apply", "-f", str(STORAGE))
@@ -113,7 +132,11 @@ def tenant(real_cluster: RealCluster, tmp_path_factory) -> Tenant:
     kept = os.environ.get("HIDDENPLANE_TENANT_DIR")
     tmp = Path(kept) if kept else tmp_path_factory.mktemp("tenant")
     install_storage(rc)
-    inventory, state = tenant_inventory(rc, tmp), tmp / "state"
+    # its etcd one patch behind the default: the upgrade test rolls it first (the hosting
+    # cluster's archives hold the default's image only)
+    import_pinned(rc, [hosted_etcd_image(ETCD_FROM)],
+                  [hosted_images("registry.k8s.io", versions.DEFAULT_KUBERNETES_VERSION, ETCD_FROM)["etcd"]])
+    inventory, state = tenant_inventory(rc, tmp, etcd_version=ETCD_FROM), tmp / "state"
     started = time.monotonic()
     proc = run_installer("apply", str(inventory), "--state", str(state), "--output", "json", "--wait-timeout", "900")
     seconds = time.monotonic() - started
@@ -775,6 +798,7 @@ def test_ca_rotate_moves_the_tenant_and_its_workers_to_new_cas(tenant: Tenant, t
 
 ECHO_PORT = 30081
 CONTROL_IMAGES = ("image-kube-apiserver.tar", "image-kube-controller-manager.tar", "image-kube-scheduler.tar")
+ETCD_TO = versions.DEFAULT_COMPONENTS["etcd"]
 
 
 class Probe:
@@ -813,28 +837,19 @@ def api_probe(tenant: Tenant) -> Probe:
 
 
 def test_the_tenant_upgrades_a_minor_under_probes(tenant: Tenant, tmp_path):
-    """`installer upgrade` of the tenant v1.36.5 -> v1.37.2: the apiserver replicas roll, then the
-    controller-manager and scheduler, then the workers one at a time; the tenant's API, probed
+    """`installer upgrade` of the tenant v1.36.5 -> v1.37.2 and its etcd ETCD_FROM -> the default:
+    etcd's members roll one at a time, then the apiserver replicas, then the controller-manager
+    and scheduler, then the workers one at a time; the tenant's API, probed
     from here through its Service, never fails, and a Deployment of two replicas behind a
     NodePort of the tenant's workers answers throughout: no probe fails."""
     import urllib.request
 
     rc = tenant.rc
     target_artifacts = upgrade_artifacts_dir()
-    # the hosting workers get the new control-plane images (with a registry, the kubelets pull
-    # them), pinned as the installer pins what it imports: the lab's disk is near the kubelet's
-    # image GC threshold, and nothing could pull them back
-    for w in rc.workers:
-        for image in CONTROL_IMAGES:
-            with open(target_artifacts / image, "rb") as f:
-                subprocess.run(["ssh", "-F", str(rc.lab.ssh_config), w,
-                                "/usr/local/bin/ctr -n k8s.io images import -"], stdin=f, check=True,
-                               capture_output=True, timeout=300)
-        refs = " ".join(f"registry.k8s.io/{c}:{UPGRADE_TO}" for c in
-                        ("kube-apiserver", "kube-controller-manager", "kube-scheduler"))
-        pin = rc.ssh(w, f"for r in {refs}; do /usr/local/bin/ctr -n k8s.io images label $r "
-                        "io.cri-containerd.pinned=pinned >/dev/null || exit 1; done")
-        assert pin.returncode == 0, pin.stderr
+    # the hosting workers get the new control-plane images
+    import_pinned(rc, [target_artifacts / image for image in CONTROL_IMAGES],
+                  [hosted_images("registry.k8s.io", UPGRADE_TO, ETCD_TO)[c] for c in
+                   ("kube-apiserver", "kube-controller-manager", "kube-scheduler")])
     for obj in echo_workload(ECHO_PORT):
         tenant.kubectl("apply", "-f", "-", stdin=json.dumps(obj))
     try:
@@ -849,6 +864,7 @@ def test_the_tenant_upgrades_a_minor_under_probes(tenant: Tenant, tmp_path):
         raise AssertionError(f"echo not ready:\n{pods}\n{nodes}\n{events}") from None
     doc = yaml.safe_load(tenant.inventory.read_text())
     doc["spec"]["kubernetes"]["version"] = UPGRADE_TO
+    doc["spec"]["artifacts"]["versions"]["etcd"] = ETCD_TO        # the tenant ran ETCD_FROM
     doc["spec"]["artifacts"]["path"] = str(worker_artifacts(target_artifacts, tenant.inventory.parent.parent,
                                                             "tenant-artifacts-up"))
     target = tenant.inventory.parent / "tenant-up.yaml"
@@ -856,8 +872,12 @@ def test_the_tenant_upgrades_a_minor_under_probes(tenant: Tenant, tmp_path):
     plan = json.loads(run_installer("upgrade", str(target), "--state", str(tenant.state), "--plan",
                                     "--output", "json").stdout)
     print("\n" + "\n".join(plan["steps"]))
-    assert any(s.startswith(f"kube-apiserver, kube-controller-manager, kube-scheduler in {NS} v1.36.5 -> "
-                            f"{UPGRADE_TO}") for s in plan["steps"]), plan["steps"]
+    # etcd first (one member at a time), then the apiservers, the controllers, the workers
+    roll = [i for i, s in enumerate(plan["steps"]) if s.startswith(f"etcd (StatefulSet etcd in {NS}) {ETCD_FROM} -> "
+                                                                   f"{ETCD_TO}: one member at a time")]
+    control = [i for i, s in enumerate(plan["steps"]) if s.startswith(
+        f"kube-apiserver, kube-controller-manager, kube-scheduler in {NS} v1.36.5 -> {UPGRADE_TO}")]
+    assert len(roll) == 1 and len(control) == 1 and roll[0] < control[0], plan["steps"]
 
     echo = [f"http://{rc.address(w)}:{ECHO_PORT}/" for w in A_WORKERS]
     workload = Probe(lambda i: urllib.request.urlopen(echo[i % 2], timeout=1).read())
@@ -888,6 +908,13 @@ def test_the_tenant_upgrades_a_minor_under_probes(tenant: Tenant, tmp_path):
                       ("kube-apiserver", "kube-controller-manager", "kube-scheduler")}, images
     nodes = tenant.get("nodes")["items"]
     assert {n["status"]["nodeInfo"]["kubeletVersion"] for n in nodes} == {UPGRADE_TO}
+    # every etcd member runs the new patch, the same three members, each healthy
+    etcd_image = hosted_images("registry.k8s.io", UPGRADE_TO, ETCD_TO)["etcd"]
+    assert {c["image"] for p in rc.get("pods", "-n", NS, "-l", "app.kubernetes.io/name=etcd")["items"]
+            for c in p["spec"]["containers"]} == {etcd_image}
+    status = json.loads(rc.kubectl("-n", NS, "exec", "etcd-0", "--", "/bin/sh", "-c",
+                                   f"{ETCDCTL} endpoint status --cluster -w json").stdout)
+    assert sorted(e["Status"]["version"] for e in status) == [ETCD_TO.lstrip("v")] * 3, status
     assert not any(n["spec"].get("unschedulable") for n in nodes)
     assert done["snapshot"] and Path(done["snapshot"]).is_file()
     # a second run finds nothing left to roll
