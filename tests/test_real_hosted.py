@@ -880,7 +880,14 @@ def test_the_tenant_upgrades_a_minor_under_probes(tenant: Tenant, tmp_path):
     assert len(roll) == 1 and len(control) == 1 and roll[0] < control[0], plan["steps"]
 
     echo = [f"http://{rc.address(w)}:{ECHO_PORT}/" for w in A_WORKERS]
-    workload = Probe(lambda i: urllib.request.urlopen(echo[i % 2], timeout=1).read())
+
+    def get_echo(i: int) -> None:
+        try:
+            urllib.request.urlopen(echo[i % 2], timeout=1).read()
+        except OSError as e:                    # which worker's NodePort failed, and how
+            raise OSError(f"{A_WORKERS[i % 2]}: {e}") from None
+    workload = Probe(get_echo)
+    began = time.time()
 
     api = api_probe(tenant)
     started = time.monotonic()
@@ -899,6 +906,12 @@ def test_the_tenant_upgrades_a_minor_under_probes(tenant: Tenant, tmp_path):
     print(f"tenant upgrade v1.36.5 -> {UPGRADE_TO}: {seconds:.0f} s; API probe {api_ok} ok, {len(api_failed)} "
           f"failed; workload probe {ok} ok, {len(failed)} failed" + "".join(f"\n  {f}" for f in failed[:10]))
     assert api_ok > 50 and not api_failed, api_failed[:5]
+    if failed:
+        # what each tenant worker's kube-proxy and kubelet said meanwhile, and the tenant's events
+        for w in A_WORKERS:
+            print(f"--- {w}\n" + rc.ssh(w, f"journalctl -u kube-proxy -u kubelet -o short-precise --no-pager "
+                                          f"--since=@{int(began)} | grep -v ' I[0-9]' | tail -n 60").stdout)
+        print(tenant.kubectl("get", "events", "-A", "--sort-by=.lastTimestamp", check=False).stdout[-6000:])
     assert ok > 100 and not failed, failed
     server = json.loads(tenant.kubectl("version", "-o", "json").stdout)["serverVersion"]["gitVersion"]
     assert server == UPGRADE_TO
