@@ -17,6 +17,7 @@ from installer.core.upgrade_rules import (
     check_etcd,
     check_kubernetes,
     current_version,
+    leases_waiting,
     upgrade_order,
 )
 from installer.engine import runner
@@ -129,3 +130,26 @@ def test_the_steps_of_an_upgrade_and_of_its_second_run(prepared, tmp_path):
     assert all(f"etcd v3.6.14 -> {etcd}" in w for w in words[1:3]), words
     assert all("kube-apiserver, kube-controller-manager, kube-scheduler v1.36.5 -> v1.37.2" in w
                for w in words[3:5]), words
+
+
+CM, SCHED = "kube-controller-manager", "kube-scheduler"
+
+
+def test_a_lease_counts_once_a_restarted_instance_holds_it():
+    before = {CM: "cp1_aaa", SCHED: "cp2_bbb"}
+    assert leases_waiting({CM: "cp1_aaa", SCHED: None}, before) == [CM, SCHED]
+    # control hosts: any other holder is a restarted process (every host restarted by then)
+    assert leases_waiting({CM: "cp1_ccc", SCHED: "cp3_ddd"}, before) == []
+
+
+def test_a_tenants_old_standby_holding_the_lease_does_not_count():
+    """Hosted: the old ReplicaSet's standby took the Lease when the old leader went; it is
+    terminating once the roll is done, so a drain now would meet one more hand-over."""
+    before = {CM: "kube-controller-manager-old-x_1", SCHED: "kube-scheduler-old-x_2"}
+    now = {CM: "kube-controller-manager-old-y_3", SCHED: "kube-scheduler-new-a_4"}
+    running = {"kube-controller-manager-new-a", "kube-controller-manager-new-b", "kube-scheduler-new-a",
+               "kube-scheduler-new-b"}
+    assert leases_waiting(now, before, running) == [CM]
+    assert leases_waiting({**now, CM: "kube-controller-manager-new-b_5"}, before, running) == []
+    # the same holders without the pods' view (control hosts): counted
+    assert leases_waiting(now, before) == []

@@ -46,6 +46,7 @@ from installer.core.upgrade_rules import (
     check_etcd,
     check_kubernetes,
     current_version,
+    leases_waiting,
     upgrade_order,
 )
 from installer.engine import runner
@@ -215,7 +216,8 @@ def _controllers_lead(before: dict[str, str | None]) -> Callable[[Upgrade], None
         with up.api() as api:
             while True:
                 now = node_api.lease_holders(api)
-                waiting = [n for n, holder in now.items() if holder is None or holder == before.get(n)]
+                pods = upgrade_hosted.running_pods(up.inv, node_api.LEADER_LEASES) if up.inv.hosted else None
+                waiting = leases_waiting(now, before, pods)
                 if not waiting:
                     up.log("  " + "; ".join(f"{n}: led by {h}" for n, h in now.items()))
                     return

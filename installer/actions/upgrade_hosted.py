@@ -71,6 +71,14 @@ def roll(inv: Inventory, material, components: tuple[str, ...], timeout: float, 
         return hosting.wait_workloads(api, inv.hosted_namespace, workloads, timeout, log)
 
 
+def running_pods(inv: Inventory, components: tuple[str, ...]) -> set[str]:
+    """The names of ``components``' pods that run and are not being deleted: once a roll is
+    done, the new ReplicaSet's only (a pod's name is its hostname, the start of a leader's identity)."""
+    with hosting_api(inv) as api:
+        return {p["metadata"]["name"] for c in components for p in component_pods(api, inv, c)
+                if not p["metadata"].get("deletionTimestamp")}
+
+
 ETCD = ("etcd",)
 APISERVER = ("kube-apiserver",)
 CONTROLLERS = ("kube-controller-manager", "kube-scheduler")

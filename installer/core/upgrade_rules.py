@@ -108,3 +108,17 @@ def current_version(hosts: list[HostState]) -> str | None:
 def current_etcd(hosts: list[HostState]) -> str | None:
     """The oldest etcd a control host reports."""
     return oldest([h.etcd for h in hosts if h.role == "control" and h.etcd])
+
+
+def leases_waiting(now: dict[str, str | None], before: dict[str, str | None],
+                   current_pods: set[str] | None = None) -> list[str]:
+    """The leader Leases (name -> holder identity, ``<host or pod>_<uuid>``) that no restarted
+    instance holds yet: none holds it, or the holder before the upgrade does, or (``current_pods``,
+    a hosted tenant: its components' pods that run and are not being deleted) a holder that is
+    not one of them. That is the old ReplicaSet's standby, which took the Lease when the old
+    leader went and is itself terminating once the roll is done: a worker drained then would
+    wait out one more hand-over (up to the Lease's 15 s) with nobody taking its evicted pods out
+    of the Services (CI of 59e2dfc: 10 refused workload probes, the wait satisfied in 0.1 s)."""
+    return [name for name, holder in now.items()
+            if holder is None or holder == before.get(name)
+            or (current_pods is not None and holder.split("_")[0] not in current_pods)]
