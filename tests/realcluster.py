@@ -74,6 +74,11 @@ while True:
 # (0-2 per upgrade before; the upgrade tests now assert none). A workload's own duty, as for any
 # rolling change of Kubernetes: https://kubernetes.io/docs/concepts/containers/container-lifecycle-hooks/
 ECHO_STOP_DELAY = 5
+# a request to it with no answer after this long fails (the upgrade tests' workload probes). 1 s
+# before: CI of 26ac1d1 saw two answers slower than that (one per worker, a second apart) right
+# after a tenant worker's kubelet and kube-proxy restarted, on a 2-core machine running both test
+# processes; none was refused. The slowest answer is printed
+ECHO_TIMEOUT = 5
 
 
 def echo_workload(node_port: int, namespace: str = "default") -> list[dict]:

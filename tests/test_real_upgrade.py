@@ -31,7 +31,7 @@ from installer.lab import lab as lab_mod
 from . import hostprobes
 from .builtfixtures import UPGRADE_TO, upgrade_artifacts_dir
 from .labfixtures import start_lab, wait_for
-from .realcluster import INSTALLER, WAIT, RealCluster, echo_workload, run_installer
+from .realcluster import ECHO_TIMEOUT, INSTALLER, WAIT, RealCluster, echo_workload, run_installer
 
 pytestmark = [pytest.mark.lab, pytest.mark.real]
 
@@ -47,14 +47,14 @@ i = 0
 while True:
     t = targets[i % len(targets)]; i += 1
     try:
-        urllib.request.urlopen(f"http://{t}/", timeout=1).read(); ok[t] += 1
+        urllib.request.urlopen(f"http://{t}/", timeout=ECHO_TIMEOUT).read(); ok[t] += 1
     except Exception as e:
         bad[t] += 1; fails.append(f"{time.strftime('%H:%M:%S')} {t} {type(e).__name__}: {e}"[:200])
     with open(out + ".tmp", "w") as f:
         json.dump({"ok": ok, "failed": bad, "failures": fails[-50:]}, f)
     import os; os.replace(out + ".tmp", out)
     time.sleep(0.2)
-'''
+'''.replace("ECHO_TIMEOUT", str(ECHO_TIMEOUT))
 
 
 @pytest.fixture(scope="module")
