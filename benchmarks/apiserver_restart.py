@@ -23,10 +23,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from lab import real_lab  # noqa: E402
+
 from installer.lab import lab as lab_mod  # noqa: E402
 from tests.builtfixtures import artifacts_dir  # noqa: E402
 
-NAME, SUBNET = "bapi", "10.213.211.0/24"
+NAME, SUBNET = "bapi", "10.213.215.0/24"
 INSTALLER = str(Path(sys.executable).with_name("installer"))
 UNIT = "/etc/systemd/system/kube-apiserver.service"
 FLAG = "--shutdown-watch-termination-grace-period"
@@ -68,36 +71,26 @@ def restart(ssh: list[str], read: list[str]) -> tuple[float, float, int]:
 
 def main() -> None:
     artifacts = artifacts_dir()
-    quiet = lambda *_: None  # noqa: E731
-    lab_mod.down(NAME, quiet)
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        inv = tmp / "bapi.inventory.yaml"
-        try:
-            lab_mod.up(NAME, 1, 1, 0, SUBNET, inv, quiet, artifacts=artifacts)
-            ssh_config = tmp / "ssh_config"
-            ssh_config.write_text(lab_mod.ssh_config(NAME))
-            run("apply", str(inv), "--wait-timeout", "900")
-            kubeconfig = tmp / "admin.kubeconfig"
-            run("kubeconfig", str(inv), "-o", str(kubeconfig))
-            read = [str(artifacts / "kubectl"), "--kubeconfig", str(kubeconfig), "get", "--raw", "/readyz",
-                    "--request-timeout=2s"]
-            ssh = ["ssh", "-F", str(ssh_config), "cp1"]
-            ours = [restart(ssh, read) for _ in range(RUNS)]
-            # the anchor: the flag taken out of the rendered unit (the upstream default), then
-            # restarted once so the running apiserver has it, then measured
-            subprocess.run([*ssh, f"sed -i 's/ *{FLAG}=[^ ]*//' {UNIT} && ! grep -q -- {FLAG} {UNIT} && "
-                                  "systemctl daemon-reload && systemctl restart kube-apiserver"], check=True,
-                           timeout=300)
-            time.sleep(20)
-            upstream = [restart(ssh, read) for _ in range(RUNS)]
-            print("one kube-apiserver restart, 1 control host (API read every 0.2 s):")
-            for label, got in (("rendered unit", ours), (f"anchor: without {FLAG} (upstream default)", upstream)):
-                for took, gone, n in got:
-                    print(f"  {label}: systemctl restart {took:.1f} s; API not answering {gone:.1f} s "
-                          f"({n} reads failed)")
-        finally:
-            lab_mod.down(NAME, quiet)
+    with tempfile.TemporaryDirectory() as tmp, real_lab(NAME, SUBNET, 1, 1, tmp) as (inv, _):
+        ssh_config = Path(tmp) / "ssh_config"
+        ssh_config.write_text(lab_mod.ssh_config(NAME))
+        run("apply", str(inv), "--wait-timeout", "900")
+        kubeconfig = Path(tmp) / "admin.kubeconfig"
+        run("kubeconfig", str(inv), "-o", str(kubeconfig))
+        read = [str(artifacts / "kubectl"), "--kubeconfig", str(kubeconfig), "get", "--raw", "/readyz",
+                "--request-timeout=2s"]
+        ssh = ["ssh", "-F", str(ssh_config), "cp1"]
+        ours = [restart(ssh, read) for _ in range(RUNS)]
+        # the anchor: the flag taken out of the rendered unit (the upstream default), then
+        # restarted once so the running apiserver has it, then measured
+        subprocess.run([*ssh, f"sed -i 's/ *{FLAG}=[^ ]*//' {UNIT} && ! grep -q -- {FLAG} {UNIT} && "
+                              "systemctl daemon-reload && systemctl restart kube-apiserver"], check=True, timeout=300)
+        time.sleep(20)
+        upstream = [restart(ssh, read) for _ in range(RUNS)]
+        print("one kube-apiserver restart, 1 control host (API read every 0.2 s):")
+        for label, got in (("rendered unit", ours), (f"anchor: without {FLAG} (upstream default)", upstream)):
+            for took, gone, n in got:
+                print(f"  {label}: systemctl restart {took:.1f} s; API not answering {gone:.1f} s ({n} reads failed)")
 
 
 if __name__ == "__main__":
