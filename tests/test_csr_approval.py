@@ -121,14 +121,32 @@ def _bad_signature(pem: bytes) -> bytes:
             + b"\n-----END CERTIFICATE REQUEST-----\n")
 
 
+def _der(tag: int, body: bytes) -> bytes:
+    n = len(body)
+    length = bytes([n]) if n < 0x80 else bytes([0x80 | ((n.bit_length() + 7) // 8)]) + n.to_bytes(
+        (n.bit_length() + 7) // 8, "big")
+    return bytes([tag]) + length + body
+
+
 def _numeric_string_org() -> bytes:
-    """O=system:nodes as a NumericString (letters in it): cryptography reads it, Go's asn1 does not."""
-    from cryptography.x509.name import _ASN1Type
+    """O=system:nodes as a NumericString (letters in it): cryptography up to 50 read it, Go's asn1
+    does not. cryptography 51 refuses to build one, so the request is signed by hand: the subject's
+    UTF8String tag turned into NumericString's (same length), the request info signed again."""
     key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:nodes", _type=_ASN1Type.NumericString),
+    name = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:nodes"),
                       x509.NameAttribute(NameOID.COMMON_NAME, "system:node:w1")])
-    return (x509.CertificateSigningRequestBuilder().subject_name(name).sign(key, hashes.SHA256())
-            .public_bytes(serialization.Encoding.PEM))
+    built = x509.CertificateSigningRequestBuilder().subject_name(name).sign(key, hashes.SHA256())
+    value = b"system:nodes"
+    utf8 = _der(0x0C, value)
+    tbs = built.tbs_certrequest_bytes
+    assert tbs.count(utf8) == 1
+    tbs = tbs.replace(utf8, _der(0x12, value))
+    signature = key.sign(tbs, ec.ECDSA(hashes.SHA256()))
+    ecdsa_sha256 = _der(0x30, _der(0x06, bytes.fromhex("2a8648ce3d040302")))
+    der = _der(0x30, tbs + ecdsa_sha256 + _der(0x03, b"\x00" + signature))
+    b64 = base64.b64encode(der)
+    return (b"-----BEGIN CERTIFICATE REQUEST-----\n" + b"\n".join(b64[i:i + 64] for i in range(0, len(b64), 64))
+            + b"\n-----END CERTIFICATE REQUEST-----\n")
 
 
 # what an attacker holding w1's token sends so that the installer reads w1 and Go another name;
