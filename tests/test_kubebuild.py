@@ -39,25 +39,6 @@ def _build_module():
 kb = _build_module()
 
 
-def _e2e_module():
-    """tools/kubebuild/e2e.py, which imports build.py and sources.py by name (as build.py runs it)."""
-    saved = {n: sys.modules.get(n) for n in ("build", "sources")}
-    sys.modules["build"] = kb
-    sys.path.insert(0, str(ROOT / "tools/kubebuild"))
-    try:
-        spec = importlib.util.spec_from_file_location("kubebuild_e2e", ROOT / "tools/kubebuild/e2e.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod
-    finally:
-        sys.path.remove(str(ROOT / "tools/kubebuild"))
-        for name, module in saved.items():
-            if module is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = module
-
-
 def gomod(pin_dir: Path) -> dict:
     """The wrapper's go.mod as the go command reads it (go mod edit -json)."""
     out = subprocess.run(["go", "mod", "edit", "-json"], cwd=pin_dir, capture_output=True, text=True, check=True)
@@ -112,9 +93,9 @@ def test_the_hosted_images_are_named_as_the_installer_names_them():
 
 
 def test_the_agnhost_archive_holds_the_e2e_archives_agnhost(tmp_path):
-    e2e = _e2e_module()
+    e2e = kb.e2e                            # tools/kubebuild/e2e.py, as build.py imports it
     from installer.lab import archives
-    c = e2e.e2e(versions.DEFAULT_KUBERNETES_VERSION)
+    c = e2e.e2e(kb.kubernetes(versions.DEFAULT_KUBERNETES_VERSION))
     _, src = kb.download_gomod("k8s.io/kubernetes", c.version, c.pin_dir)
     # the agnhost tags the pinned suite lists (Agnhost, AgnhostPrev) and the one its tests use
     manifest = (src / "test/utils/image/manifest.go").read_text()

@@ -16,7 +16,8 @@ server binary that control hosts with ``egress: konnectivity`` run.
 
 Built outputs are cached per component under ``$HIDDENPLANE_CACHE_DIR/build`` (default
 ``/var/cache/hiddenplane/build``), keyed by everything that goes into them: the wrapper
-module, the Go version, flags, tags and this recipe. A warm call only copies files.
+module, the Go version, flags, tags and this recipe. A warm call only copies files. The cache
+itself is buildcache.py, shared with e2e.py and sources.py, which do not import this module.
 
 k8s.io/kubernetes requires each of its staging modules (k8s.io/api, client-go, ...) at
 v0.0.0 and replaces them with ./staging/...: a dependency's replace lines do not apply to
@@ -27,85 +28,54 @@ names at v0.MINOR.PATCH.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+# the modules beside this one by name (e2e.py: the conformance suite and its images; sources.py:
+# C release tarballs; buildcache.py), also when this file is loaded by its path (the tests)
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(1, str(Path(__file__).resolve().parent))
+
+import e2e  # noqa: E402
+import sources  # noqa: E402
+from buildcache import (  # noqa: E402
+    Built,
+    Component,
+    cache_root,
+    cached,
+    download_gomod,
+    go,
+    go_env,
+    key_of,
+    log,
+    save_digests,
+    sha256_file,
+)
 
 from installer.core import versions  # noqa: E402
 from installer.core.artifacts import SUMS_FILE, read_sums, write_sums  # noqa: E402
-from installer.core.digests import Digests  # noqa: E402
 from installer.core.inventory_hosted import KONNECTIVITY_IMAGE_VERSION, hosted_images  # noqa: E402
 from installer.core.inventory_model import SANDBOX_IMAGE  # noqa: E402
 from installer.core.render.addons.coredns import COREDNS_IMAGE, COREDNS_VERSION  # noqa: E402
 from installer.core.render.addons.konnectivity import SERVER_BINARY as KONNECTIVITY_SERVER  # noqa: E402
 
-PINS = Path(__file__).resolve().parent
 RECIPE = 1                      # bump when how a component's binaries are built changes
 IMAGE_RECIPE = 2                # bump when how an image archive is made changes
 BUILD_DATE = "1970-01-01T00:00:00Z"     # reproducible: no wall-clock time in a binary
 LAB_BUSYBOX_IMAGE = "localhost/hiddenplane/busybox:lab"
 
 
-def cache_root() -> Path:
-    return Path(os.environ.get("HIDDENPLANE_CACHE_DIR", "/var/cache/hiddenplane")) / "build"
-
-
-# a warm run checks every cached file and every copy against its SHA256SUMS (1.1 GB with the
-# hosted control plane's images: 17 s); a file whose identity (device, inode, size, mtime,
-# ctime) is unchanged since it was hashed is not hashed again (installer/core/digests.py)
-_DIGESTS: Digests | None = None
-
-
-def sha256_file(path: Path) -> str:
-    global _DIGESTS
-    if _DIGESTS is None:
-        _DIGESTS = Digests(cache_root() / ".digests.json")
-    return _DIGESTS.sha256(path)
-
-
-
-def log(msg: str) -> None:
-    print(msg, flush=True)
-
-
 # --- the component table ---------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Component:
-    """One wrapper module and the binaries built from it.
-
-    ``modules`` are required at ``version``; ``binaries`` maps each output name to its main
-    package; ``ldflags(version)`` stamps the version the way the project's own build does.
-    """
-    name: str
-    version: str
-    modules: tuple[str, ...]
-    binaries: dict[str, str]
-    ldflags: Callable[[str], list[str]]
-    tags: str = ""
-    cgo: bool = False
-    staging: bool = False       # k8s.io/kubernetes: pin its staging modules
-    apt: tuple[str, ...] = ()   # Debian packages the build needs (headers)
-    # test binaries (`go test -c`): output name -> package, e.g. e2e.test (tools/kubebuild/e2e.py)
-    tests: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def pin_dir(self) -> Path:
-        return PINS / f"{self.name}-{self.version}"
-
 
 def _k8s_ldflags(version: str) -> list[str]:
     major, minor, _ = version.lstrip("v").split(".")
@@ -187,30 +157,8 @@ def hosted_components() -> list[Component]:
 
 # --- go helpers --------------------------------------------------------------------------------
 
-def go_env() -> dict[str, str]:
-    # GOTOOLCHAIN=local: never fetch another toolchain behind the user's back; GOFLAGS is ours
-    env = {**os.environ, "GOTOOLCHAIN": os.environ.get("GOTOOLCHAIN", "local"), "GOFLAGS": "-mod=readonly"}
-    env.pop("GOWORK", None)
-    return env
-
-
-def go(args: list[str], cwd: Path, env: dict | None = None, what: str = "") -> str:
-    proc = subprocess.run(["go", *args], cwd=cwd, env=env or go_env(), capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"build-kubernetes: {what or 'go ' + ' '.join(args)} failed (exit {proc.returncode}):\n"
-                         + "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-25:]))
-    return proc.stdout
-
-
 def go_version() -> str:
     return subprocess.run(["go", "env", "GOVERSION"], capture_output=True, text=True, check=True).stdout.strip()
-
-
-def download_gomod(module: str, version: str, cwd: Path) -> tuple[str, Path]:
-    """The upstream go.mod text and the module's unpacked source directory."""
-    info = json.loads(go(["mod", "download", "-json", f"{module}@{version}"], cwd,
-                         {**go_env(), "GOFLAGS": ""}, f"go mod download {module}@{version}"))
-    return Path(info["GoMod"]).read_text(), Path(info["Dir"])
 
 
 _STAGING = re.compile(r"^\s*(k8s\.io/[\w.-]+)\s+=>\s+\./staging/", re.M)
@@ -357,67 +305,6 @@ def _go_run(c: Component, cmd: list[str]) -> float:
         raise SystemExit(f"build-kubernetes: go {cmd[1]} of {c.name} {c.version} failed (exit {rc}):\n"
                          + "\n".join(tail))
     return usage.ru_maxrss / 1024
-
-
-@dataclass
-class Built:
-    name: str
-    files: dict[str, Path]          # artifact name -> cached file
-    cached: bool
-    seconds: float = 0.0
-    peak_rss_mib: float = 0.0
-    notes: list[str] = field(default_factory=list)
-
-
-def _cached_dir(label: str, key: str) -> Path:
-    return cache_root() / f"{label}-{key}"
-
-
-def _complete(d: Path) -> bool:
-    return (d / ".complete").is_file()
-
-
-def _verify_cached(d: Path) -> dict[str, Path]:
-    sums = read_sums(d)
-    for name, digest in sums.items():
-        if sha256_file(d / name) != digest:
-            raise SystemExit(f"build-kubernetes: cached {d / name} does not match its SHA256SUMS; "
-                             f"delete {d} and run again")
-    return {n: d / n for n in sums}
-
-
-def _finish(tmp: Path, final: Path) -> dict[str, Path]:
-    write_sums(tmp, {p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file()})
-    (tmp / ".complete").write_text("")
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
-    return {n: final / n for n in read_sums(final)}
-
-
-def key_of(*parts: str | bytes) -> str:
-    h = hashlib.sha256()
-    for part in parts:
-        h.update((part.encode() if isinstance(part, str) else part) + b"\0")
-    return h.hexdigest()[:16]
-
-
-def cached(name: str, label: str, key: str, make: Callable[[Path], float | None]) -> Built:
-    """The cache entry ``label-key``; when missing, ``make(tmp)`` writes its files into a fresh
-    directory that becomes the entry once complete (an interrupted build leaves nothing).
-    ``make`` may return the peak RSS (MiB) of what it ran."""
-    final = _cached_dir(label, key)
-    if _complete(final):
-        return Built(name, _verify_cached(final), cached=True)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{label}-", dir=final.parent))
-    start = time.monotonic()
-    try:
-        rss = make(tmp)
-        files = _finish(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return Built(name, files, cached=False, seconds=time.monotonic() - start, peak_rss_mib=rss or 0.0)
 
 
 def build_component(c: Component, gover: str) -> Built:
@@ -612,7 +499,6 @@ def main(argv: list[str] | None = None) -> int:
     hosted = hosted_components()
     hosted_names = {c.name for c in hosted}
     components = [k8s, *others(args.etcd), *hosted]
-    import sources  # tools/kubebuild/sources.py: C release tarballs
     shipped_sources = ("haproxy", "socat")  # built from C, shipped to hosts (busybox is the e2e images')
     wanted = set(args.only) or {c.name for c in components} | {"images", "hosted", *shipped_sources}
     unknown = wanted - {c.name for c in components} - {"images", "hosted", "e2e", *shipped_sources}
@@ -623,8 +509,7 @@ def main(argv: list[str] | None = None) -> int:
     if "hosted" in wanted:
         needed |= {"kubernetes", "etcd", *hosted_names}
     if "e2e" in wanted:
-        import e2e  # tools/kubebuild/e2e.py
-        components.append(e2e.e2e(version))
+        components.append(e2e.e2e(k8s))
     if args.pin:
         for c in components:
             if c.name in wanted or (c.name == "kubernetes-e2e" and "e2e" in wanted) or \
@@ -640,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
         if c.name == "kubernetes-e2e":
             # the etcd of the aggregator test's image is the cluster's own build
             etcd = by_name.get("etcd") or build_component(next(o for o in components if o.name == "etcd"), gover)
-            built += e2e.build_e2e(version, gover, etcd)
+            built += e2e.build_e2e(c, build_component(c, gover), etcd)
         elif c.name in wanted or c.name in needed:
             b = build_component(c, gover)
             by_name[c.name] = b
@@ -658,12 +543,10 @@ def main(argv: list[str] | None = None) -> int:
     sums = install(args.dir, built)
     fresh = [b for b in {b.name: b for b in [*by_name.values(), *built]}.values() if not b.cached and b.seconds]
     summary = ", ".join(f"{b.name} {fmt_secs(b.seconds)}" for b in fresh) or "everything from the cache"
-    if _DIGESTS is not None:
-        _DIGESTS.save()
+    save_digests()
     log(f"==> {args.dir}: {len(sums)} files in {SUMS_FILE}; {fmt_secs(time.monotonic() - start)} ({summary})")
     return 0
 
 
 if __name__ == "__main__":
-    sys.modules.setdefault("build", sys.modules["__main__"])     # e2e.py imports this module by name
     sys.exit(main())

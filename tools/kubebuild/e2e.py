@@ -24,9 +24,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-import build
 import sources
-from build import Built, Component, cached, download_gomod, key_of, log, sha256_file
+from buildcache import Built, Component, cached, download_gomod, key_of, log, sha256_file
 
 from installer.core.inventory_model import SANDBOX_IMAGE
 
@@ -43,14 +42,15 @@ AGNHOST = "k8s.io/kubernetes/test/images/agnhost"
 AGNHOST_ARCHIVE = "image-agnhost.tar"
 
 
-def e2e(version: str) -> Component:
+def e2e(k8s: Component) -> Component:
     """e2e.test, ginkgo and the Go programs of the images, from the k8s.io/kubernetes module of
-    ``version`` (its own ginkgo release; sample-apiserver is one of its staging modules)."""
-    return Component("kubernetes-e2e", version, ("k8s.io/kubernetes",),
+    ``k8s`` (build.kubernetes) and stamped like its binaries (its own ginkgo release;
+    sample-apiserver is one of its staging modules)."""
+    return Component("kubernetes-e2e", k8s.version, ("k8s.io/kubernetes",),
                      {"ginkgo": "github.com/onsi/ginkgo/v2/ginkgo", "agnhost": AGNHOST,
                       "sample-apiserver": "k8s.io/sample-apiserver",
                       "nnp": "k8s.io/kubernetes/test/images/nonewprivs"},
-                     build._k8s_ldflags, staging=True, tests={"e2e.test": "k8s.io/kubernetes/test/e2e"})
+                     k8s.ldflags, staging=True, tests={"e2e.test": "k8s.io/kubernetes/test/e2e"})
 
 
 def list_images(e2e_test: Path) -> list[str]:
@@ -230,10 +230,10 @@ def images(names: list[str], layers: dict[str, bytes], src: Path) -> tuple[list,
     return made, missing
 
 
-def build_e2e(version: str, gover: str, etcd: Built) -> list[Built]:
-    """e2e.test, ginkgo, image-e2e.tar (+ e2e-images.json) and image-agnhost.tar for ``version``."""
-    c = e2e(version)
-    progs = build.build_component(c, gover)
+def build_e2e(c: Component, progs: Built, etcd: Built) -> list[Built]:
+    """e2e.test, ginkgo, image-e2e.tar (+ e2e-images.json) and image-agnhost.tar of ``c``
+    (e2e()) from ``progs``, its built programs; ``etcd``: the cluster's etcd build."""
+    version = c.version
     _, src = download_gomod("k8s.io/kubernetes", version, c.pin_dir)
     names = list_images(progs.files["e2e.test"])
     base = debian_layer()

@@ -27,7 +27,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from build import Built, cached, key_of, log
+from buildcache import Built, cached, key_of, log
 
 RECIPE = 1          # bump when how a source build is made changes (busybox's key kept since e2e.py)
 POOL = "http://deb.debian.org/debian/pool/main"
