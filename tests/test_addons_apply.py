@@ -386,6 +386,27 @@ def test_phase_order():
         assert type(p).__module__ == f"installer.engine.phases.{snake}", type(p)
 
 
+def test_each_result_a_phase_reads_is_an_earlier_phases_declared_output(prepared):
+    """What one phase hands another is a typed result it declares (Phase.produces), read with
+    ctx.result: no Context field any phase may write. Every read is made earlier in the order,
+    and a phase producing what it did not declare is stopped at the boundary."""
+    from installer.engine.context import Bootstrapped, EtcdMembership
+    from installer.engine.phases.bootstrap_cluster import BootstrapCluster
+    from installer.engine.phases.join_workers import JoinWorkers
+    made: set[type] = set()
+    for cls in PHASE_CLASSES:
+        assert set(cls.reads) <= made, f"{cls.name} reads {cls.reads} before any phase produces it"
+        made |= set(cls.produces)
+    assert made == {Bootstrapped, EtcdMembership}
+    ctx = ctx_for(prepared)
+    assert ctx.result(Bootstrapped) is None
+    ctx.produce(Bootstrapped())
+    assert ctx.result(Bootstrapped) == Bootstrapped() and ctx.result(EtcdMembership) is None
+    runner._check_outputs(BootstrapCluster(), ctx)              # its own output: passes
+    with pytest.raises(TypeError, match="phase workers produced Bootstrapped, which it does not declare"):
+        runner._check_outputs(JoinWorkers(), ctx)
+
+
 def test_the_etcd_members_never_change_without_the_membership_read():
     from installer.engine.context import Options
     assert runner.effective_options(Options(only=frozenset({"etcd"}))).only == {"etcd", "etcd-membership"}

@@ -531,7 +531,7 @@ def test_a_worker_that_cannot_be_told_is_named_and_the_restart_goes_on(ha, tmp_p
     waited, logged, restarted = [], [], []
     ctx = SimpleNamespace(inv=inv, options=SimpleNamespace(dry_run=False, wait_timeout=5), facts={},
                           log=logged.append, session=Session(inv, remote=remote),
-                          executor=SimpleNamespace(wait=lambda ctx, h, u, after="": waited.append((h, u))))
+                          plane=SimpleNamespace(wait=lambda ctx, h, u, after="": waited.append((h, u))))
     cp = inv.controls[0].name
     with ctx.session, handover.restarting(ctx, cp):
         restarted.append(cp)

@@ -39,9 +39,9 @@ import pytest
 import yaml
 
 from installer import api
-from installer.actions.etcd_ops import ETCDUTL, snapshot_info, snapshot_restore_argv, snapshot_status_argv
 from installer.core.etcd_rules import EtcdOpError
 from installer.core.inventory import Inventory
+from installer.engine.planes.etcd_hosts import ETCDUTL, snapshot_info, snapshot_restore_argv, snapshot_status_argv
 from installer.host import probes
 
 from . import reference as ref

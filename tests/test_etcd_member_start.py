@@ -182,7 +182,7 @@ def test_a_member_whose_volume_is_lost_rejoins_and_nothing_is_lost(members):
 
 
 def test_a_snapshot_handed_to_every_member_is_restored_in_place_by_their_next_start(members, tmp_path):
-    """What `installer etcd snapshot restore` does to a hosted tenant (actions/etcd_hosted.py):
+    """What `installer etcd snapshot restore` does to a hosted tenant (engine/planes/etcd_pods.py):
     each member's volume gets restore/snapshot.db and restore/token, its pod is deleted, and the
     next start writes its member of a new cluster from the file before etcd runs."""
     for n in NAMES:

@@ -11,7 +11,6 @@ import json
 import pytest
 
 from installer.actions.etcd_members import MembershipRefused, apply_guard, check_add, check_remove, quorum
-from installer.actions.etcd_ops import Member, parse_members
 from installer.core import inventory
 from installer.core.components import ETCD_UNIT
 from installer.core.diff import diff
@@ -19,10 +18,11 @@ from installer.core.errors import InventoryError
 from installer.core.facts import PROBE, DirFact, FileFact, HostFacts, parse
 from installer.core.render.control import ETCD_RESTART_KEY, etcd_unit_files
 from installer.core.render.plan import render_cluster
-from installer.engine.context import Context, Options
+from installer.engine.context import Context, EtcdMembership, Options
 from installer.engine.parts import etcd_part
 from installer.engine.phases.read_etcd_membership import ReadEtcdMembership
 from installer.engine.phases.start_etcd import StartEtcd
+from installer.engine.planes.etcd_hosts import Member, parse_members
 from installer.host.ssh import Result
 
 from . import reference as ref
@@ -340,7 +340,7 @@ def test_phase_renders_the_registered_learner_as_joining(three_controls):
     flags = exec_flags(ctx.plans["cp3"].files[UNIT])
     assert flags["--initial-cluster-state"] == "existing"
     assert flags["--initial-cluster"].endswith(",cp3=https://192.168.56.234:2380")
-    assert ctx.etcd_guard.learners == {"cp3"}
+    assert ctx.result(EtcdMembership).guard.learners == {"cp3"}
     # the other members' units are untouched
     assert exec_flags(ctx.plans["cp1"].files[UNIT])["--initial-cluster-state"] == "new"
 
@@ -355,5 +355,5 @@ def test_a_no_op_apply_asks_etcd_nothing(three_controls):
 
 def test_a_new_cluster_bootstraps_without_asking(three_controls):
     ctx = context(three_controls, {n: HostFacts() for n in ("cp1", "cp2", "cp3")}, [])
-    assert read_membership(ctx) == [] and ctx.etcd_guard.joining == {}
+    assert read_membership(ctx) == [] and ctx.result(EtcdMembership).guard.joining == {}
     assert all(r.calls == [] for r in ctx.remotes.values())

@@ -363,16 +363,19 @@ def test_an_upgrade_of_a_tenant_rolls_its_control_plane_by_component(rendered, t
     changes, then the apiservers, then the controller-managers and schedulers), each applied
     alone: a component's objects are its files and its workload, nothing of another's."""
     from installer.actions import upgrade as up_mod
-    from installer.actions import upgrade_hosted
     from installer.core.upgrade_rules import HostState
+    from installer.engine.planes import tenant_roll as upgrade_hosted
     p, plan = rendered
-    inv = up_mod._with_version(p.inventory, kubernetes="v1.37.2")
+    inv = up_mod.with_versions(p.inventory, kubernetes="v1.37.2")
     state = api.state_for(p.inventory, p.state.root)
-    up = up_mod.Upgrade(inv, state, "v1.36.5", "v1.37.2", "minor")
+    from installer.core.cluster import Cluster
+    from installer.engine.run import open_run
     etcd = inv.spec.artifacts.versions.etcd
     survey = up_mod.Survey([HostState("hosted", "control", "v1.36.5", "v3.6.1"),
                             *[HostState(w.name, "worker", "v1.36.5") for w in inv.workers]])
-    words = [s.says for s in up_mod.upgrade_steps(up, survey, "v3.6.1")]
+    with open_run(Cluster(inv, state), log=lambda m: None) as run:
+        up = up_mod.Upgrade(inv, state, "v1.36.5", "v1.37.2", "minor", run=run)
+        words = [s.says for s in up_mod.upgrade_steps(up, survey, "v3.6.1")]
     assert words[0].startswith("save an etcd snapshot")
     assert words[1].startswith(f"etcd (StatefulSet etcd in hp-tenant-a) v3.6.1 -> {etcd}: one member at a time"), words
     assert words[2].startswith("kube-apiserver, kube-controller-manager, kube-scheduler in hp-tenant-a "
@@ -450,7 +453,8 @@ def test_a_renewal_of_a_tenant_rolls_its_control_plane_between_the_push_and_the_
     steps = report["steps"]
     roll = next(i for i, s in enumerate(steps) if s.startswith("roll the tenant's control plane"))
     assert steps[roll - 1].startswith("push the new files") and steps[roll + 1].startswith("restart what uses them")
-    names = [(e.host, e.name, e.port) for e in endpoints(p.inventory)]
+    from installer.engine.planes.hosted import HostedPlane
+    names = [(e.host, e.name, e.port) for e in endpoints(p.inventory, HostedPlane(p.inventory, None))]
     assert ("t1", "kube-apiserver (hosted)", 30443) in names and ("t1", "konnectivity-server (hosted)", 30132) in names
 
 
@@ -476,18 +480,33 @@ def test_a_ca_rotation_of_a_tenant_stops_and_starts_it_in_its_hosting_cluster(re
         assert "on control hosts" not in res.output and "push the new files to" not in res.output
 
 
-def test_the_hosted_executor_restarts_a_tenant_workers_units_as_systemd():
+def test_a_tenant_run_gets_the_hosted_plane_which_names_its_namespace(rendered):
+    """The Run's plane is chosen once, from spec.controlPlane.mode: a tenant's is the hosted one,
+    whose one target (apply's hosted phase, its lock) is the tenant's namespace; opening it
+    reaches no cluster (its client is made when first asked for)."""
+    from installer.core.cluster import Cluster
+    from installer.engine.planes.hosted import HostedPlane
+    from installer.engine.run import open_run
+    p, _ = rendered
+    with open_run(Cluster(p.inventory, p.state), log=lambda m: None) as run:
+        assert isinstance(run.plane, HostedPlane) and run.plane.name == "hosted"
+        assert run.plane.targets() == [p.inventory.hosted_namespace]
+        assert run.plane.lock_targets(None, pending=False) == [p.inventory.hosted_namespace]
+        assert run.plane._api is None
+
+
+def test_the_hosted_plane_restarts_a_tenant_workers_units_as_systemd():
     """A tenant's hosts are its workers: a rollout's restart of their units goes to systemd
     (the apply script), not to the hosting cluster (a full `certs renew` of a tenant restarts
     kubelets; `ca rotate` stops them)."""
     from installer.core.diff import HostChanges
-    from installer.engine.executor import HostedExecutor
+    from installer.engine.planes.hosted import HostedPlane
     calls = []
 
     class Ctx:
         def execute(self, phase, host, changes: HostChanges, no_block=False):
             calls.append((phase, host, list(changes.restart)))
-    HostedExecutor().restart(Ctx(), "t1", "kubelet.service")
+    HostedPlane(None, None).restart(Ctx(), "t1", "kubelet.service")
     assert calls == [("restart", "t1", ["kubelet.service"])]
 
 

@@ -11,7 +11,7 @@ import contextlib
 
 import pytest
 
-from installer.engine.context import Context, Options
+from installer.engine.context import Bootstrapped, Context, Options
 from installer.engine.phases.bootstrap_cluster import BootstrapCluster
 from installer.engine.phases.join_workers import JoinWorkers
 from installer.host import apireach, kube
@@ -42,7 +42,7 @@ def fake(monkeypatch):
 
 def ctx_for(p, **options) -> Context:
     ctx = Context(p.inventory, p.state, Options(**options), p.material, p.changes, log=lambda _: None)
-    ctx.bootstrap_ran = True
+    ctx.produce(Bootstrapped())         # as cluster-bootstrap hands it on in a run
     return ctx
 
 

@@ -83,7 +83,7 @@ def test_the_hosted_images_are_named_as_the_installer_names_them():
     # etcd's pods run installer/sh/etcd-member-start.sh, and etcd's day 2 of a tenant execs
     # commands in them: busybox's sh and what those call, no more
     script = (ROOT / "installer/sh/etcd-member-start.sh").read_text() + \
-        (ROOT / "installer/actions/etcd_hosted.py").read_text()
+        (ROOT / "installer/engine/planes/etcd_pods.py").read_text()
     assert plan["etcd"].files["/bin/busybox"] == (kb.BUSYBOX, "busybox") and "sh" in kb.ETCD_APPLETS
     assert all(re.search(rf"(^|[\s($]){re.escape(a)}\s", script, re.M) for a in kb.ETCD_APPLETS if a != "sh")
     # local-path-provisioner's helper pods run its setup and teardown scripts in the lab's busybox

@@ -24,10 +24,11 @@ ALLOWED = {
 }
 # imported inside a function on purpose: each costs seconds, and most commands never need it
 # (node_api is the API client's node side: importing it loads urllib3 through host.kube; apireach
-# loads paramiko and fabric through host.ssh; hosting, a hosted tenant's hosting cluster, urllib3)
+# loads paramiko and fabric through host.ssh; hosting, a hosted tenant's hosting cluster, urllib3;
+# the hosted plane, all of those for a tenant's command)
 LAZY_OK = ("installer.host.kube", "installer.host.kube_objects", "installer.host.node_api", "urllib3", "testinfra",
            "yaml.", "installer.host.apireach", "installer.host.hosting", "websocket",
-           "installer.host.tenant_etcd", "installer.host.tenant_members")
+           "installer.host.tenant_etcd", "installer.host.tenant_members", "installer.engine.planes.hosted")
 
 
 def _module(path: Path) -> str:
@@ -164,3 +165,82 @@ def test_actions_and_the_engine_take_a_cluster_not_paths():
                    for n in ast.walk(ast.parse(p.read_text()))
                    if isinstance(n, ast.Call) and getattr(n.func, "id", None) in ("as_inventory", "state_for", "load"))
     assert again == []
+
+
+# --- the control plane as a target chosen once (engine/planes/, engine/run.py) -------------------
+
+# who may ask the inventory whether the control plane is hosted: the pure core (the model, and
+# the render of a tenant's objects, certificates and add-ons from it), the planes, and the host
+# modules only the hosted plane uses (its hosting cluster, its etcd member count)
+HOSTED_READERS = ("installer.core.", "installer.engine.planes", "installer.host.hosting",
+                  "installer.host.tenant_members")
+
+
+def _reads_of(path: Path, attr: str) -> list[int]:
+    return [n.lineno for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Attribute) and n.attr == attr]
+
+
+def test_only_the_planes_ask_which_kind_of_control_plane_it_is():
+    """Actions, phases, the runner and the CLI never branch on spec.controlPlane.mode: they ask
+    the run's plane (a new kind of control plane is a class, not a branch in every command)."""
+    branching = sorted((m, lines) for m, p in MODULES.items() if not m.startswith(HOSTED_READERS)
+                       and (lines := _reads_of(p, "hosted")))
+    assert branching == []
+
+
+def test_each_plane_is_made_in_one_place():
+    made = sorted((m, node.func.id) for m, p in MODULES.items() for node in ast.walk(ast.parse(p.read_text()))
+                  if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                  and node.func.id in ("SystemdPlane", "HostedPlane"))
+    assert made == [("installer.engine.planes", "HostedPlane"), ("installer.engine.planes", "SystemdPlane")]
+
+
+# module-level state a process keeps, each named with why: a lock around one file's writes and a
+# counter that only makes names unique; the lab's own host bookkeeping
+PROCESS_STATE = {("installer.host.ssh", "_known_hosts_lock"), ("installer.host.runmark", "_scope_counter"),
+                 ("installer.lab.nspawn", "_CGROUP_MAKING"), ("installer.lab.nspawn", "_STARTED")}
+
+
+def test_no_process_wide_registry():
+    """What a command holds (the state's flock, the apply lock, the tenant's Lease, the mark of
+    its remote commands) lives on its Run and is handed down; nothing is remembered in a module
+    for whoever asks next (a nested command used to find its outer one's lock that way)."""
+    found = set()
+    for m, p in MODULES.items():
+        tree = ast.parse(p.read_text())
+        assert not [n for n in ast.walk(tree) if isinstance(n, ast.Global)], f"{m}: a global statement"
+        for node in tree.body:
+            if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
+                continue
+            v = node.value
+            mutable = (isinstance(v, (ast.Dict, ast.List, ast.Set)) and not (getattr(v, "keys", None) or
+                                                                            getattr(v, "elts", None))
+                       or isinstance(v, ast.Call) and (getattr(v.func, "id", None) in ("dict", "set", "list")
+                                                       or getattr(v.func, "attr", None) in ("Lock", "RLock", "count",
+                                                                                            "local")))
+            if mutable:
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                found |= {(m, t.id) for t in targets if isinstance(t, ast.Name)}
+    assert found == PROCESS_STATE
+
+
+def test_the_kubebuild_modules_import_no_cycle_and_nothing_imports_build():
+    """tools/kubebuild imports its modules by name (build.py puts their directory on sys.path):
+    build.py, the entry point, at the root and nothing importing it; buildcache.py at the leaves."""
+    modules = {p.stem: p for p in (ROOT / "tools/kubebuild").glob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):     # function-local imports too
+            if isinstance(node, ast.Import):
+                found |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found.add(node.module.split(".")[0])
+        graph[name] = found & modules.keys() - {name}
+    assert sorted(m for m, deps in graph.items() if "build" in deps) == []
+    done: list[str] = []
+    while len(done) < len(graph):       # take off the modules whose imports are all taken off
+        ready = sorted(m for m, deps in graph.items() if m not in done and deps <= set(done))
+        assert ready, f"import cycle among {sorted(set(graph) - set(done))}"
+        done += ready
+    assert graph["buildcache"] == set()

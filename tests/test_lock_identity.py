@@ -150,6 +150,19 @@ def test_acquire_takes_over_the_lock_of_a_dead_run_of_this_machine():
     assert said and "breaking a stale apply lock (process " in said[0] and "on this machine is gone" in said[0]
 
 
+def test_a_lock_of_this_process_is_its_own_only_for_the_same_run():
+    """A command inside a day-2 command is handed that command's Run, and asks for the lock as
+    the same run: it finds the lock its own (nothing to take, nothing to give back). Another run
+    of this very process (there is no registry of what a process holds) is refused like anyone."""
+    mine = json.dumps({**holder(), "run": "m" * 32})
+    host = Host(mine)
+    assert acquire(host, "m" * 32, force_unlock=False, log=print) is False
+    assert host.lock == mine
+    with pytest.raises(LockHeld, match="another command holds the apply lock"):
+        acquire(host, "o" * 32, force_unlock=False, log=print)
+    assert host.lock == mine
+
+
 # --- the holder written ----------------------------------------------------------------------------
 
 def test_the_holder_carries_the_ids_and_fits_what_the_facts_read():

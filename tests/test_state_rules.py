@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
+import pytest
 from click.testing import CliRunner
 
 from installer import api
 from installer.cli.main import cli
-from installer.core.state import StateDir
+from installer.core.state import StateBusy, StateDir
 
 from .conftest import write_inventory
 
@@ -68,10 +70,15 @@ def test_a_state_in_use_by_another_process_is_refused(doc, tmp_path):
     assert out.exit_code == 0, out.output
 
 
-def test_the_state_lock_is_reentrant_within_a_process(tmp_path):
+def test_the_state_lock_is_reentrant_on_the_object_a_command_hands_down(tmp_path):
+    """A command resolves its state once and hands that StateDir down (a nested command, an
+    apply inside a day-2 command, holds it again): re-entrant on the object. There is no
+    process-wide registry: another StateDir of the same directory is another holder, refused."""
     s = StateDir(tmp_path / "s")
-    with s.locked(), StateDir(tmp_path / "s").locked():
-        pass
+    with s.locked(), s.locked():
+        with pytest.raises(StateBusy, match=f"state directory {tmp_path / 's'} is in use by process {os.getpid()}"):
+            with StateDir(tmp_path / "s").locked():
+                pass
     with s.locked():                # released after the outer block: taken again
         pass
     assert not (tmp_path / "absent").exists()

@@ -87,49 +87,52 @@ def test_apply_refuses_a_version_change_on_a_running_cluster(prepared, doc, tmp_
 
 def test_the_steps_of_an_upgrade_and_of_its_second_run(prepared, tmp_path):
     from installer.actions import upgrade as up_mod
+    from installer.core.cluster import Cluster
+    from installer.engine.run import open_run
     st = tmp_path / "st"
     shutil.copytree(prepared.state.root, st)
     state = api.state_for(prepared.inventory, st)
-    inv = up_mod._with_version(prepared.inventory, kubernetes="v1.37.2")
-    up = up_mod.Upgrade(inv, state, "v1.36.5", "v1.37.2", "minor", max_unavailable=2)
-    etcd = inv.spec.artifacts.versions.etcd
-    fresh = up_mod.Survey([HostState("cp1", "control", "v1.36.5", etcd), HostState("node2", "worker", "v1.36.5"),
-                           HostState("node3", "worker", "v1.36.5")])
-    words = [s.says for s in up_mod.upgrade_steps(up, fresh, etcd)]
-    assert words[0].startswith("save an etcd snapshot")
-    assert words[1].startswith("cp1: kube-apiserver, kube-controller-manager, kube-scheduler v1.36.5 -> v1.37.2")
-    # the restarted controllers lead again before a worker is drained (a drain without them
-    # leaves evicted pods' addresses in the Services)
-    assert words[2].startswith("wait until a restarted kube-controller-manager and kube-scheduler lead")
-    assert words[3].startswith("node2, node3: cordon, drain")           # --max-unavailable 2: one batch
-    assert words[4].startswith("converge every host at v1.37.2") and len(words) == 5
-    # each host's own version in its words: a run cut short after the control host
-    later = up_mod.Survey([HostState("cp1", "control", "v1.37.2", etcd), HostState("node2", "worker", "v1.36.5"),
-                           HostState("node3", "worker", "v1.36.5")])
-    words = [s.says for s in up_mod.upgrade_steps(up, later, etcd)]
-    assert words[1].startswith("node2, node3: cordon, drain (PodDisruptionBudgets respected")
-    assert "kubelet and kube-proxy v1.36.5 -> v1.37.2" in words[1] and len(words) == 3
-    # killed after node2 was upgraded, before its uncordon: a second run uncordons it, takes no
-    # second snapshot (nothing is left to roll) and converges
-    up_mod._mark(state, ["node2"])
-    assert up_mod.cordoned_by_upgrade(state) == ["node2"]
-    later = up_mod.Survey([HostState("cp1", "control", "v1.37.2", etcd), HostState("node2", "worker", "v1.37.2"),
-                           HostState("node3", "worker", "v1.37.2")])
-    words = [s.says for s in up_mod.upgrade_steps(up, later, etcd)]
-    assert words == ["uncordon node2 (left cordoned by an interrupted upgrade, already at v1.37.2)",
-                     "converge every host at v1.37.2 (add-ons; nothing else should change); record the versions"]
-    up_mod._mark(state, [])
-    assert not (st / "upgrade.yaml").exists()
-    # Kubernetes and etcd both behind: each control host's etcd turn first, then its own turn
-    # (the etcd turns were once counted twice, making every control turn an etcd one)
-    both = up_mod.Survey([HostState("cp1", "control", "v1.36.5", "v3.6.14"), HostState("cp2", "control", "v1.36.5",
-                                                                                      "v3.6.14"),
-                          HostState("node2", "worker", "v1.36.5")])
-    words = [s.says for s in up_mod.upgrade_steps(up, both, "v3.6.14")]
-    assert [w.split(":")[0] for w in words[1:5]] == ["cp1", "cp2", "cp1", "cp2"], words
-    assert all(f"etcd v3.6.14 -> {etcd}" in w for w in words[1:3]), words
-    assert all("kube-apiserver, kube-controller-manager, kube-scheduler v1.36.5 -> v1.37.2" in w
-               for w in words[3:5]), words
+    inv = up_mod.with_versions(prepared.inventory, kubernetes="v1.37.2")
+    with open_run(Cluster(inv, state), log=lambda m: None) as run:      # its plane says each control turn
+        up = up_mod.Upgrade(inv, state, "v1.36.5", "v1.37.2", "minor", max_unavailable=2, run=run)
+        etcd = inv.spec.artifacts.versions.etcd
+        fresh = up_mod.Survey([HostState("cp1", "control", "v1.36.5", etcd), HostState("node2", "worker", "v1.36.5"),
+                               HostState("node3", "worker", "v1.36.5")])
+        words = [s.says for s in up_mod.upgrade_steps(up, fresh, etcd)]
+        assert words[0].startswith("save an etcd snapshot")
+        assert words[1].startswith("cp1: kube-apiserver, kube-controller-manager, kube-scheduler v1.36.5 -> v1.37.2")
+        # the restarted controllers lead again before a worker is drained (a drain without them
+        # leaves evicted pods' addresses in the Services)
+        assert words[2].startswith("wait until a restarted kube-controller-manager and kube-scheduler lead")
+        assert words[3].startswith("node2, node3: cordon, drain")           # --max-unavailable 2: one batch
+        assert words[4].startswith("converge every host at v1.37.2") and len(words) == 5
+        # each host's own version in its words: a run cut short after the control host
+        later = up_mod.Survey([HostState("cp1", "control", "v1.37.2", etcd), HostState("node2", "worker", "v1.36.5"),
+                               HostState("node3", "worker", "v1.36.5")])
+        words = [s.says for s in up_mod.upgrade_steps(up, later, etcd)]
+        assert words[1].startswith("node2, node3: cordon, drain (PodDisruptionBudgets respected")
+        assert "kubelet and kube-proxy v1.36.5 -> v1.37.2" in words[1] and len(words) == 3
+        # killed after node2 was upgraded, before its uncordon: a second run uncordons it, takes no
+        # second snapshot (nothing is left to roll) and converges
+        up_mod._mark(state, ["node2"])
+        assert up_mod.cordoned_by_upgrade(state) == ["node2"]
+        later = up_mod.Survey([HostState("cp1", "control", "v1.37.2", etcd), HostState("node2", "worker", "v1.37.2"),
+                               HostState("node3", "worker", "v1.37.2")])
+        words = [s.says for s in up_mod.upgrade_steps(up, later, etcd)]
+        assert words == ["uncordon node2 (left cordoned by an interrupted upgrade, already at v1.37.2)",
+                         "converge every host at v1.37.2 (add-ons; nothing else should change); record the versions"]
+        up_mod._mark(state, [])
+        assert not (st / "upgrade.yaml").exists()
+        # Kubernetes and etcd both behind: each control host's etcd turn first, then its own turn
+        # (the etcd turns were once counted twice, making every control turn an etcd one)
+        both = up_mod.Survey([HostState("cp1", "control", "v1.36.5", "v3.6.14"), HostState("cp2", "control", "v1.36.5",
+                                                                                          "v3.6.14"),
+                              HostState("node2", "worker", "v1.36.5")])
+        words = [s.says for s in up_mod.upgrade_steps(up, both, "v3.6.14")]
+        assert [w.split(":")[0] for w in words[1:5]] == ["cp1", "cp2", "cp1", "cp2"], words
+        assert all(f"etcd v3.6.14 -> {etcd}" in w for w in words[1:3]), words
+        assert all("kube-apiserver, kube-controller-manager, kube-scheduler v1.36.5 -> v1.37.2" in w
+                   for w in words[3:5]), words
 
 
 CM, SCHED = "kube-controller-manager", "kube-scheduler"

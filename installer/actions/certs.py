@@ -10,7 +10,6 @@ node's own kube-proxy certificate, a control host's admin.conf and the component
 from __future__ import annotations
 
 import base64
-import contextlib
 import datetime as dt
 import re
 import shlex
@@ -21,18 +20,15 @@ import yaml
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from installer.actions.etcd_hosted import hosting_api
 from installer.core.cluster import Cluster
 from installer.core.errors import InstallerError, StateError
 from installer.core.inventory import Inventory
 from installer.core.pki.material import Material, ensure
 from installer.core.pki.specs import CAS
 from installer.core.render.plan import render_cluster
-from installer.core.render.pods import key_for
-from installer.core.render.tenant import tenant_plan_files
 from installer.core.render.worker import KUBELET_CLIENT_PEM
 from installer.core.state import StateDir
-from installer.engine.session import Session
+from installer.engine.run import open_run
 from installer.host.parallel import each
 from installer.host.ssh import HostError
 
@@ -209,22 +205,23 @@ def as_fetched(files: dict[str, bytes]) -> bytes:
     return out
 
 
-def hosted_rows(inv: Inventory, loaded: Material) -> list[CertRow]:
-    """A hosted tenant's control-plane certificates as its Secrets and ConfigMaps in the hosting
-    cluster hold them (where its pods read them), each compared with the state's."""
-    from installer.host import hosting  # lazy: urllib3, for hosted tenants only
+def beyond_rows(plane, inv: Inventory, loaded: Material) -> list[CertRow]:
+    """The control-plane certificates ``plane`` holds besides the hosts (a hosted tenant's
+    Secrets and ConfigMaps in the hosting cluster, where its pods read them), each compared with
+    the state's."""
     material, _ = ensure(inv, loaded)
     material.cas.update(loaded.cas)
     material.certs.update(loaded.certs)
-    plan = tenant_plan_files(inv, material)
-    # the files a pod reads (the rest of the virtual control host's plan, admin.conf, the
-    # health-check client, goes to no pod)
+    plan = plane.beyond_plan(inv, material)
+    if plan is None:
+        return []
+    # the files a pod reads (the rest of the plan, admin.conf, the health-check client, goes to
+    # no pod)
     expected = {p: serial for p, serial in certificate_paths(plan).items() if plan.files[p].restarts}
-    with hosting_api(inv) as api:
-        held = hosting.held_files(api, inv.hosted_namespace, {key_for(p): p for p in expected}, secrets=True)
-    where = f"hosting {inv.hosted_namespace}"
-    rows = host_rows(where, expected, as_fetched(held))
-    rows += [CertRow(where, p, "", "", dt.datetime.min.replace(tzinfo=dt.timezone.utc), 0,
+    log_where = plane.where
+    held = plane.read_files(list(expected), secrets=True)
+    rows = host_rows(log_where, expected, as_fetched(held))
+    rows += [CertRow(log_where, p, "", "", dt.datetime.min.replace(tzinfo=dt.timezone.utc), 0,
                      ["not in the tenant's Secrets or ConfigMaps"]) for p in expected if p not in held]
     return rows
 
@@ -260,29 +257,27 @@ def check(cluster: Cluster, offline: bool = False, remote_for: Callable | None =
         if any(ca.name not in loaded.cas for ca in CAS):
             raise StateError(f"{state.root} lacks a CA; run `installer apply` (or use --offline)")
         expected = expected_paths(inv, _plans_for(inv, loaded))
-        session = Session(inv) if remote_for is None else None
-        remote_for = remote_for or session.remote
+        with open_run(cluster) as run:
+            remote_for = remote_for or run.session.remote
 
-        def one(h):
-            log(f"{h.name}: reading {len(expected[h.name])} certificate path(s)")
-            r = remote_for(h).run(fetch_script(list(expected[h.name])), what="read certificates")
-            return host_rows(h.name, expected[h.name], r.raw)
+            def one(h):
+                log(f"{h.name}: reading {len(expected[h.name])} certificate path(s)")
+                r = remote_for(h).run(fetch_script(list(expected[h.name])), what="read certificates")
+                return host_rows(h.name, expected[h.name], r.raw)
 
-        errors = []
-        with session or contextlib.nullcontext():
-            results = each(one, inv.spec.hosts).values()
-        for result in results:
-            if isinstance(result, HostError):
-                errors.append(str(result))
-            elif isinstance(result, Exception):
-                raise result
-            else:
-                rows += result
-        if errors:
-            raise CertsError("cannot read certificates from " + "; ".join(errors)
-                             + " (use --offline to check the state only)")
-        if inv.hosted:
-            log(f"hosting {inv.hosted_namespace}: reading the control plane's certificates")
-            rows += hosted_rows(inv, loaded)
+            errors = []
+            for result in each(one, inv.spec.hosts).values():
+                if isinstance(result, HostError):
+                    errors.append(str(result))
+                elif isinstance(result, Exception):
+                    raise result
+                else:
+                    rows += result
+            if errors:
+                raise CertsError("cannot read certificates from " + "; ".join(errors)
+                                 + " (use --offline to check the state only)")
+            if run.plane.where:
+                log(f"{run.plane.where}: reading the control plane's certificates")
+                rows += beyond_rows(run.plane, inv, loaded)
     rows.sort(key=lambda r: (r.not_after, r.where != STATE, r.where, r.name))
     return rows

@@ -103,7 +103,13 @@ class Endpoint:
     ca: str = CLUSTER_CA       # state name of the CA that signs ``cert``
 
 
-def endpoints(inv: Inventory) -> list[Endpoint]:
+# how an exposed component (ControlPlane.exposed) is checked: its serving pair, the client the
+# check presents, the unit it is
+EXPOSED = {"kube-apiserver": ("apiserver", "admin", APISERVER),
+           "konnectivity-server": ("apiserver", None, KONNECTIVITY)}
+
+
+def endpoints(inv: Inventory, plane=None) -> list[Endpoint]:
     out = []
     for h in inv.controls:
         out += [Endpoint(h.name, "etcd client", h.address, components.port("etcd", "client"), f"etcd/server-{h.name}",
@@ -119,13 +125,11 @@ def endpoints(inv: Inventory) -> list[Endpoint]:
                          components.port("kube-controller-manager", "secure"), None, None, CONTROLLER_MANAGER),
                 Endpoint(h.name, "kube-scheduler", "127.0.0.1", components.port("kube-scheduler", "secure"),
                          None, None, SCHEDULER)]
-    if inv.hosted and inv.workers:
-        # a hosted tenant's apiservers and konnectivity servers, as its first worker reaches them
-        # (through the hosting cluster's Service: one replica per connection)
-        w, (_, address, port) = inv.workers[0], inv.api_backends[0]
-        out += [Endpoint(w.name, "kube-apiserver (hosted)", address, port, "apiserver", "admin", APISERVER),
-                Endpoint(w.name, "konnectivity-server (hosted)", address, inv.hosted.expose.konnectivityPort,
-                         "apiserver", None, KONNECTIVITY)]
+    if plane is not None and inv.workers:
+        # what answers outside the hosts (a hosted tenant's apiservers and konnectivity servers),
+        # as the first worker reaches it
+        out += [Endpoint(inv.workers[0].name, label, address, port, *EXPOSED[component])
+                for component, label, address, port in plane.exposed(inv)]
     for h in inv.workers:
         out.append(Endpoint(h.name, "kubelet", h.address, components.port("kubelet", "secure"),
                             f"kubelet/{h.name}-serving", "apiserver-kubelet-client", KUBELET))
@@ -174,7 +178,7 @@ def judge(ep: Endpoint, cert: x509.Certificate, material: Material, before, rest
 def verify(ctx: Context, before: dict, report: Report, old_cas: dict[str, Pair] | None = None) -> None:
     """Handshake with every endpoint until it presents what the state holds (or the wait ends).
     What was restarted is ``report.restarts``."""
-    eps = endpoints(ctx.inv)
+    eps = endpoints(ctx.inv, ctx.plane)
     restarted = {tuple(x.split(":", 1)) for x in report.restarts}
     deadline = time.monotonic() + ctx.options.wait_timeout
     pending = list(eps)

@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from typing import Callable
 from urllib.parse import urlsplit
 
-from installer.actions.etcd_ops import control_remotes, day2_etcdctl
 from installer.core.cluster import Cluster
 from installer.core.components import CONTROL_UNITS, ETCD_UNIT
 from installer.core.errors import InstallerError
@@ -52,7 +51,8 @@ from installer.core.inventory import HostSpec, Inventory
 from installer.core.render.control import ETCD_DATA_DIR, ETCD_REMOVED_ASIDE, peer_url
 from installer.engine import runner
 from installer.engine.context import Event, Options
-from installer.engine.session import Session, hold
+from installer.engine.planes.etcd_hosts import control_remotes, day2_etcdctl
+from installer.engine.run import Run, open_run
 from installer.engine.steps import Step, plan, run_steps
 from installer.host import probes
 from installer.host.etcdctl import LOCAL, endpoint_health_script, error_line, member_list
@@ -130,27 +130,27 @@ def _members(via: Remote, inv: Inventory) -> list[Member]:
     return named_members(probes.ask(via, probes.member_list(day2_etcdctl(LOCAL))), inv.controls)
 
 
-def _converge(cluster: Cluster, options: Options, log: Callable[[str], None]) -> None:
+def _converge(run: Run, options: Options, log: Callable[[str], None]) -> None:
     def event(ev: Event) -> None:
         if ev.action not in ("checked", "unchanged"):
             log(f"  {ev.phase} {ev.host}: {ev.action}"
                 + (f" (restarted {', '.join(ev.restarts)})" if ev.restarts else ""))
-    runner.run(cluster, options, log=log, on_event=event)
+    runner.run(run, options, log=log, on_event=event)
 
 
 # --- add ---------------------------------------------------------------------------------------
 
-def add(cluster: Cluster, name: str, *, allow_even: bool = False, wait_timeout: float = 180.0,
+def add(cluster: Cluster | Run, name: str, *, allow_even: bool = False, wait_timeout: float = 180.0,
         log: Callable[[str], None] = print, dry_run: bool = False) -> Change:
     """Add control host ``name`` (in the inventory, not yet a member) to etcd: as a learner,
     then promoted; then converge the control hosts. Resumes an add that stopped after
     registering the learner. Holds the apply lock throughout, on the members (the new host may
     not answer yet: the checks name it). ``dry_run``: check, and return the steps undone."""
-    if dry_run:
-        return _add(cluster, name, allow_even=allow_even, wait_timeout=wait_timeout, log=log, dry_run=True)
-    with hold(cluster.inv, skip=frozenset({name}), log=log):
-        return _add(cluster, name, allow_even=allow_even, wait_timeout=wait_timeout, log=log,
-                    dry_run=False)
+    with open_run(cluster, log=log) as run:
+        if dry_run:
+            return _add(run, name, allow_even=allow_even, wait_timeout=wait_timeout, log=log, dry_run=True)
+        with run.hold(skip=frozenset({name})):
+            return _add(run, name, allow_even=allow_even, wait_timeout=wait_timeout, log=log, dry_run=False)
 
 
 @dataclass
@@ -161,7 +161,7 @@ class _Joining:
     members: list[Member] = field(default_factory=list)
 
 
-def _add_steps(inv: Inventory, host: HostSpec, member: Member | None, via: Remote, cluster: Cluster, deadline: float,
+def _add_steps(inv: Inventory, host: HostSpec, member: Member | None, via: Remote, cluster: Run, deadline: float,
                wait_timeout: float, log: Callable[[str], None]) -> list[Step[_Joining]]:
     name, peer = host.name, peer_url(host.address)
 
@@ -201,7 +201,7 @@ def _add_steps(inv: Inventory, host: HostSpec, member: Member | None, via: Remot
     ]
 
 
-def _add(cluster: Cluster, name: str, *, allow_even: bool, wait_timeout: float,
+def _add(cluster: Run, name: str, *, allow_even: bool, wait_timeout: float,
          log: Callable[[str], None], dry_run: bool) -> Change:
     inv = cluster.inv
     try:
@@ -211,17 +211,16 @@ def _add(cluster: Cluster, name: str, *, allow_even: bool, wait_timeout: float,
     if host.role != "control":
         raise InstallerError(f"{name}: is a {host.role}, not a control host: etcd members run on control hosts")
     deadline = time.monotonic() + wait_timeout
-    with control_remotes(inv) as remotes:
-        view = _checked(inv, remotes, name, check_add, allow_even, "added")
-        member = next((m for m in view.members if m.name == name), None)
-        if member is None:
-            # the host must be reachable and empty before it is registered: a learner that can
-            # never start would block every later change
-            if probes.ask(remotes[name], probes.holds_etcd_data()):
-                raise MembershipRefused(f"{name}: not added: it already holds etcd data in {ETCD_DATA_DIR} (from an "
-                                        "earlier cluster?); move that directory aside first; nothing was changed")
-        # the member that answered stays open for the promotion, after the others are closed
-        remotes.pop(view.via.name, None)
+    remotes = control_remotes(cluster)
+    view = _checked(inv, remotes, name, check_add, allow_even, "added")
+    member = next((m for m in view.members if m.name == name), None)
+    if member is None:
+        # the host must be reachable and empty before it is registered: a learner that can
+        # never start would block every later change
+        if probes.ask(remotes[name], probes.holds_etcd_data()):
+            raise MembershipRefused(f"{name}: not added: it already holds etcd data in {ETCD_DATA_DIR} (from an "
+                                    "earlier cluster?); move that directory aside first; nothing was changed")
+    # the member that answered stays open for the promotion (the run's connections close with it)
     via = view.via
     steps = _add_steps(inv, host, member, via, cluster, deadline, wait_timeout, log)
     if dry_run:
@@ -243,20 +242,20 @@ def _stop_script() -> str:
             "systemctl disable --now --quiet \"$u\"; fi; done")
 
 
-def remove(cluster: Cluster, name: str, *, allow_even: bool = False, host_unreachable: bool = False,
+def remove(cluster: Cluster | Run, name: str, *, allow_even: bool = False, host_unreachable: bool = False,
            wait_timeout: float = 180.0, log: Callable[[str], None] = print, dry_run: bool = False) -> Change:
     """Remove member ``name`` (still in the inventory, or already deleted from it: then its
     address comes from its peer URL). ``host_unreachable``: the host is gone; only the
     membership changes. ``dry_run``: check, and return the steps without doing them. A removal
     converges nothing: edit the inventory and run `installer apply` afterwards."""
-    inv = cluster.inv
-    if dry_run:
-        return _remove(inv, name, allow_even=allow_even, host_unreachable=host_unreachable,
-                       wait_timeout=wait_timeout, log=log, dry_run=True)
-    # a host already gone holds no lock to take
-    with hold(inv, skip=frozenset({name}) if host_unreachable else frozenset(), log=log):
-        return _remove(inv, name, allow_even=allow_even, host_unreachable=host_unreachable,
-                       wait_timeout=wait_timeout, log=log, dry_run=False)
+    with open_run(cluster, log=log) as run:
+        if dry_run:
+            return _remove(run, name, allow_even=allow_even, host_unreachable=host_unreachable,
+                           wait_timeout=wait_timeout, log=log, dry_run=True)
+        # a host already gone holds no lock to take
+        with run.hold(skip=frozenset({name}) if host_unreachable else frozenset()):
+            return _remove(run, name, allow_even=allow_even, host_unreachable=host_unreachable,
+                           wait_timeout=wait_timeout, log=log, dry_run=False)
 
 
 def _remove_steps(inv: Inventory, member: Member, target: Remote, via: Remote, host_unreachable: bool,
@@ -283,39 +282,40 @@ def _remove_steps(inv: Inventory, member: Member, target: Remote, via: Remote, h
     return steps
 
 
-def _remove(inv: Inventory, name: str, *, allow_even: bool, host_unreachable: bool, wait_timeout: float,
+def _remove(run: Run, name: str, *, allow_even: bool, host_unreachable: bool, wait_timeout: float,
             log: Callable[[str], None], dry_run: bool) -> Change:
+    inv = run.inv
     in_inventory = {h.name: h for h in inv.spec.hosts}
     if name in in_inventory and in_inventory[name].role != "control":
         raise InstallerError(f"{name}: is a {in_inventory[name].role}, not a control host: it is no etcd member")
     deadline = time.monotonic() + wait_timeout
-    with Session(inv) as session:
-        remotes = session.connect(inv.controls)
-        view = _checked(inv, remotes, name, check_remove, allow_even, "removed")
-        member = next(m for m in view.members if m.name == name)
-        if name in remotes:
-            target = remotes[name]
-        else:
-            address = urlsplit(member.peer_urls[0]).hostname if member.peer_urls else None
-            if not address:
-                raise EtcdOpError(f"{name}: not in the inventory and its member has no peer URL to reach it by; "
-                                  "pass --host-unreachable; nothing was changed")
-            # a host the inventory no longer lists: reached at its member's peer address
-            target = session.remote(HostSpec(name=name, address=address, role="control"))
-        rest = [m for m in view.members if m.id != member.id]
-        steps = _remove_steps(inv, member, target, view.via, host_unreachable, rest, deadline)
-        if not host_unreachable:
-            try:
-                target.open()
-            except HostError as e:
-                raise EtcdOpError(f"{e}; nothing was changed (if {name} is gone for good, pass --host-unreachable)") \
-                    from None
-        if dry_run:
-            return Change(name, member.id, plan(steps), view.members)
-        out: dict = {}
-        done = run_steps(name, steps, out, log)
-        members = out["members"]
-        log(f"{name}: removed; {len(members)} members healthy: {names_list(member_label(m) for m in members)}")
+    session = run.session
+    remotes = session.connect(inv.controls)
+    view = _checked(inv, remotes, name, check_remove, allow_even, "removed")
+    member = next(m for m in view.members if m.name == name)
+    if name in remotes:
+        target = remotes[name]
+    else:
+        address = urlsplit(member.peer_urls[0]).hostname if member.peer_urls else None
+        if not address:
+            raise EtcdOpError(f"{name}: not in the inventory and its member has no peer URL to reach it by; "
+                              "pass --host-unreachable; nothing was changed")
+        # a host the inventory no longer lists: reached at its member's peer address
+        target = session.remote(HostSpec(name=name, address=address, role="control"))
+    rest = [m for m in view.members if m.id != member.id]
+    steps = _remove_steps(inv, member, target, view.via, host_unreachable, rest, deadline)
+    if not host_unreachable:
+        try:
+            target.open()
+        except HostError as e:
+            raise EtcdOpError(f"{e}; nothing was changed (if {name} is gone for good, pass --host-unreachable)") \
+                from None
+    if dry_run:
+        return Change(name, member.id, plan(steps), view.members)
+    out: dict = {}
+    done = run_steps(name, steps, out, log)
+    members = out["members"]
+    log(f"{name}: removed; {len(members)} members healthy: {names_list(member_label(m) for m in members)}")
     voting = len([m for m in members if not m.learner])
     even = " (with spec.allowEvenControlHosts: true)" if voting % 2 == 0 else ""
     then = f"run `installer apply` with {voting} control host{'s' if voting != 1 else ''}{even}"

@@ -32,7 +32,7 @@ from installer.core.state import StateDir
 from installer.engine import runner
 from installer.engine.context import Options
 from installer.engine.parts import planned_changes
-from installer.engine.session import Session
+from installer.engine.run import Run, open_run
 from installer.host import apireach, kube, node_api
 
 ApiFactory = Callable[[], ContextManager[kube.ApiClient]]
@@ -46,7 +46,7 @@ class NodeOpError(InstallerError):
 
 @dataclass
 class Target:
-    cluster: Cluster          # the inventory as given and its state
+    cluster: Cluster | Run    # the inventory as given and its state (a command's Run: remove, revoke)
     host: HostSpec
     in_inventory: bool
 
@@ -59,7 +59,7 @@ class Target:
         return self.cluster.state
 
 
-def node_target(cluster: Cluster, name: str) -> tuple[Target, Ledger]:
+def node_target(cluster: Cluster | Run, name: str) -> tuple[Target, Ledger]:
     inv, state = cluster.inv, cluster.state
     ledger = Ledger.load(state)
     host = ledger.host(name, inv)
@@ -89,15 +89,20 @@ def material_for(inv: Inventory, state: StateDir) -> Material:
 
 
 @contextlib.contextmanager
-def cluster_api(inv: Inventory, material: Material, factory: ApiFactory | None = None) -> Iterator[kube.ApiClient]:
-    """The admin client, directly or through an SSH tunnel via a control host."""
+def cluster_api(target: Cluster | Run, material: Material,
+                factory: ApiFactory | None = None) -> Iterator[kube.ApiClient]:
+    """The admin client, directly or through an SSH tunnel via a control host (a connection of
+    the command's run)."""
     if factory is not None:
         with factory() as api:
             yield api
         return
-    with Session(inv) as s, apireach.api_access(inv, s.remote, material) as url, \
-            kube.api_client(url, material, credential="admin") as api:
-        yield api
+    with open_run(target) as run:
+        # the run's connections to the control hosts (a tunnel's, when one is needed, stays open)
+        controls = run.session.connect(run.inv.controls)
+        with apireach.api_access(run.inv, controls, material) as url, \
+                kube.api_client(url, material, credential="admin") as api:
+            yield api
 
 
 # --- what a run may change elsewhere ----------------------------------------------------------
@@ -117,7 +122,7 @@ def foreign_changes(report: runner.Report, allowed_host: str | None) -> list[str
     return out
 
 
-def converge(cluster: Cluster, name: str | None, skip: frozenset[str], log, what: str,
+def converge(cluster: Cluster | Run, name: str | None, skip: frozenset[str], log, what: str,
               accept_new_host_keys: bool = False, wait_timeout: float = 180.0,
               dry_run: bool = False, returning: frozenset[str] = frozenset()) -> runner.Report | None:
     """Apply ``cluster`` (``dry_run``: plan it), refusing (before the lock and any change) when the
@@ -162,7 +167,7 @@ def list_nodes(cluster: Cluster, *, use_api: bool = False, api_factory: ApiFacto
         if n not in rows:
             rows[n] = NodeRow(n, e.role, e.address, e.state, e.since, False)
     if use_api:
-        with cluster_api(inv, cluster.material, api_factory) as api:
+        with cluster_api(cluster, cluster.material, api_factory) as api:
             ready = {n: "Ready" if ok else "NotReady" for n, ok in kube.node_readiness(api).items()}
         for r in rows.values():
             r.registered = ready.pop(r.name, "absent") if r.role == "worker" else "never (control)"
@@ -215,7 +220,7 @@ def drain(cluster: Cluster, name: str, *, timeout: float = 300.0, api_factory: A
     t, _ = node_target(cluster, name)
     if t.host.role == "control":
         raise NodeOpError(f"{name} is a control host: it is not a Node and runs no pods")
-    with cluster_api(t.inv, cluster.material, api_factory) as api:
+    with cluster_api(t.cluster, cluster.material, api_factory) as api:
         if dry_run:
             if not kube.node_exists(api, name):
                 raise NodeOpError(f"there is no Node {name} in the cluster")

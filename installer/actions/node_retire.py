@@ -24,11 +24,10 @@ from installer.actions.node_ops import (
 )
 from installer.core.cluster import Cluster
 from installer.core.errors import InstallerError
-from installer.core.inventory import Inventory
 from installer.core.ledger import Entry, Ledger
 from installer.core.pki.material import Material
 from installer.core.render.revocation import POLICY, identity
-from installer.engine.session import Session, hold
+from installer.engine.run import Run, open_run
 from installer.engine.steps import Step, run_steps
 from installer.host import apireach, kube, node_api
 from installer.host.ssh import HostError
@@ -71,7 +70,7 @@ class _Run:
     @property
     def api(self) -> kube.ApiClient:
         if self._api is None:
-            self._api = self.stack.enter_context(cluster_api(self.t.inv, self.material, self.api_factory))
+            self._api = self.stack.enter_context(cluster_api(self.t.cluster, self.material, self.api_factory))
         return self._api
 
 
@@ -168,13 +167,15 @@ def revoke_steps(t: Target, *, host_unreachable: bool = False, refresh_others: b
         _reconcile(r, known, res.cluster)
         if r.api_factory is None:
             # each apiserver loads the policy on its own: see every one refuse before going on
-            waited = _wait_enforced(r.t.inv, r.material, n, policy_timeout)
-            if r.t.inv.hosted:
+            run = r.t.cluster
+            waited = _wait_enforced(run, r.material, n, policy_timeout)
+            if run.plane.api_probes():
                 r.out.done.append(f"each of {len(waited)} connections through the tenant's Service (balanced over "
                                   f"its apiservers) refuses system:node:{n} ({max(waited.values()):.2f} s after the "
                                   "policy)")
-            for host, seconds in ({} if r.t.inv.hosted else waited).items():
-                r.out.done.append(f"the apiserver on {host} refuses system:node:{n} ({seconds:.2f} s after the policy)")
+            else:
+                r.out.done += [f"the apiserver on {host} refuses system:node:{n} ({seconds:.2f} s after the policy)"
+                               for host, seconds in waited.items()]
 
     def cleanup(r: _Run) -> None:
         r.serials = _cluster_cleanup(r.api, r.t, r.material, r.out, r.log)
@@ -246,9 +247,9 @@ def remove_plan(t: Target, *, skip_cluster: bool, host_unreachable: bool, revoke
 
 def _wipe(t: Target, log, accept_new_host_keys: bool) -> list[str]:
     inv = with_host(t.inv, t.host)
-    with Session(inv, log=log, accept_new_host_keys=accept_new_host_keys) as s:
-        # no plans given: teardown derives the host's paths, users and units from the inventory
-        return teardown.wipe_host(inv, t.host, {}, s.remote(t.host), data=True, log=log)
+    # the command's connection to it (a host the ledger alone still names is connected here);
+    # no plans given: teardown derives the host's paths, users and units from the inventory
+    return teardown.wipe_host(inv, t.host, {}, t.cluster.session.remote(t.host), data=True, log=log)
 
 
 def _cluster_cleanup(api, t: Target, material: Material, out: Outcome, log) -> list[str]:
@@ -286,20 +287,21 @@ def _refresh_others(t: Target, skip: frozenset[str], log, out: Outcome, accept_n
         out.done.append("dropped its routes on " + ", ".join(hosts))
 
 
-def remove(cluster: Cluster, name: str, *, timeout: float = 300.0, skip_cluster: bool = False,
+def remove(cluster: Cluster | Run, name: str, *, timeout: float = 300.0, skip_cluster: bool = False,
            host_unreachable: bool = False, allow_even: bool = False, accept_new_host_keys: bool = False,
            api_factory: ApiFactory | None = None, refresh_others: bool = True, hold_lock: bool = True,
            log=print) -> Outcome:
     """``hold_lock=False``: for tests with no hosts at all (the apply lock lives on them)."""
-    t, ledger = node_target(cluster, name)
-    steps = remove_steps(t, skip_cluster=skip_cluster, host_unreachable=host_unreachable, timeout=timeout,
-                         allow_even=allow_even, refresh_others=refresh_others)
-    with _lock(t, hold_lock, _gone(t, host_unreachable), log), contextlib.ExitStack() as stack:
-        return _run_steps(_Run(t, ledger, Outcome(name), log, stack, api_factory, accept_new_host_keys), steps)
+    with open_run(cluster, log=log, accept_new_host_keys=accept_new_host_keys) as run:
+        t, ledger = node_target(run, name)
+        steps = remove_steps(t, skip_cluster=skip_cluster, host_unreachable=host_unreachable, timeout=timeout,
+                             allow_even=allow_even, refresh_others=refresh_others)
+        with _lock(run, hold_lock, _gone(t, host_unreachable)), contextlib.ExitStack() as stack:
+            return _run_steps(_Run(t, ledger, Outcome(name), log, stack, api_factory, accept_new_host_keys), steps)
 
 
-def _lock(t: Target, holding: bool, skip: frozenset[str], log) -> ContextManager:
-    return hold(t.inv, skip=skip, log=log) if holding else contextlib.nullcontext()
+def _lock(run: Run, holding: bool, skip: frozenset[str]) -> ContextManager:
+    return run.hold(skip=skip) if holding else contextlib.nullcontext()
 
 
 def _gone(t: Target, host_unreachable: bool) -> frozenset[str]:
@@ -309,39 +311,37 @@ def _gone(t: Target, host_unreachable: bool) -> frozenset[str]:
 
 # --- revoke -----------------------------------------------------------------------------------
 
-# a hosted tenant's apiservers answer behind one Service: this many connections, each balanced
-# to a replica on its own, must all see the refusal (2 replicas: each is missed by all of them
-# with a chance of 2^-16)
-HOSTED_PROBES = 16
-
-
-def _wait_enforced(inv: Inventory, material: Material, name: str, timeout: float) -> dict[str, float]:
-    """Every control host's own apiserver refuses ``system:node:<name>`` (node_api); for a hosted
-    tenant, HOSTED_PROBES connections through its exposed Service."""
-    with Session(inv) as s, contextlib.ExitStack() as stack:
+def _wait_enforced(run: Run, material: Material, name: str, timeout: float) -> dict[str, float]:
+    """Every control host's own apiserver refuses ``system:node:<name>`` (node_api); where the
+    plane exposes its apiservers behind one Service (a hosted tenant), each of its
+    ``api_probes()`` connections through it."""
+    inv = run.inv
+    remotes = run.session.connect(inv.controls)         # the run's: a tunnel's stays open with it
+    with contextlib.ExitStack() as stack:
         clients = {}
-        if inv.hosted:
-            url = stack.enter_context(apireach.api_access(inv, s.remote, material))
+        if probes := run.plane.api_probes():
+            url = stack.enter_context(apireach.api_access(inv, remotes, material))
             clients = {f"connection {i + 1}":
                        stack.enter_context(kube.api_client(url, material, credential="admin"))
-                       for i in range(HOSTED_PROBES)}
+                       for i in range(probes)}
         for h in inv.controls:
-            url = stack.enter_context(apireach.api_access(inv, s.remote, material, apiserver=h))
+            url = stack.enter_context(apireach.api_access(inv, remotes, material, apiserver=h))
             clients[h.name] = stack.enter_context(kube.api_client(url, material, credential="admin"))
         return node_api.wait_refused_everywhere(clients, [name], timeout)
 
 
-def revoke(cluster: Cluster, name: str, *, host_unreachable: bool = False,
+def revoke(cluster: Cluster | Run, name: str, *, host_unreachable: bool = False,
            accept_new_host_keys: bool = False, api_factory: ApiFactory | None = None,
            refresh_others: bool = True, refresh_skip: frozenset[str] = frozenset(),
            policy_timeout: float = 60.0, hold_lock: bool = True, log=print) -> Outcome:
     """Shut ``system:node:<name>`` out for good: deny its writes, delete its way to renew or
     re-bootstrap, delete its Node, record it, wipe the host (when reachable)."""
-    t, ledger = node_target(cluster, name)
-    if t.host.role == "control":
-        raise NodeOpError(f"{name} is a control host: it has no node identity to revoke; use `installer node "
-                          "remove` and, if its keys may be stolen, `installer ca rotate`")
-    steps = revoke_steps(t, host_unreachable=host_unreachable, refresh_others=refresh_others,
-                         refresh_skip=refresh_skip, policy_timeout=policy_timeout)
-    with _lock(t, hold_lock, frozenset(), log), contextlib.ExitStack() as stack:
-        return _run_steps(_Run(t, ledger, Outcome(name), log, stack, api_factory, accept_new_host_keys), steps)
+    with open_run(cluster, log=log, accept_new_host_keys=accept_new_host_keys) as run:
+        t, ledger = node_target(run, name)
+        if t.host.role == "control":
+            raise NodeOpError(f"{name} is a control host: it has no node identity to revoke; use `installer node "
+                              "remove` and, if its keys may be stolen, `installer ca rotate`")
+        steps = revoke_steps(t, host_unreachable=host_unreachable, refresh_others=refresh_others,
+                             refresh_skip=refresh_skip, policy_timeout=policy_timeout)
+        with _lock(run, hold_lock, frozenset()), contextlib.ExitStack() as stack:
+            return _run_steps(_Run(t, ledger, Outcome(name), log, stack, api_factory, accept_new_host_keys), steps)

@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from installer.actions import upgrade_hosted
 from installer.actions.certs import existing_state
 from installer.actions.endpoints import endpoints, read_endpoints, verify
 from installer.actions.rollout import (
@@ -53,10 +52,11 @@ from installer.core.pki.issue import Pair
 from installer.core.pki.material import Material, ensure
 from installer.core.pki.specs import CAS, CLUSTER_CA, ETCD_CA, FRONT_PROXY_CA, cert_specs
 from installer.core.render.plan import render_cluster
-from installer.core.render.tenant import tenant_plan_files
 from installer.core.safefs import write_atomic
 from installer.core.state import StateDir, write_admin_kubeconfig
 from installer.engine.context import Context
+from installer.engine.planes import ControlPlane
+from installer.engine.run import Run, open_run
 from installer.engine.steps import Step, plan, run_steps
 
 BACKUPS = "backups"
@@ -111,13 +111,14 @@ def reissue(inv: Inventory, material: Material, names, now: dt.datetime | None =
     return new
 
 
-def rollout(inv: Inventory, old: Material, new: Material) -> dict[str, Rollout]:
-    """Per host: the files that differ between the two materials and the units they restart
-    (rendered without facts, as for a host that matches the state)."""
+def rollout(inv: Inventory, old: Material, new: Material, plane: ControlPlane | None = None) -> dict[str, Rollout]:
+    """Per host (and what ``plane`` holds besides the hosts): the files that differ between the
+    two materials and the units they restart (rendered without facts, as for a host that
+    matches the state)."""
     before, after = render_cluster(inv, old), render_cluster(inv, new)
     plans = [(h.name, before[h.name], after[h.name]) for h in inv.spec.hosts]
-    if inv.hosted:
-        plans.append((f"hosting {inv.hosted_namespace}", tenant_plan_files(inv, old), tenant_plan_files(inv, new)))
+    if plane is not None and (was := plane.beyond_plan(inv, old)) is not None:
+        plans.append((plane.where, was, plane.beyond_plan(inv, new)))
     out = {}
     for name, was, now in plans:
         a, b = was.files, now.files
@@ -211,14 +212,15 @@ class Roll:
     wait_timeout: float = 180.0
     log: Callable[[str], None] = print
     stack: ExitStack | None = None         # the session and, once the state is saved, resumable()
+    run: Run | None = None                 # the command's (engine/run.py), opened by run_roll
     ctx: Context | None = None
     before: dict = field(default_factory=dict)
     pending: dict[str, list[str]] = field(default_factory=dict)
 
 
 def connect(r: Roll) -> None:
-    r.ctx = r.stack.enter_context(session(r.inv, r.state, r.old, r.wait_timeout, r.log))
-    r.before = read_endpoints(r.ctx, endpoints(r.inv))
+    r.ctx = r.stack.enter_context(session(r.run, r.old, r.wait_timeout))
+    r.before = read_endpoints(r.ctx, endpoints(r.inv, r.ctx.plane))
 
 
 def keep_and_save(r: Roll, label: str, paths: list[Path], finish: str) -> None:
@@ -230,9 +232,10 @@ def keep_and_save(r: Roll, label: str, paths: list[Path], finish: str) -> None:
     r.ctx.material = r.new
 
 
-def run_roll(subject: str, steps: list[Step[Roll]], r: Roll) -> None:
+def run_roll(subject: str, steps: list[Step[Roll]], r: Roll, cluster: Cluster | Run) -> None:
     with ExitStack() as stack:
         r.stack = stack
+        r.run = stack.enter_context(open_run(cluster, log=r.log))
         run_steps(subject, steps, r, r.log)
 
 
@@ -249,27 +252,20 @@ def _push_all(r: Roll) -> None:
         r.pending[h.name] = pushed.units
 
 
-def _roll_tenant(r: Roll) -> None:
-    for components in (upgrade_hosted.ETCD, upgrade_hosted.APISERVER, upgrade_hosted.CONTROLLERS):
-        upgrade_hosted.roll(r.inv, r.new, components, r.wait_timeout, r.log)
-
-
-def renew_steps(names: list[str], use_api: bool, hosted: bool = False) -> list[Step[Roll]]:
+def renew_steps(names: list[str], use_api: bool, plane: ControlPlane | None = None) -> list[Step[Roll]]:
     def save(r: Roll) -> None:
         paths = pki_paths(r.state, names) + ([r.state.admin_kubeconfig] if "admin" in names else [])
         keep_and_save(r, "renew", paths, "after fixing the cause, `installer apply` pushes what is missing and "
                                          "restarts what each host's pending-restart ledger names")
     nodes = ", the workers' kubelet and kube-proxy (each Node Ready before the next)" if use_api else \
         ", the workers' kubelet and kube-proxy"
-    tenant = [Step("roll the tenant's control plane in its hosting cluster with the new files: etcd's members one "
-                   "at a time (each healthy before the next), then the apiserver replicas (a new one ready before "
-                   "an old one goes), then the controller-managers and schedulers", _roll_tenant)] if hosted else []
+    beyond = plane.renew_steps() if plane is not None else []      # what the plane holds besides the hosts
     return [
         Step(CONNECT, connect),
         Step(f"save {len(names)} re-issued leaf certificate(s) (new keys, the same CAs); the old files kept in "
              "<state>/backups/renew-<time>/ (0700)", save),
         Step("push the new files to every host that holds one", _push_all),
-        *tenant,
+        *beyond,
         Step("restart what uses them, in order: etcd one member at a time (healthy before the next), "
              f"kube-apiserver one host at a time (/livez, /readyz), then the rest of the control plane{nodes}",
              lambda r: roll(r.ctx, r.pending, r.report, nodes_ready=use_api)),
@@ -284,10 +280,11 @@ def renew(cluster: Cluster, *, only=(), dry_run: bool = False, wait_timeout: flo
     state, old = load_state(cluster)
     names = leaf_names(inv, old, only)
     new = reissue(inv, old, names)
-    steps = renew_steps(names, use_api, hosted=inv.hosted is not None)
-    report = Report("renew", dry_run, reissued_rows(inv, old, new, names), rollout(inv, old, new), notes=[NOT_OURS],
-                    steps=plan(steps) if dry_run else [])
-    if dry_run:
-        return report
-    run_roll("certs renew", steps, Roll(inv, state, old, new, report, wait_timeout, log))
+    with open_run(cluster, log=log) as run:
+        steps = renew_steps(names, use_api, run.plane)
+        report = Report("renew", dry_run, reissued_rows(inv, old, new, names), rollout(inv, old, new, run.plane),
+                        notes=[NOT_OURS], steps=plan(steps) if dry_run else [])
+        if dry_run:
+            return report
+        run_roll("certs renew", steps, Roll(inv, state, old, new, report, wait_timeout, log), run)
     return report

@@ -25,7 +25,7 @@ from installer.core.render.files import HostPlan
 from installer.core.render.plan import render_cluster
 from installer.core.state import StateDir
 from installer.engine import steps
-from installer.engine.executor import HostedExecutor
+from installer.engine.run import Run, open_run
 from installer.engine.session import Session
 from installer.host.applylock import UNLOCK
 from installer.host.parallel import each
@@ -79,8 +79,10 @@ def plan(cluster: Cluster, *, keep_data: bool = False, purge: bool = False,
     order they run (workers first), and what becomes of the local state."""
     inv, state = cluster.inv, cluster.state
     chosen = _chosen(inv, hosts, purge)
-    return _plan(inv, chosen, cluster_plans(cluster), state, not keep_data, purge,
-                 steps.plan(_steps(_Reset(inv, chosen, {}, state, not keep_data, purge))))
+    with open_run(cluster) as run:             # its plane's words; nothing is reached
+        words = steps.plan(_steps(_Reset(inv, chosen, {}, state, not keep_data, purge, run=run,
+                                         limited=bool(list(hosts)))))
+    return _plan(inv, chosen, cluster_plans(cluster), state, not keep_data, purge, words)
 
 
 def _plan(inv: Inventory, chosen: list[HostSpec], plans: dict[str, HostPlan], state, data: bool,
@@ -105,8 +107,7 @@ class _Reset:
     stack: ExitStack | None = None
     failed: dict[str, Exception] = field(default_factory=dict)
     limited: bool = False           # only some hosts (--host): a hosted control plane stays
-    # a hosted tenant's hosting cluster (its lock, its namespace)
-    executor: HostedExecutor = field(default_factory=HostedExecutor)
+    run: Run | None = None          # the command's (engine/run.py): its plane, its session
 
     @property
     def remotes(self) -> dict[str, Remote]:
@@ -118,7 +119,7 @@ class _Reset:
 
 def _connect(r: _Reset) -> None:
     """Every chosen host, before anything is done on any."""
-    r.session = r.stack.enter_context(Session(r.inv, log=r.log, remote=Remote))     # the module's: tests fake it
+    r.session = r.run.session
     r.session.connect(r.chosen)
     opened = each(lambda n: r.remotes[n].open(), [h.name for h in r.chosen])
     r.failed = {n: e for n, e in opened.items() if isinstance(e, Exception)}
@@ -160,21 +161,15 @@ def _wipe(role: str) -> Callable[[_Reset], None]:
     return wipe
 
 
-def _hosted_lock(r: _Reset) -> None:
+def _plane_lock(r: _Reset) -> None:
     try:
-        r.executor.take_lock(r.inv, r.session.run_id)
+        r.run.plane.hold(r.run)
     except InstallerError as e:
         raise TeardownError(f"{e}: nothing was done") from None
 
 
-def _hosted_delete(r: _Reset) -> None:
-    from installer.host import hosting  # lazy: urllib3, for hosted tenants only
-    ns = r.inv.hosted_namespace
-    if hosting.delete_namespace(r.executor.api(r.inv), ns, 600, r.log):
-        r.report.hosts[f"hosting:{ns}"] = [f"deleted namespace {ns} (the control plane, its Secrets, its volumes)"]
-    else:
-        r.log(f"hosting: no namespace {ns}")
-    r.executor.forget_lock()       # it went with the namespace
+def _plane_delete(r: _Reset) -> None:
+    r.report.hosts.update(r.run.plane.delete(r.run))
 
 
 def _purge(r: _Reset) -> None:
@@ -189,17 +184,17 @@ def _steps(r: _Reset) -> list[steps.Step[_Reset]]:
                       + (", unless --ignore-unreachable)" if not r.purge else ")"), _connect)]
     if names("control"):
         out.append(steps.Step(f"take the apply lock on {names('control')}", _lock))
-    tenant = r.inv.hosted and not r.limited and r.data
-    if tenant:
-        out.append(steps.Step(f"take the apply lock of the hosted control plane (a Lease in namespace "
-                              f"{r.inv.hosted_namespace} of the hosting cluster)", _hosted_lock))
+    # what the control plane holds besides the hosts (a hosted tenant's namespace), when the
+    # whole cluster goes with its data
+    beyond = r.run.plane.beyond_hosts() if not r.limited and r.data else None
+    if beyond:
+        out.append(steps.Step(beyond[0], _plane_lock))
     for role, what in (("worker", "the workers"), ("control", "the control hosts")):
         if names(role):
             out.append(steps.Step(f"tear down {what} ({names(role)}), in parallel: the steps listed per host",
                                   _wipe(role)))
-    if tenant:
-        out.append(steps.Step(f"delete namespace {r.inv.hosted_namespace} in the hosting cluster: the control "
-                              "plane's pods, Secrets and etcd volumes", _hosted_delete))
+    if beyond:
+        out.append(steps.Step(beyond[1], _plane_delete))
     if r.purge:
         out.append(steps.Step(f"delete the local state {r.state.root}", _purge))
     return out
@@ -219,19 +214,19 @@ def reset(cluster: Cluster, *, yes: bool = False, keep_data: bool = False, purge
     chosen = _chosen(inv, hosts, purge)
     r = _Reset(inv, chosen, cluster_plans(cluster), state, not keep_data, purge, ignore_unreachable, log,
                ResetReport(state=state.root), limited=bool(list(hosts)))
-    todo = _steps(r)
-    if not yes:
-        would = _plan(inv, chosen, r.plans, state, r.data, purge, steps.plan(todo))
-        for line in would["steps"]:
-            log(f"- {line}")
-        for name, lines in would["hosts"].items():
-            log(f"{name} ({inv.host(name).role}):")
-            for line in lines:
-                log(f"  - {line}")
-        log(f"local state {state.root}: " + ("delete it (--purge)" if purge else "kept"))
-        raise NotConfirmed("nothing done; pass --yes to reset these hosts")
-    with ExitStack() as stack:
+    # the module's Remote: tests fake it
+    with ExitStack() as stack, open_run(cluster, log=log, remote=Remote) as r.run:
+        todo = _steps(r)
+        if not yes:
+            would = _plan(inv, chosen, r.plans, state, r.data, purge, steps.plan(todo))
+            for line in would["steps"]:
+                log(f"- {line}")
+            for name, lines in would["hosts"].items():
+                log(f"{name} ({inv.host(name).role}):")
+                for line in lines:
+                    log(f"  - {line}")
+            log(f"local state {state.root}: " + ("delete it (--purge)" if purge else "kept"))
+            raise NotConfirmed("nothing done; pass --yes to reset these hosts")
         r.stack = stack
-        stack.callback(r.executor.close)
         steps.run_steps("reset", todo, r, log)
     return r.report

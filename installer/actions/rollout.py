@@ -21,22 +21,20 @@ This lives apart from the two operations so that each of them reads as its own p
 
 from __future__ import annotations
 
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Iterator
+from typing import Iterator
 
 from installer.core import components
 from installer.core.diff import HostChanges, Selection
 from installer.core.errors import InstallerError
 from installer.core.facts import PROBE, parse, probe_input
-from installer.core.inventory import Inventory
 from installer.core.pki.material import Changes, Material
 from installer.core.render.plan import render_cluster
-from installer.core.state import StateDir
 from installer.engine.context import Context, Options
-from installer.engine.executor import CONTROL_PLANE_UNITS, HostedExecutor
 from installer.engine.parts import control_plane_part, etcd_part, probed_files, worker_part
-from installer.engine.session import Session
+from installer.engine.planes import CONTROL_PLANE_UNITS
+from installer.engine.run import Run
 from installer.host import apireach, handover, probes, waits
 from installer.host.parallel import each
 from installer.host.ssh import HostError
@@ -187,7 +185,7 @@ def _wait(ctx: Context, host: str, unit: str, nodes_ready: bool = False) -> None
     # the kubelet's start, on its own clock (whole seconds, as its heartbeats)
     started = probes.ask(ctx.remotes[host], probes.unit_started(unit)) if unit == KUBELET and nodes_ready else None
     if unit in CONTROL_PLANE_UNITS:
-        ctx.executor.wait(ctx, host, unit)
+        ctx.plane.wait(ctx, host, unit)
     else:
         waits.wait(ctx, host, unit)
     if unit == KUBELET and nodes_ready:
@@ -197,7 +195,7 @@ def _wait(ctx: Context, host: str, unit: str, nodes_ready: bool = False) -> None
 def _restart(ctx: Context, host: str, unit: str, report: Report, no_block: bool = False) -> None:
     ctx.log(f"{host}: restart {unit}")
     if unit in CONTROL_PLANE_UNITS:
-        ctx.executor.restart(ctx, host, unit, no_block=no_block)
+        ctx.plane.restart(ctx, host, unit, no_block=no_block)
     else:
         # the apply script: one retry, the journal in the error, the ledger entry cleared after
         ctx.execute("restart", host, HostChanges(host, restart=[unit]), no_block=no_block)
@@ -243,47 +241,30 @@ def stop_units(ctx: Context, host: str, units: list[str]) -> None:
     if present:
         ctx.log(f"{host}: stop {' '.join(present)}")
         for u in present:
-            ctx.executor.stop(ctx, host, u)
+            ctx.plane.stop(ctx, host, u)
 
 
 
 # --- the session both operations share -----------------------------------------------------
 
 @contextmanager
-def session(inv: Inventory, state: StateDir, material: Material, wait_timeout: float,
-            log: Callable[[str], None]) -> Iterator[Context]:
-    """Hosts connected (verified host keys), facts read, apply lock held; all released after."""
-    with Session(inv, log=log) as s:
-        ctx = Context(inv, state, Options(wait_timeout=wait_timeout), material, Changes(), log=log, session=s)
-        s.connect(inv.spec.hosts)
-        log(f"connecting to {len(inv.spec.hosts)} host(s)")
-        refresh(ctx)
-        differences = [line for h in inv.spec.hosts for line in _differences(ctx, h.name)]
-        if differences:
-            raise RenewError("the hosts do not match the state (run `installer apply` first): "
-                             + "; ".join(differences[:8]) + (" ..." if len(differences) > 8 else ""))
-        try:
-            s.lock(h.name for h in inv.controls)
-        except HostError as e:
-            raise RenewError(str(e)) from None
-        with _tenant_lock(inv, s.run_id):
-            s.mark_scope()                      # this run's commands in its scope from here on
-            yield ctx
-
-
-@contextmanager
-def _tenant_lock(inv: Inventory, run_id: str) -> Iterator[None]:
-    """A hosted tenant's apply lock (a Lease in its namespace) for the command's length."""
-    if not inv.hosted:
-        yield
-        return
-    from installer.host.hosting import HostingError  # lazy: urllib3, for hosted tenants only
-    tenant = HostedExecutor()
+def session(run: Run, material: Material, wait_timeout: float) -> Iterator[Context]:
+    """Hosts connected (verified host keys), facts read, apply lock held (the control hosts' or
+    a hosted tenant's Lease: ``Run.hold``) for the block."""
+    inv, log = run.inv, run.log
+    ctx = Context(inv, run.state, Options(wait_timeout=wait_timeout), material, Changes(), log=log,
+                  session=run.session, plane=run.plane)
+    run.session.connect(inv.spec.hosts)
+    log(f"connecting to {len(inv.spec.hosts)} host(s)")
+    refresh(ctx)
+    differences = [line for h in inv.spec.hosts for line in _differences(ctx, h.name)]
+    if differences:
+        raise RenewError("the hosts do not match the state (run `installer apply` first): "
+                         + "; ".join(differences[:8]) + (" ..." if len(differences) > 8 else ""))
+    held = ExitStack()
     try:
-        try:
-            tenant.take_lock(inv, run_id)
-        except HostingError as e:
-            raise RenewError(str(e)) from None
-        yield
-    finally:
-        tenant.close()
+        held.enter_context(run.hold())
+    except InstallerError as e:          # a host's lock, or the tenant's Lease, refused
+        raise RenewError(str(e)) from None
+    with held:
+        yield ctx

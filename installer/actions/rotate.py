@@ -27,7 +27,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
-from installer.actions import upgrade_hosted
 from installer.actions.certs import existing_state
 from installer.actions.endpoints import verify
 from installer.actions.renew import (
@@ -70,6 +69,7 @@ from installer.core.render.addons import addon_objects
 from installer.core.render.addons.konnectivity import enabled as konnectivity_enabled
 from installer.engine.bootstrap import send_bootstrap_objects
 from installer.engine.context import Context
+from installer.engine.run import open_run
 from installer.engine.steps import Step, plan
 from installer.host import apireach, csr_approval
 
@@ -106,7 +106,8 @@ def rotated(inv: Inventory, material: Material, which, now: dt.datetime | None =
 
 def rotate_plan(inv: Inventory, cas: list[str], use_api: bool) -> list[str]:
     """The rotation's steps in words (nothing is read or reached)."""
-    return plan(_rotate_steps(_Rotation(inv, cas=cas, use_api=use_api)))
+    with open_run(inv) as run:
+        return plan(_rotate_steps(_Rotation(inv, run=run, cas=cas, use_api=use_api)))
 
 
 # --- ca rotate ---------------------------------------------------------------------------------
@@ -260,13 +261,11 @@ def _rebootstrap_workers(r: _Rotation) -> None:
 
 
 def _stop_tenant(r: _Rotation) -> None:
-    upgrade_hosted.stop(r.inv, r.wait_timeout, r.log, etcd=r.etcd_together)
+    r.run.plane.stop_all(r, etcd=r.etcd_together)
 
 
 def _start_tenant(r: _Rotation) -> None:
-    # its objects as the new material renders them, the replica counts with them: etcd's members
-    # start together on their volumes, then the rest rolls out
-    upgrade_hosted.roll(r.inv, r.new, upgrade_hosted.ALL, r.wait_timeout, r.log)
+    r.run.plane.start_all(r)
     r.ctx.material = r.new
     for w in r.inv.workers:
         r.ctx.facts[w.name].kubelet_joined = False
@@ -286,8 +285,10 @@ def _tenant_steps(r: _Rotation) -> list[Step[_Rotation]]:
 
 
 def _rotate_steps(r: _Rotation) -> list[Step[_Rotation]]:
-    if r.inv.hosted:
-        return _steps_around(r, _tenant_steps(r))
+    return _steps_around(r, CONTROL_PLANE_STEPS[r.run.plane.name](r))
+
+
+def _host_steps(r: _Rotation) -> list[Step[_Rotation]]:
     controls = ", ".join(r.controls)
     stop = "kube-scheduler, kube-controller-manager" + (", konnectivity-server" if konnectivity_enabled(r.inv) else "")
     steps = [Step(f"stop {stop}, kube-apiserver on {controls} (the API is down from here)", _stop_control_plane)]
@@ -299,7 +300,12 @@ def _rotate_steps(r: _Rotation) -> list[Step[_Rotation]]:
             "restart etcd one member at a time, waiting for a healthy cluster after each")
     steps.append(Step(f"{etcd}; then start kube-apiserver on each control host in turn (wait for /livez and "
                       "/readyz), then the rest of the control plane", _start_control_plane))
-    return _steps_around(r, steps)
+    return steps
+
+
+# a rotation's own steps for each kind of control plane (engine/planes/): stopping all of it and
+# starting it with the new files is one operation of a tenant's plane, several on control hosts
+CONTROL_PLANE_STEPS = {"systemd": _host_steps, "hosted": _tenant_steps}
 
 
 def _steps_around(r: _Rotation, control_plane: list[Step[_Rotation]]) -> list[Step[_Rotation]]:
@@ -347,17 +353,18 @@ def rotate_ca(cluster: Cluster, *, which=("all",), yes: bool = False, use_api: b
                + [s.name for s in cert_specs(inv) if s.name not in old.certs])
     if missing:
         raise StateError(f"{state.root} lacks {', '.join(missing)}; run `installer apply` first")
-    r = _Rotation(inv, state, old, wait_timeout=wait_timeout, log=log, cas=cas, use_api=use_api)
-    steps = _rotate_steps(r)
-    report = Report("rotate", not yes, steps=plan(steps), notes=_notes(use_api))
-    if not yes:
-        return report
-    r.new = rotated(inv, old, cas)
-    report.steps = []
-    report.reissued = [Reissued(c, c, hex_serial(old.cas[c].cert.serial_number),
-                                hex_serial(r.new.cas[c].cert.serial_number),
-                                r.new.cas[c].cert.not_valid_after_utc.isoformat()) for c in cas]
-    report.reissued += reissued_rows(inv, old, r.new, [s.name for s in cert_specs(inv)])
-    r.report = report
-    run_roll("ca rotate", steps, r)
+    with open_run(cluster, log=log) as run:
+        r = _Rotation(inv, state, old, wait_timeout=wait_timeout, log=log, run=run, cas=cas, use_api=use_api)
+        steps = _rotate_steps(r)
+        report = Report("rotate", not yes, steps=plan(steps), notes=_notes(use_api))
+        if not yes:
+            return report
+        r.new = rotated(inv, old, cas)
+        report.steps = []
+        report.reissued = [Reissued(c, c, hex_serial(old.cas[c].cert.serial_number),
+                                    hex_serial(r.new.cas[c].cert.serial_number),
+                                    r.new.cas[c].cert.not_valid_after_utc.isoformat()) for c in cas]
+        report.reissued += reissued_rows(inv, old, r.new, [s.name for s in cert_specs(inv)])
+        r.report = report
+        run_roll("ca rotate", steps, r, run)
     return report

@@ -29,15 +29,12 @@ from typing import Callable
 
 import yaml
 
-from installer.actions import upgrade_hosted
-from installer.actions.etcd_hosted import actions_for
-from installer.actions.etcd_ops import day2_etcdctl
 from installer.actions.node_ops import ApiFactory, cluster_api, material_for
 from installer.core import upgrade_rules, versions
 from installer.core.cluster import Cluster
 from installer.core.errors import InstallerError
 from installer.core.inventory import Inventory
-from installer.core.render.control import etcd_servers
+from installer.core.pki.material import Material
 from installer.core.safefs import write_atomic
 from installer.core.state import StateDir
 from installer.core.upgrade_rules import (
@@ -48,10 +45,11 @@ from installer.core.upgrade_rules import (
     current_version,
     leases_waiting,
     upgrade_order,
+    with_versions,
 )
 from installer.engine import runner
 from installer.engine.context import Event, Options
-from installer.engine.session import Session, hold
+from installer.engine.run import Run, open_run
 from installer.engine.steps import Step, plan, run_steps
 from installer.host import node_api, probes
 from installer.host.parallel import each
@@ -77,28 +75,25 @@ class Survey:
     leaders: dict[str, str | None] = field(default_factory=dict)  # leader Lease -> holder, before any restart
 
 
-def survey(inv: Inventory, material, api_factory: ApiFactory | None = None, use_api: bool = True) -> Survey:
-    with Session(inv) as s:
-        remotes = s.connect(inv.spec.hosts)
-        def ask(name: str) -> HostState:
-            h, r = inv.host(name), remotes[name]
-            if h.role == "control":
-                return HostState(name, h.role, probes.ask(r, probes.binary_version("kube-apiserver")),
-                                 probes.ask(r, probes.binary_version("etcd")))
-            return HostState(name, h.role, probes.ask(r, probes.binary_version("kubelet")))
-        found = each(ask, list(remotes))
-        lost = [str(e) for e in found.values() if isinstance(e, Exception)]
-        if lost:
-            raise UpgradeRefused("cannot reach every host (an upgrade needs them all): " + "; ".join(lost)
-                                 + "; nothing was changed")
-        if inv.hosted:
-            control, etcd = upgrade_hosted.control_state(inv)
-            found = {control.name: control, **found}
-        else:
-            etcd = probes.ask(remotes[inv.controls[0].name], probes.endpoint_health(day2_etcdctl(etcd_servers(inv))))
+def survey(run: Run, material, api_factory: ApiFactory | None = None, use_api: bool = True) -> Survey:
+    inv = run.inv
+    remotes = run.session.connect(inv.spec.hosts)
+    def ask(name: str) -> HostState:
+        h, r = inv.host(name), remotes[name]
+        if h.role == "control":
+            return HostState(name, h.role, probes.ask(r, probes.binary_version("kube-apiserver")),
+                             probes.ask(r, probes.binary_version("etcd")))
+        return HostState(name, h.role, probes.ask(r, probes.binary_version("kubelet")))
+    found = each(ask, list(remotes))
+    lost = [str(e) for e in found.values() if isinstance(e, Exception)]
+    if lost:
+        raise UpgradeRefused("cannot reach every host (an upgrade needs them all): " + "; ".join(lost)
+                             + "; nothing was changed")
+    more, etcd = run.plane.survey(run, remotes)         # a tenant's control plane: one more state
+    found = {**{h.name: h for h in more}, **found}
     hosts, nodes, leaders = list(found.values()), {}, {}
     if use_api:
-        with cluster_api(inv, material, api_factory) as api:
+        with cluster_api(run, material, api_factory) as api:
             nodes, leaders = node_api.node_states(api), node_api.lease_holders(api)
         # a worker counts at the version its running kubelet reports: a run killed after the new
         # binary was written but before the restart leaves the file newer than the process
@@ -145,10 +140,21 @@ class Upgrade:
     use_api: bool = True
     api_factory: ApiFactory | None = None
     log: Callable[[str], None] = print
+    run: Run | None = None                           # the command's (engine/run.py)
     snapshot: str | None = None
     timings: list[tuple[str, float]] = field(default_factory=list)
     # where a worker's turn spends its time: (host(s) and part, seconds)
     parts: list[tuple[str, float]] = field(default_factory=list)
+    # the phases a control host's turn leaves out (the plane's turn reads it)
+    control_only: frozenset[str] = CONTROL_ONLY
+    _material: Material | None = None
+
+    @property
+    def material(self) -> Material:
+        """The state's material for the target, derived once for the whole upgrade."""
+        if self._material is None:
+            self._material = material_for(self.inv, self.state)
+        return self._material
 
     @contextlib.contextmanager
     def timed(self, what: str):
@@ -163,29 +169,19 @@ class Upgrade:
                 self.log(f"  {ev.phase} {ev.host}: {ev.action}"
                          + (f" (restarted {', '.join(ev.restarts)})" if ev.restarts else ""))
         skip = skip | (frozenset() if self.use_api else CONTROL_ONLY)
-        runner.run(Cluster(inv, self.state), Options(hosts=hosts, only=only, skip=skip, upgrade=True,
-                                                 wait_timeout=self.wait_timeout), log=self.log, on_event=event)
+        runner.run(self.run.derived(inv), Options(hosts=hosts, only=only, skip=skip, upgrade=True,
+                                                  wait_timeout=self.wait_timeout), log=self.log, on_event=event)
 
     @contextlib.contextmanager
     def api(self):
-        with cluster_api(self.inv, material_for(self.inv, self.state), self.api_factory) as api:
+        with cluster_api(self.run, self.material, self.api_factory) as api:
             yield api
-
-
-def _with_version(inv: Inventory, kubernetes: str | None = None, etcd: str | None = None) -> Inventory:
-    spec = inv.spec
-    if kubernetes:
-        spec = spec.model_copy(update={"kubernetes": spec.kubernetes.model_copy(update={"version": kubernetes})})
-    if etcd:
-        versions = spec.artifacts.versions.model_copy(update={"etcd": etcd})
-        spec = spec.model_copy(update={"artifacts": spec.artifacts.model_copy(update={"versions": versions})})
-    return inv.model_copy(update={"spec": spec})
 
 
 def _snapshot(up: Upgrade) -> None:
     dest = up.state.root / "backups" / f"upgrade-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}" / "etcd.db"
     dest.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    info = actions_for(up.inv).snapshot_save(up.inv, dest)
+    info = up.run.plane.snapshot_save(up.run, dest)
     up.snapshot = info.path
     up.log(f"  etcd snapshot: {info.path} ({info.size} bytes, revision {info.revision})")
 
@@ -216,7 +212,7 @@ def _controllers_lead(before: dict[str, str | None]) -> Callable[[Upgrade], None
         with up.api() as api:
             while True:
                 now = node_api.lease_holders(api)
-                pods = upgrade_hosted.running_pods(up.inv, node_api.LEADER_LEASES) if up.inv.hosted else None
+                pods = up.run.plane.leader_pods(up.run)
                 waiting = leases_waiting(now, before, pods)
                 if not waiting:
                     up.log("  " + "; ".join(f"{n}: led by {h}" for n, h in now.items()))
@@ -282,7 +278,7 @@ def upgrade_steps(up: Upgrade, found: Survey, current_etcd: str | None) -> list[
         return steps + [last]
     steps.append(Step("save an etcd snapshot into <state>/backups/upgrade-<time>/etcd.db (kept: `installer etcd "
                       "snapshot restore` takes the cluster back to it)", _snapshot))
-    etcd_inv = _with_version(up.inv, kubernetes=up.current)
+    etcd_inv = with_versions(up.inv, kubernetes=up.current)
     running = {h.name: h.kubernetes for h in found.hosts}
     restarts_controllers = any(role[b[0]] == "control" for b in order[etcd_n:])
     first_worker = next((i for i, b in enumerate(order) if role[b[0]] == "worker"), None)
@@ -292,18 +288,8 @@ def upgrade_steps(up: Upgrade, found: Survey, current_etcd: str | None) -> list[
         if i == first_worker and restarts_controllers and up.use_api:
             steps.append(Step("wait until a restarted kube-controller-manager and kube-scheduler lead (their "
                               "kube-system Leases) before any worker is drained", _controllers_lead(found.leaders)))
-        if up.inv.hosted and role[batch[0]] == "control":
-            steps.append(_hosted_turn(up, i < etcd_n, etcd_inv, current_etcd, target_etcd, was))
-        elif i < etcd_n:
-            steps.append(Step(f"{names}: etcd {current_etcd} -> {target_etcd}, this member alone; a healthy "
-                              "cluster before the next",
-                              lambda up, b=batch: up.converge(etcd_inv, frozenset(b),
-                                                              only=frozenset({"preflight", "artifacts", "etcd"}))))
-        elif role[batch[0]] == "control":
-            steps.append(Step(f"{names}: kube-apiserver, kube-controller-manager, kube-scheduler {was} -> "
-                              f"{up.target} (apply on {names} alone: the apiserver restarts first and answers "
-                              "/readyz before the next host)",
-                              lambda up, b=batch: up.converge(up.inv, frozenset(b), skip=CONTROL_ONLY)))
+        if role[batch[0]] == "control":
+            steps.append(up.run.plane.upgrade_turn(up, batch, i < etcd_n, etcd_inv, current_etcd, was))
         else:
             what = (f"cordon, drain (PodDisruptionBudgets respected, {up.drain_timeout:g} s at most), "
                     if up.use_api else "")
@@ -311,25 +297,6 @@ def upgrade_steps(up: Upgrade, found: Survey, current_etcd: str | None) -> list[
             steps.append(Step(f"{names}: {what}kubelet and kube-proxy {was} -> {up.target} (containerd too "
                               f"when its pin changes; apply on {names}){after}", _worker_batch(batch)))
     return steps + [last]
-
-
-def _hosted_turn(up: Upgrade, etcd: bool, etcd_inv: Inventory, current_etcd: str | None, target_etcd: str,
-                 was: str) -> Step[Upgrade]:
-    """A hosted tenant's control plane's turn (actions/upgrade_hosted.py)."""
-    ns = up.inv.hosted_namespace
-    if etcd:
-        return Step(f"etcd (StatefulSet etcd in {ns}) {current_etcd} -> {target_etcd}: one member at a time, "
-                    "each ready (healthy) before the next",
-                    lambda up: upgrade_hosted.roll(etcd_inv, material_for(up.inv, up.state), upgrade_hosted.ETCD,
-                                                   up.wait_timeout, up.log))
-
-    def run(up: Upgrade) -> None:
-        material = material_for(up.inv, up.state)
-        for components in (upgrade_hosted.APISERVER, upgrade_hosted.CONTROLLERS):
-            upgrade_hosted.roll(up.inv, material, components, up.wait_timeout, up.log)
-    return Step(f"kube-apiserver, kube-controller-manager, kube-scheduler in {ns} {was} -> {up.target}: the "
-                "apiserver replicas first (a new one ready before an old one goes: its PodDisruptionBudget "
-                "holds), then the controller-managers and schedulers", run)
 
 
 @dataclass
@@ -383,32 +350,34 @@ def upgrade(cluster: Cluster, *, to: str | None = None, plan_only: bool = False,
         if parsed is None or not versions.is_supported(parsed):
             raise InstallerError(f"--to: {to!r} is not a supported version (vMAJOR.MINOR.PATCH, "
                                  f"{versions.supported_range_text()})")
-        inv = _with_version(inv, kubernetes=to)
+        inv = with_versions(inv, kubernetes=to)
     target = inv.spec.kubernetes.version
     if not state.root.is_dir():
         raise UpgradeRefused(f"no state at {state.root}: nothing to upgrade (run `installer apply` first)")
-    material = material_for(inv, state)
-    found = survey(inv, material, api_factory, use_api)
-    current = current_version(found.hosts)
-    if current is None:
-        raise UpgradeRefused("no control host runs Kubernetes binaries yet: run `installer apply` first")
-    current_etcd = upgrade_rules.current_etcd(found.hosts)
-    try:
-        kind = check_kubernetes(current, target)
-        if current_etcd:
-            check_etcd(current_etcd, inv.spec.artifacts.versions.etcd)
-    except SkewError as e:
-        raise UpgradeRefused(f"{e}; nothing was changed") from None
-    checks = [f"versions: Kubernetes {current} -> {target} ({kind}); etcd {current_etcd} -> "
-              f"{inv.spec.artifacts.versions.etcd}"] + _checks(inv, found, force, use_api)
-    up = Upgrade(inv, state, current, target, kind, max_unavailable, drain_timeout, wait_timeout, use_api,
-                 api_factory, log)
-    steps = upgrade_steps(up, found, current_etcd)
-    report = UpgradeReport(current, target, kind, plan_only, checks, plan(steps))
-    if plan_only:
+    with open_run(cluster, log=log) as run:
+        run = run.derived(inv)          # the target versions
+        material = material_for(inv, state)
+        found = survey(run, material, api_factory, use_api)
+        current = current_version(found.hosts)
+        if current is None:
+            raise UpgradeRefused("no control host runs Kubernetes binaries yet: run `installer apply` first")
+        current_etcd = upgrade_rules.current_etcd(found.hosts)
+        try:
+            kind = check_kubernetes(current, target)
+            if current_etcd:
+                check_etcd(current_etcd, inv.spec.artifacts.versions.etcd)
+        except SkewError as e:
+            raise UpgradeRefused(f"{e}; nothing was changed") from None
+        checks = [f"versions: Kubernetes {current} -> {target} ({kind}); etcd {current_etcd} -> "
+                  f"{inv.spec.artifacts.versions.etcd}"] + _checks(inv, found, force, use_api)
+        up = Upgrade(inv, state, current, target, kind, max_unavailable, drain_timeout, wait_timeout, use_api,
+                     api_factory, log, run, _material=material)
+        steps = upgrade_steps(up, found, current_etcd)
+        report = UpgradeReport(current, target, kind, plan_only, checks, plan(steps))
+        if plan_only:
+            return report
+        with run.hold():
+            report.steps = run_steps("upgrade", steps, up, log, up.timings)
+        report.snapshot, report.timings, report.parts = up.snapshot, up.timings, up.parts
+        report.seconds = time.monotonic() - started
         return report
-    with state.locked(), hold(inv, log=log):
-        report.steps = run_steps("upgrade", steps, up, log, up.timings)
-    report.snapshot, report.timings, report.parts = up.snapshot, up.timings, up.parts
-    report.seconds = time.monotonic() - started
-    return report

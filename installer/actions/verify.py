@@ -47,7 +47,7 @@ from installer.core.pki.material import ensure
 from installer.core.render.files import HostPlan
 from installer.core.render.plan import render_cluster
 from installer.core.render.worker import BOOTSTRAP_KUBECONFIG, KUBELET_CLIENT_PEM
-from installer.engine.session import Session
+from installer.engine.run import open_run
 from installer.host import apireach
 
 RUNTIME_BINARIES = ("kubelet", "containerd", "crio", "dockerd")
@@ -327,7 +327,8 @@ def _api_checks(cluster: Cluster) -> list[CheckResult]:
     inv, material = cluster.inv, cluster.material
     via = inv.api_url
     try:
-        with Session(inv) as s, apireach.api_access(inv, s.remote) as url, kube.api_client(url, material) as client:
+        with open_run(cluster) as run, apireach.api_access(inv, run.session.connect(inv.controls)) as url, \
+                kube.api_client(url, material) as client:
             # the apiserver that answered (api_access fails over across control hosts)
             via = (f"{inv.api_url} (through an SSH tunnel to a control host)"
                    if url.startswith("https://127.0.0.1:") else url)

@@ -41,11 +41,14 @@ def validate(path: str | Path) -> Inventory:
     return inventory_mod.load(path)
 
 
-def prepare(path: str | Path | Inventory, state_dir: str | Path | None = None,
+def prepare(path: str | Path | Inventory | Cluster, state_dir: str | Path | None = None,
             now: dt.datetime | None = None) -> Prepared:
     """Validate, bring the PKI in the state directory up to date, and render every host."""
-    inv = as_inventory(path)
-    state = state_for(inv, state_dir)
+    if isinstance(path, Cluster):           # the command's own: its state held already
+        inv, state = path.inv, path.state
+    else:
+        inv = as_inventory(path)
+        state = state_for(inv, state_dir)
     with state.locked():
         material, changes = ensure(inv, state.load(inv), now)
         state.save(material)
@@ -54,7 +57,7 @@ def prepare(path: str | Path | Inventory, state_dir: str | Path | None = None,
 
 
 def render(cluster: Cluster, out: str | Path) -> Prepared:
-    p = prepare(cluster.inv, cluster.state.root)
+    p = prepare(cluster)
     write_tree(p.plans, Path(out), p.inventory, p.material)
     return p
 

@@ -1,29 +1,35 @@
-"""etcd on day 2: the member list, one member added or removed at a time, snapshots. A hosted
-tenant's members are pods of its hosting cluster (actions/etcd_hosted.py); a control plane on
-control hosts is reached over SSH (actions/etcd_ops.py)."""
+"""etcd on day 2: the member list, one member added or removed at a time, snapshots. The run's
+control plane reaches the members (engine/planes/: etcdctl over SSH on control hosts, or in a
+hosted tenant's member pods through the hosting cluster's API)."""
 
-from installer.actions.etcd_hosted import actions_for
 from installer.actions.etcd_members import add as member_add
 from installer.actions.etcd_members import remove as member_remove
-from installer.actions.etcd_ops import SnapshotInfo
 from installer.core.etcd_rules import Member
 from installer.core.inventory import Inventory
+from installer.engine.planes.etcd_hosts import SnapshotInfo
+from installer.engine.run import open_run
 
 
 def members(inv: Inventory) -> list[Member]:
-    return actions_for(inv).members(inv)
+    with open_run(inv) as run:
+        return run.plane.members(run)
 
 
 def snapshot_save(inv: Inventory, dest, force: bool = False) -> SnapshotInfo:
-    return actions_for(inv).snapshot_save(inv, dest, force=force)
+    with open_run(inv) as run:
+        return run.plane.snapshot_save(run, dest, force=force)
 
 
 def restore_plan(inv: Inventory, snapshot: str, stamp: str) -> list[str]:
-    return actions_for(inv).restore_plan(inv, snapshot, stamp)
+    with open_run(inv) as run:
+        return run.plane.restore_plan(inv, snapshot, stamp)
 
 
 def snapshot_restore(inv: Inventory, snapshot, wait_timeout: float = 120, log=print) -> list[str]:
-    return actions_for(inv).snapshot_restore(inv, snapshot, wait_timeout=wait_timeout, log=log)
+    """Restore ``snapshot`` into every member, holding the apply lock; the members restored."""
+    with open_run(inv, log=log) as run, run.hold():
+        return run.plane.snapshot_restore(run, snapshot, wait_timeout)
 
 
-__all__ = ["member_add", "member_remove", "members", "restore_plan", "snapshot_restore", "snapshot_save"]
+__all__ = ["SnapshotInfo", "member_add", "member_remove", "members", "restore_plan", "snapshot_restore",
+           "snapshot_save"]

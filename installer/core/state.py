@@ -85,12 +85,6 @@ class StateBusy(StateError):
     """Another installer process holds the state directory."""
 
 
-# this process's held state locks: root -> [fd, depth]; nested users (a day-2 command calling
-# apply) share the one flock, which a second open file description would fight over
-_held: dict[Path, list[int]] = {}
-_held_guard = threading.Lock()
-
-
 def _flock_holder(st: os.stat_result) -> str:
     """Who holds the flock on the file ``st`` describes, from /proc/locks (nothing written to
     the lock file, so a held state stays byte-for-byte unchanged)."""
@@ -114,32 +108,49 @@ def _flock_holder(st: os.stat_result) -> str:
 class StateDir:
     def __init__(self, root: Path):
         self.root = Path(root).expanduser()
+        # the flock this object holds and how many blocks hold it: a command resolves its state
+        # once (core/cluster.py) and hands this one object down, so a nested holder (apply
+        # inside a day-2 command) shares the flock, which a second open file description would
+        # fight over; another StateDir of the same directory is another holder, refused
+        self._fd: int | None = None
+        self._depth = 0
+        self._guard = threading.Lock()
 
     @contextmanager
     def locked(self, create: bool = True) -> Iterator["StateDir"]:
-        """Hold the state directory for this process (an flock on ``.lock``, re-entrant within
-        the process); another process holding it is an error naming it, never a wait: two
-        operators racing on one PKI must not both write it. ``create=False``: a directory that
-        does not exist is left so (nothing to hold; whoever creates it takes the lock)."""
+        """Hold the state directory (an flock on ``.lock``, re-entrant on this object); another
+        holder is an error naming it, never a wait: two operators racing on one PKI must not
+        both write it. ``create=False``: a directory that does not exist is left so (nothing to
+        hold; whoever creates it takes the lock)."""
+        with self._guard:
+            nested = self._depth > 0
+            if nested:
+                self._depth += 1
+        if nested:
+            try:
+                yield self
+            finally:
+                self._leave()
+            return
         if not self.secure(create):
             yield self
             return
         self._tighten()
-        key = self.root.resolve()
-        with _held_guard:
-            if key in _held:
-                _held[key][1] += 1
-                fd = None
-            else:
-                fd = self._flock(key / LOCK_NAME)
-                _held[key] = [fd, 1]
+        with self._guard:
+            if self._depth == 0:
+                self._fd = self._flock(self.root.resolve() / LOCK_NAME)
+            self._depth += 1
         try:
             yield self
         finally:
-            with _held_guard:
-                _held[key][1] -= 1
-                if _held[key][1] == 0:
-                    os.close(_held.pop(key)[0])     # closing the descriptor drops the flock
+            self._leave()
+
+    def _leave(self) -> None:
+        with self._guard:
+            self._depth -= 1
+            if self._depth == 0 and self._fd is not None:
+                os.close(self._fd)          # closing the descriptor drops the flock
+                self._fd = None
 
     def _flock(self, path: Path) -> int:
         try:

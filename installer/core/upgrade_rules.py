@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from installer.core.inventory import Inventory
 from installer.core.versions import parse
 
 RULES = {
@@ -122,3 +123,14 @@ def leases_waiting(now: dict[str, str | None], before: dict[str, str | None],
     return [name for name, holder in now.items()
             if holder is None or holder == before.get(name)
             or (current_pods is not None and holder.split("_")[0] not in current_pods)]
+
+
+def with_versions(inv: Inventory, kubernetes: str | None = None, etcd: str | None = None) -> Inventory:
+    """``inv`` at other versions (the models are frozen: copies with the fields replaced)."""
+    spec = inv.spec
+    if kubernetes:
+        spec = spec.model_copy(update={"kubernetes": spec.kubernetes.model_copy(update={"version": kubernetes})})
+    if etcd:
+        versions = spec.artifacts.versions.model_copy(update={"etcd": etcd})
+        spec = spec.model_copy(update={"artifacts": spec.artifacts.model_copy(update={"versions": versions})})
+    return inv.model_copy(update={"spec": spec})

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Callable
 
-from installer.core import components
 from installer.engine.context import Context, Event
 from installer.host import apireach
 
@@ -16,13 +15,9 @@ def _ident(obj: dict) -> str:
 
 
 def api_live(ctx: Context) -> bool:
-    """Whether a kube-apiserver already runs (per the facts; a hosted tenant's: whether its
-    exposed address answers): then a dry run can ask it."""
-    if ctx.inv.hosted:
-        return apireach.first_reachable([a for _, a, _ in ctx.inv.api_backends], ctx.inv.api_port, 2.0) is not None
-    return any(ctx.facts.get(h.name)
-               and ctx.facts[h.name].units.get(components.unit("kube-apiserver"), ("",))[0] == "active"
-               for h in ctx.inv.controls)
+    """Whether a kube-apiserver already runs (the plane says: per the facts, or where a hosted
+    tenant's is exposed): then a dry run can ask it."""
+    return ctx.plane.api_live(ctx)
 
 
 def apply_api_objects(ctx: Context, phase: str, objects: list[dict] | Callable[[object | None], list[dict]],

@@ -83,6 +83,4 @@ def send_bootstrap_objects(ctx: Context, phase: str) -> Event:
     if deleted:
         ev.detail += [f"deleted the bootstrap token Secret of {n} (it joined)" for n in deleted]
         ev.action = "changed"
-    if not ctx.options.dry_run:
-        ctx.bootstrap_ran = True
     return ev

@@ -1,13 +1,13 @@
 """What one run shares, for apply's phases and day-2 commands alike: its options, the events it
-reports, and the Context (inventory, state, material, connections, facts, plans, the executor)
-with the push of a change (``execute``) that keeps the facts current."""
+reports, and the Context (inventory, state, material, connections, facts, plans, the control
+plane) with the push of a change (``execute``) that keeps the facts current."""
 
 from __future__ import annotations
 
 import functools
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, TypeVar
 
 from installer.core.artifacts import ARTIFACTS_ARCH
 from installer.core.diff import HostChanges, Selection, diff
@@ -19,10 +19,13 @@ from installer.core.render.files import HostPlan
 from installer.core.render.plan import render_cluster
 from installer.core.render.worker import HostFacts as RenderFacts
 from installer.core.state import StateDir
-from installer.engine.executor import Executor, HostedExecutor, SystemdExecutor
+from installer.engine.events import Event
+from installer.engine.planes import ControlPlane, plane_for
 from installer.engine.session import Session
 from installer.host.hostops import Payloads, codec_for, script
 from installer.host.ssh import Remote
+
+R = TypeVar("R")
 
 
 @dataclass
@@ -44,18 +47,6 @@ class Options:
 
 
 @dataclass
-class Event:
-    phase: str
-    host: str
-    action: str                   # changed | unchanged | skipped | failed | waited | checked
-    seconds: float = 0.0
-    files: int = 0
-    bytes: int = 0
-    restarts: list[str] = field(default_factory=list)
-    detail: list[str] = field(default_factory=list)
-
-
-@dataclass
 class Context:
     inv: Inventory
     state: StateDir
@@ -72,29 +63,26 @@ class Context:
     # preflight refuses a host of another architecture
     artifacts_arch: str = ARTIFACTS_ARCH
     events: list[Event] = field(default_factory=list)
-    bootstrap_ran: bool = False
     # workers this command made forget their client certificate (ca rotate): they bootstrap
     # again with a new token although their Node is registered
     rejoin: set[str] = field(default_factory=set)
-    # set by the lock phase's prepare: whether any phase that runs changes a host (from the facts)
-    changes_pending: bool = False
-    # set by the etcd phase's prepare: the membership changes it may make (learners to add and
-    # promote); None before that phase ran
-    etcd_guard: Guard | None = None
-    # the etcd phase's membership read: control host -> (member list JSON, why it failed)
-    etcd_answers: dict[str, tuple[str, str]] = field(default_factory=dict)
     # each distinct upload built (and compressed) once, shared by the hosts that get it
     payloads: Payloads = field(default_factory=Payloads)
-    # where and how the control plane's components run (engine/executor.py)
-    executor: Executor = field(default_factory=SystemdExecutor)
+    # the control plane: where its components run, how the run is locked (engine/planes/): the
+    # run's (engine/run.py); made for the Context when not given
+    plane: ControlPlane | None = None
     # the hosts' connections and the apply lock (engine/session.py); made for the run when not given
     session: Session | None = None
+    # what phases made for later ones, by type (``produce``, ``result``); ``made``: the types the
+    # running phase produced, checked against its declaration at the phase's end (the runner)
+    results: dict[type, object] = field(default_factory=dict)
+    made: set[type] = field(default_factory=set)
 
     def __post_init__(self) -> None:
-        if self.inv.hosted and isinstance(self.executor, SystemdExecutor):
-            self.executor = HostedExecutor()
         if self.session is None:
             self.session = Session(self.inv, log=self.log, accept_new_host_keys=self.options.accept_new_host_keys)
+        if self.plane is None:          # a Context made outside a Run (tests, the Python API)
+            self.plane = plane_for(self.inv, self.session)
 
     @property
     def remotes(self) -> dict[str, Remote]:
@@ -108,6 +96,17 @@ class Context:
     @property
     def run_id(self) -> str:
         return self.session.run_id
+
+    def produce(self, result: object) -> None:
+        """Hand ``result`` to later phases: one of the outputs the running phase declares
+        (``Phase.produces``, checked when it ends), never a field any phase may write."""
+        self.results[type(result)] = result
+        self.made.add(type(result))
+
+    def result(self, kind: type[R]) -> R | None:
+        """What an earlier phase produced of ``kind`` (None: it did not run, or made none)."""
+        found = self.results.get(kind)
+        return found if isinstance(found, kind) else None
 
     def settled(self, events: list[Event], units: tuple[str, ...]) -> bool:
         """Nothing changed and every unit was already active: no health wait needed. A unit
@@ -167,9 +166,26 @@ class Context:
         facts.pending_restarts |= set(changes.defer)
 
 
+# --- what phases hand later ones (Context.produce / result; Phase.produces / reads) ----------------
+
+@dataclass(frozen=True)
+class EtcdMembership:
+    """etcd-membership's read: the membership changes the etcd phase may make (learners to add
+    and promote) and the hosts joining a running cluster (rendered with
+    --initial-cluster-state=existing)."""
+    guard: Guard
+
+
+@dataclass(frozen=True)
+class Bootstrapped:
+    """cluster-bootstrap sent the RBAC and the per-node bootstrap tokens (not in a dry run): the
+    workers may join, and verify-hidden may ask the API."""
+
+
 def render_facts(ctx: Context) -> dict[str, RenderFacts]:
     """What rendering needs to know of each host, from its facts and the etcd membership read."""
-    joining = ctx.etcd_guard.joining if ctx.etcd_guard else {}
+    membership = ctx.result(EtcdMembership)
+    joining = membership.guard.joining if membership else {}
     return {name: RenderFacts(systemd_resolved=f.systemd_resolved, kubelet_joined=f.kubelet_joined,
                               etcd_join=joining.get(name))
             for name, f in ctx.facts.items()}

@@ -20,7 +20,7 @@ from installer.core.render.plan import render_cluster
 from installer.engine.bootstrap import refuse_revoked_before_changes
 from installer.engine.context import Context, Event, Options
 from installer.engine.phases import ALWAYS, PHASE_NAMES, RUN_WITH, SKIPPED_WITH, build
-from installer.engine.phases.start_hosted import hosted_trust
+from installer.engine.run import Run, open_run
 from installer.host.fetch import digest_record, resolve, resolve_images
 from installer.host.ssh import HostError
 
@@ -72,10 +72,11 @@ def effective_options(options: Options) -> Options:
         options, skip=skip, only=only)
 
 
-def context(cluster: Cluster, options: Options, log: Callable[[str], None]) -> Context:
-    """The run's context for ``cluster`` (day-2 commands pass one with a derived inventory, e.g.
-    without a removed node: ``cluster.with_inventory``)."""
-    inv, state = cluster.inv, cluster.state
+def context(run: Run | Cluster, options: Options, log: Callable[[str], None]) -> Context:
+    """The context of apply's phases in ``run`` (day-2 commands pass one with a derived
+    inventory, e.g. without a removed node: ``run.derived``; a Cluster, outside any command, gets
+    a session and plane of its own)."""
+    inv, state = run.inv, run.state
     unknown = sorted(options.hosts - {h.name for h in inv.spec.hosts})
     if unknown:
         raise InstallerError(f"no host named {', '.join(unknown)} in the inventory")
@@ -84,7 +85,8 @@ def context(cluster: Cluster, options: Options, log: Callable[[str], None]) -> C
     if not options.upgrade:
         check_versions(inv, state)
     material, changes = ensure(inv, state.load(inv))
-    ctx = Context(inv, state, options, material, changes, log=log)
+    ctx = Context(inv, state, options, material, changes, log=log, plane=getattr(run, "plane", None),
+                  session=getattr(run, "session", None))
     ctx.plans = render_cluster(inv, material)
     return ctx
 
@@ -111,25 +113,27 @@ def _resolve_artifacts(ctx: Context) -> None:
     digests.save()
 
 
-def run(cluster: Cluster, options: Options | None = None,
+def run(target: Cluster | Run, options: Options | None = None,
         log: Callable[[str], None] = print, on_event: Callable[[Event], None] | None = None,
         check: Callable[[Context], None] | None = None,
         on_upload: Callable[[str, int, int], None] | None = None) -> Report:
-    """``check``: called once the hosts' facts are known, before the lock and any change; it
-    may refuse the run by raising (e.g. `node add` refusing other pending edits). The state
-    directory is held for the whole run: a second run on it would make other keys."""
-    for names, flag in (((options or Options()).only, "--only"), ((options or Options()).skip, "--skip")):
+    """Apply's phases on ``target``: a Cluster (a Run is opened for it) or the Run of a day-2
+    command that converges hosts as part of its work. ``check``: called once the hosts' facts
+    are known, before the lock and any change; it may refuse the run by raising (e.g. `node
+    add` refusing other pending edits). The state directory is held for the whole run: a
+    second run on it would make other keys."""
+    options = options or Options()
+    for names, flag in ((options.only, "--only"), (options.skip, "--skip")):
         check_phase_names(names, flag)            # before the state is created or read
-    with cluster.state.locked():
-        return _run(cluster, options, log, on_event, check, on_upload)
+    with open_run(target, log=log, accept_new_host_keys=options.accept_new_host_keys) as r, r.state.locked():
+        return _run(r, effective_options(options), log, on_event, check, on_upload)
 
 
-def _run(cluster: Cluster, options: Options | None, log: Callable[[str], None],
+def _run(run: Run, options: Options, log: Callable[[str], None],
          on_event: Callable[[Event], None] | None, check: Callable[[Context], None] | None,
          on_upload: Callable[[str, int, int], None] | None) -> Report:
-    options = effective_options(options or Options())
     started = time.monotonic()
-    ctx = context(cluster, options, log)
+    ctx = context(run, options, log)
     ctx.on_upload = on_upload
     _resolve_artifacts(ctx)
     report = Report(dry_run=options.dry_run)
@@ -138,8 +142,10 @@ def _run(cluster: Cluster, options: Options | None, log: Callable[[str], None],
             for phase in build():
                 if phase.name not in ALWAYS and not ctx.will_run(phase.name):
                     continue
+                ctx.made = set()
                 hosts = phase.prepare(ctx)
                 if not hosts:
+                    _check_outputs(phase, ctx)
                     continue
                 futures = {h: pool.submit(_timed, phase.run_host, ctx, h) for h in hosts}
                 events, failures = [], []
@@ -161,6 +167,7 @@ def _run(cluster: Cluster, options: Options | None, log: Callable[[str], None],
                     phase.finish(ctx, events)
                 except HostError as e:
                     raise ApplyError(f"phase {phase.name} failed on {e}") from None
+                _check_outputs(phase, ctx)
                 for ev in ctx.events[before:]:
                     # what the phase's finish waited for, when the event does not time itself
                     ev.seconds = ev.seconds or time.monotonic() - finish_started
@@ -172,23 +179,29 @@ def _run(cluster: Cluster, options: Options | None, log: Callable[[str], None],
                 if phase.name == "connect":
                     # before the lock and any change, in a dry run too
                     trust.check(ctx.plans, ctx.facts, str(ctx.state.root), "ca" in ctx.pki_changes.reasons,
-                                more=hosted_trust(ctx) if ctx.inv.hosted else [])
+                                more=run.plane.trust_mismatches(ctx))
                     refuse_revoked_before_changes(ctx)
                     if check is not None:
                         check(ctx)
         if not options.dry_run and not options.upgrade and not options.hosts and ctx.will_run("artifacts"):
             ctx.state.record_versions(cluster_versions(ctx.inv))
     finally:
-        ctx.session.release()           # first: the release's round trips are the run's too
-        ctx.executor.close(ctx)         # a hosted tenant's lock (a Lease) and its client
+        if not run.session.holding:
+            run.plane.release()         # first: the release's round trips are the run's too
         for name, remote in ctx.remotes.items():
             report.round_trips[name] = remote.counters.round_trips
             # file content sent to the host (the facts probe's path list is not counted)
             report.bytes_up[name] = sum(e.bytes for e in report.events if e.host == name and e.action == "changed"
                                         and not options.dry_run)
-        ctx.session.close()
         report.seconds = time.monotonic() - started
     return report
+
+
+def _check_outputs(phase, ctx: Context) -> None:
+    """At a phase's end: it handed later phases only what it declares (``Phase.produces``)."""
+    undeclared = sorted(t.__name__ for t in ctx.made - set(phase.produces))
+    if undeclared:
+        raise TypeError(f"phase {phase.name} produced {', '.join(undeclared)}, which it does not declare")
 
 
 def _timed(run_host, ctx: Context, host: str) -> Event | None:

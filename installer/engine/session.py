@@ -13,30 +13,22 @@ Apply (engine/runner.py, through its Context) and every day-2 command reach host
   that finds this one dead can end them;
 - ``close()``: the locks it took dropped, then its connections closed, also after a failure.
 
-``hold(inv)`` is a session that holds the lock for a day-2 command's whole length. It is
-re-entrant in one process: a command run inside another (an apply inside `node add`, `etcd
-member remove` inside `node remove`) joins the held session instead of fighting its lock.
+A command's session is its Run's (engine/run.py): the Run holds the lock for a day-2 command's
+whole length (``Run.hold``), and a command inside another one is handed the same Run.
 """
 
 from __future__ import annotations
 
-import contextlib
 import uuid
-from contextlib import contextmanager
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable
 
 from installer.core.errors import InstallerError
 from installer.core.inventory import HostSpec, Inventory
-from installer.engine.executor import HostedExecutor
 from installer.host import applylock
 from installer.host.parallel import each
-from installer.host.runmark import set_process_scope
 from installer.host.ssh import HostError, Remote
 
 Log = Callable[[str], None]
-
-# cluster name -> the session holding its lock through hold() in this process
-_held: dict[str, "Session"] = {}
 
 
 class Session:
@@ -49,7 +41,11 @@ class Session:
         self.remotes: dict[str, Remote] = {}
         self.locked: list[str] = []
         self.run_id = run_id or uuid.uuid4().hex
-        self.hosted = None      # a hosted tenant's HostedExecutor while hold() holds its Lease
+        # the mark every command carries once the run holds a lock (mark_scope); a connection
+        # made later gets it too
+        self.scope: str | None = None
+        # the lock is held for the command's whole length (Run.hold)
+        self.holding = False
 
     # --- connections ---------------------------------------------------------------------
 
@@ -61,6 +57,8 @@ class Session:
                 # the flag only when set: a factory may take (host, inventory) alone (the tests' hosts)
                 self.remotes[h.name] = (self._remote(h, self.inv, self.accept_new_host_keys)
                                         if self.accept_new_host_keys else self._remote(h, self.inv))
+                if self.scope:
+                    self.remotes[h.name].scope = self.scope
             out[h.name] = self.remotes[h.name]
         return out
 
@@ -98,9 +96,11 @@ class Session:
                 raise refused[0]
             raise LockRefused(refused)
 
-    def mark_scope(self) -> None:
-        """This run's commands in its scope from here on (when it took any lock)."""
-        if self.locked:
+    def mark_scope(self, always: bool = False) -> None:
+        """This run's commands in its scope from here on (when it took any lock, or ``always``:
+        a command holding a hosted tenant's Lease)."""
+        if self.locked or always:
+            self.scope = applylock.scope_of(self.run_id)
             applylock.mark_scope(self.remotes.values(), self.run_id)
 
     def release(self) -> None:
@@ -128,37 +128,3 @@ class LockRefused(HostError):
     def __init__(self, errors: list[Exception]):
         self.host = ", ".join(getattr(e, "host", "?") for e in errors)
         InstallerError.__init__(self, "; ".join(str(e) for e in errors))
-
-
-@contextmanager
-def hold(inv: Inventory, *, skip: frozenset[str] = frozenset(), log: Log = print,
-         remote: Callable[..., Remote] = Remote) -> Iterator[Session]:
-    """A session holding the apply lock on every control host but ``skip`` (hosts known to be
-    gone) for a day-2 command's whole length, its connections to them open. Re-entrant in one
-    process: a nested holder joins the session held (and so does an apply run inside it)."""
-    name = inv.metadata.name
-    if name in _held:
-        yield _held[name]
-        return
-    with Session(inv, log=log, remote=remote) as s, contextlib.ExitStack() as stack:
-        hosts = [h for h in inv.controls if h.name not in skip]
-        s.connect(hosts)
-        _held[name] = s
-        applylock.hold_run(name, s.run_id)
-        try:
-            s.lock([h.name for h in hosts], flag=applylock.UNLOCK)
-            if inv.hosted:
-                # a hosted tenant's lock: the Lease in its namespace (given back on leaving)
-                tenant = HostedExecutor()
-                stack.callback(tenant.close)
-                tenant.take_lock(inv, s.run_id)
-                s.hosted = tenant           # its hosting client, for the command's own requests
-            # every command of this process from here on is in the run's scope (end_dead_run)
-            set_process_scope(applylock.scope_of(s.run_id))
-            try:
-                yield s
-            finally:
-                set_process_scope(None)
-        finally:
-            _held.pop(name, None)
-            applylock.hold_run(name, None)

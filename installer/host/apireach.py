@@ -131,11 +131,12 @@ def api_access(inv: Inventory, remotes: RemoteSource, material: Material | None 
     by the factory is closed afterwards). ``material`` is not used (the probe is plain TCP;
     ``api_client`` verifies the server: every control host's address and 127.0.0.1 are SANs).
     ``apiserver``: that control host's own apiserver only, directly or through that host."""
-    port = inv.spec.apiServer.port
     hosts = [apiserver] if apiserver else list(inv.controls)
-    addresses = [h.address for h in hosts]
-    if inv.hosted and apiserver is None:
-        # a hosted tenant's apiservers answer where the hosting cluster exposes them; no host to tunnel through
+    if apiserver is not None:
+        port, addresses = inv.spec.apiServer.port, [apiserver.address]
+    else:
+        # every place an apiserver answers: the control hosts (the tunnels' too), or where a hosting
+        # cluster exposes a hosted tenant's (no host to tunnel through)
         port, addresses = inv.api_port, [address for _, address, _ in inv.api_backends]
     if apiserver is None and inv.spec.apiServer.endpoint:
         addresses.insert(0, inv.spec.apiServer.endpoint)

@@ -2,8 +2,8 @@
 
 `apply` takes it only when something will change (a no-op run spends no round trip on it,
 but clears a stale lock its own machine left behind, or any stale one with --force-unlock);
-every day-2 command that changes hosts holds it for its whole length (engine/session.py), and
-an apply such a command runs inside joins it instead of fighting it. The lock file names its
+every day-2 command that changes hosts holds it for its whole length (engine/run.py), and
+an apply such a command runs inside, as the same run, finds it its own. The lock file names its
 holder: the host name (for people), the machine id, boot id and pid namespace (``Identity``)
 and the pid. A lock is stale when it is older than the lock TTL, or when its holder was this
 very machine and is provably gone: same machine id and boot, and no such process (same pid
@@ -24,7 +24,6 @@ import os
 import re
 import shlex
 import socket
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,11 +39,6 @@ LOCK_TTL = 3600.0
 class LockHeld(HostError):
     """Another command holds the apply lock (exit 3, like a failed apply)."""
     exit_code = 3
-
-# cluster name -> run id of the lock this process holds for a command's length (hold_run)
-_held: dict[str, str] = {}
-_held_guard = threading.Lock()
-
 
 MACHINE_ID = "/etc/machine-id"
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
@@ -199,13 +193,14 @@ def end_dead_run(remotes: list[Remote], content: str | None, log: Callable[[str]
             log(f"{r.name}: ended {len(ended)} command(s) of the dead run {run[:12]} ({', '.join(ended)})")
 
 
-def ours(content: str) -> bool:
-    """The lock is held by this very process (a day-2 command around the apply asking)."""
+def ours(content: str, run_id: str) -> bool:
+    """The lock is held by this very process for ``run_id`` (a command inside a day-2 command
+    that holds it, asking again as the same run)."""
     try:
         h = json.loads(content)
         me = local_identity()
         return (h.get("machine") == me.host and h.get("machineId") == me.machine_id and h.get("pid") == os.getpid()
-                and h.get("run") in _held.values())
+                and h.get("run") == run_id)
     except (ValueError, TypeError, AttributeError):
         return False
 
@@ -224,7 +219,7 @@ def acquire(remote: Remote, run_id: str, *, force_unlock: bool, log: Callable[[s
     content = take(remote, run_id, installed_only=installed_only)
     if content is None:
         return True
-    if ours(content):
+    if ours(content, run_id):
         return False
     why = stale_reason(content, time.time())
     # our own machine's holder is certainly dead (a killed run, a reboot): safe to take over
@@ -265,19 +260,3 @@ def release(remotes: dict[str, Remote], locked: list[str], run_id: str) -> None:
     for host in list(locked):
         drop(remotes[host], run_id)
         locked.remove(host)
-
-
-def held_run(cluster: str) -> str | None:
-    """The run id this process holds ``cluster``'s lock as for a command's length (hold_run)."""
-    with _held_guard:
-        return _held.get(cluster)
-
-
-def hold_run(cluster: str, run_id: str | None) -> None:
-    """Record (or with None forget) that this process holds ``cluster``'s lock as ``run_id``
-    for a command's whole length (engine/session.py ``hold``): ``ours`` then knows it."""
-    with _held_guard:
-        if run_id is None:
-            _held.pop(cluster, None)
-        else:
-            _held[cluster] = run_id

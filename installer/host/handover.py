@@ -94,7 +94,7 @@ def leave(ctx, host: str) -> None:
 
 def back(ctx, host: str, after: str = "") -> None:
     """``host``'s apiserver ready, then back in every balancer, then SETTLE_SECONDS."""
-    ctx.executor.wait(ctx, host, APISERVER, after)
+    ctx.plane.wait(ctx, host, APISERVER, after)
     if balanced(ctx):
         _tell(ctx, host, "back")
         time.sleep(SETTLE_SECONDS)
@@ -144,16 +144,16 @@ def aside(ctx, host: str) -> Iterator[bool]:
     ctx.log(f"{host}: kube-apiserver out of the way while its etcd member restarts (the other "
             f"apiservers serve)")
     leave(ctx, host)
-    ctx.executor.stop(ctx, host, APISERVER)
+    ctx.plane.stop(ctx, host, APISERVER)
     try:
         yield True
     except BaseException:
         try:
-            ctx.executor.restart(ctx, host, APISERVER)
+            ctx.plane.restart(ctx, host, APISERVER)
         except HostError:
             pass
         back_anyway(ctx, host)
         raise
     # a restart: one pending for it (its files are in place now) is done by this start, not again
-    ctx.executor.restart(ctx, host, APISERVER)
+    ctx.plane.restart(ctx, host, APISERVER)
     back(ctx, host, after=" after its etcd member restarted")

@@ -2,7 +2,7 @@
 ``exec`` subresource over a WebSocket, stdin sent and closed, stdout and stderr kept as bytes,
 the exit code from the error channel.
 
-What a hosted tenant's etcd day 2 needs (actions/etcd_hosted.py): etcdctl beside a member, a
+What a hosted tenant's etcd day 2 needs (engine/planes/etcd_pods.py): etcdctl beside a member, a
 snapshot read out of a pod and written into one. The hosting user needs ``create`` on
 ``pods/exec`` in the tenant's namespace (docs/hosted.md).
 

@@ -18,16 +18,6 @@ _scope_counter = itertools.count(1)
 
 RUN_MARK = "HIDDENPLANE_RUN"
 
-# the scope of the run whose apply lock this process holds (set by the lock code for a day-2
-# command's whole length): a Remote without a scope of its own uses it
-_process_scope: str | None = None
-
-
-def set_process_scope(prefix: str | None) -> None:
-    global _process_scope
-    _process_scope = None if prefix is None else check_unit_prefix(prefix)
-
-
 def check_unit_prefix(value: str, what: str = "scope") -> str:
     if not isinstance(value, str) or not _UNIT_PREFIX.fullmatch(value):
         raise ValueError(f"{what}: {value!r:.80} is not a systemd unit name prefix "
@@ -36,8 +26,8 @@ def check_unit_prefix(value: str, what: str = "scope") -> str:
 
 
 def shell_command(script: str, scope: str | None = None, scoped: bool = True) -> str:
-    """``sh -c SCRIPT``, marked with ``scope`` (default: the process's scope) when ``scoped``."""
-    scope = scope if scope is not None else _process_scope
+    """``sh -c SCRIPT``, marked with ``scope`` (a Remote's: its session's once the run holds
+    a lock) when ``scoped``."""
     if scope is None or not scoped:
         return f"sh -c {shlex.quote(script)}"
     mark = f"{check_unit_prefix(scope)}-{next(_scope_counter)}"

@@ -5,16 +5,20 @@ RBAC and per-node bootstrap tokens, sent by ``engine/bootstrap.py`` (which says 
 from __future__ import annotations
 
 from installer.engine.bootstrap import send_bootstrap_objects
-from installer.engine.context import Context, Event
+from installer.engine.context import Bootstrapped, Context, Event
 from installer.engine.phases.base import Phase
 
 
 class BootstrapCluster(Phase):
     name = "cluster-bootstrap"
     description = "RBAC and bootstrap tokens through the Kubernetes API"
+    produces = (Bootstrapped,)
 
     def prepare(self, ctx: Context) -> list[str]:
         return ["(api)"]
 
     def run_host(self, ctx: Context, host: str) -> Event:
-        return send_bootstrap_objects(ctx, self.name)
+        ev = send_bootstrap_objects(ctx, self.name)
+        if not ctx.options.dry_run:
+            ctx.produce(Bootstrapped())
+        return ev

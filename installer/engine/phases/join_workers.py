@@ -32,7 +32,7 @@ from installer.core.diff import Selection
 from installer.core.errors import InstallerError
 from installer.core.render.worker import BOOTSTRAP_KUBECONFIG, KUBELET_CONFIG, KUBELET_KUBECONFIG
 from installer.core.shellfiles import shell_file
-from installer.engine.context import Context, Event
+from installer.engine.context import Bootstrapped, Context, Event
 from installer.engine.parts import worker_part
 from installer.engine.phases.base import Phase
 from installer.host import apireach, csr_approval, probes
@@ -94,6 +94,7 @@ def worker_images(ctx: Context) -> list[tuple[str, str, tuple[str, ...]]]:
 class JoinWorkers(Phase):
     name = "workers"
     description = "containerd, kubelet and kube-proxy on the workers; wait until they run"
+    reads = (Bootstrapped,)
 
     def prepare(self, ctx: Context) -> list[str]:
         return [h.name for h in ctx.hosts("worker")]
@@ -112,7 +113,7 @@ class JoinWorkers(Phase):
             # the units, then the kubelet's port; a joining kubelet serves it only once the
             # installer approved its CSR (below), so then the Node's registration is the wait
             script = active_script(units, timeout)
-            if not (ctx.bootstrap_ran and not ctx.facts[host].kubelet_joined):
+            if not (ctx.result(Bootstrapped) and not ctx.facts[host].kubelet_joined):
                 script += " && " + listening_script(KUBELET_PORTS, timeout, ("kubelet",))
             r = ctx.remotes[host].run(script, check=False, what="wait for the worker units",
                                       timeout=2 * timeout + 30)
@@ -149,7 +150,7 @@ class JoinWorkers(Phase):
 
     def finish(self, ctx: Context, events: list[Event]) -> None:
         self._settle_all(ctx, events)
-        if ctx.options.dry_run or not ctx.bootstrap_ran:
+        if ctx.options.dry_run or not ctx.result(Bootstrapped):
             return   # Node objects exist only on a real cluster bootstrapped in this run
         from installer.host import kube  # lazy: runs that never reach the API skip urllib3 and the schemas
         names = [h.name for h in ctx.hosts("worker")]

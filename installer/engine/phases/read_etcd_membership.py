@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from installer.core.components import ETCD_UNIT
 from installer.core.etcd_rules import Guard, MembershipRefused, apply_guard, parse_members
-from installer.engine.context import Context, Event
+from installer.engine.context import Context, EtcdMembership, Event
 from installer.engine.parts import etcd_part
 from installer.engine.phases.base import Phase
 from installer.host.etcdctl import LOCAL, error_line, etcdctl
@@ -26,9 +26,12 @@ class ReadEtcdMembership(Phase):
     cluster that exists: a no-op apply spends no round trip."""
     name = "etcd-membership"
     description = "read the etcd membership when a member with data would change or one without joins"
+    produces = (EtcdMembership,)
 
     def prepare(self, ctx: Context) -> list[str]:
-        ctx.etcd_guard, ctx.etcd_answers = Guard(), {}
+        ctx.produce(EtcdMembership(Guard()))       # nothing to change, until read otherwise
+        # the read: control host -> (member list JSON, why it failed)
+        self.answers: dict[str, tuple[str, str]] = {}
         controls = ctx.inv.controls
         with_data = [h.name for h in controls if ctx.facts[h.name].etcd_data]
         fresh = [h.name for h in controls if h.name not in with_data]
@@ -45,25 +48,25 @@ class ReadEtcdMembership(Phase):
     def run_host(self, ctx: Context, host: str) -> Event:
         try:
             r = ctx.remotes[host].run(f"{etcdctl(LOCAL)} member list -w json", check=False, what="etcd member list")
-            ctx.etcd_answers[host] = (r.stdout, "") if r.rc == 0 else ("", f"{host}: {error_line(r)}")
+            self.answers[host] = (r.stdout, "") if r.rc == 0 else ("", f"{host}: {error_line(r)}")
         except HostError as e:
-            ctx.etcd_answers[host] = ("", str(e))
+            self.answers[host] = ("", str(e))
         return Event(self.name, host, "checked")
 
     def finish(self, ctx: Context, events: list[Event]) -> None:
         controls = ctx.inv.controls
         with_data = {h.name for h in controls if ctx.facts[h.name].etcd_data}
         fresh = [h.name for h in controls if h.name not in with_data]
-        asked = [h.name for h in controls if h.name in ctx.etcd_answers]
-        answered = next((ctx.etcd_answers[h][0] for h in asked if not ctx.etcd_answers[h][1]), None)
+        asked = [h.name for h in controls if h.name in self.answers]
+        answered = next((self.answers[h][0] for h in asked if not self.answers[h][1]), None)
         if answered is None:
-            self._unread(ctx, fresh, "; ".join(ctx.etcd_answers[h][1] for h in asked))
+            self._unread(ctx, fresh, "; ".join(self.answers[h][1] for h in asked))
             return
         guard = apply_guard(controls, with_data, parse_members(answered))
         if guard.problems:
             raise MembershipRefused("the etcd cluster does not match the inventory:\n"
                                     + "\n".join(f"  {p}" for p in guard.problems))
-        ctx.etcd_guard = guard
+        ctx.produce(EtcdMembership(guard))
         if guard.joining:
             ctx.rerender()
         for name in sorted(guard.learners):

@@ -21,8 +21,6 @@ from installer.host import handover
 
 APISERVER_UNIT, CONTROLLER_MANAGER, SCHEDULER = components.units("kube-apiserver", "kube-controller-manager",
                                                                  "kube-scheduler")
-# the apiserver restarts of one process's runs, one host at a time
-_restart_lock = threading.Lock()
 
 
 class StartControlPlane(Phase):
@@ -30,15 +28,17 @@ class StartControlPlane(Phase):
     description = "apiserver, controller-manager, scheduler; wait for /livez and /readyz"
 
     def prepare(self, ctx: Context) -> list[str]:
+        # the run's restarts, one host at a time (its hosts' run_host run in parallel threads)
+        self._restart_lock = threading.Lock()
         return [h.name for h in ctx.hosts("control")]
 
     def run_host(self, ctx: Context, host: str) -> Event:
         changes = ctx.changes_for(host, control_plane_part(ctx.plans[host]))
         if APISERVER_UNIT not in changes.restart or ctx.options.dry_run:
-            return ctx.executor.place(ctx, self.name, host, changes)
-        with _restart_lock:
+            return ctx.plane.place(ctx, self.name, host, changes)
+        with self._restart_lock:
             with handover.restarting(ctx, host):
-                ev = ctx.executor.place(ctx, self.name, host, changes)
+                ev = ctx.plane.place(ctx, self.name, host, changes)
             ev.detail.append("kube-apiserver restarted alone; /readyz ok again")
             return ev
 
@@ -46,8 +46,8 @@ class StartControlPlane(Phase):
         if ctx.options.dry_run or ctx.settled(events, CONTROL_UNITS):
             return
         for h in ctx.hosts("control"):
-            ctx.executor.wait(ctx, h.name, APISERVER_UNIT)
+            ctx.plane.wait(ctx, h.name, APISERVER_UNIT)
             ctx.events.append(Event(self.name, h.name, "waited", detail=["/livez ok", "/readyz ok"]))
         for h in ctx.hosts("control"):
-            ctx.executor.wait_all(ctx, h.name, (CONTROLLER_MANAGER, SCHEDULER))
+            ctx.plane.wait_all(ctx, h.name, (CONTROLLER_MANAGER, SCHEDULER))
         ctx.mark_active([h.name for h in ctx.hosts("control")], CONTROL_UNITS)

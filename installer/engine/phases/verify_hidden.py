@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from installer.core.facts import HostFacts
 from installer.core.render.files import HostPlan
-from installer.engine.context import Context, Event
+from installer.engine.context import Bootstrapped, Context, Event
 from installer.engine.phases.base import Phase
 from installer.host import apireach
 from installer.host.ssh import HostError
@@ -42,6 +42,7 @@ def violations(plan: HostPlan, facts: HostFacts) -> list[str]:
 class VerifyHidden(Phase):
     name = "verify"
     description = "no kubelet, runtime or node credential on control hosts; secrets 0600"
+    reads = (Bootstrapped,)
 
     def run_host(self, ctx: Context, host: str) -> Event:
         if ctx.options.dry_run:
@@ -52,7 +53,7 @@ class VerifyHidden(Phase):
         return Event(self.name, host, "checked")
 
     def finish(self, ctx: Context, events: list[Event]) -> None:
-        if ctx.options.dry_run or not ctx.bootstrap_ran:
+        if ctx.options.dry_run or not ctx.result(Bootstrapped):
             return
         from installer.host import kube  # lazy: runs that never reach the API skip urllib3 and the schemas
         with apireach.api_access(ctx.inv, ctx.remotes, ctx.material) as url, kube.api_client(url, ctx.material) as api:

@@ -1,4 +1,5 @@
-"""etcd day-2 operations over SSH: list members, save a snapshot, restore one on every member.
+"""etcd day 2 of a control plane on control hosts (planes/systemd.py), over SSH: list members,
+save a snapshot, restore one on every member.
 
 Everything that talks to etcd runs ``etcdctl`` (API v3) on the control hosts with the
 health-check client certificate; nothing listens beyond what apply set up. A snapshot is taken
@@ -18,17 +19,15 @@ import json
 import os
 import shlex
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 from installer.core.components import CONTROL_UNITS, ETCD_UNIT, LOCAL_CONTROL_PORTS
 from installer.core.etcd_rules import EtcdOpError, Member, parse_members
 from installer.core.inventory import HostSpec, Inventory
 from installer.core.render.control import ETCD_DATA_DIR, ETCD_RESTORE_ASIDE, etcd_servers, initial_cluster, peer_url
 from installer.core.safefs import write_atomic
-from installer.engine.session import Session, hold
 from installer.engine.steps import Step, plan, run_steps
 from installer.host.etcdctl import LOCAL, endpoint_health_script, etcdctl
 from installer.host.fetch import binary_path
@@ -44,13 +43,11 @@ def day2_etcdctl(endpoints: str) -> str:
     return etcdctl(endpoints, "10s")
 
 
-@contextmanager
-def control_remotes(inv: Inventory) -> Iterator[dict[str, Remote]]:
-    """A Remote per control host (connected on first use), all closed afterwards; a Remote
-    added to the dict meanwhile is closed too."""
-    with Session(inv) as s:
-        s.connect(inv.controls)
-        yield s.remotes
+def control_remotes(run) -> dict[str, Remote]:
+    """A Remote per control host (connected on first use) of the command's run (closed with it;
+    a Remote added to the dict meanwhile is the run's too)."""
+    run.session.connect(run.inv.controls)
+    return run.session.remotes
 
 
 def _first_reachable(inv: Inventory, remotes: dict[str, Remote]) -> Remote:
@@ -66,10 +63,10 @@ def _first_reachable(inv: Inventory, remotes: dict[str, Remote]) -> Remote:
 
 # --- members -----------------------------------------------------------------------------
 
-def members(inv: Inventory) -> list[Member]:
-    with control_remotes(inv) as remotes:
-        r = _first_reachable(inv, remotes)
-        out = r.run(f"{day2_etcdctl(etcd_servers(inv))} member list -w json", what="etcdctl member list").stdout
+def members(run) -> list[Member]:
+    inv = run.inv
+    r = _first_reachable(inv, control_remotes(run))
+    out = r.run(f"{day2_etcdctl(etcd_servers(inv))} member list -w json", what="etcdctl member list").stdout
     return parse_members(out, r.name)
 
 
@@ -111,23 +108,22 @@ def saved_snapshot(where: str, out: str, data: bytes, dest: Path) -> SnapshotInf
     return snapshot_info(st, str(dest), where, len(data), member_revision(member))
 
 
-def snapshot_save(inv: Inventory, dest, force: bool = False) -> SnapshotInfo:
+def snapshot_save(run, dest, force: bool = False) -> SnapshotInfo:
     dest = snapshot_dest(dest, force)
-    with control_remotes(inv) as remotes:
-        r = _first_reachable(inv, remotes)
-        tmp = f"{WORK_DIR}/etcd-snapshot-{int(time.time())}-{os.getpid()}.db"
-        q = shlex.quote(tmp)
-        try:
-            # etcdctl writes FILE.part, then renames; umask 077 keeps both 0600. The output is
-            # two JSON lines: the member's status just before the save, then the file's status.
-            out = r.run(f"set -e; mkdir -p {WORK_DIR}; chmod 0700 {WORK_DIR}; umask 077; "
-                        f"{day2_etcdctl(LOCAL)} endpoint status -w json; echo; "
-                        f"{day2_etcdctl(LOCAL)} snapshot save {q} >/dev/null; chmod 0600 {q}; "
-                        f"{shlex.join(snapshot_status_argv(tmp))}",
-                        what="etcdctl snapshot save, etcdutl snapshot status", timeout=300).stdout
-            data = r.get(tmp, what="copy the snapshot")
-        finally:
-            r.run(f"rm -f -- {q} {q}.part", check=False, what="remove the host's snapshot file")
+    r = _first_reachable(run.inv, control_remotes(run))
+    tmp = f"{WORK_DIR}/etcd-snapshot-{int(time.time())}-{os.getpid()}.db"
+    q = shlex.quote(tmp)
+    try:
+        # etcdctl writes FILE.part, then renames; umask 077 keeps both 0600. The output is
+        # two JSON lines: the member's status just before the save, then the file's status.
+        out = r.run(f"set -e; mkdir -p {WORK_DIR}; chmod 0700 {WORK_DIR}; umask 077; "
+                    f"{day2_etcdctl(LOCAL)} endpoint status -w json; echo; "
+                    f"{day2_etcdctl(LOCAL)} snapshot save {q} >/dev/null; chmod 0600 {q}; "
+                    f"{shlex.join(snapshot_status_argv(tmp))}",
+                    what="etcdctl snapshot save, etcdutl snapshot status", timeout=300).stdout
+        data = r.get(tmp, what="copy the snapshot")
+    finally:
+        r.run(f"rm -f -- {q} {q}.part", check=False, what="remove the host's snapshot file")
     return saved_snapshot(r.name, out, data, dest)
 
 
@@ -189,11 +185,10 @@ def _restore_script(inv: Inventory, host: HostSpec, snap: str, stamp: str) -> st
         f"chmod 0700 {data}\n")
 
 
-def snapshot_restore(inv: Inventory, snapshot, wait_timeout: float = 120,
-                     log: Callable[[str], None] = print) -> list[str]:
-    """Restore ``snapshot`` on every member, holding the apply lock. Returns the hosts restored."""
-    with hold(inv, log=log):
-        return _snapshot_restore(inv, snapshot, wait_timeout, log)
+def snapshot_restore(run, snapshot, wait_timeout: float = 120) -> list[str]:
+    """Restore ``snapshot`` on every member (the run holds the apply lock). Returns the hosts
+    restored."""
+    return _snapshot_restore(run, snapshot, wait_timeout, run.log)
 
 
 def _restore_steps(inv: Inventory, snapshot: str, data: bytes, stamp: str, remotes: dict[str, Remote],
@@ -257,7 +252,8 @@ def _restore_steps(inv: Inventory, snapshot: str, data: bytes, stamp: str, remot
     ]
 
 
-def _snapshot_restore(inv: Inventory, snapshot, wait_timeout: float, log: Callable[[str], None]) -> list[str]:
+def _snapshot_restore(run, snapshot, wait_timeout: float, log: Callable[[str], None]) -> list[str]:
+    inv = run.inv
     snapshot = Path(snapshot)
     try:
         data = snapshot.read_bytes()
@@ -267,9 +263,9 @@ def _snapshot_restore(inv: Inventory, snapshot, wait_timeout: float, log: Callab
         raise EtcdOpError(f"{snapshot} is empty")
     stamp = time.strftime("%Y%m%d%H%M%S", time.gmtime())
     names = [h.name for h in inv.controls]
-    with control_remotes(inv) as remotes:
-        for n in names:                     # every host must be reachable before we stop anything
-            remotes[n].open()
-        run_steps("etcd snapshot restore", _restore_steps(inv, str(snapshot), data, stamp, remotes, wait_timeout),
-                  None, log)
+    remotes = control_remotes(run)
+    for n in names:                     # every host must be reachable before we stop anything
+        remotes[n].open()
+    run_steps("etcd snapshot restore", _restore_steps(inv, str(snapshot), data, stamp, remotes, wait_timeout),
+              None, log)
     return names

@@ -1,10 +1,10 @@
-"""etcd day 2 of a hosted tenant (docs/hosted.md): its members are the pods of a StatefulSet in
+"""etcd day 2 of a hosted tenant (planes/hosted.py, docs/hosted.md): its members are the pods of a StatefulSet in
 the hosting cluster, reached through that cluster's API only (``pods/exec``: host/podexec.py).
 
 The member list and a snapshot are etcdctl's answers in a member's container, with the client
 certificate every member has (the etcd CA's peer pair). A snapshot is saved on the member's
 volume (the root file system is read-only), read out with ``cat``, removed, and written on the
-operator machine 0600, as for control hosts (actions/etcd_ops.py).
+operator machine 0600, as for control hosts (planes/etcd_hosts.py).
 
 A restore into the running tenant follows etcd's documented order as the control hosts' does:
 the snapshot is first copied into every member and checked there (etcdutl snapshot status),
@@ -18,14 +18,10 @@ scaled back once every member is ready. The workers' kubelets reconnect by thems
 from __future__ import annotations
 
 import shlex
-import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
-from installer.actions import etcd_ops
-from installer.actions.etcd_ops import SnapshotInfo, restore_token, saved_snapshot, snapshot_dest
 from installer.core.etcd_rules import EtcdOpError, Member
 from installer.core.inventory import Inventory
 from installer.core.render.tenant import (
@@ -34,8 +30,7 @@ from installer.core.render.tenant import (
     deployment_replicas,
     member_names,
 )
-from installer.engine.executor import HostedExecutor
-from installer.engine.session import hold
+from installer.engine.planes.etcd_hosts import SnapshotInfo, restore_token, saved_snapshot, snapshot_dest
 from installer.engine.steps import Step, plan, run_steps
 from installer.host.kube import STRATEGIC_MERGE, ApiClient, ApiError, rest, status_message
 from installer.host.tenant_etcd import (
@@ -49,46 +44,29 @@ from installer.host.tenant_etcd import (
 )
 
 
-@contextmanager
-def hosting_api(inv: Inventory) -> Iterator[ApiClient]:
-    """The hosting cluster's client for a command that changes nothing (no lock)."""
-    tenant = HostedExecutor()
-    try:
-        yield tenant.api(inv)
-    finally:
-        tenant.close()
-
-
-def actions_for(inv: Inventory):
-    """The module whose etcd operations serve ``inv``: this one for a hosted tenant."""
-    return sys.modules[__name__] if inv.hosted else etcd_ops
-
-
 def _sh(script: str) -> list[str]:
     return ["/bin/sh", "-c", script]
 
 
 # --- members and snapshots -----------------------------------------------------------------
 
-def members(inv: Inventory) -> list[Member]:
-    with hosting_api(inv) as api:
-        return member_list(api, inv, ready_members(api, inv)[0])
+def members(api: ApiClient, inv: Inventory) -> list[Member]:
+    return member_list(api, inv, ready_members(api, inv)[0])
 
 
-def snapshot_save(inv: Inventory, dest, force: bool = False) -> SnapshotInfo:
+def snapshot_save(api: ApiClient, inv: Inventory, dest, force: bool = False) -> SnapshotInfo:
     dest = snapshot_dest(dest, force)
     tmp = f"{ETCD_VOLUME}/snapshot-{int(time.time())}.db"
     q = shlex.quote(tmp)
-    with hosting_api(inv) as api:
-        pod = ready_members(api, inv)[0]
-        try:
-            out = run_in_member(api, inv, pod, _sh(
-                f"set -e; umask 077; {shlex.join(ETCDCTL)} endpoint status -w json; echo; "
-                f"{shlex.join(ETCDCTL)} snapshot save {q} >/dev/null; {ETCDUTL} snapshot status {q} -w json"),
-                "etcdctl snapshot save, etcdutl snapshot status").stdout.decode(errors="replace")
-            data = run_in_member(api, inv, pod, ["/bin/cat", tmp], "read the snapshot").stdout
-        finally:
-            run_in_member(api, inv, pod, ["/bin/rm", "-f", tmp, f"{tmp}.part"], "remove the snapshot file", check=False)
+    pod = ready_members(api, inv)[0]
+    try:
+        out = run_in_member(api, inv, pod, _sh(
+            f"set -e; umask 077; {shlex.join(ETCDCTL)} endpoint status -w json; echo; "
+            f"{shlex.join(ETCDCTL)} snapshot save {q} >/dev/null; {ETCDUTL} snapshot status {q} -w json"),
+            "etcdctl snapshot save, etcdutl snapshot status").stdout.decode(errors="replace")
+        data = run_in_member(api, inv, pod, ["/bin/cat", tmp], "read the snapshot").stdout
+    finally:
+        run_in_member(api, inv, pod, ["/bin/rm", "-f", tmp, f"{tmp}.part"], "remove the snapshot file", check=False)
     return saved_snapshot(pod, out, data, dest)
 
 
@@ -220,10 +198,10 @@ def _start_control_plane(r: _Restore) -> None:
     wait_workloads(r.api, r.inv.hosted_namespace, [("Deployment", n) for n in replicas], r.timeout, r.log)
 
 
-def snapshot_restore(inv: Inventory, snapshot, wait_timeout: float = 120,
+def snapshot_restore(api: ApiClient, inv: Inventory, snapshot, wait_timeout: float = 120,
                      log: Callable[[str], None] = print) -> list[str]:
-    """Restore ``snapshot`` into every member of the running tenant, holding its Lease; the
-    members restored."""
+    """Restore ``snapshot`` into every member of the running tenant (the run holds its Lease);
+    the members restored."""
     snapshot = Path(snapshot)
     try:
         data = snapshot.read_bytes()
@@ -233,7 +211,6 @@ def snapshot_restore(inv: Inventory, snapshot, wait_timeout: float = 120,
         raise EtcdOpError(f"{snapshot} is empty")
     stamp = time.strftime("%Y%m%d%H%M%S", time.gmtime())
     r = _Restore(inv, data, stamp, wait_timeout, log)
-    with hold(inv, log=log) as s:
-        r.api = s.hosted.api(inv)
-        run_steps("etcd snapshot restore", _steps(inv, str(snapshot), stamp), r, log)
+    r.api = api
+    run_steps("etcd snapshot restore", _steps(inv, str(snapshot), stamp), r, log)
     return member_names(inv)

@@ -1,6 +1,7 @@
-"""``installer upgrade`` of a hosted tenant (docs/hosted.md): its control plane is the objects of
-its namespace in the hosting cluster, so its turn is theirs; its workers' turns are the same as
-any cluster's (actions/upgrade.py).
+"""Rolling a hosted tenant's control plane (planes/hosted.py, docs/hosted.md): in ``installer
+upgrade`` its control plane is the objects of its namespace in the hosting cluster, so its turn
+is theirs; its workers' turns are the same as any cluster's (actions/upgrade.py). Every function
+takes the hosting cluster's client of the command's plane (``HostedPlane.api``).
 
 What runs is read from the pods (their images' tags): a rollout cut short leaves old pods, and
 the oldest counts, as the oldest control host does. The control plane's turn in the same order
@@ -18,13 +19,12 @@ from __future__ import annotations
 
 import time
 
-from installer.actions.etcd_hosted import hosting_api
 from installer.core.errors import InstallerError
 from installer.core.inventory import Inventory
 from installer.core.pki.specs import HOSTED_ETCD
 from installer.core.render.tenant import deployment_replicas, render_tenant
 from installer.core.upgrade_rules import HostState, oldest
-from installer.host.kube import STRATEGIC_MERGE, rest
+from installer.host.kube import STRATEGIC_MERGE, ApiClient, rest
 from installer.host.tenant_etcd import component_pods, pod_ready
 
 # the virtual control host of a hosted tenant, as the upgrade's order names it
@@ -36,14 +36,13 @@ def _tag(image: str) -> str:
     return image.rpartition(":")[2]
 
 
-def control_state(inv: Inventory) -> tuple[HostState, dict[str, bool]]:
+def control_state(api: ApiClient, inv: Inventory) -> tuple[HostState, dict[str, bool]]:
     """The tenant's control plane as one control host of the upgrade's order (the oldest
     Kubernetes and etcd its pods run), and each etcd member's pod -> ready (its readiness is
     etcd's endpoint health)."""
-    with hosting_api(inv) as api:
-        kube = [_tag(c["image"]) for name in deployment_replicas(inv) for p in component_pods(api, inv, name)
-                for c in p["spec"]["containers"] if c["name"] == name]
-        members = component_pods(api, inv, "etcd")
+    kube = [_tag(c["image"]) for name in deployment_replicas(inv) for p in component_pods(api, inv, name)
+            for c in p["spec"]["containers"] if c["name"] == name]
+    members = component_pods(api, inv, "etcd")
     etcd = ["v" + _tag(c["image"]).split("-")[0] for p in members for c in p["spec"]["containers"]
             if c["name"] == "etcd"]
     health = {p["metadata"]["name"]: pod_ready(p) for p in members}
@@ -58,25 +57,23 @@ def component_objects(inv: Inventory, material, components: tuple[str, ...]) -> 
             or (o["metadata"].get("labels") or {}).get(COMPONENT_LABEL) in components]
 
 
-def roll(inv: Inventory, material, components: tuple[str, ...], timeout: float, log) -> list[str]:
+def roll(api: ApiClient, inv: Inventory, material, components: tuple[str, ...], timeout: float, log) -> list[str]:
     """Apply ``components``' objects as ``inv`` renders them and wait for their workloads."""
     from installer.host import hosting
     objects = component_objects(inv, material, components)
     workloads = [(o["kind"], o["metadata"]["name"]) for o in objects if o["kind"] in ("StatefulSet", "Deployment")]
-    with hosting_api(inv) as api:
-        changed = hosting.converge(api, objects, inv.spec.kubernetes.version)
-        for kind, name, action in changed:
-            if action != "unchanged":
-                log(f"  hosting {inv.hosted_namespace}: {action} {kind} {name}")
-        return hosting.wait_workloads(api, inv.hosted_namespace, workloads, timeout, log)
+    changed = hosting.converge(api, objects, inv.spec.kubernetes.version)
+    for kind, name, action in changed:
+        if action != "unchanged":
+            log(f"  hosting {inv.hosted_namespace}: {action} {kind} {name}")
+    return hosting.wait_workloads(api, inv.hosted_namespace, workloads, timeout, log)
 
 
-def running_pods(inv: Inventory, components: tuple[str, ...]) -> set[str]:
+def running_pods(api: ApiClient, inv: Inventory, components: tuple[str, ...]) -> set[str]:
     """The names of ``components``' pods that run and are not being deleted: once a roll is
     done, the new ReplicaSet's only (a pod's name is its hostname, the start of a leader's identity)."""
-    with hosting_api(inv) as api:
-        return {p["metadata"]["name"] for c in components for p in component_pods(api, inv, c)
-                if not p["metadata"].get("deletionTimestamp")}
+    return {p["metadata"]["name"] for c in components for p in component_pods(api, inv, c)
+            if not p["metadata"].get("deletionTimestamp")}
 
 
 ETCD = ("etcd",)
@@ -86,25 +83,24 @@ CONTROLLERS = ("kube-controller-manager", "kube-scheduler")
 
 # --- stopping and starting the whole control plane (a CA rotation) -------------------------------
 
-def stop(inv: Inventory, timeout: float, log, etcd: bool = False) -> None:
+def stop(api: ApiClient, inv: Inventory, timeout: float, log, etcd: bool = False) -> None:
     """Every apiserver, controller-manager and scheduler (and with ``etcd`` every member) gone:
     replicas 0, waited until no pod of them is left; the members' volumes stay."""
     ns = inv.hosted_namespace
     names = [*deployment_replicas(inv), *(["etcd"] if etcd else [])]
-    with hosting_api(inv) as api:
-        for name in names:
-            kind = "statefulsets" if name == "etcd" else "deployments"
-            rest(api, "PATCH", f"/apis/apps/v1/namespaces/{ns}/{kind}/{name}", f"{kind}/{name}",
-                 {"spec": {"replicas": 0}}, content_type=STRATEGIC_MERGE)
-        deadline, last = time.monotonic() + timeout, ""
-        while pods := [p["metadata"]["name"] for n in names for p in component_pods(api, inv, n)]:
-            line = f"{len(pods)} pod(s) still running: {', '.join(pods)}"
-            if line != last:
-                log(f"  hosting {ns}: {line}")
-                last = line
-            if time.monotonic() > deadline:
-                raise InstallerError(f"namespace {ns}: {line} after {timeout:.0f} s")
-            time.sleep(2)
+    for name in names:
+        kind = "statefulsets" if name == "etcd" else "deployments"
+        rest(api, "PATCH", f"/apis/apps/v1/namespaces/{ns}/{kind}/{name}", f"{kind}/{name}",
+             {"spec": {"replicas": 0}}, content_type=STRATEGIC_MERGE)
+    deadline, last = time.monotonic() + timeout, ""
+    while pods := [p["metadata"]["name"] for n in names for p in component_pods(api, inv, n)]:
+        line = f"{len(pods)} pod(s) still running: {', '.join(pods)}"
+        if line != last:
+            log(f"  hosting {ns}: {line}")
+            last = line
+        if time.monotonic() > deadline:
+            raise InstallerError(f"namespace {ns}: {line} after {timeout:.0f} s")
+        time.sleep(2)
 
 
 ALL = ETCD + APISERVER + CONTROLLERS

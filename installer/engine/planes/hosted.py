@@ -1,0 +1,244 @@
+"""A hosted tenant's control plane (docs/hosted.md): etcd, the apiservers, controller-managers
+and schedulers as pods in one namespace of a hosting cluster, reached through that cluster's API
+(host/hosting.py) with the kubeconfig the inventory names. The tenant's hosts are its workers
+alone; the apply lock is a Lease in the namespace; etcd is reached with ``pods/exec``
+(planes/etcd_pods.py); the control plane rolls by component (planes/tenant_roll.py).
+
+One ``HostedPlane`` per command (engine/run.py): one hosting client, one Lease taken at most
+once. A run inside a day-2 command (upgrade's turns, node remove's refresh) is the same Run, so
+its lock phase finds the Lease its own and leaves it to the command to give back.
+"""
+
+from __future__ import annotations
+
+import time
+
+from installer.core import trust
+from installer.core.etcd_rules import EtcdOpError
+from installer.core.render.pods import key_for
+from installer.core.render.tenant import namespace_object, render_tenant, tenant_plan_files
+from installer.engine.events import Event
+from installer.engine.planes import etcd_pods, tenant_roll
+from installer.engine.planes.base import ControlPlane
+from installer.engine.steps import Step
+from installer.host import apireach, node_api
+from installer.host.ssh import HostError
+
+# a hosted tenant's apiservers answer behind one Service: this many connections, each balanced
+# to a replica on its own, must all see a revocation (2 replicas: each is missed by all of them
+# with a chance of 2^-16)
+API_PROBES = 16
+
+
+class HostedPlane(ControlPlane):
+    name = "hosted"
+
+    def __init__(self, inv, session):
+        super().__init__(inv, session)
+        self._api = None
+        self._held: tuple[str, str] | None = None
+        self._workloads: list = []
+
+    @property
+    def namespace(self) -> str:
+        return self.inv.hosted_namespace
+
+    @property
+    def where(self) -> str:
+        return f"hosting {self.namespace}"
+
+    def api(self):
+        """The hosting cluster's client, made once per command."""
+        if self._api is None:
+            from installer.host.hosting import hosting_client  # lazy: urllib3, for hosted tenants only
+            self._api = hosting_client(self.inv)
+        return self._api
+
+    # --- apply: the tenant's objects in its namespace -----------------------------------------
+
+    def targets(self) -> list[str]:
+        return [self.namespace]
+
+    def converge(self, ctx, target: str):
+        from installer.host import hosting, tenant_members  # lazy: urllib3, for hosted tenants only
+        started = time.monotonic()
+        tenant = render_tenant(ctx.inv, ctx.material)
+        try:
+            # another etcdReplicas for a running tenant: one member at a time, before the objects
+            # name the new member list (host/tenant_members.py)
+            members = tenant_members.change_member_count(self.api(), ctx.inv, ctx.options.wait_timeout, ctx.log,
+                                                         dry_run=ctx.options.dry_run)
+            done = hosting.converge(self.api(), tenant.objects, ctx.inv.spec.kubernetes.version,
+                                    dry_run=ctx.options.dry_run)
+        except (hosting.HostingError, EtcdOpError) as e:
+            raise HostError(target, str(e)) from None
+        verb = "would " if ctx.options.dry_run else ""
+        changed = members + [f"{verb}{'create' if a == 'created' else 'replace'} {k} {n}" if verb else f"{a} {k} {n}"
+                             for k, n, a in done if a != "unchanged"]
+        self._workloads = tenant.workloads()
+        return Event("hosted", target, "changed" if changed else "unchanged", time.monotonic() - started,
+                     files=len(changed), detail=changed)
+
+    def wait_converged(self, ctx) -> list[str]:
+        from installer.host import hosting  # lazy: urllib3, for hosted tenants only
+        try:
+            return hosting.wait_workloads(self.api(), self.namespace, self._workloads, ctx.options.wait_timeout,
+                                          ctx.log)
+        except hosting.HostingError as e:
+            raise HostError(self.namespace, str(e)) from None
+
+    def place(self, ctx, phase: str, host: str, changes, no_block: bool = False):
+        raise HostError(host, "a hosted control plane has no host to place files on")
+
+    # --- the apply lock: a Lease in the tenant's namespace ---------------------------------
+
+    def lock_targets(self, ctx, pending: bool) -> list[str]:
+        # taken every run: whether its control plane needs a change is known only once the
+        # hosting cluster is read
+        return [self.namespace]
+
+    def take_lock(self, ctx, target: str, pending: bool) -> list[str]:
+        from installer.host.hosting import HostingError  # lazy: urllib3, for hosted tenants only
+        try:
+            self._take(force=ctx.options.force_unlock)
+        except HostingError as e:
+            raise HostError(target, str(e)) from None
+        return ["the apply lock (a Lease) taken"]
+
+    def hold(self, run, skip: frozenset[str] = frozenset()) -> None:
+        self._take()
+
+    def _take(self, force: bool = False) -> None:
+        """The namespace made when missing, the Lease taken for the run (take_lease says False
+        when this run holds it already: whoever took it gives it back)."""
+        from installer.host import hosting  # lazy: urllib3, for hosted tenants only
+        hosting.converge(self.api(), [namespace_object(self.inv)], self.inv.spec.kubernetes.version)
+        if hosting.take_lease(self.api(), self.namespace, self.session.run_id, force=force):
+            self._held = (self.namespace, self.session.run_id)
+
+    def release(self) -> None:
+        from installer.host import hosting  # lazy: urllib3, for hosted tenants only
+        try:
+            super().release()
+        finally:
+            if self._held and self._api is not None:
+                held, self._held = self._held, None
+                hosting.release_lease(self._api, *held)
+
+    def forget_lock(self) -> None:
+        self._held = None
+
+    def close(self) -> None:
+        try:
+            self.release()
+        finally:
+            if self._api is not None:
+                self._api.close()
+                self._api = None
+
+    # --- what apply reads ---------------------------------------------------------------------
+
+    def trust_mismatches(self, ctx) -> list[trust.Mismatch]:
+        """The CA files the tenant's ConfigMaps hold, each compared with what the state would
+        write there: a wrong ``--state`` would otherwise replace the tenant's PKI under its
+        running etcd and workers."""
+        from installer.host.hosting import HostingError  # lazy: urllib3, for hosted tenants only
+        plan = self.beyond_plan(ctx.inv, ctx.material)
+        try:
+            held = self.read_files([f.path for f in plan.files.values() if f.trust], secrets=False)
+        except HostingError as e:
+            raise HostError(self.namespace, str(e)) from None
+        return trust.held_mismatches(f"hosting namespace {self.namespace}", plan, held)
+
+    def api_live(self, ctx) -> bool:
+        # its exposed address answers
+        return apireach.first_reachable([a for _, a, _ in ctx.inv.api_backends], ctx.inv.api_port, 2.0) is not None
+
+    def beyond_plan(self, inv, material):
+        return tenant_plan_files(inv, material)
+
+    def read_files(self, paths: list[str], secrets: bool = True) -> dict[str, bytes]:
+        from installer.host import hosting  # lazy: urllib3, for hosted tenants only
+        return hosting.held_files(self.api(), self.namespace, {key_for(p): p for p in paths}, secrets=secrets)
+
+    # --- etcd day 2: etcdctl in a member's container -------------------------------------------
+
+    def members(self, run) -> list:
+        return etcd_pods.members(self.api(), run.inv)
+
+    def snapshot_save(self, run, dest, force: bool = False):
+        return etcd_pods.snapshot_save(self.api(), run.inv, dest, force)
+
+    def restore_plan(self, inv, snapshot: str, stamp: str) -> list[str]:
+        return etcd_pods.restore_plan(inv, snapshot, stamp)
+
+    def snapshot_restore(self, run, snapshot, wait_timeout: float) -> list[str]:
+        return etcd_pods.snapshot_restore(self.api(), run.inv, snapshot, wait_timeout, run.log)
+
+    # --- upgrade and certificate rolls: the tenant's objects by component -------------------------
+
+    def survey(self, run, remotes: dict) -> tuple[list, dict[str, bool]]:
+        control, etcd = tenant_roll.control_state(self.api(), run.inv)
+        return [control], etcd
+
+    def leader_pods(self, run) -> set[str] | None:
+        return tenant_roll.running_pods(self.api(), run.inv, node_api.LEADER_LEASES)
+
+    def upgrade_turn(self, up, batch: list[str], etcd_turn: bool, etcd_inv, current_etcd: str | None,
+                     was: str):
+        ns = self.namespace
+        if etcd_turn:
+            return Step(f"etcd (StatefulSet etcd in {ns}) {current_etcd} -> {etcd_inv.spec.artifacts.versions.etcd}: "
+                        "one member at a time, each ready (healthy) before the next",
+                        lambda up: tenant_roll.roll(self.api(), etcd_inv, up.material, tenant_roll.ETCD,
+                                                    up.wait_timeout, up.log))
+
+        def run(up) -> None:
+            for components in (tenant_roll.APISERVER, tenant_roll.CONTROLLERS):
+                tenant_roll.roll(self.api(), up.inv, up.material, components, up.wait_timeout, up.log)
+        return Step(f"kube-apiserver, kube-controller-manager, kube-scheduler in {ns} {was} -> {up.target}: the "
+                    "apiserver replicas first (a new one ready before an old one goes: its PodDisruptionBudget "
+                    "holds), then the controller-managers and schedulers", run)
+
+    def renew_steps(self) -> list:
+        def roll(r) -> None:
+            for components in (tenant_roll.ETCD, tenant_roll.APISERVER, tenant_roll.CONTROLLERS):
+                tenant_roll.roll(self.api(), r.inv, r.new, components, r.wait_timeout, r.log)
+        return [Step("roll the tenant's control plane in its hosting cluster with the new files: etcd's members one "
+                     "at a time (each healthy before the next), then the apiserver replicas (a new one ready before "
+                     "an old one goes), then the controller-managers and schedulers", roll)]
+
+    def stop_all(self, r, etcd: bool) -> None:
+        tenant_roll.stop(self.api(), r.inv, r.wait_timeout, r.log, etcd=etcd)
+
+    def start_all(self, r) -> None:
+        # its objects as the new material renders them, the replica counts with them: etcd's
+        # members start together on their volumes, then the rest rolls out
+        tenant_roll.roll(self.api(), r.inv, r.new, tenant_roll.ALL, r.wait_timeout, r.log)
+
+    def exposed(self, inv) -> list[tuple[str, str, str, int]]:
+        # its apiservers and konnectivity servers, as its workers reach them (through the
+        # hosting cluster's Service: one replica per connection)
+        _, address, port = inv.api_backends[0]
+        return [("kube-apiserver", "kube-apiserver (hosted)", address, port),
+                ("konnectivity-server", "konnectivity-server (hosted)", address, inv.hosted.expose.konnectivityPort)]
+
+    def api_probes(self) -> int:
+        return API_PROBES
+
+    # --- reset ---------------------------------------------------------------------------------------
+
+    def beyond_hosts(self) -> tuple[str, str] | None:
+        ns = self.namespace
+        return (f"take the apply lock of the hosted control plane (a Lease in namespace {ns} of the hosting cluster)",
+                f"delete namespace {ns} in the hosting cluster: the control plane's pods, Secrets and etcd volumes")
+
+    def delete(self, run) -> dict[str, list[str]]:
+        from installer.host import hosting  # lazy: urllib3, for hosted tenants only
+        ns = self.namespace
+        gone = hosting.delete_namespace(self.api(), ns, 600, run.log)
+        self.forget_lock()          # it went with the namespace
+        if gone:
+            return {f"hosting:{ns}": [f"deleted namespace {ns} (the control plane, its Secrets, its volumes)"]}
+        run.log(f"hosting: no namespace {ns}")
+        return {}
