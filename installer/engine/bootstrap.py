@@ -53,7 +53,7 @@ def refuse_revoked(ctx: Context, api, done: str = "nothing was sent") -> None:
 
 def refuse_revoked_before_changes(ctx: Context) -> None:
     """The same refusal once the hosts' facts are known, before the lock and any change to a host
-    (the runner calls it after connect; cluster-bootstrap asks again under the lock). Only when
+    (the connect phase asks it; cluster-bootstrap asks again under the lock). Only when
     an apiserver runs already (a first run has no policy) and this run talks to the API."""
     if not ctx.inv.workers or not ctx.will_run("cluster-bootstrap") or not api_live(ctx):
         return

@@ -66,6 +66,9 @@ class Context:
     # workers this command made forget their client certificate (ca rotate): they bootstrap
     # again with a new token although their Node is registered
     rejoin: set[str] = field(default_factory=set)
+    # the caller's refusal once the hosts' facts are known, before the lock and any change
+    # (the connect phase asks it; `node add` refuses other pending edits)
+    check: Callable[["Context"], None] | None = None
     # each distinct upload built (and compressed) once, shared by the hosts that get it
     payloads: Payloads = field(default_factory=Payloads)
     # the control plane: where its components run, how the run is locked (engine/planes/): the

@@ -11,13 +11,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-from installer.core import trust
 from installer.core.cluster import Cluster
 from installer.core.errors import InstallerError
 from installer.core.ledger import Ledger, check_inventory
 from installer.core.pki.material import ensure
 from installer.core.render.plan import render_cluster
-from installer.engine.bootstrap import refuse_revoked_before_changes
 from installer.engine.context import Context, Event, Options
 from installer.engine.phases import ALWAYS, PHASE_NAMES, RUN_WITH, SKIPPED_WITH, build
 from installer.engine.run import Run, open_run
@@ -134,7 +132,7 @@ def _run(run: Run, options: Options, log: Callable[[str], None],
          on_upload: Callable[[str, int, int], None] | None) -> Report:
     started = time.monotonic()
     ctx = context(run, options, log)
-    ctx.on_upload = on_upload
+    ctx.on_upload, ctx.check = on_upload, check
     _resolve_artifacts(ctx)
     report = Report(dry_run=options.dry_run)
     try:
@@ -176,13 +174,6 @@ def _run(run: Run, options: Options, log: Callable[[str], None],
                     for ev in ctx.events[before:]:
                         on_event(ev)
                 report.events += [e for e in events if e not in report.events]
-                if phase.name == "connect":
-                    # before the lock and any change, in a dry run too
-                    trust.check(ctx.plans, ctx.facts, str(ctx.state.root), "ca" in ctx.pki_changes.reasons,
-                                more=run.plane.trust_mismatches(ctx))
-                    refuse_revoked_before_changes(ctx)
-                    if check is not None:
-                        check(ctx)
         if not options.dry_run and not options.upgrade and not options.hosts and ctx.will_run("artifacts"):
             ctx.state.record_versions(cluster_versions(ctx.inv))
     finally:

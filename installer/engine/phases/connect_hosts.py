@@ -1,8 +1,13 @@
-"""connect: open SSH to every host and gather its facts in one round trip each."""
+"""connect: open SSH to every host and gather its facts in one round trip each; then, before the
+lock and any change (in a dry run too), the guards that need the facts: the CA guard
+(core/trust.py, with what the run's plane holds besides the hosts), the revoked-nodes check
+and the caller's own (``ctx.check``: `node add` refusing other pending edits)."""
 
 from __future__ import annotations
 
+from installer.core import trust
 from installer.core.facts import PROBE, parse, probe_input
+from installer.engine.bootstrap import refuse_revoked_before_changes
 from installer.engine.context import Context, Event
 from installer.engine.parts import managed_paths
 from installer.engine.phases.base import Phase
@@ -30,3 +35,8 @@ class ConnectHosts(Phase):
 
     def finish(self, ctx: Context, events: list[Event]) -> None:
         ctx.rerender()
+        trust.check(ctx.plans, ctx.facts, str(ctx.state.root), "ca" in ctx.pki_changes.reasons,
+                    more=ctx.plane.trust_mismatches(ctx))
+        refuse_revoked_before_changes(ctx)
+        if ctx.check is not None:
+            ctx.check(ctx)
