@@ -364,7 +364,7 @@ def test_an_upgrade_of_a_tenant_rolls_its_control_plane_by_component(rendered, t
     alone: a component's objects are its files and its workload, nothing of another's."""
     from installer.actions import upgrade as up_mod
     from installer.core.upgrade_rules import HostState
-    from installer.engine.planes import tenant_roll as upgrade_hosted
+    from installer.engine.planes import tenant_roll
     p, plan = rendered
     inv = up_mod.with_versions(p.inventory, kubernetes="v1.37.2")
     state = api.state_for(p.inventory, p.state.root)
@@ -385,15 +385,15 @@ def test_an_upgrade_of_a_tenant_rolls_its_control_plane_by_component(rendered, t
 
     def kinds(components):
         return sorted((o["kind"], o["metadata"]["name"]) for o in
-                      upgrade_hosted.component_objects(inv, p.material, components))
-    api_objects = kinds(upgrade_hosted.APISERVER)
+                      tenant_roll.component_objects(inv, p.material, components))
+    api_objects = kinds(tenant_roll.APISERVER)
     assert ("Deployment", "kube-apiserver") in api_objects and ("Namespace", "hp-tenant-a") in api_objects
     assert not any(n.startswith(("etcd", "kube-controller", "kube-scheduler")) for _, n in api_objects), api_objects
-    assert [n for k, n in kinds(upgrade_hosted.ETCD) if k in ("StatefulSet", "Deployment")] == ["etcd"]
-    controllers = [n for k, n in kinds(upgrade_hosted.CONTROLLERS) if k == "Deployment"]
+    assert [n for k, n in kinds(tenant_roll.ETCD) if k in ("StatefulSet", "Deployment")] == ["etcd"]
+    controllers = [n for k, n in kinds(tenant_roll.CONTROLLERS) if k == "Deployment"]
     assert controllers == ["kube-controller-manager", "kube-scheduler"]
     # every object of the tenant is in exactly one component's (or is the Namespace)
-    every = kinds(upgrade_hosted.ETCD + upgrade_hosted.APISERVER + upgrade_hosted.CONTROLLERS)
+    every = kinds(tenant_roll.ETCD + tenant_roll.APISERVER + tenant_roll.CONTROLLERS)
     assert every == sorted((o["kind"], o["metadata"]["name"]) for o in
                            tenant.render_tenant(inv, p.material).objects)
     # the new version changes the three Kubernetes images, not etcd's nor konnectivity's

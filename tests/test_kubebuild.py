@@ -71,7 +71,7 @@ def test_the_hosted_images_are_named_as_the_installer_names_them():
     k8s, etcd = versions.DEFAULT_KUBERNETES_VERSION, versions.DEFAULT_COMPONENTS["etcd"]
     plan = {i.archive: i for i in kb.hosted_image_plan(k8s, etcd)}
     names = hosted_images("registry.k8s.io", k8s, etcd)
-    # one image-<component>.tar per component, under the name the hosted executor runs
+    # one image-<component>.tar per component, under the name the hosted plane runs
     assert {a: i.ref for a, i in plan.items() if a != "local-path-provisioner"} == names
     assert names["konnectivity-agent"] == AGENT_IMAGE and plan["konnectivity-agent"].entrypoint == "/proxy-agent"
     assert plan["local-path-provisioner"].ref == "docker.io/rancher/local-path-provisioner:v0.0.37"

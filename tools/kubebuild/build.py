@@ -394,7 +394,7 @@ def busybox_image() -> Built:
 
 # what installer/sh/etcd-member-start.sh runs beside etcd, etcdctl and etcdutl: busybox's sh,
 # awk, sleep, cat, mv, rm; printf, echo and [ are builtins of its sh, linked too so as not to
-# depend on that. `etcd snapshot save|restore` of a tenant (actions/etcd_hosted.py) execs
+# depend on that. `etcd snapshot save|restore` of a tenant (engine/planes/etcd_pods.py) execs
 # cat, mkdir, mv and rm in a member's container.
 ETCD_APPLETS = ("sh", "awk", "sleep", "printf", "echo", "[", "cat", "mv", "rm", "mkdir")
 BUSYBOX = "busybox"     # the source of /bin/busybox in hosted_image_plan
