@@ -47,10 +47,6 @@ class Run:
         return self.cluster.state
 
     @property
-    def run_id(self) -> str:
-        return self.session.run_id
-
-    @property
     def material(self):
         return self.cluster.material
 
@@ -59,7 +55,8 @@ class Run:
         return self.cluster.plans
 
     def derived(self, inv: Inventory) -> Run:
-        """This run on another inventory of the same cluster (same state, connections, locks)."""
+        """This run on another inventory of the same cluster (a node left out, other versions):
+        the same state, connections, locks and plane."""
         return dataclasses.replace(self, cluster=self.cluster.with_inventory(inv))
 
     # a Run stands wherever its Cluster does (an action handed either reads the same fields)
@@ -82,10 +79,6 @@ class Run:
         finally:
             self.session.holding = False
             self.plane.release()
-
-
-def inventory_of(target: Cluster | Run | Inventory) -> Inventory:
-    return target if isinstance(target, Inventory) else target.inv
 
 
 @contextmanager

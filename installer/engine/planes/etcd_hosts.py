@@ -252,16 +252,21 @@ def _restore_steps(inv: Inventory, snapshot: str, data: bytes, stamp: str, remot
     ]
 
 
-def _snapshot_restore(run, snapshot, wait_timeout: float, log: Callable[[str], None]) -> list[str]:
-    inv = run.inv
-    snapshot = Path(snapshot)
+def read_snapshot(snapshot) -> tuple[bytes, str]:
+    """The snapshot file's bytes, read before anything is stopped (an unreadable or empty file
+    changes nothing), and the restore's stamp (its cluster token, the old data's name)."""
     try:
-        data = snapshot.read_bytes()
+        data = Path(snapshot).read_bytes()
     except OSError as e:
         raise EtcdOpError(f"cannot read {snapshot}: {e.strerror or e}") from None
     if not data:
         raise EtcdOpError(f"{snapshot} is empty")
-    stamp = time.strftime("%Y%m%d%H%M%S", time.gmtime())
+    return data, time.strftime("%Y%m%d%H%M%S", time.gmtime())
+
+
+def _snapshot_restore(run, snapshot, wait_timeout: float, log: Callable[[str], None]) -> list[str]:
+    inv = run.inv
+    data, stamp = read_snapshot(snapshot)
     names = [h.name for h in inv.controls]
     remotes = control_remotes(run)
     for n in names:                     # every host must be reachable before we stop anything

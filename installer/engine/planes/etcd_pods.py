@@ -20,7 +20,6 @@ from __future__ import annotations
 import shlex
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from installer.core.etcd_rules import EtcdOpError, Member
 from installer.core.inventory import Inventory
@@ -30,7 +29,7 @@ from installer.core.render.tenant import (
     deployment_replicas,
     member_names,
 )
-from installer.engine.planes.etcd_hosts import SnapshotInfo, restore_token, saved_snapshot, snapshot_dest
+from installer.engine.planes.etcd_hosts import SnapshotInfo, read_snapshot, restore_token, saved_snapshot, snapshot_dest
 from installer.engine.steps import Step, plan, run_steps
 from installer.host.kube import STRATEGIC_MERGE, ApiClient, ApiError, rest, status_message
 from installer.host.tenant_etcd import (
@@ -202,14 +201,7 @@ def snapshot_restore(api: ApiClient, inv: Inventory, snapshot, wait_timeout: flo
                      log: Callable[[str], None] = print) -> list[str]:
     """Restore ``snapshot`` into every member of the running tenant (the run holds its Lease);
     the members restored."""
-    snapshot = Path(snapshot)
-    try:
-        data = snapshot.read_bytes()
-    except OSError as e:
-        raise EtcdOpError(f"cannot read {snapshot}: {e.strerror or e}") from None
-    if not data:
-        raise EtcdOpError(f"{snapshot} is empty")
-    stamp = time.strftime("%Y%m%d%H%M%S", time.gmtime())
+    data, stamp = read_snapshot(snapshot)
     r = _Restore(inv, data, stamp, wait_timeout, log)
     r.api = api
     run_steps("etcd snapshot restore", _steps(inv, str(snapshot), stamp), r, log)
