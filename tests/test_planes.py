@@ -101,6 +101,32 @@ def test_a_run_picks_its_plane_once_from_the_inventory(three_controls):
     assert set(CONTROL_PLANE_UNITS) == {ETCD, APISERVER, CM, SCHEDULER, "konnectivity-server.service"}
 
 
+def test_a_command_inside_a_held_run_goes_on_under_its_hold(three_controls):
+    """The apply lock is taken once per command (Run.hold) and given back at its end; a command
+    run inside it (node remove -> etcd member remove) holds nothing more and gives nothing back
+    early; the run's remote commands carry its mark from the hold on, new connections too."""
+    said = []
+
+    class Recording(SystemdPlane):
+        def hold(self, run, skip=frozenset()):
+            said.append(("hold", tuple(sorted(skip))))
+
+        def release(self):
+            said.append(("release",))
+
+    cluster = Cluster(three_controls.inventory, three_controls.state)
+    with open_run(cluster, log=lambda m: None) as run:
+        run.plane = Recording(run.inv, run.session)
+        with run.hold(skip=frozenset({"cp3"})):
+            assert run.session.holding and run.session.scope == f"hp-{run.session.run_id[:12]}"
+            with open_run(run) as inner, inner.hold():
+                assert said == [("hold", ("cp3",))]
+            assert said == [("hold", ("cp3",))] and run.session.holding
+            late = run.session.connect(run.inv.controls[:1])
+            assert next(iter(late.values())).scope == run.session.scope
+        assert said == [("hold", ("cp3",)), ("release",)] and not run.session.holding
+
+
 def test_a_rollout_restarts_the_control_plane_through_the_plane_one_host_at_a_time(three_controls):
     """certs renew's rollout of every control-plane unit on three control hosts: each etcd
     member restarts with its host's apiserver stopped meanwhile and started after it (once:
