@@ -126,8 +126,13 @@ def test_down_waits_for_a_host_whose_shutdown_hangs(lab_name, tmp_path):
 
 
 def inner_pid(pid: int) -> int | None:
-    """``pid``'s number in its innermost PID namespace (a host's own view)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+    """``pid``'s number in its innermost PID namespace (a host's own view), or None once it has
+    exited: a host's cgroups hold short-lived processes too, gone between listing and reading."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    for line in status.splitlines():
         if line.startswith("NSpid:"):
             return int(line.split()[-1])
     return None
