@@ -87,6 +87,22 @@ def test_a_hosted_inventory_lists_workers_only_and_reaches_the_api_where_it_is_e
      "spec.controlPlane.hosted.expose.konnectivityPort: 30443 is also the API's port"),
     (lambda d: d["spec"]["controlPlane"]["hosted"]["expose"].update(addresses=[]),
      "spec.controlPlane.hosted.expose.addresses: []: …"),
+    # a tenant in the hosting cluster's own namespaces would share them, and its reset delete them
+    (lambda d: d["spec"]["controlPlane"]["hosted"].update(namespace="kube-system"),
+     "spec.controlPlane.hosted.namespace: 'kube-system' is a namespace of the hosting cluster itself (default and "
+     "kube-*): a tenant gets a namespace of its own, which its reset deletes"),
+    (lambda d: d["spec"]["controlPlane"]["hosted"].update(namespace="default"),
+     "spec.controlPlane.hosted.namespace: 'default' is a namespace of the hosting cluster itself…"),
+    (lambda d: d["spec"]["controlPlane"]["hosted"].update(namespace="kube-tenants"),
+     "spec.controlPlane.hosted.namespace: 'kube-tenants' is a namespace of the hosting cluster itself…"),
+    # the workers would dial their own loopback, where any local process could take the API traffic
+    (lambda d: d["spec"]["controlPlane"]["hosted"]["expose"].update(addresses=["10.0.0.11", "127.0.0.1"]),
+     "spec.controlPlane.hosted.expose.addresses[1]: '127.0.0.1' is a loopback address: the tenant's workers would "
+     "reach themselves, not the hosting cluster"),
+    (lambda d: d["spec"]["controlPlane"]["hosted"]["expose"].update(addresses=["::1"]),
+     "spec.controlPlane.hosted.expose.addresses[0]: '::1' is a loopback address…"),
+    (lambda d: d["spec"]["controlPlane"]["hosted"]["expose"].update(addresses=["169.254.1.1"]),
+     "spec.controlPlane.hosted.expose.addresses[0]: '169.254.1.1' is link-local…"),
     (lambda d: d["spec"]["controlPlane"]["hosted"].update(resources={"kubelet": {}}),
      "spec.controlPlane.hosted.resources.kubelet…"),
     (lambda d: d["spec"]["network"].update(egress="routes") if "network" in d["spec"] else

@@ -61,7 +61,7 @@ def _describe(err: dict) -> str:
     if kind == "literal_error":
         return f"{path}: {quoted(value)} is not allowed; expected {err['ctx']['expected']}"
     if kind in ("dns1123", "ip", "cidr", "host", "version", "role", "port", "sha256", "login", "path",
-                "quantity", "registry"):
+                "quantity", "registry", "namespace"):
         return f"{path}: {err['msg']}"
     if kind in ("int_type", "bool_type") and isinstance(value, bool | int):
         want = "a whole number" if kind == "int_type" else "true or false"

@@ -9,6 +9,7 @@ worker's) are ``hosted_problems``, on the raw data like the other cluster checks
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -43,8 +44,33 @@ def _registry(v: str) -> str:
     return v
 
 
+# Kubernetes' own namespaces and its reserved prefix: a tenant there would share them with the
+# hosting cluster's system components, and its reset would delete them
+RESERVED_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+RESERVED_PREFIX = "kube-"
+
+
+def _tenant_namespace(v: str) -> str:
+    if v in RESERVED_NAMESPACES or v.startswith(RESERVED_PREFIX):
+        raise PydanticCustomError("namespace", "{value} is a namespace of the hosting cluster itself (default and "
+                                  "kube-*): a tenant gets a namespace of its own, which its reset deletes",
+                                  {"value": quoted(v)})
+    return v
+
+
+def _exposed_address(v: str) -> str:
+    # workers dial this from their own network namespace: loopback there is the worker itself,
+    # where any local process could listen and take their kubelets' API traffic
+    if ipaddress.ip_address(v).is_loopback:
+        raise PydanticCustomError("ip", "{value} is a loopback address: the tenant's workers would reach "
+                                  "themselves, not the hosting cluster", {"value": quoted(v)})
+    return v
+
+
 Quantity = Annotated[str, AfterValidator(_quantity)]
 Registry = Annotated[str, AfterValidator(_registry)]
+TenantNamespace = Annotated[Label, AfterValidator(_tenant_namespace)]
+ExposedAddress = Annotated[HostIP, AfterValidator(_exposed_address)]
 
 
 class Resources(StrictModel):
@@ -56,7 +82,7 @@ class ExposeSpec(StrictModel):
     type: Literal["NodePort", "LoadBalancer"] = Field(
         "NodePort", description="How the tenant's API leaves the hosting cluster. NodePort: on every hosting "
         "node at port (and konnectivityPort); LoadBalancer: on the load balancer's address.")
-    addresses: list[HostIP] = Field(
+    addresses: list[ExposedAddress] = Field(
         min_length=1, description="Where workers and users reach the tenant's API: hosting nodes' addresses "
         "(NodePort) or the load balancer's (LoadBalancer; the Service asks for the first). Each is in the "
         "apiserver's certificate and a backend of every worker's API balancer.")
@@ -68,8 +94,9 @@ class HostedSpec(StrictModel):
     kubeconfig: PathText = Field(description="Kubeconfig of the hosting cluster (relative to the inventory). "
                                  "Its user needs to manage namespaces and the tenant's objects in them.")
     context: str | None = Field(None, description="Context of that kubeconfig. Default: its current-context.")
-    namespace: Label | None = Field(
-        None, description=f"The tenant's namespace. Default: {NAMESPACE_PREFIX}<metadata.name>.")
+    namespace: TenantNamespace | None = Field(
+        None, description=f"The tenant's namespace (not default nor kube-*). Default: "
+        f"{NAMESPACE_PREFIX}<metadata.name>.")
     expose: ExposeSpec
     apiServerReplicas: Annotated[Int, Field(ge=2, le=5)] = Field(
         2, description="kube-apiserver pods (at least 2: a PodDisruptionBudget keeps one through a drain).")
