@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shutil
 import subprocess
 import threading
 import time
@@ -181,13 +182,24 @@ def test_a_second_apply_changes_and_restarts_nothing(tenant: Tenant):
 
 
 def test_a_wrong_state_directory_is_refused_before_anything_changes(tenant: Tenant, tmp_path):
-    """The CA guard reads the tenant's CA files in the hosting cluster too: an apply from another
-    state directory (other CAs) stops before the lock and any change, naming the namespace."""
+    """An apply from another state directory stops before the lock and any change, naming the
+    namespace: a new one by the ownership guard (the namespace records the state that applied it,
+    core/tenancy.py); a copy of the tenant's state whose CA is another (as a copy from before a
+    rotation) by the CA guard, which reads the tenant's CA files in the hosting cluster."""
     before = tenant.rc.get("secret", "kube-apiserver-files", "-n", NS)["metadata"]["resourceVersion"]
     proc = run_installer("apply", str(tenant.inventory), "--state", str(tmp_path / "other"), check_rc=2)
+    assert f"namespace {NS} in the hosting cluster holds another tenant named tenant" in proc.stderr, proc.stderr
+    assert "this state's none" in proc.stderr and "nothing was changed" in proc.stderr, proc.stderr
+    copy = tmp_path / "copy"
+    shutil.copytree(tenant.state, copy)
+    for ext in ("crt", "key"):
+        (copy / "pki" / f"ca.{ext}").unlink()
+    proc = run_installer("apply", str(tenant.inventory), "--state", str(copy), check_rc=2)
     assert f"hosting namespace {NS} /etc/kubernetes/pki/ca.crt: the host trusts kubernetes-ca" in proc.stderr, \
         proc.stderr
     assert tenant.rc.get("secret", "kube-apiserver-files", "-n", NS)["metadata"]["resourceVersion"] == before
+    owner = tenant.rc.get("configmap", "hiddenplane-owner", "-n", NS)["data"]
+    assert owner == {"tenant": "tenant", "state": (tenant.state / "tenant-id").read_text().strip()}, owner
 
 
 def test_the_tenants_apply_lock_refuses_another_holder(tenant: Tenant):
@@ -309,25 +321,27 @@ def test_a_snapshot_is_restored_into_the_running_tenant(tenant: Tenant, tmp_path
     """`etcd members`, `etcd snapshot save` and `etcd snapshot restore` on a tenant (through the
     hosting API's pods/exec): after the restore the objects of the snapshot are back, one written
     after it is gone, the members form a new cluster, the workers are Ready, writes work."""
-    listed = json.loads(run_installer("etcd", "members", str(tenant.inventory), "--output", "json").stdout)
+    listed = json.loads(run_installer("etcd", "members", str(tenant.inventory), "--state", str(tenant.state),
+                                     "--output", "json").stdout)
     assert sorted(m["name"] for m in listed) == ["etcd-0", "etcd-1", "etcd-2"], listed
     tenant.kubectl("delete", "configmap", "snap-before", "snap-after", "after-restore", "--ignore-not-found")
     tenant.kubectl("create", "configmap", "snap-before", "--from-literal=k=kept")
     snap = tmp_path / "tenant.db"
     saved = json.loads(run_installer("etcd", "snapshot", "save", str(tenant.inventory), str(snap),
-                                     "--output", "json").stdout)
+                                     "--state", str(tenant.state), "--output", "json").stdout)
     assert snap.stat().st_mode & 0o777 == 0o600 and saved["size"] == snap.stat().st_size > 0, saved
     assert saved["revision"] > 1 and saved["total_keys"] > 100, saved
     # nothing of it stays in the member's volume
     left = tenant.rc.kubectl("-n", NS, "exec", saved["host"], "--", "/bin/sh", "-c", "echo /var/lib/etcd/*").stdout
     assert left.split() == ["/var/lib/etcd/data"], left
     tenant.kubectl("create", "configmap", "snap-after", "--from-literal=k=gone")
-    plan = run_installer("etcd", "snapshot", "restore", str(tenant.inventory), str(snap), "--dry-run").stdout
+    plan = run_installer("etcd", "snapshot", "restore", str(tenant.inventory), str(snap), "--state",
+                         str(tenant.state), "--dry-run").stdout
     assert "nothing is stopped yet" in plan and "delete every etcd member's pod" in plan, plan
 
     started = time.monotonic()
-    proc = run_installer("etcd", "snapshot", "restore", str(tenant.inventory), str(snap), "--yes",
-                         "--wait-timeout", "300", timeout=900)
+    proc = run_installer("etcd", "snapshot", "restore", str(tenant.inventory), str(snap), "--state",
+                         str(tenant.state), "--yes", "--wait-timeout", "300", timeout=900)
     seconds = time.monotonic() - started
     assert "restored" in proc.stdout and "[5/5]" in proc.stderr, proc.stderr
     assert tenant.get("configmap", "snap-before")["data"] == {"k": "kept"}
@@ -636,6 +650,7 @@ def second_tenant(tenant: Tenant, tmp: Path) -> None:
         key = base64.b64decode(files["etc_kubernetes_pki_apiserver.key"])
         assert key == (st / "pki" / "apiserver.key").read_bytes(), ns
 
+    ownership_attacks(tenant, b, tmp)
     member_count_changes(b, state)
 
     proc = run_installer("reset", str(inventory), "--state", str(state), "--yes", timeout=900)
@@ -645,6 +660,41 @@ def second_tenant(tenant: Tenant, tmp: Path) -> None:
     r = rc.ssh("w5", "test -e /etc/kubernetes || test -e /var/lib/kubelet || echo clean; "
                      "systemctl is-active kubelet || true")
     assert "clean" in r.stdout and "inactive" in r.stdout, r.stdout
+
+
+def ownership_attacks(tenant: Tenant, b: Tenant, tmp: Path) -> None:
+    """The second tenant's inventory aimed at a namespace that is not its own (the first
+    tenant's; an application's), and the first tenant's inventory with the second's state (two
+    clusters of one name): `reset --yes` and `etcd snapshot restore --yes` exit 2 before they
+    change anything (core/tenancy.py), and every namespace stays as it was."""
+    rc = tenant.rc
+    rc.kubectl("create", "namespace", "app-shop")
+    rc.kubectl("create", "configmap", "orders", "-n", "app-shop", "--from-literal=k=v")
+    try:
+        snap = tmp / "b.db"
+        run_installer("etcd", "snapshot", "save", str(b.inventory), str(snap), "--state", str(b.state))
+        uids = {ns: rc.get("namespace", ns)["metadata"]["uid"] for ns in (NS, "app-shop", "hp-tenant-b")}
+        doc = yaml.safe_load(b.inventory.read_text())
+        for ns, why in ((NS, "its label hiddenplane.io/tenant is 'tenant'"),
+                        ("app-shop", "its label hiddenplane.io/tenant is missing")):
+            doc["spec"]["controlPlane"]["hosted"]["namespace"] = ns
+            wrong = tmp / f"tenant-b-in-{ns}.yaml"
+            wrong.write_text(yaml.safe_dump(doc, sort_keys=False))
+            for args in (("reset", str(wrong), "--state", str(b.state), "--yes"),
+                         ("etcd", "snapshot", "restore", str(wrong), str(snap), "--state", str(b.state), "--yes")):
+                proc = run_installer(*args, check_rc=2, timeout=300)
+                assert f"namespace {ns} in the hosting cluster is not tenant tenant-b's ({why})" in proc.stderr, \
+                    (args[0], proc.stderr)
+                assert "nothing was changed" in proc.stderr, proc.stderr
+        proc = run_installer("reset", str(tenant.inventory), "--state", str(b.state), "--yes", check_rc=2, timeout=300)
+        assert f"namespace {NS} in the hosting cluster holds another tenant named tenant" in proc.stderr, proc.stderr
+        assert {ns: rc.get("namespace", ns)["metadata"]["uid"] for ns in uids} == uids
+        assert rc.get("configmap", "orders", "-n", "app-shop")["data"] == {"k": "v"}
+        assert not any(rc.get("namespace", ns)["metadata"].get("deletionTimestamp") for ns in uids)
+        # the second tenant's workers were not touched either (reset stops before them)
+        assert rc.ssh("w5", "systemctl is-active kubelet").stdout.strip() == "active"
+    finally:
+        rc.kubectl("delete", "namespace", "app-shop", "--wait=false")
 
 
 def member_count_changes(b: Tenant, state: Path) -> None:
@@ -680,7 +730,7 @@ def member_count_changes(b: Tenant, state: Path) -> None:
           + "\n".join(detail[:4]))
     assert [d.split(":")[0] for d in detail[:2]] == ["added etcd member etcd-1", "added etcd member etcd-2"], detail
     assert not failed and ok > 0
-    members = json.loads(run_installer("etcd", "members", str(three), "--output", "json").stdout)
+    members = json.loads(run_installer("etcd", "members", str(three), "--state", str(state), "--output", "json").stdout)
     assert sorted(m["name"] for m in members) == ["etcd-0", "etcd-1", "etcd-2"], members
     assert not any(m["learner"] for m in members), members
     assert b.kubectl("get", "configmap", "before-members", check=False).returncode == 0
@@ -695,7 +745,8 @@ def member_count_changes(b: Tenant, state: Path) -> None:
     assert [d.split(" (")[0] for d in detail[:2]] == [
         "removed etcd member etcd-2, its pod and its volume claim data-etcd-2",
         "removed etcd member etcd-1, its pod and its volume claim data-etcd-1"], detail
-    members = json.loads(run_installer("etcd", "members", str(b.inventory), "--output", "json").stdout)
+    members = json.loads(run_installer("etcd", "members", str(b.inventory), "--state", str(state), "--output",
+                                      "json").stdout)
     assert [m["name"] for m in members] == ["etcd-0"], members
     claims = sorted(c["metadata"]["name"] for c in rc.get("pvc", "-n", "hp-tenant-b")["items"])
     assert claims == ["data-etcd-0"], claims

@@ -4,30 +4,34 @@ hosted tenant's member pods through the hosting cluster's API)."""
 
 from installer.actions.etcd_members import add as member_add
 from installer.actions.etcd_members import remove as member_remove
+from installer.core.cluster import Cluster
 from installer.core.etcd_rules import Member
 from installer.core.inventory import Inventory
 from installer.engine.planes.etcd_hosts import SnapshotInfo
 from installer.engine.run import open_run
 
 
-def members(inv: Inventory) -> list[Member]:
-    with open_run(inv) as run:
+def members(target: Cluster | Inventory) -> list[Member]:
+    """The members (``target``'s state is read, not held: this runs beside an apply)."""
+    with open_run(target, hold_state=False) as run:
         return run.plane.members(run)
 
 
-def snapshot_save(inv: Inventory, dest, force: bool = False) -> SnapshotInfo:
-    with open_run(inv) as run:
+def snapshot_save(target: Cluster | Inventory, dest, force: bool = False) -> SnapshotInfo:
+    """A snapshot written to ``dest`` (``target``'s state read, not held, as for ``members``)."""
+    with open_run(target, hold_state=False) as run:
         return run.plane.snapshot_save(run, dest, force=force)
 
 
-def restore_plan(inv: Inventory, snapshot: str, stamp: str) -> list[str]:
-    with open_run(inv) as run:
-        return run.plane.restore_plan(inv, snapshot, stamp)
+def restore_plan(target: Cluster | Inventory, snapshot: str, stamp: str) -> list[str]:
+    with open_run(target) as run:
+        return run.plane.restore_plan(run.inv, snapshot, stamp)
 
 
-def snapshot_restore(inv: Inventory, snapshot, wait_timeout: float = 120, log=print) -> list[str]:
-    """Restore ``snapshot`` into every member, holding the apply lock; the members restored."""
-    with open_run(inv, log=log) as run, run.hold():
+def snapshot_restore(target: Cluster | Inventory, snapshot, wait_timeout: float = 120, log=print) -> list[str]:
+    """Restore ``snapshot`` into every member, holding the state and the apply lock; the members
+    restored."""
+    with open_run(target, log=log) as run, run.hold():
         return run.plane.snapshot_restore(run, snapshot, wait_timeout)
 
 

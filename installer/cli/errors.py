@@ -35,6 +35,16 @@ def with_cluster(fn):
     return wrapper
 
 
+def reading_cluster(fn):
+    """``with_cluster`` for a command that only reads the state (the etcd member list, a snapshot
+    save: they run beside an apply, as a backup job does): resolved once, not held."""
+    @functools.wraps(fn)
+    def wrapper(*args, inventory, state_dir, **kwargs):
+        return fn(*args, cluster=api.resolve(inventory, state_dir), **kwargs)
+    wrapper.opens_cluster = True
+    return wrapper
+
+
 def systemd_only(command: str, instead: str = ""):
     """For a command that does not handle hosted control planes (under ``with_cluster``):
     refused on a hosted tenant before it does anything, saying what to use ``instead``."""

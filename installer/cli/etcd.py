@@ -6,9 +6,8 @@ import dataclasses
 
 import click
 
-from installer import api
 from installer.api import etcd as etcd_api
-from installer.cli.errors import domain_errors, systemd_only, with_cluster
+from installer.cli.errors import domain_errors, reading_cluster, systemd_only, with_cluster
 from installer.cli.options import DRY_RUN, OUTPUT, echo_json, echo_plan
 from installer.cli.output import human_size, nothing_without_yes, table
 
@@ -20,12 +19,15 @@ def etcd():
 
 @etcd.command()
 @click.argument("inventory", type=click.Path(dir_okay=False))
+@click.option("--state", "state_dir", type=click.Path(file_okay=False),
+              help="Local state directory (see apply): a hosted tenant's namespace must name it as its owner.")
 @OUTPUT
 @domain_errors
-def members(inventory, fmt):
+@reading_cluster
+def members(cluster, fmt):
     """List the etcd members (asked on the first reachable control host, or a hosted tenant's
     first ready member)."""
-    found = etcd_api.members(api.validate(inventory))
+    found = etcd_api.members(cluster)
     if fmt == "json":
         echo_json([dataclasses.asdict(m) for m in found])
         return
@@ -49,12 +51,15 @@ def snapshot():
 @click.argument("inventory", type=click.Path(dir_okay=False))
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--force", is_flag=True, help="Replace FILE if it exists (without: refused, exit 2).")
+@click.option("--state", "state_dir", type=click.Path(file_okay=False),
+              help="Local state directory (see apply): a hosted tenant's namespace must name it as its owner.")
 @OUTPUT
 @domain_errors
-def save(inventory, file, force, fmt):
+@reading_cluster
+def save(cluster, file, force, fmt):
     """Take a snapshot (etcdctl snapshot save) and write it to FILE (mode 0600). An existing
     FILE is refused unless --force."""
-    info = etcd_api.snapshot_save(api.validate(inventory), file, force=force)
+    info = etcd_api.snapshot_save(cluster, file, force=force)
     if fmt == "json":
         echo_json(dataclasses.asdict(info))
         return
@@ -67,20 +72,22 @@ def save(inventory, file, force, fmt):
 @click.argument("file", type=click.Path(dir_okay=False, exists=True))
 @click.option("--yes", is_flag=True, help="Really do it: the control plane is down during the restore.")
 @click.option("--wait-timeout", default=120.0, show_default=True, help="Seconds to wait for etcd health.")
+@click.option("--state", "state_dir", type=click.Path(file_okay=False),
+              help="Local state directory (see apply): a hosted tenant's namespace must name it as its owner.")
 @DRY_RUN
 @OUTPUT
 @domain_errors
-def restore(inventory, file, yes, wait_timeout, dry_run, fmt):
+@with_cluster
+def restore(cluster, file, yes, wait_timeout, dry_run, fmt):
     """Restore FILE on every etcd member (the control plane is stopped meanwhile). A hosted
     tenant's members are restored in place: their pods restart on the snapshot."""
-    inv = api.validate(inventory)
     if dry_run or not yes:
-        plan = etcd_api.restore_plan(inv, file, "<time>")
+        plan = etcd_api.restore_plan(cluster, file, "<time>")
         if not dry_run:
             nothing_without_yes("the restore", "restore", plan)
         echo_plan("the restore", plan, fmt)
         return
-    hosts = etcd_api.snapshot_restore(inv, file, wait_timeout=wait_timeout, log=_progress)
+    hosts = etcd_api.snapshot_restore(cluster, file, wait_timeout=wait_timeout, log=_progress)
     if fmt == "json":
         echo_json({"dryRun": False, "snapshot": file, "hosts": hosts})
         return

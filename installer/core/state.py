@@ -27,6 +27,7 @@ import datetime as dt
 import errno
 import fcntl
 import os
+import re
 import stat
 import threading
 from contextlib import contextmanager
@@ -52,6 +53,7 @@ NETWORK_HEADER = b"""\
 
 STATE_SUBDIR = ".hiddenplane"
 LOCK_NAME = ".lock"
+TENANT_ID = "tenant-id"
 
 
 def default_state_dir(inv: Inventory) -> Path:
@@ -204,6 +206,22 @@ class StateDir:
     def record_versions(self, versions: dict[str, str]) -> None:
         write_atomic(self.versions_path, VERSIONS_HEADER + yaml.safe_dump(dict(sorted(versions.items()))).encode(),
                      0o600)
+
+    # -- the owner id of a hosted tenant's namespace (core/tenancy.py), made by its first apply --
+    def tenant_id(self) -> str | None:
+        path = self.root / TENANT_ID
+        data = self._read(path) if self.secure() else None
+        if data is not None and not re.fullmatch(rb"[0-9a-f]{32}\n", data):
+            raise StateError(f"{path} is corrupt (it names this tenant's hosted namespace): restore it")
+        return data.decode().strip() if data else None
+
+    def ensure_tenant_id(self) -> str:
+        if self._fd is None:
+            raise StateError(f"state directory {self.root}: the tenant id is written only under its lock")
+        if not (found := self.tenant_id()):
+            found = os.urandom(16).hex()
+            write_atomic(self.root / TENANT_ID, found.encode() + b"\n", 0o600)
+        return found
 
     # -- permissions --
     def secure(self, create: bool = False) -> bool:

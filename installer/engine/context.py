@@ -85,7 +85,7 @@ class Context:
         if self.session is None:
             self.session = Session(self.inv, log=self.log, accept_new_host_keys=self.options.accept_new_host_keys)
         if self.plane is None:          # a Context made outside a Run (tests, the Python API)
-            self.plane = plane_for(self.inv, self.session)
+            self.plane = plane_for(self.inv, self.session, self.state)
 
     @property
     def remotes(self) -> dict[str, Remote]:

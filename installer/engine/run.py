@@ -83,18 +83,20 @@ class Run:
 
 @contextmanager
 def open_run(target: Cluster | Run | Inventory, *, log: Log = print, accept_new_host_keys: bool = False,
-             remote: Callable[..., Remote] = Remote) -> Iterator[Run]:
+             remote: Callable[..., Remote] = Remote, hold_state: bool = True) -> Iterator[Run]:
     """The command's Run on ``target``: a Cluster, opened here and closed at the end of the
-    block; a Run, the caller's, as it is; an Inventory, for a command that reads and writes no
-    state (the etcd member list and snapshots): its state directory is not held."""
+    block; a Run, the caller's, as it is; an Inventory, on its default state directory. The state
+    is held unless ``hold_state`` is False or ``target`` is an Inventory: a command that writes
+    none (the etcd member list, a snapshot save) runs beside an apply, and reads the state only
+    for a hosted tenant's owner id (core/tenancy.py)."""
     if isinstance(target, Run):
         yield target
         return
-    # an inventory alone: its default state directory, never read nor held here
     cluster = target if isinstance(target, Cluster) else Cluster(target, StateDir(default_state_dir(target)))
-    with cluster.state.locked(create=False) if isinstance(target, Cluster) else nullcontext(), \
+    hold = hold_state and isinstance(target, Cluster)
+    with cluster.state.locked(create=False) if hold else nullcontext(), \
             Session(cluster.inv, log=log, accept_new_host_keys=accept_new_host_keys, remote=remote) as session:
-        plane = plane_for(cluster.inv, session)
+        plane = plane_for(cluster.inv, session, cluster.state)
         try:
             yield Run(cluster, session, plane, log)
         finally:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from installer.core import tenancy
 from installer.core.errors import InstallerError
 from installer.core.inventory import Inventory
 from installer.core.tlsfiles import fd_path, memory_file
@@ -265,6 +266,28 @@ def delete_namespace(api: ApiClient, namespace: str, timeout: float, log: Callab
         time.sleep(2)
     log(f"  hosting: namespace {namespace} deleted ({len(claims.get('items', []))} volume claim(s) with it)")
     return True
+
+
+def _get(api: ApiClient, path: str) -> dict | None:
+    """The object at ``path``; None when there is none (404)."""
+    try:
+        return rest(api, "GET", path, path) or {}
+    except ApiError as e:
+        if e.status == 404:
+            return None
+        raise HostingError(f"{path}: {status_message(e)}") from None
+
+
+def check_owner(api: ApiClient, namespace: str, tenant: str, state_id: str | None) -> bool:
+    """Refuse (``tenancy.NotOurNamespace``) a namespace that is not ``tenant``'s or that another
+    state applied (core/tenancy.py); True when it exists and has no owner recorded yet."""
+    live = _get(api, f"/api/v1/namespaces/{namespace}")
+    owner = _get(api, f"/api/v1/namespaces/{namespace}/configmaps/{tenancy.OWNER}") if live is not None else None
+    problem = tenancy.ownership_problem(namespace, tenant, live, (owner or {}).get("data") if owner else None,
+                                        state_id)
+    if problem:
+        raise tenancy.NotOurNamespace(problem)
+    return live is not None and owner is None
 
 
 def _exists(api: ApiClient, path: str) -> bool:

@@ -15,13 +15,14 @@ from installer.engine.planes.base import CONTROL_PLANE_UNITS, ControlPlane
 from installer.engine.planes.systemd import SystemdPlane
 
 
-def plane_for(inv, session) -> ControlPlane:
-    """The plane of ``inv``'s cluster for one command (``session``: its connections)."""
+def plane_for(inv, session, state=None) -> ControlPlane:
+    """The plane of ``inv``'s cluster for one command (``session``: its connections; ``state``:
+    its state directory, which a hosted tenant's namespace records as its owner)."""
     if inv.hosted:
         # lazy: the hosting cluster's client and pods/exec (urllib3, websocket), for tenants only
         from installer.engine.planes.hosted import HostedPlane
-        return HostedPlane(inv, session)
-    return SystemdPlane(inv, session)
+        return HostedPlane(inv, session, state)
+    return SystemdPlane(inv, session, state)
 
 
 __all__ = ["CONTROL_PLANE_UNITS", "ControlPlane", "SystemdPlane", "plane_for"]

@@ -29,9 +29,10 @@ CONTROL_PLANE_UNITS = tuple(c.unit for c in components.COMPONENTS if c.role == c
 class ControlPlane:
     name = ""
 
-    def __init__(self, inv, session):
+    def __init__(self, inv, session, state=None):
         self.inv = inv
         self.session = session
+        self.state = state          # the command's state directory (a StateDir), when it has one
 
     # --- apply: where it runs ------------------------------------------------------------
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from installer.core import trust
+from installer.core import tenancy, trust
 from installer.core.etcd_rules import EtcdOpError
 from installer.core.render.pods import key_for
 from installer.core.render.tenant import namespace_object, render_tenant, tenant_plan_files
@@ -33,9 +33,10 @@ API_PROBES = 16
 class HostedPlane(ControlPlane):
     name = "hosted"
 
-    def __init__(self, inv, session):
-        super().__init__(inv, session)
+    def __init__(self, inv, session, state=None):
+        super().__init__(inv, session, state)
         self._api = None
+        self._owner_recorded = False
         self._held: tuple[str, str] | None = None
         self._workloads: list = []
 
@@ -48,10 +49,18 @@ class HostedPlane(ControlPlane):
         return f"hosting {self.namespace}"
 
     def api(self):
-        """The hosting cluster's client, made once per command."""
+        """The hosting cluster's client, made once per command: every command's first request
+        is the ownership guard (core/tenancy.py), before it reads or writes anything there."""
         if self._api is None:
-            from installer.host.hosting import hosting_client  # lazy: urllib3, for hosted tenants only
-            self._api = hosting_client(self.inv)
+            from installer.host import hosting  # lazy: urllib3, for hosted tenants only
+            api = hosting.hosting_client(self.inv)
+            try:
+                self._owner_recorded = hosting.check_owner(api, self.namespace, self.inv.metadata.name,
+                                                           self.state.tenant_id() if self.state else None)
+            except BaseException:
+                api.close()
+                raise
+            self._api = api
         return self._api
 
     # --- apply: the tenant's objects in its namespace -----------------------------------------
@@ -101,9 +110,10 @@ class HostedPlane(ControlPlane):
         from installer.host.hosting import HostingError  # lazy: urllib3, for hosted tenants only
         try:
             self._take(force=ctx.options.force_unlock)
+            recorded = self._record_owner()
         except HostingError as e:
             raise HostError(target, str(e)) from None
-        return ["the apply lock (a Lease) taken"]
+        return ["the apply lock (a Lease) taken", *recorded]
 
     def hold(self, run, skip: frozenset[str] = frozenset()) -> None:
         self._take()
@@ -115,6 +125,17 @@ class HostedPlane(ControlPlane):
         hosting.converge(self.api(), [namespace_object(self.inv)], self.inv.spec.kubernetes.version)
         if hosting.take_lease(self.api(), self.namespace, self.session.run_id, force=force):
             self._held = (self.namespace, self.session.run_id)
+
+    def _record_owner(self) -> list[str]:
+        """This state recorded as the namespace's owner, by the first apply that holds its Lease
+        (the guard in ``api`` let it in: the namespace is new, or labelled for this tenant)."""
+        if self._owner_recorded or self.state is None:
+            return []
+        from installer.host import hosting  # lazy: urllib3, for hosted tenants only
+        owner = tenancy.owner_object(self.namespace, self.inv.metadata.name, self.state.ensure_tenant_id())
+        hosting.converge(self.api(), [owner], self.inv.spec.kubernetes.version)
+        self._owner_recorded = True
+        return [f"this state recorded as the owner of namespace {self.namespace} (ConfigMap {tenancy.OWNER})"]
 
     def release(self) -> None:
         from installer.host import hosting  # lazy: urllib3, for hosted tenants only

@@ -1,0 +1,61 @@
+"""Who owns a hosted tenant's namespace (pure: the rule, and the object that records it).
+
+A tenant's namespace holds its keys and its etcd volumes, and its reset deletes it: a command
+must never act on a namespace that is not its tenant's. Names collide easily (two teams call
+their cluster ``prod``; an inventory names an application's namespace, or the other tenant's),
+so the namespace proves whose it is in two steps:
+
+- its label ``hiddenplane.io/tenant`` is the tenant's name: the installer set it when it made the
+  namespace (or the hosting cluster's admin did, making one for this tenant). A namespace without
+  it is never adopted, written or deleted;
+- the ConfigMap ``hiddenplane-owner`` in it names the state directory that applied the tenant
+  there: a random id the state keeps (``StateDir.tenant_id``), written by the first apply. Another
+  state (another cluster of the same name, a wrong ``--state``) holds another id, or none.
+
+A namespace whose owner is not recorded yet (made by a release before this one, or by the
+hosting admin for a tenant not applied yet) passes on its label; the next apply records the
+owner. The apply's CA guard (core/trust.py) still compares the CA files the namespace holds.
+"""
+
+from __future__ import annotations
+
+from installer.core.errors import StateError
+from installer.core.render.manifests import LABELS
+from installer.core.render.tenant import TENANT_LABEL
+
+OWNER = "hiddenplane-owner"         # the ConfigMap naming the state that applied the tenant
+SHOWN = 8                           # characters of an id in a message (it is no secret: a tag)
+
+
+class NotOurNamespace(StateError):
+    """The namespace an inventory names is not its tenant's: nothing was changed."""
+
+
+def owner_object(namespace: str, tenant: str, state_id: str) -> dict:
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": OWNER, "namespace": namespace, "labels": {**LABELS, TENANT_LABEL: tenant}},
+            "data": {"tenant": tenant, "state": state_id}}
+
+
+def ownership_problem(namespace: str, tenant: str, live: dict | None, owner: dict | None,
+                      state_id: str | None) -> str | None:
+    """Why ``namespace`` (``live``: the object, None when there is none) may not be used for
+    ``tenant`` by the state whose id is ``state_id`` (``owner``: the data of its owner ConfigMap,
+    None when it has none), or None."""
+    if live is None:
+        return None                 # none yet: apply makes it
+    labels = (live.get("metadata") or {}).get("labels") or {}
+    if labels.get(TENANT_LABEL) != tenant:
+        found = f"is {labels[TENANT_LABEL]!r}" if TENANT_LABEL in labels else "is missing"
+        return (f"namespace {namespace} in the hosting cluster is not tenant {tenant}'s (its label {TENANT_LABEL} "
+                f"{found}): the installer never adopts, writes or deletes a namespace it did not make for this "
+                "tenant; name the tenant's own namespace (spec.controlPlane.hosted.namespace); nothing was changed")
+    if owner is None:
+        return None                 # not recorded yet: the next apply does
+    recorded = owner.get("state") or ""
+    if recorded != state_id:
+        ours = f"{state_id[:SHOWN]}…" if state_id else "none"
+        return (f"namespace {namespace} in the hosting cluster holds another tenant named {tenant}: another state "
+                f"directory applied it (its owner id {recorded[:SHOWN]}…, this state's {ours}). Two clusters "
+                "with one name, or a wrong --state; nothing was changed")
+    return None
