@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import time
 
 import pytest
 import yaml
@@ -310,12 +311,26 @@ def test_the_ca_guard_compares_what_the_hosting_cluster_holds(rendered):
 
 # --- the hosting cluster's kubeconfig ----------------------------------------------------------------
 
-def _kubeconfig(tmp_path, cluster: dict, user: dict) -> None:
+def _ca_data() -> str:
+    import base64
+    import datetime as dt
+
+    from installer.core.pki import issue as pki_issue
+    key = pki_issue.new_key("ecdsa-p256")
+    cert = pki_issue.make_ca("hosting-ca", key, 1, dt.datetime.now(dt.timezone.utc))
+    return base64.b64encode(pki_issue.cert_pem(cert)).decode()
+
+
+CA_DATA = _ca_data()
+
+
+def _kubeconfig(tmp_path, cluster: dict, user: dict, **extra) -> None:
     (tmp_path / "hosting.kubeconfig").write_text(yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "k", "cluster": {"server": "https://10.0.0.1:6443", **cluster}}],
+        "clusters": [{"name": "k", "cluster": {"server": "https://10.0.0.1:6443",
+                                               "certificate-authority-data": CA_DATA, **cluster}}],
         "users": [{"name": "u", "user": user}],
-        "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}]}))
+        "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}], **extra}))
 
 
 @pytest.mark.parametrize("cluster, user, message", [
@@ -324,7 +339,17 @@ def _kubeconfig(tmp_path, cluster: dict, user: dict) -> None:
     ({}, {"auth-provider": {"name": "gcp"}}, "a user with auth-provider is not supported"),
     ({}, {}, "its user has no client certificate and key, and no token"),
     ({"server": "http://10.0.0.1:8080"}, {"token": "t"}, "the cluster's server must be an https:// URL"),
-    ({"certificate-authority": "missing-ca.crt"}, {"token": "t"}, "certificate-authority"),
+    ({"certificate-authority": "missing-ca.crt", "certificate-authority-data": None}, {"token": "t"},
+     "certificate-authority"),
+    # the system's roots would let any public CA's certificate for that address pass
+    ({"certificate-authority-data": None}, {"token": "t"}, "the cluster has no certificate-authority"),
+    ({"certificate-authority-data": "bm90IGEgY2VydA=="}, {"token": "t"}, "certificate-authority is not a PEM"),
+    # what kubectl acts on and this client would not: refused by name, never dropped
+    ({"proxy-url": "http://proxy:3128"}, {"token": "t"}, "the cluster's proxy-url is not supported"),
+    ({}, {"token": "t", "as": "system:admin"}, "the user's as is not supported"),
+    ({}, {"token": "t", "as-groups": ["system:masters"]}, "the user's as-groups is not supported"),
+    ({}, {"username": "admin", "password": "p"}, "the user's password, username is not supported"),
+    ({}, {"tokenFile": "/run/token"}, "the user's tokenFile is not supported"),
 ])
 def test_a_hosting_kubeconfig_that_would_skip_verification_or_run_a_program_is_refused(tmp_path, doc, cluster,
                                                                                          user, message):
@@ -332,6 +357,25 @@ def test_a_hosting_kubeconfig_that_would_skip_verification_or_run_a_program_is_r
     inv = parse(doc, tmp_path)
     _kubeconfig(tmp_path, cluster, user)
     with pytest.raises(hosting.HostingError, match=message):
+        hosting.hosting_client(inv)
+
+
+@pytest.mark.parametrize("section", ["clusters", "users", "contexts"])
+def test_a_hosting_kubeconfig_naming_an_entry_twice_is_refused(tmp_path, doc, section):
+    """kubectl reads one entry per name: a second of the same name is refused, not chosen."""
+    from installer.host import hosting
+    inv = parse(doc, tmp_path)
+    twice = {"clusters": {"name": "k", "cluster": {"server": "https://10.9.9.9:6443", "certificate-authority-data":
+                                                   CA_DATA}},
+             "users": {"name": "u", "user": {"token": "other"}},
+             "contexts": {"name": "c", "context": {"cluster": "k", "user": "u"}}}[section]
+    _kubeconfig(tmp_path, {}, {"token": "t"})
+    path = tmp_path / "hosting.kubeconfig"
+    kc = yaml.safe_load(path.read_text())
+    kc[section].append(twice)
+    path.write_text(yaml.safe_dump(kc))
+    name = twice["name"]
+    with pytest.raises(hosting.HostingError, match=f"2 {section} named '{name}': give each one name only once"):
         hosting.hosting_client(inv)
 
 
@@ -557,6 +601,90 @@ def _ca_and_server(tmp_path, san: str):
     return tmp_path / "ca.crt", tmp_path / "srv.pem"
 
 
+def _tls_listener(tmp_path, answer: bytes):
+    """A TLS server on loopback (a certificate for 127.0.0.1 of its own CA) answering its first
+    request with ``answer``; what it received goes to the list it returns."""
+    import socket
+    import ssl
+    import threading
+    ca, srv = _ca_and_server(tmp_path, "127.0.0.1")
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(str(srv))
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    seen: list[bytes] = []
+
+    def serve():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                with ctx.wrap_socket(conn, server_side=True) as tls:
+                    seen.append(tls.recv(4096))
+                    tls.sendall(answer)
+            except (ssl.SSLError, OSError):
+                seen.append(b"")
+    threading.Thread(target=serve, daemon=True).start()
+    return ca, listener, seen
+
+
+def _plain_listener():
+    import socket
+    import threading
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    seen: list[bytes] = []
+
+    def serve():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(2)
+                try:
+                    seen.append(conn.recv(4096) or b"(connected)")
+                except OSError:
+                    seen.append(b"(connected)")
+    threading.Thread(target=serve, daemon=True).start()
+    return listener, seen
+
+
+def test_the_exec_stream_follows_no_redirect_and_takes_no_proxy_from_the_environment(tmp_path, doc, monkeypatch):
+    """An API (or someone who answers as it) redirecting the exec stream elsewhere, even to
+    ws://, gets no second request and so never the bearer token; https_proxy in the environment
+    is not used (the REST client ignores it too): the stream goes to the API server alone."""
+    from installer.host import hosting, podexec
+    elsewhere, went = _plain_listener()
+    proxy, proxied = _plain_listener()
+    monkeypatch.setenv("https_proxy", f"http://127.0.0.1:{proxy.getsockname()[1]}")
+    monkeypatch.setenv("HTTPS_PROXY", f"http://127.0.0.1:{proxy.getsockname()[1]}")
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    redirect = (f"HTTP/1.1 307 Temporary Redirect\r\nLocation: ws://127.0.0.1:{elsewhere.getsockname()[1]}/steal"
+                "\r\nContent-Length: 0\r\n\r\n").encode()
+    ca, api_server, seen = _tls_listener(tmp_path, redirect)
+    inv = parse(doc, tmp_path)
+    _kubeconfig(tmp_path, {"server": f"https://127.0.0.1:{api_server.getsockname()[1]}",
+                           "certificate-authority": str(ca), "certificate-authority-data": None},
+                {"token": "s3cr3t-token"})
+    client = hosting.hosting_client(inv)
+    try:
+        with pytest.raises(podexec.ExecError, match="redirect, which is not followed"):
+            podexec.pod_exec(client, "hp-t", "etcd-0", "etcd", ["/bin/true"], timeout=10)
+        time.sleep(0.5)
+    finally:
+        for s in (elsewhere, proxy, api_server):
+            s.close()
+    assert len(seen) == 1 and b"GET /api/v1/namespaces/hp-t/pods/etcd-0/exec?" in seen[0], seen
+    assert went == [] and proxied == [], (went, proxied)
+
+
 @pytest.mark.parametrize("san, refused", [("127.0.0.2", True), ("127.0.0.1", False)])
 def test_the_exec_stream_checks_the_hosting_servers_name(tmp_path, doc, san, refused):
     """Someone on the network between this machine and the hosting cluster, holding a certificate
@@ -588,7 +716,8 @@ def test_the_exec_stream_checks_the_hosting_servers_name(tmp_path, doc, san, ref
     t = threading.Thread(target=serve, daemon=True)
     t.start()
     inv = parse(doc, tmp_path)
-    _kubeconfig(tmp_path, {"server": f"https://127.0.0.1:{port}", "certificate-authority": str(ca)},
+    _kubeconfig(tmp_path, {"server": f"https://127.0.0.1:{port}", "certificate-authority": str(ca),
+                           "certificate-authority-data": None},
                 {"token": "s3cr3t-token"})
     client = hosting.hosting_client(inv)
     with pytest.raises(podexec.ExecError) as err:

@@ -47,9 +47,16 @@ def _data(entry: dict, key: str, base: Path, what: str) -> bytes | None:
     return None
 
 
+# the kubeconfig fields this client acts on as kubectl does (extensions carry nothing it acts on)
+CLUSTER_FIELDS = frozenset({"server", "certificate-authority", "certificate-authority-data", "tls-server-name",
+                            "insecure-skip-tls-verify", "extensions"})
+USER_FIELDS = frozenset({"client-certificate", "client-certificate-data", "client-key", "client-key-data", "token",
+                         "exec", "auth-provider", "extensions"})
+
+
 def hosting_client(inv: Inventory) -> ApiClient:
     """An ApiClient for the hosting cluster of ``inv`` (spec.controlPlane.hosted.kubeconfig and
-    its context), verifying the server with the kubeconfig's CA (the system's when it names none)."""
+    its context), verifying the server with the kubeconfig's CA, which it must name."""
     assert inv.hosted is not None
     path = (inv.base_dir / Path(inv.hosted.kubeconfig).expanduser()).resolve()
     what = f"spec.controlPlane.hosted.kubeconfig {path}"
@@ -63,10 +70,16 @@ def hosting_client(inv: Inventory) -> ApiClient:
         raise HostingError(f"{what}: not a kubeconfig")
 
     def named(section: str, name: str | None) -> dict:
-        for item in doc.get(section) or []:
-            if isinstance(item, dict) and item.get("name") == name:
-                return item.get(section[:-1]) or {}
-        raise HostingError(f"{what}: no {section[:-1]} named {name!r}")
+        # kubectl reads one entry per name; a second one would be another reader's choice
+        found = [item for item in doc.get(section) or [] if isinstance(item, dict) and item.get("name") == name]
+        if len(found) > 1:
+            raise HostingError(f"{what}: {len(found)} {section} named {name!r}: give each one name only once")
+        if not found:
+            raise HostingError(f"{what}: no {section[:-1]} named {name!r}")
+        entry = found[0].get(section[:-1]) or {}
+        if not isinstance(entry, dict):
+            raise HostingError(f"{what}: {section[:-1]} {name!r} is not a mapping")
+        return entry
     context = named("contexts", inv.hosted.context or doc.get("current-context"))
     cluster, user = named("clusters", context.get("cluster")), named("users", context.get("user"))
     if cluster.get("insecure-skip-tls-verify"):
@@ -76,26 +89,45 @@ def hosting_client(inv: Inventory) -> ApiClient:
         if user.get(plugin):
             raise HostingError(f"{what}: a user with {plugin} is not supported (the installer runs no program a "
                                "kubeconfig names): use a client certificate or a token")
+    # a field kubectl acts on and this client would not (a proxy, impersonation, a password) is
+    # refused by name: silently dropping it would act as someone else, by another road
+    for kind, entry, known in (("cluster", cluster, CLUSTER_FIELDS), ("user", user, USER_FIELDS)):
+        unknown = sorted(k for k in entry if k not in known and entry[k] not in (None, "", False, [], {}))
+        if unknown:
+            raise HostingError(f"{what}: the {kind}'s {', '.join(unknown)} is not supported (the installer "
+                               f"would not act on it as kubectl does): remove it, or use a kubeconfig without it")
     server = cluster.get("server")
     if not isinstance(server, str) or not server.startswith("https://"):
         raise HostingError(f"{what}: the cluster's server must be an https:// URL")
     base = path.parent
     ca = _data(cluster, "certificate-authority", base, what)
+    if not ca:
+        raise HostingError(f"{what}: the cluster has no certificate-authority(-data): the hosting cluster's "
+                           "certificate is verified against its own CA only, never the system's roots")
     cert, key = _data(user, "client-certificate", base, what), _data(user, "client-key", base, what)
 
+    token = user.get("token")
+    if not token and not (cert and key):
+        raise HostingError(f"{what}: its user has no client certificate and key, and no token")
+
     def context() -> ssl.SSLContext:
-        ctx = ssl.create_default_context(cadata=ca.decode() if ca else None)
+        try:
+            ctx = ssl.create_default_context(cadata=ca.decode(errors="replace"))
+        except ssl.SSLError:
+            raise HostingError(f"{what}: the cluster's certificate-authority is not a PEM certificate") from None
         if cert and key:
             with memory_file(cert + b"\n" + key) as fd:
-                ctx.load_cert_chain(fd_path(fd))
+                try:
+                    ctx.load_cert_chain(fd_path(fd))
+                except ssl.SSLError:
+                    # never the bytes: they hold the key
+                    raise HostingError(f"{what}: the user's client-certificate and client-key are not a PEM "
+                                       "certificate and its key") from None
         return ctx
     client = ApiClient(server, context(), cluster.get("tls-server-name"))
     client.stream_context = context()       # check_hostname stays on: websocket-client checks nothing itself
-    token = user.get("token")
     if token:
         client.headers = {"Authorization": f"Bearer {token}"}
-    elif not (cert and key):
-        raise HostingError(f"{what}: its user has no client certificate and key, and no token")
     return client
 
 

@@ -16,9 +16,10 @@ verified against the kubeconfig's CA and the name, its client certificate or tok
 from __future__ import annotations
 
 import json
+import socket
 import time
 from dataclasses import dataclass
-from urllib.parse import quote, urlencode
+from urllib.parse import quote, urlencode, urlsplit
 
 from installer.core.errors import InstallerError
 from installer.host.kube import ApiClient
@@ -61,6 +62,18 @@ def exec_url(api: ApiClient, namespace: str, pod: str, container: str, argv: lis
     return "wss://" + api.host.removeprefix("https://") + path + "?" + urlencode(query)
 
 
+def _server_socket(api: ApiClient, timeout: float):
+    """A TLS connection to the API server of ``api`` (its stream context: its CA, its client
+    certificate, the name checked), nothing else in between."""
+    url = urlsplit(api.host)
+    raw = socket.create_connection((url.hostname, url.port or 443), timeout=timeout)
+    try:
+        return api.stream_context.wrap_socket(raw, server_hostname=api.tls_server_name or url.hostname)
+    except BaseException:
+        raw.close()
+        raise
+
+
 def pod_exec(api: ApiClient, namespace: str, pod: str, container: str, argv: list[str],
              stdin: bytes | None = None, timeout: float = 300.0) -> ExecResult:
     """Run ``argv`` (no shell unless it names one) in ``container`` of ``pod``; ``stdin`` sent
@@ -72,11 +85,13 @@ def pod_exec(api: ApiClient, namespace: str, pod: str, container: str, argv: lis
         raise ExecError("this API client cannot open streams")
     where = f"pod {namespace}/{pod} ({container})"
     try:
+        # the connection is made here, to the API server only: the WebSocket library would take a
+        # proxy from https_proxy and follow a redirect (3 by default) with the bearer token, to
+        # any URL, ws:// too; the REST client does neither
         ws = websocket.create_connection(
             exec_url(api, namespace, pod, container, argv, stdin is not None),
             subprotocols=[PROTOCOL], header=[f"{k}: {v}" for k, v in api.headers.items()],
-            sslopt={"context": api.stream_context, "server_hostname": api.tls_server_name}, timeout=timeout,
-            enable_multithread=False)
+            socket=_server_socket(api, timeout), redirect_limit=0, timeout=timeout, enable_multithread=False)
     except websocket.WebSocketBadStatusException as e:
         body = e.resp_body.decode(errors="replace") if isinstance(e.resp_body, bytes) else str(e.resp_body or "")
         try:
@@ -85,6 +100,8 @@ def pod_exec(api: ApiClient, namespace: str, pod: str, container: str, argv: lis
             pass
         raise ExecError(f"exec in {where}: {e.status_code} {body}"[:500]) from None
     except (OSError, websocket.WebSocketException) as e:
+        if "Redirect" in str(e):
+            raise ExecError(f"exec in {where}: the API answered with a redirect, which is not followed") from None
         raise ExecError(f"exec in {where}: cannot connect: {e}") from None
     out, err, status = bytearray(), bytearray(), None
     deadline = time.monotonic() + timeout
