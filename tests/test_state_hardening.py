@@ -424,3 +424,51 @@ def test_sigkill_while_the_api_client_loads_its_key_leaves_nothing_in_tmpdir(tmp
                           env={**os.environ, "TMPDIR": str(tmpdir)}, stdin=subprocess.DEVNULL, timeout=120)
     assert proc.returncode == -signal.SIGKILL
     assert leaked(tmpdir, secrets_of(state)) == [] and list(tmpdir.iterdir()) == []
+
+
+# --- the inventory and the hosting kubeconfig: the operator's word, read as it is ------------------
+
+@as_root
+@pytest.mark.parametrize("attack, needle", [
+    (lambda inv: os.chmod(inv, 0o646), "is world-writable (mode 0646)"),
+    (lambda inv: os.chown(inv, NOBODY, NOBODY), f"is owned by uid {NOBODY}, not you"),
+    (lambda inv: os.chmod(inv.parent, 0o777), "is group- and world-writable (mode 0777)"),
+    (lambda inv: os.chown(inv.parent, NOBODY, NOBODY), f"is owned by uid {NOBODY}, not you"),
+])
+def test_an_inventory_someone_else_could_have_written_is_refused(site, attack, needle):
+    """An inventory is what the installer does to the hosts: one another user owns, or could
+    change through its directory, is refused naming it (exit 2), before any host or state."""
+    attack(site)
+    for args in (("validate", site), ("plan", site)):
+        refused(installer(*args), str(site), needle, "whoever can change it")
+
+
+@as_root
+def test_an_inventory_reached_through_a_link_in_a_writable_directory_is_refused(site, tmp_path):
+    """A link is only as safe as the directory holding it: through a world-writable one, anyone
+    could point it at another inventory."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    (shared / "cluster.yaml").symlink_to(site)
+    refused(installer("validate", shared / "cluster.yaml"), "shared is group- and world-writable (mode 0777)")
+    # and a link in a safe directory to a safe file is fine
+    (site.parent / "link.yaml").symlink_to(site.name)
+    assert installer("validate", site.parent / "link.yaml").returncode == 0
+
+
+@as_root
+def test_a_hosting_kubeconfig_someone_else_could_have_written_is_refused(tmp_path):
+    """The hosting kubeconfig says which cluster gets a tenant's keys, with whose credentials."""
+    import copy
+
+    from installer.core import inventory as inventory_mod
+    from installer.host import hosting
+
+    from .test_hosted import TENANT, _kubeconfig
+    _kubeconfig(tmp_path, {}, {"token": "t"})
+    inv = inventory_mod.parse(copy.deepcopy(TENANT), base_dir=tmp_path)
+    hosting.hosting_client(inv)                                   # as it is: read
+    os.chmod(tmp_path / "hosting.kubeconfig", 0o646)
+    with pytest.raises(hosting.HostingError, match="it is world-writable .*point the installer at another cluster"):
+        hosting.hosting_client(inv)

@@ -22,6 +22,7 @@ from installer.core.errors import InventoryError
 from installer.core.inventory_fields import API_VERSION, MAX_LINE, MAX_PROBLEMS, quoted
 from installer.core.inventory_model import BastionSpec, HostSpec, Inventory, SSHSpec
 from installer.core.inventory_rules import cluster_problems
+from installer.core.safefs import input_file_problem
 
 # the face of the inventory: callers import these from here, not from the parts
 __all__ = ["BastionSpec", "HostSpec", "Inventory", "SSHSpec", "MAX_LINE", "MAX_PROBLEMS", "as_inventory",
@@ -102,6 +103,8 @@ def parse(data: Any, source: str = "inventory", base_dir: Path | None = None,
 def load(path: str | Path) -> Inventory:
     """Read, parse (bounded: see installer/core/yamlsafe.py) and validate the inventory at ``path``."""
     path = Path(path)
+    if (why := input_file_problem(path)) is not None:
+        raise InventoryError(str(path), [f"(file): {why}: whoever can change it can change what is done to the hosts"])
     try:
         raw = yamlsafe.read(path)
     except OSError as e:

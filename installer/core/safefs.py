@@ -161,3 +161,33 @@ def secure_path(root: Path, create: bool) -> Path | None:
         cur = nxt
     check(cur, os.lstat(cur), last=True)      # a path ending in ".." ends on a directory checked as a parent
     return cur
+
+
+def input_file_problem(path: Path) -> str | None:
+    """Why a file the installer reads as the operator's word (the inventory, the hosting
+    kubeconfig) could have been written by someone else, or None: the file and every directory
+    above it, as named and as resolved (a link is only as safe as the directory holding it), must
+    be the user's or root's (under sudo also the invoking user's) and writable by nobody else (a
+    sticky root directory such as /tmp excepted for the directories). Missing: None (the caller
+    reports that). The same owners and modes as the state directory's parents."""
+    euid = os.geteuid()
+    given = Path(path).absolute()
+    try:
+        real = Path(os.path.realpath(given))
+        st = os.stat(real)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return "it is not a regular file"
+    if st.st_uid not in _trusted_owners(euid):
+        return f"it is owned by uid {st.st_uid}, not you (uid {euid})" + (" or root" if euid else "")
+    if (why := mode_problem(stat.S_IMODE(st.st_mode), st)) is not None:
+        return f"it is {why}"
+    for d in dict.fromkeys([*given.parents, *real.parents]):
+        try:
+            dst = os.lstat(d) if d in real.parents else os.stat(d)
+        except OSError:
+            continue
+        if (why := _dir_problem(dst, euid, parent=True)) is not None:
+            return f"its directory {d} is {why}"
+    return None

@@ -22,6 +22,7 @@ import yaml
 from installer.core import tenancy
 from installer.core.errors import InstallerError
 from installer.core.inventory import Inventory
+from installer.core.safefs import input_file_problem
 from installer.core.tlsfiles import fd_path, memory_file
 from installer.host.kube import ApiClient, ApiError, rest, status_message
 from installer.host.kube_objects import apply_objects, plan_objects
@@ -60,6 +61,9 @@ def hosting_client(inv: Inventory) -> ApiClient:
     assert inv.hosted is not None
     path = (inv.base_dir / Path(inv.hosted.kubeconfig).expanduser()).resolve()
     what = f"spec.controlPlane.hosted.kubeconfig {path}"
+    if (why := input_file_problem(path)) is not None:
+        raise HostingError(f"{what}: {why}: whoever can change it can point the installer at another cluster "
+                           "or credentials; fix that, or move the file")
     try:
         doc = yaml.safe_load(path.read_text())
     except OSError as e:
