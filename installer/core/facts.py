@@ -65,11 +65,13 @@ class HostFacts:
     files: dict[str, FileFact] = field(default_factory=dict)
     dirs: dict[str, DirFact] = field(default_factory=dict)
     units: dict[str, tuple[str, str]] = field(default_factory=dict)  # unit -> (active, enabled)
-    trusted: dict[str, bytes] = field(default_factory=dict)   # CA certificate file -> its content
+    # certificate file -> its content (public): the CA files and the leaf certificates the plan
+    # manages, for the CA guard and the stale-leaf guard (core/trust.py)
+    certs: dict[str, bytes] = field(default_factory=dict)
 
 
 def probe_input(files: list[str], dirs: list[str], units: list[str], trust: list[str] = ()) -> bytes:
-    """``trust``: CA certificate files whose content the probe returns (public; a few KiB)."""
+    """``trust``: certificate files whose content the probe returns (public; a few KiB each)."""
     lines = ([f"F\t{p}" for p in files] + [f"D\t{d}" for d in dirs] + [f"U\t{u}" for u in units]
              + [f"C\t{p}" for p in trust])
     return ("\n".join(lines) + "\n").encode()
@@ -130,7 +132,7 @@ def parse(output: str) -> HostFacts:
             facts.units[cols[0]] = (cols[1], cols[2])
         elif kind == "C" and len(cols) == 2:
             try:
-                facts.trusted[cols[0]] = base64.b64decode(cols[1], validate=True)
+                facts.certs[cols[0]] = base64.b64decode(cols[1], validate=True)
             except ValueError:
                 raise ValueError(f"the facts probe sent unreadable content for {cols[0]}") from None
     if not complete:

@@ -11,9 +11,10 @@ new). A host without the file trusts nothing yet and is not compared.
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
@@ -64,12 +65,46 @@ def certificates(pem: bytes) -> tuple[Cert, ...]:
     return tuple(out)
 
 
+def certificate_paths(plan: HostPlan) -> list[str]:
+    """The files of ``plan`` whose content the guards read where they are held: its CA files and
+    its leaf certificates (``.crt``; public)."""
+    return [f.path for f in plan.files.values() if f.trust or f.path.endswith(".crt")]
+
+
 def mismatches(plans: Mapping[str, HostPlan], facts: Mapping[str, HostFacts]) -> list[Mismatch]:
     """Pure: every managed CA file whose copy on the host shares no certificate with the plan's."""
     out = []
     for host, plan in plans.items():
         if host in facts:
-            out += held_mismatches(host, plan, facts[host].trusted)
+            out += held_mismatches(host, plan, facts[host].certs)
+    return out
+
+
+@dataclass(frozen=True)
+class Older:
+    """A leaf certificate the state would push over a newer one of the same CA."""
+    host: str
+    path: str
+    on_host: dt.datetime
+    in_state: dt.datetime
+
+
+def older_leaves(where: str, plan: HostPlan, held: Mapping[str, bytes]) -> list[Older]:
+    """Pure: each leaf certificate of ``plan`` (not a CA file) whose copy in ``held`` was issued
+    later by the same CA. The state issues every one of them: one newer where it is held was
+    issued by a newer copy of the state (a renewal, maybe after a key leaked), and pushing the
+    older one would bring the replaced key back."""
+    out = []
+    for f in plan.files.values():
+        have = held.get(f.path) if not f.trust and f.path.endswith(".crt") else None
+        if have is None or have == f.content:
+            continue
+        try:
+            live, ours = x509.load_pem_x509_certificate(have), x509.load_pem_x509_certificate(f.content)
+        except ValueError:
+            continue
+        if live.issuer == ours.issuer and live.not_valid_before_utc > ours.not_valid_before_utc:
+            out.append(Older(where, f.path, live.not_valid_before_utc, ours.not_valid_before_utc))
     return out
 
 
@@ -107,9 +142,28 @@ def message(found: list[Mismatch], state_root: str, new_ca: bool) -> str:
     return "\n".join(lines)
 
 
+def older_message(found: list[Older], state_root: str) -> str:
+    lines = [f"the hosts hold newer certificates than the state directory {state_root} (a copy from before a "
+             "renewal?): nothing was changed"]
+    lines += [f"  {o.host} {o.path}: issued {o.on_host:%Y-%m-%d %H:%M} UTC there, {o.in_state:%Y-%m-%d %H:%M} UTC "
+              "in the state" for o in found[:SHOWN]]
+    if len(found) > SHOWN:
+        lines.append(f"  ... and {len(found) - SHOWN} more")
+    lines += ["what to do:",
+              "  use the state directory that issued them (--state DIR); pushing these would bring back the keys a "
+              "renewal replaced",
+              "  the state is the only one left? run `installer certs renew INVENTORY` from it first"]
+    return "\n".join(lines)
+
+
 def check(plans: Mapping[str, HostPlan], facts: Mapping[str, HostFacts], state_root: str, new_ca: bool,
-          more: list[Mismatch] = ()) -> None:
-    """``more``: mismatches found elsewhere (a hosted tenant's hosting cluster)."""
-    found = mismatches(plans, facts) + list(more)
+          more: Sequence[tuple[str, HostPlan, Mapping[str, bytes]]] = ()) -> None:
+    """``more``: certificates held elsewhere (a hosted tenant's, in its hosting cluster), as
+    (where, the plan of what is written there, path -> content)."""
+    held = [(host, plans[host], facts[host].certs) for host in plans if host in facts] + list(more)
+    found = [m for where, plan, certs in held for m in held_mismatches(where, plan, certs)]
     if found:
         raise TrustMismatch(message(found, state_root, new_ca))
+    older = [o for where, plan, certs in held for o in older_leaves(where, plan, certs)]
+    if older:
+        raise TrustMismatch(older_message(older, state_root))

@@ -4,7 +4,7 @@ unit belongs to exactly one phase (a test checks the partition)."""
 
 from __future__ import annotations
 
-from installer.core import components
+from installer.core import components, trust
 from installer.core.diff import Selection
 from installer.core.render.files import HostPlan
 from installer.core.render.worker import KUBELET_KUBECONFIG
@@ -47,10 +47,10 @@ def binaries_part(ctx: Context, host: str) -> Selection:
 
 def managed_paths(ctx: Context, host: str) -> tuple[list[str], list[str], list[str], list[str]]:
     """Everything the probe must look at on ``host``: planned files and binaries, dirs, units,
-    and the CA certificate files whose content it returns."""
+    and the certificate files whose content it returns (core/trust.py: CAs and leaves)."""
     plan = ctx.plans[host]
     files = probed_files(plan) + [f.path for f in binaries_part(ctx, host).files]
-    return files, list(plan.dirs), list(plan.units), [f.path for f in plan.files.values() if f.trust]
+    return files, list(plan.dirs), list(plan.units), trust.certificate_paths(plan)
 
 
 def probed_files(plan: HostPlan) -> list[str]:

@@ -36,7 +36,7 @@ class ConnectHosts(Phase):
     def finish(self, ctx: Context, events: list[Event]) -> None:
         ctx.rerender()
         trust.check(ctx.plans, ctx.facts, str(ctx.state.root), "ca" in ctx.pki_changes.reasons,
-                    more=ctx.plane.trust_mismatches(ctx))
+                    more=ctx.plane.held_certificates(ctx))
         refuse_revoked_before_changes(ctx)
         if ctx.check is not None:
             ctx.check(ctx)

@@ -18,7 +18,7 @@ roll (actions/renew.py), read by their fields.
 
 from __future__ import annotations
 
-from installer.core import components, trust
+from installer.core import components
 from installer.core.diff import HostChanges
 from installer.host import waits
 
@@ -109,8 +109,9 @@ class ControlPlane:
 
     # --- what apply reads ---------------------------------------------------------------------
 
-    def trust_mismatches(self, ctx) -> list[trust.Mismatch]:
-        """The CA guard beyond the hosts' files (core/trust.py): what else holds the CAs."""
+    def held_certificates(self, ctx) -> list[tuple[str, object, dict[str, bytes]]]:
+        """The certificates held beyond the hosts' files, for the CA and stale-leaf guards
+        (core/trust.py): (where, the plan of what is written there, path -> content)."""
         return []
 
     def api_live(self, ctx) -> bool:

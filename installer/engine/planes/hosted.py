@@ -159,17 +159,17 @@ class HostedPlane(ControlPlane):
 
     # --- what apply reads ---------------------------------------------------------------------
 
-    def trust_mismatches(self, ctx) -> list[trust.Mismatch]:
-        """The CA files the tenant's ConfigMaps hold, each compared with what the state would
-        write there: a wrong ``--state`` would otherwise replace the tenant's PKI under its
-        running etcd and workers."""
+    def held_certificates(self, ctx) -> list[tuple[str, object, dict[str, bytes]]]:
+        """The CA files of the tenant's ConfigMaps and the leaf certificates of its Secrets, for
+        the guards: a wrong ``--state`` would otherwise replace the tenant's PKI under its running
+        etcd and workers, a stale copy bring back keys a renewal replaced."""
         from installer.host.hosting import HostingError  # lazy: urllib3, for hosted tenants only
         plan = self.beyond_plan(ctx.inv, ctx.material)
         try:
-            held = self.read_files([f.path for f in plan.files.values() if f.trust], secrets=False)
+            held = self.read_files(trust.certificate_paths(plan), secrets=True)
         except HostingError as e:
             raise HostError(self.namespace, str(e)) from None
-        return trust.held_mismatches(f"hosting namespace {self.namespace}", plan, held)
+        return [(f"hosting namespace {self.namespace}", plan, held)]
 
     def api_live(self, ctx) -> bool:
         # its exposed address answers
