@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import shutil
 import socket
 import ssl
 import stat
@@ -124,8 +125,10 @@ def renewed_by_design(path: str) -> bool:
 
 # --- the tests -------------------------------------------------------------------------------
 
-def test_certs_renew_presents_new_serials_and_changes_nothing_else(renewlab):
+def test_certs_renew_presents_new_serials_and_changes_nothing_else(renewlab, tmp_path):
     lab = renewlab
+    stale = tmp_path / "stale-state"            # a copy from before the renewal
+    shutil.copytree(lab.state, stale)
     cp1 = lab.host("cp1")
     etcdctl(cp1, "put", "renew-a", "1")
     before = serials(lab)
@@ -184,6 +187,13 @@ def test_certs_renew_presents_new_serials_and_changes_nothing_else(renewlab):
         expected = {p for p in before_files if renewed_by_design(p)}
         assert changed == expected, (host, sorted(changed ^ expected))
     assert main_pid(lab, lab.worker, "containerd") == containerd_pid
+
+    # the copy from before the renewal would push the replaced certificates and keys back: refused
+    # before the lock, naming a host and file, and nothing on the hosts changes
+    proc = run_installer("apply", str(lab.inventory), "--state", str(stale), check_rc=2)
+    assert "the hosts hold newer certificates than the state directory" in proc.stderr, proc.stderr
+    assert "cp1 /etc/kubernetes/pki/apiserver.crt: issued " in proc.stderr, proc.stderr
+    assert managed_files(lab) == files_after
 
     # the old files are kept: 0700 directories, 0600 files
     backup = lab.state / report["backup"].split(str(lab.state) + "/", 1)[1]
