@@ -236,7 +236,14 @@ def main(argv: list[str] | None = None) -> int:
         cmd = cmd[:2] + ["--dry-run", "-v"] + cmd[2:]
     print("==> " + " ".join(cmd), flush=True)
     start = time.monotonic()
-    proc = subprocess.run(cmd, cwd=report)
+    # the suite's own temporary files (kubectl's kuberc tests leave test-kuberc* behind) go to a
+    # directory of this run, removed after it, not to the machine's /tmp
+    scratch = report / "tmp"
+    scratch.mkdir(mode=0o700, exist_ok=True)
+    try:
+        proc = subprocess.run(cmd, cwd=report, env={**os.environ, "TMPDIR": str(scratch)})
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     junit = report / "junit.xml"
     if not junit.is_file():
         print(f"conformance: ginkgo wrote no report (exit {proc.returncode})", file=sys.stderr)
