@@ -601,58 +601,55 @@ def _ca_and_server(tmp_path, san: str):
     return tmp_path / "ca.crt", tmp_path / "srv.pem"
 
 
-def _tls_listener(tmp_path, answer: bytes):
-    """A TLS server on loopback (a certificate for 127.0.0.1 of its own CA) answering its first
-    request with ``answer``; what it received goes to the list it returns."""
+def _listener(handle):
+    """A server on loopback whose every connection goes to ``handle(conn, seen)``; what it
+    received goes to the list it returns with the listening socket (closing it ends the server)."""
     import socket
-    import ssl
     import threading
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    seen: list[bytes] = []
+
+    def serve():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            handle(conn, seen)
+    threading.Thread(target=serve, daemon=True).start()
+    return listener, seen
+
+
+def _tls_listener(tmp_path, answer: bytes):
+    """A TLS server (a certificate for 127.0.0.1 of its own CA) answering each request with
+    ``answer``."""
+    import ssl
     ca, srv = _ca_and_server(tmp_path, "127.0.0.1")
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.load_cert_chain(str(srv))
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(4)
-    seen: list[bytes] = []
 
-    def serve():
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            try:
-                with ctx.wrap_socket(conn, server_side=True) as tls:
-                    seen.append(tls.recv(4096))
-                    tls.sendall(answer)
-            except (ssl.SSLError, OSError):
-                seen.append(b"")
-    threading.Thread(target=serve, daemon=True).start()
-    return ca, listener, seen
+    def handle(conn, seen):
+        try:
+            with ctx.wrap_socket(conn, server_side=True) as tls:
+                seen.append(tls.recv(4096))
+                tls.sendall(answer)
+        except (ssl.SSLError, OSError):
+            seen.append(b"")
+    return (ca, *_listener(handle))
 
 
 def _plain_listener():
-    import socket
-    import threading
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(4)
-    seen: list[bytes] = []
-
-    def serve():
-        while True:
+    """A TCP server that records what each connection sends (or that one came)."""
+    def handle(conn, seen):
+        with conn:
+            conn.settimeout(2)
             try:
-                conn, _ = listener.accept()
+                seen.append(conn.recv(4096) or b"(connected)")
             except OSError:
-                return
-            with conn:
-                conn.settimeout(2)
-                try:
-                    seen.append(conn.recv(4096) or b"(connected)")
-                except OSError:
-                    seen.append(b"(connected)")
-    threading.Thread(target=serve, daemon=True).start()
-    return listener, seen
+                seen.append(b"(connected)")
+    return _listener(handle)
 
 
 def test_the_exec_stream_follows_no_redirect_and_takes_no_proxy_from_the_environment(tmp_path, doc, monkeypatch):
