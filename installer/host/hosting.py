@@ -327,10 +327,4 @@ def check_owner(api: ApiClient, namespace: str, tenant: str, state_id: str | Non
 
 
 def _exists(api: ApiClient, path: str) -> bool:
-    try:
-        rest(api, "GET", path, path)
-        return True
-    except ApiError as e:
-        if e.status == 404:
-            return False
-        raise HostingError(f"{path}: {status_message(e)}") from None
+    return _get(api, path) is not None
