@@ -235,34 +235,62 @@ def _pair(name: str, issuer=None, sans: tuple[str, ...] = ()):
     return b.sign(issuer[1], hashes.SHA256()), key
 
 
-def _readyz_server(tmp: Path, name: str, pair) -> int:
-    """An HTTPS server on 127.0.0.1 presenting ``pair`` that answers 200 to every GET (as a
-    ready apiserver answers /readyz); returns its port. Runs in a daemon thread."""
-    import http.server
-    import ssl
-    import threading
+class _Apiserver:
+    """An HTTPS server on 127.0.0.1 like an apiserver for the balancer, presenting ``pair``:
+    /readyz 200 while ``ready``, else 500 (as SIGTERM makes it, while it still serves); /slow
+    answers after 3 s (a request in flight); any other GET 200 with its name.
 
-    from cryptography.hazmat.primitives import serialization
-    crt, key = tmp / f"{name}.crt", tmp / f"{name}.key"
-    crt.write_bytes(pair[0].public_bytes(serialization.Encoding.PEM))
-    key.write_bytes(pair[1].private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption()))
+    ``close()`` stops it when its test ends. Its threads never write to stderr: a check
+    connection HAProxy drops without TLS close_notify (every one, when it is stopped) raises in a
+    handler thread, and socketserver's default prints that traceback to whatever sys.stderr is
+    then, which was once the next test's CliRunner capture (test_certs' JSON had one appended).
+    The errors are kept in ``errors`` instead."""
 
-    class Ok(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):                       # noqa: N802 - the stdlib's name
-            self.send_response(200)
-            self.send_header("Content-Length", "2")
-            self.end_headers()
-            self.wfile.write(b"ok")
+    def __init__(self, tmp: Path, name: str, pair):
+        import http.server
+        import ssl
+        import threading
 
-        def log_message(self, *_):
-            pass
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Ok)
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.load_cert_chain(crt, key)
-    server.socket = ctx.wrap_socket(server.socket, server_side=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server.server_address[1]
+        from cryptography.hazmat.primitives import serialization
+        crt, key = tmp / f"{name}.crt", tmp / f"{name}.key"
+        crt.write_bytes(pair[0].public_bytes(serialization.Encoding.PEM))
+        key.write_bytes(pair[1].private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                              serialization.NoEncryption()))
+        self.ready = True
+        self.errors: list[BaseException] = []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            timeout = 30                            # a silent peer holds its thread this long at most
+
+            def do_GET(self):                       # noqa: N802 - the stdlib's name
+                if self.path == "/slow":
+                    time.sleep(3)
+                code = 500 if self.path == "/readyz" and not outer.ready else 200
+                body = name.encode()
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *_):
+                pass
+
+        class Server(http.server.ThreadingHTTPServer):
+            def handle_error(self, request, client_address):
+                import sys
+                outer.errors.append(sys.exc_info()[1])
+
+        self.server = Server(("127.0.0.1", 0), Handler)
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(crt, key)
+        self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
+        threading.Thread(target=self.server.serve_forever, args=(0.1,), daemon=True).start()
+        self.port = self.server.server_address[1]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
 
 
 def _free_port() -> int:
@@ -287,9 +315,10 @@ def test_the_real_haproxy_never_marks_up_a_server_that_is_not_an_apiserver_of_th
         pytest.skip("no haproxy in $HIDDENPLANE_TEST_ARTIFACTS (scripts/build-kubernetes builds it)")
     from cryptography.hazmat.primitives import serialization
     cluster, other = _pair("kubernetes-ca"), _pair("attacker-ca")
-    ports = {"apiserver": _readyz_server(tmp_path, "apiserver", _pair("kube-apiserver", cluster, ("kubernetes",))),
-             "imposter": _readyz_server(tmp_path, "imposter", _pair("kube-apiserver", other, ("kubernetes",))),
-             "worker": _readyz_server(tmp_path, "worker", _pair("w1", cluster, ("w1",)))}
+    servers = {"apiserver": _Apiserver(tmp_path, "apiserver", _pair("kube-apiserver", cluster, ("kubernetes",))),
+               "imposter": _Apiserver(tmp_path, "imposter", _pair("kube-apiserver", other, ("kubernetes",))),
+               "worker": _Apiserver(tmp_path, "worker", _pair("w1", cluster, ("w1",)))}
+    ports = {name: server.port for name, server in servers.items()}
     ca = tmp_path / "ca.crt"
     ca.write_bytes(cluster[0].public_bytes(serialization.Encoding.PEM))
     lines = [line for line in haproxy_config(ha.inventory).splitlines() if not line.startswith("    server ")]
@@ -316,6 +345,8 @@ def test_the_real_haproxy_never_marks_up_a_server_that_is_not_an_apiserver_of_th
     finally:
         proc.terminate()
         log = proc.communicate(timeout=10)[0]
+        for server in servers.values():
+            server.close()
     # operational state 2 = UP, 0 = DOWN (HAProxy's management guide)
     assert seen[-1] == {"apiserver": "2", "imposter": "0", "worker": "0"}, (seen, log[-2000:])
     assert all(view["imposter"] == "0" and view["worker"] == "0" for view in seen), seen
@@ -362,44 +393,6 @@ def test_the_ctl_script_names_the_balancer_and_sends_the_commands(tmp_path):
     assert _ctl_commands("leave") == ["set server apiservers/cp state drain", "disable health apiservers/cp"]
     assert _ctl_commands("back") == ["enable health apiservers/cp", "set server apiservers/cp state ready"]
     # shellcheck reads it in tests/test_lint.py
-
-
-class _Apiserver:
-    """An HTTPS server like an apiserver for the balancer: /readyz 200 while ``ready``, else 500
-    (as SIGTERM makes it, while it still serves); /slow answers after 3 s (a request in flight)."""
-
-    def __init__(self, tmp: Path, name: str, pair):
-        import http.server
-        import ssl
-        import threading
-
-        from cryptography.hazmat.primitives import serialization
-        crt, key = tmp / f"{name}.crt", tmp / f"{name}.key"
-        crt.write_bytes(pair[0].public_bytes(serialization.Encoding.PEM))
-        key.write_bytes(pair[1].private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                              serialization.NoEncryption()))
-        self.ready = True
-        outer = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):                       # noqa: N802 - the stdlib's name
-                if self.path == "/slow":
-                    time.sleep(3)
-                code = 500 if self.path == "/readyz" and not outer.ready else 200
-                body = name.encode()
-                self.send_response(code)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *_):
-                pass
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.load_cert_chain(crt, key)
-        self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.port = self.server.server_address[1]
 
 
 @pytest.mark.parametrize("leave", [True, False])
@@ -481,6 +474,8 @@ def test_the_real_haproxy_keeps_a_request_in_flight_when_its_apiserver_left_befo
     finally:
         proc.terminate()
         proc.communicate(timeout=10)
+        for server in servers.values():
+            server.close()
 
 
 def test_a_worker_that_cannot_be_told_is_named_and_the_restart_goes_on(ha, tmp_path, monkeypatch):
