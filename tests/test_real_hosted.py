@@ -618,13 +618,51 @@ def _answer(url: str, ca: Path, pem: Path) -> int | None:
         return None
 
 
+def operator_kubeconfig(rc: RealCluster, tmp: Path, user: str) -> Path:
+    """A hosting kubeconfig for the user ``user``: a client certificate the hosting cluster's CA
+    signs (what its admin hands a tenant's operator; here from the lab's state), no rights of its
+    own: those are what ``installer hosting-access`` binds to it."""
+    import datetime as dt
+
+    from installer.core.pki.specs import CertSpec
+    ca = issue.Pair(issue.load_cert((rc.state / "pki" / "ca.crt").read_bytes()),
+                    issue.load_key((rc.state / "pki" / "ca.key").read_bytes()))
+    key = issue.new_key("ecdsa-p256")
+    cert = issue.issue(CertSpec("operator", "ca", user, client=True), key, ca, 1, dt.datetime.now(dt.timezone.utc))
+    doc = yaml.safe_load(rc.kubeconfig.read_text())
+    doc["users"] = [{"name": user, "user": {
+        "client-certificate-data": base64.b64encode(issue.cert_pem(cert)).decode(),
+        "client-key-data": base64.b64encode(issue.key_pem(key)).decode()}}]
+    doc["contexts"] = [{"name": user, "context": {"cluster": doc["clusters"][0]["name"], "user": user}}]
+    doc["current-context"] = user
+    path = tmp / f"{user}.kubeconfig"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    path.chmod(0o600)
+    return path
+
+
 def second_tenant(tenant: Tenant, tmp: Path) -> None:
     rc = tenant.rc
-    # one etcd member (the other tenant has three)
+    # one etcd member (the other tenant has three), operated with the least-privilege hosting
+    # identity `installer hosting-access` binds (core/render/tenant_access.py): every command
+    # below runs with exactly those rights
     inventory, state = tenant_inventory(rc, tmp / "b", "tenant-b", B_WORKERS, (30444, 30133), etcd=1), tmp / "state"
+    operator = operator_kubeconfig(rc, tmp, "hp-operator-b")
+    doc = yaml.safe_load(inventory.read_text())
+    doc["spec"]["controlPlane"]["hosted"]["kubeconfig"] = str(operator)
+    inventory.write_text(yaml.safe_dump(doc, sort_keys=False))
+    # the identity may not make its namespace: the apply says who does, and changes nothing
+    proc = run_installer("apply", str(inventory), "--state", str(state), check_rc=None)
+    assert proc.returncode != 0 and "this hosting identity may not create it" in proc.stderr, proc.stderr
+    assert "installer hosting-access" in proc.stderr
+    assert rc.kubectl("get", "namespace", "hp-tenant-b", check=False).returncode != 0
+    # the hosting cluster's admin makes it, with the identity's rights
+    access = run_installer("hosting-access", str(inventory), "--user", "hp-operator-b").stdout
+    rc.kubectl("apply", "-f", "-", stdin=access)
     started = time.monotonic()
     proc = run_installer("apply", str(inventory), "--state", str(state), "--wait-timeout", "900")
     print(f"\nsecond tenant: apply {time.monotonic() - started:.0f} s\n{proc.stdout}")
+    least_privilege(rc, operator)
     kubeconfig = tmp / "b.kubeconfig"
     run_installer("kubeconfig", str(inventory), "--state", str(state), "-o", str(kubeconfig))
     b = Tenant(rc, inventory, state, kubeconfig, {}, 0.0)
@@ -656,10 +694,35 @@ def second_tenant(tenant: Tenant, tmp: Path) -> None:
     proc = run_installer("reset", str(inventory), "--state", str(state), "--yes", timeout=900)
     print(proc.stdout[-800:])
     assert rc.kubectl("get", "namespace", "hp-tenant-b", check=False).returncode != 0
+    # run again, it finds nothing to do (it never makes the namespace to delete it)
+    again = run_installer("reset", str(inventory), "--state", str(state), "--yes", timeout=300)
+    assert "no namespace hp-tenant-b" in again.stdout + again.stderr, again.stdout + again.stderr
+    assert rc.kubectl("get", "namespace", "hp-tenant-b", check=False).returncode != 0
+    # what the identity's rights leave behind, cluster-wide: the admin removes it (docs/hosted.md)
+    rc.kubectl("delete", "--ignore-not-found", "-f", "-", stdin=access)
+    assert rc.kubectl("get", "clusterrole", "hiddenplane-operator-hp-tenant-b", check=False).returncode != 0
     assert not [v for v in rc.get("pv")["items"] if (v["spec"].get("claimRef") or {}).get("namespace") == "hp-tenant-b"]
     r = rc.ssh("w5", "test -e /etc/kubernetes || test -e /var/lib/kubelet || echo clean; "
                      "systemctl is-active kubelet || true")
     assert "clean" in r.stdout and "inactive" in r.stdout, r.stdout
+
+
+def least_privilege(rc: RealCluster, operator: Path) -> None:
+    """The second tenant's hosting identity, which just applied it: the first tenant's Secrets,
+    pods, StatefulSet and namespace are 403 to it, and so are listing namespaces and making one
+    (kubectl, as anyone holding that kubeconfig would try)."""
+    def as_operator(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([rc.kubectl_bin, "--kubeconfig", str(operator), *args], capture_output=True,
+                              text=True, timeout=60)
+    for args in (("get", "secrets", "-n", NS), ("get", "secret", "kube-apiserver-files", "-n", NS),
+                 ("get", "pods", "-n", NS), ("get", "statefulset", "etcd", "-n", NS), ("get", "namespace", NS),
+                 ("get", "namespaces"), ("create", "namespace", "hp-operator-b-made"),
+                 ("get", "pods", "-n", "kube-system"), ("get", "nodes")):
+        proc = as_operator(*args)
+        assert proc.returncode != 0 and "Forbidden" in proc.stderr, (args, proc.stdout, proc.stderr)
+    # its own: allowed
+    own = as_operator("get", "secrets", "-n", "hp-tenant-b", "-o", "name")
+    assert own.returncode == 0 and "secret/kube-apiserver-files" in own.stdout, own.stderr
 
 
 def ownership_attacks(tenant: Tenant, b: Tenant, tmp: Path) -> None:
@@ -675,6 +738,9 @@ def ownership_attacks(tenant: Tenant, b: Tenant, tmp: Path) -> None:
         run_installer("etcd", "snapshot", "save", str(b.inventory), str(snap), "--state", str(b.state))
         uids = {ns: rc.get("namespace", ns)["metadata"]["uid"] for ns in (NS, "app-shop", "hp-tenant-b")}
         doc = yaml.safe_load(b.inventory.read_text())
+        # the guard itself, with credentials that could read and delete any namespace (the
+        # operator's own are refused before it: least_privilege)
+        doc["spec"]["controlPlane"]["hosted"]["kubeconfig"] = str(rc.kubeconfig)
         for ns, why in ((NS, "its label hiddenplane.io/tenant is 'tenant'"),
                         ("app-shop", "its label hiddenplane.io/tenant is missing")):
             doc["spec"]["controlPlane"]["hosted"]["namespace"] = ns

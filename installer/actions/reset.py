@@ -24,7 +24,7 @@ from installer.core.pki.material import Material, ensure
 from installer.core.render.files import HostPlan
 from installer.core.render.plan import render_cluster
 from installer.core.state import StateDir
-from installer.core.tenancy import NotOurNamespace
+from installer.core.tenancy import NoNamespace, NotOurNamespace
 from installer.engine import steps
 from installer.engine.run import Run, open_run
 from installer.engine.session import Session
@@ -165,6 +165,8 @@ def _wipe(role: str) -> Callable[[_Reset], None]:
 def _plane_lock(r: _Reset) -> None:
     try:
         r.run.plane.hold(r.run)
+    except NoNamespace:
+        return                      # nothing to lock: the namespace's step says it is gone already
     except NotOurNamespace:
         raise                       # it says that nothing was changed, and why
     except InstallerError as e:

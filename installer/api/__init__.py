@@ -18,13 +18,14 @@ from installer.core.inventory import Inventory, as_inventory, json_schema
 from installer.core.inventory_hosted import refuse_hosted
 from installer.core.pki.material import Changes, Material, ensure
 from installer.core.render.files import HostPlan
+from installer.core.render import tenant_access
 from installer.core.render.plan import render_cluster, write_tree
 from installer.core.state import StateDir, state_for, write_admin_kubeconfig
 
 # part of the API: every domain error (its exit_code is the CLI's), the Cluster every command
 # takes (open_cluster holds its state, resolve does not), the inventory's JSON schema
-__all__ = ["Cluster", "InstallerError", "Prepared", "admin_kubeconfig", "as_inventory", "json_schema", "open_cluster",
-           "refuse_hosted",
+__all__ = ["Cluster", "InstallerError", "Prepared", "admin_kubeconfig", "as_inventory", "hosting_access", "json_schema",
+           "open_cluster", "refuse_hosted",
            "resolve", "prepare", "render", "state_for", "validate", "write_admin_kubeconfig"]
 
 
@@ -39,6 +40,13 @@ class Prepared:
 
 def validate(path: str | Path) -> Inventory:
     return inventory_mod.load(path)
+
+
+def hosting_access(path: str | Path, kind: str, name: str) -> list[dict]:
+    """The hosting cluster's objects that let ``kind`` ``name`` (User, Group, ServiceAccount as
+    NAMESPACE/NAME) operate the hosted tenant of ``path`` and nothing else
+    (core/render/tenant_access.py)."""
+    return tenant_access.for_operator(inventory_mod.load(path), str(path), kind, name)
 
 
 def prepare(path: str | Path | Inventory | Cluster, state_dir: str | Path | None = None,

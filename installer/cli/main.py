@@ -15,6 +15,8 @@ from installer import __version__
 LAZY = {
     "validate": ("installer.cli.inventory", "validate", "Check INVENTORY and report every problem at once."),
     "schema": ("installer.cli.inventory", "schema", "Print the inventory's JSON Schema (for editors)."),
+    "hosting-access": ("installer.cli.inventory", "hosting_access",
+                       "Print the hosting cluster's RBAC for a hosted tenant's operator (least privilege)."),
     "apply": ("installer.cli.cluster", "apply",
               "Converge every host of INVENTORY: hidden control plane, joined workers."),
     "plan": ("installer.cli.cluster", "plan", "Show what apply would change on the live hosts, or render offline."),

@@ -19,7 +19,7 @@ owner. The apply's CA guard (core/trust.py) still compares the CA files the name
 
 from __future__ import annotations
 
-from installer.core.errors import StateError
+from installer.core.errors import InstallerError, StateError
 from installer.core.render.manifests import LABELS
 from installer.core.render.tenant import TENANT_LABEL
 
@@ -29,6 +29,11 @@ SHOWN = 8                           # characters of an id in a message (it is no
 
 class NotOurNamespace(StateError):
     """The namespace an inventory names is not its tenant's: nothing was changed."""
+
+
+class NoNamespace(InstallerError):
+    """The tenant's namespace does not exist: only `apply` makes it (a day-2 command or a reset
+    never makes one to act on); nothing was changed."""
 
 
 def owner_object(namespace: str, tenant: str, state_id: str) -> dict:

@@ -143,6 +143,30 @@ def converge(api: ApiClient, objects: list[dict], k8s_version: str, dry_run: boo
     return (plan_objects if dry_run else apply_objects)(api, objects, k8s_version)
 
 
+def ensure_namespace(api: ApiClient, namespace: dict, k8s_version: str, create: bool) -> None:
+    """The tenant's namespace as rendered; made when missing only when ``create`` (apply), else
+    ``tenancy.NoNamespace``. A hosting identity of least privilege (``installer hosting-access``)
+    may not create namespaces: the admin makes this one, and a missing one is named with who
+    makes it, not as a bare 403."""
+    name = namespace["metadata"]["name"]
+    if _get(api, f"/api/v1/namespaces/{name}") is None:
+        if not create:
+            raise tenancy.NoNamespace(f"namespace {name} does not exist in the hosting cluster: the tenant is not "
+                                      "applied there (`installer apply` makes it); nothing was changed")
+        try:
+            rest(api, "POST", "/api/v1/namespaces", f"namespace {name}", namespace)
+            return
+        except ApiError as e:
+            if e.status == 403:
+                raise HostingError(
+                    f"namespace {name} does not exist in the hosting cluster, and this hosting identity may not "
+                    "create it: the hosting cluster's admin makes it, with the identity's rights "
+                    "(`installer hosting-access INVENTORY --user NAME | kubectl apply -f -`)") from None
+            if e.status != 409:
+                raise HostingError(f"namespace {name}: create refused: {status_message(e)}") from None
+    converge(api, [namespace], k8s_version)
+
+
 def workload_state(api: ApiClient, namespace: str, kind: str, name: str) -> tuple[bool, str]:
     """Whether a StatefulSet or Deployment runs its current template on every replica, all ready,
     and a line saying where it is."""

@@ -109,7 +109,7 @@ class HostedPlane(ControlPlane):
     def take_lock(self, ctx, target: str, pending: bool) -> list[str]:
         from installer.host.hosting import HostingError  # lazy: urllib3, for hosted tenants only
         try:
-            self._take(force=ctx.options.force_unlock)
+            self._take(force=ctx.options.force_unlock, create=True)
             recorded = self._record_owner()
         except HostingError as e:
             raise HostError(target, str(e)) from None
@@ -118,11 +118,12 @@ class HostedPlane(ControlPlane):
     def hold(self, run, skip: frozenset[str] = frozenset()) -> None:
         self._take()
 
-    def _take(self, force: bool = False) -> None:
-        """The namespace made when missing, the Lease taken for the run (take_lease says False
+    def _take(self, force: bool = False, create: bool = False) -> None:
+        """The namespace made when missing (``create``: apply; a day-2 command or a reset is
+        refused with ``tenancy.NoNamespace``), the Lease taken for the run (take_lease says False
         when this run holds it already: whoever took it gives it back)."""
         from installer.host import hosting  # lazy: urllib3, for hosted tenants only
-        hosting.converge(self.api(), [namespace_object(self.inv)], self.inv.spec.kubernetes.version)
+        hosting.ensure_namespace(self.api(), namespace_object(self.inv), self.inv.spec.kubernetes.version, create)
         if hosting.take_lease(self.api(), self.namespace, self.session.run_id, force=force):
             self._held = (self.namespace, self.session.run_id)
 
