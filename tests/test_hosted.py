@@ -17,7 +17,7 @@ from installer import api
 from installer.core import inventory
 from installer.core.egress import egress_mode
 from installer.core.errors import InventoryError
-from installer.core.pki.specs import cert_specs
+from installer.core.pki.specs import ETCD_CA, cert_specs
 from installer.core.render import control, pods, tenant
 from installer.core.render.balancer import server_lines
 from installer.host import kube_objects
@@ -218,6 +218,22 @@ def test_the_certificates_name_the_exposed_addresses_and_every_etcd_member(rende
     names = p.material.pair("etcd/server-hosted").cert.extensions.get_extension_for_class(
         x509.SubjectAlternativeName).value
     assert f"*.etcd.{NS}.svc" in names.get_values_for_type(x509.DNSName)
+
+
+def test_an_etcd_member_accepts_as_a_peer_only_the_members_certificate(rendered):
+    """Peers' names are not matched against their pod addresses (they change; the flag says
+    why), so the members check the peer certificate's CN instead: the etcd CA also signs the
+    apiservers' client certificate and the members' server one, which a peer must not be."""
+    p, plan = rendered
+    args = _by(plan, "StatefulSet", "etcd")["spec"]["template"]["spec"]["containers"][0]["args"]
+    flags = dict(a.split("=", 1) for a in args if "=" in a)
+    assert flags["--peer-cert-allowed-cn"] == "etcd-peer"
+    cn = lambda name: p.material.pair(name).cert.subject.get_attributes_for_oid(  # noqa: E731
+        x509.NameOID.COMMON_NAME)[0].value
+    assert cn("etcd/peer-hosted") == "etcd-peer"
+    others = [s.name for s in cert_specs(p.inventory) if s.ca == ETCD_CA and s.name != "etcd/peer-hosted"]
+    assert {"apiserver-etcd-client", "etcd/server-hosted", "etcd/healthcheck-client"} <= set(others)
+    assert all(cn(n) != "etcd-peer" for n in others), [(n, cn(n)) for n in others]
 
 
 def test_the_pods_roll_only_when_what_they_run_with_changes(rendered, tmp_path):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import threading
@@ -527,6 +528,53 @@ def test_a_tenant_workers_join_token_mints_no_other_node(tenant: Tenant):
     assert line.startswith("denied") and "belongs to node w3" in line, line
     assert [c["type"] for c in tenant.get("csr", name)["status"]["conditions"]] == ["Denied"]
     print(f"\n{line}")
+
+
+# a TLS client on a hosting worker: a GET of etcd's peer API (/members) with each pair given
+# (PEMs on stdin, loaded from memory: nothing written on the host); prints its status line or
+# why the connection failed
+PEER_PROBE = r"""
+import json, os, socket, ssl, sys
+d = json.load(sys.stdin)
+out = {}
+for name, pem in d["pairs"].items():
+    fd = os.memfd_create(name)
+    os.write(fd, pem.encode())
+    ctx = ssl.create_default_context(cadata=d["ca"])
+    ctx.check_hostname = False
+    ctx.load_cert_chain(f"/proc/self/fd/{fd}")
+    try:
+        with socket.create_connection((d["ip"], 2380), timeout=10) as raw, ctx.wrap_socket(raw) as t:
+            t.sendall(b"GET /members HTTP/1.1\r\nHost: etcd\r\nConnection: close\r\n\r\n")
+            # TLS 1.3: a refused client certificate shows at the first read, as an alert or EOF
+            out[name] = t.recv(4096).split(b"\r\n")[0].decode() or "failed: closed without an answer"
+    except (OSError, ssl.SSLError) as e:
+        out[name] = f"failed: {e}"
+print(json.dumps(out))
+"""
+
+
+def test_a_holder_of_another_etcd_ca_certificate_is_no_peer_of_the_tenants_etcd(tenant: Tenant):
+    """Root on a hosting worker (or a pod there) holding what an apiserver pod holds (the etcd
+    CA's client certificate) or a member's server certificate: a member's peer port refuses it,
+    since its members check the peer certificate's CN (render/tenant.py). The members' own peer
+    certificate, from the same place, is answered: the refusals are the check, not the network."""
+    rc, pki = tenant.rc, tenant.state / "pki"
+    ip = rc.get("pod", "etcd-0", "-n", NS)["status"]["podIP"]
+
+    def pem(name: str) -> str:
+        return (pki / f"{name}.crt").read_text() + (pki / f"{name}.key").read_text()
+    data = {"ip": ip, "ca": (pki / "etcd" / "ca.crt").read_text(),
+            "pairs": {"peer": pem("etcd/peer-hosted"), "apiserver": pem("apiserver-etcd-client"),
+                      "server": pem("etcd/server-hosted"), "healthcheck": pem("etcd/healthcheck-client")}}
+    proc = subprocess.run(["ssh", "-F", str(rc.lab.ssh_config), rc.workers[0], "python3 -c " + shlex.quote(PEER_PROBE)],
+                          input=json.dumps(data), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout)
+    print(f"\netcd-0's peer port ({ip}:2380) from {rc.workers[0]}: {seen}")
+    assert seen["peer"].startswith("HTTP/1.1 200"), seen
+    for name in ("apiserver", "server", "healthcheck"):
+        assert seen[name].startswith("failed:"), seen
 
 
 # --- measured: one tenant's control plane ---------------------------------------------------------

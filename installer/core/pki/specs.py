@@ -91,6 +91,9 @@ def apiserver_sans(inv: Inventory) -> tuple[frozenset[str], frozenset[str]]:
 # a hosted tenant's etcd members are the pods of one StatefulSet: one server and one peer
 # certificate for all of them, naming each pod's DNS name through the headless Service
 HOSTED_ETCD = "hosted"
+# the CN of the one peer certificate every member of a hosted etcd shares: its members accept no
+# other certificate of the etcd CA as a peer (render/tenant.py, --peer-cert-allowed-cn)
+HOSTED_PEER_CN = "etcd-peer"
 ETCD_SERVICE = "etcd"
 
 
@@ -124,8 +127,8 @@ def cert_specs(inv: Inventory) -> list[CertSpec]:
         specs.append(CertSpec("konnectivity-server", CLUSTER_CA, "system:konnectivity-server", client=True))
     if inv.hosted:
         d, i = hosted_etcd_sans(inv.hosted_namespace)
-        for kind in ("server", "peer"):
-            specs.append(CertSpec(f"etcd/{kind}-{HOSTED_ETCD}", ETCD_CA, f"etcd-{kind}", server=True, client=True,
+        for kind, cn in (("server", "etcd-server"), ("peer", HOSTED_PEER_CN)):
+            specs.append(CertSpec(f"etcd/{kind}-{HOSTED_ETCD}", ETCD_CA, cn, server=True, client=True,
                                   dns_names=d, ips=i))
     for h in inv.controls:
         d, i = etcd_member_sans(h.name, h.address)

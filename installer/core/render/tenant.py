@@ -22,7 +22,7 @@ from installer.core.inventory import HostSpec, Inventory
 from installer.core.inventory_hosted import API_SERVICE, hosted_images
 from installer.core.pki import issue
 from installer.core.pki.material import Material
-from installer.core.pki.specs import CLUSTER_CA, ETCD_SERVICE, HOSTED_ETCD
+from installer.core.pki.specs import CLUSTER_CA, ETCD_SERVICE, HOSTED_ETCD, HOSTED_PEER_CN
 from installer.core.render import control
 from installer.core.render.addons import konnectivity
 from installer.core.render.files import K8S_DIR, HostFile, HostPlan, to_yaml
@@ -187,6 +187,10 @@ def _etcd(inv: Inventory, plan: HostPlan) -> list[dict]:
         # DNS, which the hosting cluster's caches for 30 s: a member back with a new pod address
         # was refused by the others until then (seen on the real lab: 2-3 restarts of its start)
         "--peer-skip-client-san-verification": "true",
+        # so a peer is known by its certificate's name instead: the etcd CA also signs the
+        # apiservers' client certificate (and the server one), which every apiserver pod holds;
+        # without this, any of them could join or talk to the members as a peer
+        "--peer-cert-allowed-cn": HOSTED_PEER_CN,
     })
     parts = pod_parts(plan, ETCD_UNIT, ETCD_SERVICE, ns, args, _labels(inv, "etcd"))
     pki = control.ETCD_PKI_DIR
