@@ -220,6 +220,18 @@ def test_the_certificates_name_the_exposed_addresses_and_every_etcd_member(rende
     assert f"*.etcd.{NS}.svc" in names.get_values_for_type(x509.DNSName)
 
 
+def test_the_tenants_apiserver_dials_urls_from_the_tenants_network(rendered):
+    """A URL its admin chooses (a webhook's) is dialled through konnectivity, by an agent on the
+    tenant's workers (``controlplane``), as what is in its cluster (``cluster``); etcd, in the
+    hosting namespace, directly (no ``etcd`` selection)."""
+    from installer.core.render.addons import konnectivity as konn
+    p, plan = rendered
+    doc = yaml.safe_load(_by(plan, "ConfigMap", "kube-apiserver-config")["data"][pods.key_for(konn.EGRESS_CONFIG)])
+    via = {"proxyProtocol": "GRPC", "transport": {"uds": {"udsName": tenant.SOCKET}}}
+    assert doc["egressSelections"] == [{"name": "cluster", "connection": via},
+                                       {"name": "controlplane", "connection": via}]
+
+
 def test_an_etcd_member_accepts_as_a_peer_only_the_members_certificate(rendered):
     """Peers' names are not matched against their pod addresses (they change; the flag says
     why), so the members check the peer certificate's CN instead: the etcd CA also signs the

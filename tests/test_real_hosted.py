@@ -438,7 +438,7 @@ def _webhook_tls(tmp: Path) -> tuple[bytes, bytes, bytes]:
 def test_a_validating_webhook_served_by_a_tenant_pod_is_called(tenant: Tenant, tmp_path):
     """The tenant's apiservers call a webhook whose server is a pod on a tenant worker (upstream's
     agnhost, its configmaps handler): through konnectivity, as no route leads from the hosting
-    cluster's pods to the tenant's Service addresses."""
+    cluster's pods to the tenant's Service addresses. Then by URL (``url_webhooks``)."""
     import base64
     ca, cert, key = _webhook_tls(tmp_path)
     objects = [
@@ -475,8 +475,52 @@ def test_a_validating_webhook_served_by_a_tenant_pod_is_called(tenant: Tenant, t
             check=False)).returncode != 0 and "unwanted key and value" in r.stderr and r.stderr, timeout=60)
         print(f"\nwebhook: {denied.strip()[-200:]}")
         tenant.kubectl("-n", "guarded", "create", "configmap", "good", "--from-literal=k=v")
+        url_webhooks(tenant, config)
     finally:
         tenant.kubectl("delete", "validatingwebhookconfiguration", "tenant-test", "--ignore-not-found")
+        tenant.rc.kubectl("delete", "namespace", "webhook-target", "--ignore-not-found", "--wait=false")
+
+
+def url_webhooks(tenant: Tenant, config: dict) -> None:
+    """The tenant's admin gives its webhook a URL (the hosted apiserver's ``controlplane``
+    egress, render/tenant.py). Aimed at the tenant's own webhook pod by its address in the
+    tenant's pod network, the call gets as far as its TLS (the serving certificate names the
+    Service only): dialled from the tenant's network. Aimed at a pod of the hosting cluster
+    (a listener in a namespace of the lab's), the call fails and the listener sees nothing: the
+    apiserver pod, which sits in that network, never dials it."""
+    rc = tenant.rc
+    listener = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "listener", "namespace": "webhook-target"},
+                "spec": {"terminationGracePeriodSeconds": 1, "containers": [{
+                    "name": "nc", "image": BUSYBOX, "imagePullPolicy": "Never",
+                    "command": ["sh", "-c", "echo listening; while true; do nc -l -p 9443 </dev/null >/dev/null; "
+                                "echo connection; done"]}]}}
+    rc.kubectl("create", "namespace", "webhook-target")
+    rc.kubectl("apply", "-f", "-", stdin=json.dumps(listener))
+    ip = wait_for("the hosting listener running", lambda: (p := rc.get("pod", "listener", "-n", "webhook-target"))[
+        "status"].get("phase") == "Running" and p["status"].get("podIP"), timeout=120)
+    wait_for("it listens", lambda: "listening" in rc.kubectl("logs", "listener", "-n", "webhook-target").stdout,
+             timeout=60)
+    # the listener answers from the hosting cluster's own network (the control: it would see a call)
+    seen = rc.ssh(rc.workers[0], f"python3 -c 'import socket; socket.create_connection((\"{ip}\", 9443), 5).close()'")
+    assert seen.returncode == 0, seen.stderr
+    wait_for("the control connection seen", lambda: rc.kubectl("logs", "listener", "-n", "webhook-target")
+             .stdout.count("connection") == 1, timeout=30)
+    pod_ip = tenant.get("pod", "webhook")["status"]["podIP"]
+    hook = config["webhooks"][0]
+    for target, url, says in (("tenant", f"https://{pod_ip}:8443/configmaps", "x509"),
+                              ("hosting", f"https://{ip}:9443/configmaps", None)):
+        hook["clientConfig"] = {"caBundle": hook["clientConfig"]["caBundle"], "url": url}
+        hook["timeoutSeconds"] = 5
+        tenant.kubectl("apply", "-f", "-", stdin=json.dumps(config))
+        proc = wait_for(f"the {target} URL called", lambda: (r := tenant.kubectl(
+            "-n", "guarded", "create", "configmap", f"via-{target}", "--from-literal=k=v", check=False)).returncode != 0
+            and url.split("/configmaps")[0] in r.stderr and r, timeout=60)
+        print(f"\nURL webhook at the {target} pod: {proc.stderr.strip()[-300:]}")
+        if says:
+            assert says in proc.stderr, proc.stderr
+    time.sleep(3)
+    logs = rc.kubectl("logs", "listener", "-n", "webhook-target").stdout
+    assert logs.count("connection") == 1, logs          # the control's only
 
 
 # --- a tenant under attack: a leaked join token, a stolen kubelet certificate ------------------------

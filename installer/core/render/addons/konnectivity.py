@@ -87,14 +87,20 @@ def service_account_issuer(inv: Inventory) -> str:
 
 # --- the apiserver side -----------------------------------------------------------------------
 
-def egress_selector_config(socket: str = SOCKET) -> dict:
+def egress_selector_config(socket: str = SOCKET, controlplane: bool = False) -> dict:
+    """``cluster`` (what upstream dials in the cluster's network: Services' webhooks, the
+    aggregated APIs, logs, exec, port-forward) through konnectivity; with ``controlplane`` also
+    what it dials by URL (admission and conversion webhooks given a URL, authentication,
+    authorization, audit and tracing webhooks; apiserver/pkg/util/webhook/authentication.go and
+    the callers of ``egressselector.ControlPlane``). A hosted tenant's apiserver sits in the
+    hosting cluster's pod network: a URL its tenant's admin chooses must be dialled from the
+    tenant's own network (an agent on its workers), never from there. ``etcd`` stays direct."""
+    via = {"proxyProtocol": "GRPC", "transport": {"uds": {"udsName": socket}}}
+    names = ["cluster", "controlplane"] if controlplane else ["cluster"]
     return {
         "apiVersion": "apiserver.k8s.io/v1beta1",
         "kind": "EgressSelectorConfiguration",
-        "egressSelections": [{
-            "name": "cluster",
-            "connection": {"proxyProtocol": "GRPC", "transport": {"uds": {"udsName": socket}}},
-        }],
+        "egressSelections": [{"name": n, "connection": via} for n in names],
     }
 
 
