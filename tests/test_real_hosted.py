@@ -743,10 +743,11 @@ def second_tenant(tenant: Tenant, tmp: Path) -> None:
     doc = yaml.safe_load(inventory.read_text())
     doc["spec"]["controlPlane"]["hosted"]["kubeconfig"] = str(operator)
     inventory.write_text(yaml.safe_dump(doc, sort_keys=False))
-    # the identity may not make its namespace: the apply says who does, and changes nothing
+    # no rights yet: the apply's first request (the ownership guard's read of the namespace) is
+    # refused, and it says who grants them; nothing is made
     proc = run_installer("apply", str(inventory), "--state", str(state), check_rc=None)
-    assert proc.returncode != 0 and "this hosting identity may not create it" in proc.stderr, proc.stderr
-    assert "installer hosting-access" in proc.stderr
+    assert proc.returncode != 0 and "/api/v1/namespaces/hp-tenant-b: 403" in proc.stderr, proc.stderr
+    assert "installer hosting-access INVENTORY --user NAME" in proc.stderr, proc.stderr
     assert rc.kubectl("get", "namespace", "hp-tenant-b", check=False).returncode != 0
     # the hosting cluster's admin makes it, with the identity's rights
     access = run_installer("hosting-access", str(inventory), "--user", "hp-operator-b").stdout
@@ -790,6 +791,10 @@ def second_tenant(tenant: Tenant, tmp: Path) -> None:
     again = run_installer("reset", str(inventory), "--state", str(state), "--yes", timeout=300)
     assert "no namespace hp-tenant-b" in again.stdout + again.stderr, again.stdout + again.stderr
     assert rc.kubectl("get", "namespace", "hp-tenant-b", check=False).returncode != 0
+    # an apply now may read the namespace (its ClusterRole stays) but not make it again
+    proc = run_installer("apply", str(inventory), "--state", str(state), check_rc=None, timeout=300)
+    assert proc.returncode != 0 and "namespace hp-tenant-b does not exist in the hosting cluster, and this " \
+        "hosting identity may not create it" in proc.stderr, proc.stderr
     # what the identity's rights leave behind, cluster-wide: the admin removes it (docs/hosted.md)
     rc.kubectl("delete", "--ignore-not-found", "-f", "-", stdin=access)
     assert rc.kubectl("get", "clusterrole", "hiddenplane-operator-hp-tenant-b", check=False).returncode != 0

@@ -158,10 +158,8 @@ def ensure_namespace(api: ApiClient, namespace: dict, k8s_version: str, create: 
             return
         except ApiError as e:
             if e.status == 403:
-                raise HostingError(
-                    f"namespace {name} does not exist in the hosting cluster, and this hosting identity may not "
-                    "create it: the hosting cluster's admin makes it, with the identity's rights "
-                    "(`installer hosting-access INVENTORY --user NAME | kubectl apply -f -`)") from None
+                raise HostingError(f"namespace {name} does not exist in the hosting cluster, and this hosting "
+                                   f"identity may not create it: {GRANT_HINT}") from None
             if e.status != 409:
                 raise HostingError(f"namespace {name}: create refused: {status_message(e)}") from None
     converge(api, [namespace], k8s_version)
@@ -328,6 +326,10 @@ def delete_namespace(api: ApiClient, namespace: str, timeout: float, log: Callab
     return True
 
 
+GRANT_HINT = ("the hosting cluster's admin makes the tenant's namespace and grants this identity its rights there: "
+              "`installer hosting-access INVENTORY --user NAME | kubectl apply -f -` (docs/hosted.md)")
+
+
 def _get(api: ApiClient, path: str) -> dict | None:
     """The object at ``path``; None when there is none (404)."""
     try:
@@ -335,7 +337,8 @@ def _get(api: ApiClient, path: str) -> dict | None:
     except ApiError as e:
         if e.status == 404:
             return None
-        raise HostingError(f"{path}: {status_message(e)}") from None
+        hint = f"; {GRANT_HINT}" if e.status == 403 else ""
+        raise HostingError(f"{path}: {status_message(e)}{hint}") from None
 
 
 def check_owner(api: ApiClient, namespace: str, tenant: str, state_id: str | None) -> bool:
