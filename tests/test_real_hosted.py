@@ -755,6 +755,9 @@ def second_tenant(tenant: Tenant, tmp: Path) -> None:
     started = time.monotonic()
     proc = run_installer("apply", str(inventory), "--state", str(state), "--wait-timeout", "900")
     print(f"\nsecond tenant: apply {time.monotonic() - started:.0f} s\n{proc.stdout}")
+    # the admin made the namespace: this state's first apply recorded itself as its owner
+    owner = rc.get("configmap", "hiddenplane-owner", "-n", "hp-tenant-b")["data"]
+    assert owner == {"tenant": "tenant-b", "state": (state / "tenant-id").read_text().strip()}, owner
     least_privilege(rc, operator)
     kubeconfig = tmp / "b.kubeconfig"
     run_installer("kubeconfig", str(inventory), "--state", str(state), "-o", str(kubeconfig))

@@ -341,16 +341,17 @@ def _get(api: ApiClient, path: str) -> dict | None:
         raise HostingError(f"{path}: {status_message(e)}{hint}") from None
 
 
-def check_owner(api: ApiClient, namespace: str, tenant: str, state_id: str | None) -> bool:
+def check_owner(api: ApiClient, namespace: str, tenant: str, state_id: str | None) -> tuple[bool, bool]:
     """Refuse (``tenancy.NotOurNamespace``) a namespace that is not ``tenant``'s or that another
-    state applied (core/tenancy.py); True when it exists and has no owner recorded yet."""
+    state applied (core/tenancy.py); else whether it exists, and whether its owner (this state)
+    is recorded in it already."""
     live = _get(api, f"/api/v1/namespaces/{namespace}")
     owner = _get(api, f"/api/v1/namespaces/{namespace}/configmaps/{tenancy.OWNER}") if live is not None else None
     problem = tenancy.ownership_problem(namespace, tenant, live, (owner or {}).get("data") if owner else None,
                                         state_id)
     if problem:
         raise tenancy.NotOurNamespace(problem)
-    return live is not None and owner is None
+    return live is not None, owner is not None
 
 
 def _exists(api: ApiClient, path: str) -> bool:

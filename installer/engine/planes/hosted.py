@@ -36,7 +36,7 @@ class HostedPlane(ControlPlane):
     def __init__(self, inv, session, state=None):
         super().__init__(inv, session, state)
         self._api = None
-        self._owner_recorded = False
+        self._found = self._owner_recorded = False    # the namespace exists; this state owns it (api)
         self._held: tuple[str, str] | None = None
         self._workloads: list = []
 
@@ -55,8 +55,8 @@ class HostedPlane(ControlPlane):
             from installer.host import hosting  # lazy: urllib3, for hosted tenants only
             api = hosting.hosting_client(self.inv)
             try:
-                self._owner_recorded = hosting.check_owner(api, self.namespace, self.inv.metadata.name,
-                                                           self.state.tenant_id() if self.state else None)
+                self._found, self._owner_recorded = hosting.check_owner(
+                    api, self.namespace, self.inv.metadata.name, self.state.tenant_id() if self.state else None)
             except BaseException:
                 api.close()
                 raise
@@ -124,6 +124,7 @@ class HostedPlane(ControlPlane):
         when this run holds it already: whoever took it gives it back)."""
         from installer.host import hosting  # lazy: urllib3, for hosted tenants only
         hosting.ensure_namespace(self.api(), namespace_object(self.inv), self.inv.spec.kubernetes.version, create)
+        self._found = True
         if hosting.take_lease(self.api(), self.namespace, self.session.run_id, force=force):
             self._held = (self.namespace, self.session.run_id)
 
@@ -167,7 +168,9 @@ class HostedPlane(ControlPlane):
         from installer.host.hosting import HostingError  # lazy: urllib3, for hosted tenants only
         plan = self.beyond_plan(ctx.inv, ctx.material)
         try:
-            held = self.read_files(trust.certificate_paths(plan), secrets=True)
+            self.api()
+            # no namespace (a first apply, or after a reset): nothing is held there yet
+            held = self.read_files(trust.certificate_paths(plan), secrets=True) if self._found else {}
         except HostingError as e:
             raise HostError(self.namespace, str(e)) from None
         return [(f"hosting namespace {self.namespace}", plan, held)]
