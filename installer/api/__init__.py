@@ -17,8 +17,8 @@ from installer.core.errors import InstallerError
 from installer.core.inventory import Inventory, as_inventory, json_schema
 from installer.core.inventory_hosted import refuse_hosted
 from installer.core.pki.material import Changes, Material, ensure
-from installer.core.render.files import HostPlan
 from installer.core.render import tenant_access
+from installer.core.render.files import HostPlan
 from installer.core.render.plan import render_cluster, write_tree
 from installer.core.state import StateDir, state_for, write_admin_kubeconfig
 

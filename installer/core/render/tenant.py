@@ -322,8 +322,9 @@ def tenant_plan_files(inv: Inventory, material: Material) -> HostPlan:
         plan.files[f"{K8S_DIR}/{conf}"] = HostFile(
             f"{K8S_DIR}/{conf}", kubeconfig(inv.metadata.name, api_in_cluster(inv), ca_pem, user,
                                             client=material.pair(cert)), 0o600, secret=True, restarts=(unit,))
-    plan.files[konnectivity.EGRESS_CONFIG] = HostFile(
-        konnectivity.EGRESS_CONFIG, to_yaml(konnectivity.egress_selector_config(SOCKET, controlplane=True)), 0o600, restarts=(API_UNIT,))
+    egress = konnectivity.egress_selector_config(SOCKET, controlplane=True)
+    plan.files[konnectivity.EGRESS_CONFIG] = HostFile(konnectivity.EGRESS_CONFIG, to_yaml(egress), 0o600,
+                                                      restarts=(API_UNIT,))
     return plan
 
 
