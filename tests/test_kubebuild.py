@@ -20,6 +20,7 @@ from installer.core import versions
 from installer.core.artifacts import read_sums, write_sums
 from installer.core.inventory_hosted import hosted_images
 from installer.core.render.addons.konnectivity import AGENT_IMAGE, SERVER_BINARY
+from installer.core.render.addons.netpol import NETPOL, NETPOL_IMAGE
 from installer.engine.phases.join_workers import archive_images
 from installer.lab import debian_artifacts
 from installer.lab import lab as lab_mod
@@ -72,7 +73,9 @@ def test_the_hosted_images_are_named_as_the_installer_names_them():
     plan = {i.archive: i for i in kb.hosted_image_plan(k8s, etcd)}
     names = hosted_images("registry.k8s.io", k8s, etcd)
     # one image-<component>.tar per component, under the name the hosted plane runs
-    assert {a: i.ref for a, i in plan.items() if a != "local-path-provisioner"} == names
+    own = ("local-path-provisioner", NETPOL)           # the hosting cluster's, not a tenant's
+    assert {a: i.ref for a, i in plan.items() if a not in own} == names
+    assert plan[NETPOL].ref == NETPOL_IMAGE and plan[NETPOL].entrypoint == "/bin/netpol"
     assert names["konnectivity-agent"] == AGENT_IMAGE and plan["konnectivity-agent"].entrypoint == "/proxy-agent"
     assert plan["local-path-provisioner"].ref == "docker.io/rancher/local-path-provisioner:v0.0.37"
     built = {c.name: c for c in [kb.kubernetes(k8s), *kb.others(), *kb.hosted_components()]}
@@ -80,12 +83,13 @@ def test_the_hosted_images_are_named_as_the_installer_names_them():
         assert img.entrypoint in img.files, img.archive
         for comp, name in img.files.values():
             assert comp == kb.BUSYBOX or name in built[comp].binaries, img.archive
-    # etcd's pods run installer/sh/etcd-member-start.sh, and etcd's day 2 of a tenant execs
-    # commands in them: busybox's sh and what those call, no more
-    script = (ROOT / "installer/sh/etcd-member-start.sh").read_text() + \
-        (ROOT / "installer/engine/planes/etcd_pods.py").read_text()
+    # etcd's pods run installer/sh/etcd-member-start.sh, and etcd's day 2 of a tenant and
+    # apply's NetworkPolicy probe exec commands in them: busybox's sh and what those call, no more
+    script = "".join((ROOT / f).read_text() for f in ("installer/sh/etcd-member-start.sh",
+                                                      "installer/engine/planes/etcd_pods.py",
+                                                      "installer/core/render/tenant_network.py"))
     assert plan["etcd"].files["/bin/busybox"] == (kb.BUSYBOX, "busybox") and "sh" in kb.ETCD_APPLETS
-    assert all(re.search(rf"(^|[\s($]){re.escape(a)}\s", script, re.M) for a in kb.ETCD_APPLETS if a != "sh")
+    assert all(re.search(rf"(^|[\s($/]){re.escape(a)}[\s\"]", script, re.M) for a in kb.ETCD_APPLETS if a != "sh")
     # local-path-provisioner's helper pods run its setup and teardown scripts in the lab's busybox
     assert {"sh", "mkdir", "chmod", "rm"} <= set(kb.BUSYBOX_APPLETS)
     # and the konnectivity-server binary control hosts get is the one the server image runs

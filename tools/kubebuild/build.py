@@ -11,8 +11,10 @@ workers' API balancer) is built from its C release (sources.py). DIR gets the fi
 ``installer.core.inventory_hosted.hosted_images`` gives (kube-apiserver, kube-controller-manager,
 kube-scheduler and etcd from the same builds as the binaries; the konnectivity server and agent
 from sigs.k8s.io/apiserver-network-proxy), the hosting cluster's volume provisioner
-(local-path-provisioner), one ``image-<name>.tar`` each (hosted_image_plan), and the konnectivity
-server binary that control hosts with ``egress: konnectivity`` run.
+(local-path-provisioner) and NetworkPolicy enforcer (kube-network-policies, one file of a
+dependency built over: ``Component.overlays``), one ``image-<name>.tar`` each
+(hosted_image_plan), and the konnectivity server binary that control hosts with
+``egress: konnectivity`` run.
 
 Built outputs are cached per component under ``$HIDDENPLANE_CACHE_DIR/build`` (default
 ``/var/cache/hiddenplane/build``), keyed by everything that goes into them: the wrapper
@@ -68,6 +70,7 @@ from installer.core.inventory_hosted import KONNECTIVITY_IMAGE_VERSION, hosted_i
 from installer.core.inventory_model import SANDBOX_IMAGE  # noqa: E402
 from installer.core.render.addons.coredns import COREDNS_IMAGE, COREDNS_VERSION  # noqa: E402
 from installer.core.render.addons.konnectivity import SERVER_BINARY as KONNECTIVITY_SERVER  # noqa: E402
+from installer.core.render.addons.netpol import NETPOL, NETPOL_BINARY, NETPOL_IMAGE, NETPOL_VERSION  # noqa: E402
 
 RECIPE = 1                      # bump when how a component's binaries are built changes
 IMAGE_RECIPE = 2                # bump when how an image archive is made changes
@@ -152,6 +155,11 @@ def hosted_components() -> list[Component]:
         Component("local-path-provisioner", LOCAL_PATH_VERSION, ("github.com/rancher/local-path-provisioner",),
                   {"local-path-provisioner": "github.com/rancher/local-path-provisioner"},
                   lambda v: [f"-X main.VERSION={v}"]),     # as its scripts/build (the git tag)
+        # the hosting cluster's NetworkPolicy enforcer (installer/core/render/addons/netpol.py):
+        # its verdict rule queues through nft_compat's NFQUEUE target (the overlay says why)
+        Component(NETPOL, NETPOL_VERSION, ("sigs.k8s.io/kube-network-policies",),
+                  {NETPOL: "sigs.k8s.io/kube-network-policies/cmd"}, lambda v: [],
+                  overlays={"github.com/google/nftables:expr/queue.go": "nftables-queue.go.overlay"}),
     ]
 
 
@@ -234,7 +242,8 @@ def build_key(c: Component, gover: str) -> str:
     return key_of(f"recipe={RECIPE}", c.name, c.version, gover, f"cgo={c.cgo}", c.tags,
                   json.dumps(c.binaries, sort_keys=True), *([json.dumps(c.tests, sort_keys=True)] if c.tests else []),
                   " ".join(c.ldflags(c.version)),
-                  *((c.pin_dir / f).read_text() for f in ("go.mod", "go.sum")))
+                  *((c.pin_dir / f).read_text() for f in ("go.mod", "go.sum")),
+                  *(f"{target}={(c.pin_dir / ours).read_text()}" for target, ours in sorted(c.overlays.items())))
 
 
 class Heartbeat:
@@ -270,6 +279,8 @@ def go_build(c: Component, out: Path) -> float:
              "-ldflags", " ".join(["-s", "-w", *c.ldflags(c.version)])]
     if c.tags:
         flags += ["-tags", c.tags.replace(" ", ",")]
+    if c.overlays:
+        flags.append(f"-modfile={override_modules(c, out)}")
     # one go command for all of a component's binaries: shared packages compile once
     runs = [["go", "build", *flags, "-o", f"{out}/", *sorted(set(c.binaries.values()))]] if c.binaries else []
     runs += [["go", "test", "-c", *[f for f in flags if f != "-v"], "-o", str(out / name), pkg]
@@ -284,7 +295,44 @@ def go_build(c: Component, out: Path) -> float:
             built = out / pkg.rstrip("/").rsplit("/", 2)[-2]
         if built != out / name:
             built.rename(out / name)
+    for scratch in (".build.mod", ".build.sum"):
+        (out / scratch).unlink(missing_ok=True)
+    shutil.rmtree(out / ".src", ignore_errors=True)
     return peak
+
+
+def module_dir(c: Component, module: str) -> Path:
+    """Where the go command of ``c``'s wrapper module reads ``module``'s source from."""
+    out = subprocess.run(["go", "list", "-m", "-f", "{{.Dir}}", module], cwd=c.pin_dir, env=build_env(c),
+                         capture_output=True, text=True)
+    if out.returncode != 0 or not out.stdout.strip():
+        raise SystemExit(f"build-kubernetes: {c.name}: go list -m {module} failed: {out.stderr.strip()}")
+    return Path(out.stdout.strip())
+
+
+def override_modules(c: Component, out: Path) -> Path:
+    """A go.mod for building ``c`` with its overlays (returned; beside it its go.sum): each
+    overlaid module copied from the module cache into ``out`` (which the go command forbids
+    overlaying in place), our file written over its own, and replaced by that copy. The
+    committed wrapper go.mod and go.sum are the rest; all of it is removed after the build."""
+    src = out / ".src"
+    replaces = []
+    for module in sorted({t.partition(":")[0] for t in c.overlays}):
+        copy = src / module.replace("/", "_")
+        shutil.copytree(module_dir(c, module), copy)
+        for f in [copy, *copy.rglob("*")]:
+            f.chmod(0o755 if f.is_dir() else 0o644)      # the module cache's files are read-only
+        replaces.append(f"replace {module} => {copy}")
+    for target, ours in sorted(c.overlays.items()):
+        module, _, path = target.partition(":")
+        original = src / module.replace("/", "_") / path
+        if not original.is_file():
+            raise SystemExit(f"build-kubernetes: {c.name}: {module} has no {path} to build over")
+        original.write_bytes((c.pin_dir / ours).read_bytes())
+    modfile = out / ".build.mod"
+    modfile.write_text((c.pin_dir / "go.mod").read_text() + "\n" + "\n".join(replaces) + "\n")
+    shutil.copyfile(c.pin_dir / "go.sum", out / ".build.sum")
+    return modfile
 
 
 def _go_run(c: Component, cmd: list[str]) -> float:
@@ -395,8 +443,9 @@ def busybox_image() -> Built:
 # what installer/sh/etcd-member-start.sh runs beside etcd, etcdctl and etcdutl: busybox's sh,
 # awk, sleep, cat, mv, rm; printf, echo and [ are builtins of its sh, linked too so as not to
 # depend on that. `etcd snapshot save|restore` of a tenant (engine/planes/etcd_pods.py) execs
-# cat, mkdir, mv and rm in a member's container.
-ETCD_APPLETS = ("sh", "awk", "sleep", "printf", "echo", "[", "cat", "mv", "rm", "mkdir")
+# cat, mkdir, mv and rm in a member's container; apply's NetworkPolicy probe execs nc
+# (render/tenant_network.py).
+ETCD_APPLETS = ("sh", "awk", "sleep", "printf", "echo", "[", "cat", "mv", "rm", "mkdir", "nc")
 BUSYBOX = "busybox"     # the source of /bin/busybox in hosted_image_plan
 
 
@@ -430,7 +479,8 @@ def hosted_image_plan(kubernetes_version: str, etcd_version: str) -> list[Binary
                         {"/proxy-agent": ("konnectivity", "proxy-agent")}, "/proxy-agent"),
             BinaryImage("local-path-provisioner", LOCAL_PATH_IMAGE,
                         {"/usr/bin/local-path-provisioner": ("local-path-provisioner", "local-path-provisioner")},
-                        "/usr/bin/local-path-provisioner")]
+                        "/usr/bin/local-path-provisioner"),
+            BinaryImage(NETPOL, NETPOL_IMAGE, {NETPOL_BINARY: (NETPOL, NETPOL)}, NETPOL_BINARY)]
 
 
 def binary_image(img: BinaryImage, built_files: dict[str, dict[str, Path]]) -> Built:
@@ -483,9 +533,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--etcd", metavar="VERSION", help=f"etcd version (default {versions.DEFAULT_COMPONENTS['etcd']})")
     p.add_argument("--only", action="append", default=[],
                    help="build only these components (kubernetes, etcd, containerd, runc, cni, cri-tools, coredns, "
-                   "images, haproxy, socat, konnectivity, local-path-provisioner; "
-                   "hosted: the images of a hosted control plane, local-path-provisioner's and the "
-                   "konnectivity-server binary; "
+                   "images, haproxy, socat, konnectivity, local-path-provisioner, kube-network-policies; "
+                   "hosted: the images of a hosted control plane, local-path-provisioner's, "
+                   "kube-network-policies' and the konnectivity-server binary; "
                    "e2e: the conformance suite and its images, tools/kubebuild/e2e.py, never built by default)")
     args = p.parse_args(argv)
     version = versions.DEFAULT_KUBERNETES_VERSION if args.version == "default" else args.version
@@ -532,8 +582,8 @@ def main(argv: list[str] | None = None) -> int:
             if c.name == "konnectivity":
                 # the server's binary is for control hosts (egress: konnectivity); the agent runs as a pod
                 built.append(replace(b, files={KONNECTIVITY_SERVER: b.files[KONNECTIVITY_SERVER]}))
-            elif c.name in wanted and c.name not in ("coredns", "local-path-provisioner"):
-                built.append(b)           # CoreDNS and local-path-provisioner run as pods: only images go out
+            elif c.name in wanted and c.name not in ("coredns", "local-path-provisioner", NETPOL):
+                built.append(b)           # these run as pods: only their images go out
     if "images" in wanted:
         built += [pause_image(k8s), coredns_image(by_name["coredns"]), busybox_image()]
     if "hosted" in wanted:

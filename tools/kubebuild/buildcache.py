@@ -76,6 +76,9 @@ class Component:
     apt: tuple[str, ...] = ()   # Debian packages the build needs (headers)
     # test binaries (`go test -c`): output name -> package, e.g. e2e.test (tools/kubebuild/e2e.py)
     tests: dict[str, str] = field(default_factory=dict)
+    # files built in place of a dependency's: "module:path in it" -> a file in the wrapper's
+    # directory (tools/kubebuild/<name>-<version>) that says why (build.override_modules)
+    overlays: dict[str, str] = field(default_factory=dict)
 
     @property
     def pin_dir(self) -> Path:
