@@ -208,7 +208,8 @@ def real_cluster(tmp_path_factory, built_artifacts, kubectl) -> RealCluster:
         cp1 = lab.spec.host("cp1").address
         doc = yaml.safe_load(lab.inventory.read_text())
         doc["spec"]["hosts"] = [h for h in doc["spec"]["hosts"] if h["name"] not in TENANT_WORKERS]
-        doc["spec"]["network"] = {"upstreamDNS": [cp1]}
+        doc["spec"]["network"] = {**doc["spec"].get("network", {}), "upstreamDNS": [cp1]}
+        assert doc["spec"]["network"]["policy"] == "kube-network-policies"      # (lab up --hosting)
         # no endpoint (as `installer lab up` writes it): with 3 control hosts every worker
         # balances over the 3 apiservers (spec.apiServer.balancer auto; tests/test_real_ha.py)
         assert "endpoint" not in doc["spec"]["apiServer"]

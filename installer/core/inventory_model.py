@@ -63,6 +63,11 @@ class NetworkSpec(StrictModel):
     cni: Literal["routes", "cilium"] = Field(
         "routes", description="routes: bridge CNI with a pod CIDR per worker and static routes between "
         "hosts (no images needed); cilium: installed with Helm from the artifacts, no routes.")
+    policy: Literal["none", "kube-network-policies"] = Field(
+        "none", description="What enforces NetworkPolicy objects. none: nothing (cni: routes alone accepts "
+        "policies and enforces none; Cilium enforces its own); kube-network-policies: an enforcer on every "
+        "worker (cni: routes only; its image from the artifacts). A cluster hosting tenants needs one "
+        "(docs/hosted.md).")
     egress: Literal["routes", "konnectivity"] | None = Field(
         None, description="How control hosts reach pods and services (webhooks, aggregated APIs, logs/exec): "
         "routes (default with cni: routes) or konnectivity (default with cni: cilium).")

@@ -75,6 +75,9 @@ def _network_problems(data: dict, hosts: list) -> list[str]:
         if endpoint and endpoint.version == n.version and endpoint in n:
             out.append(f"spec.apiServer.endpoint: '{endpoint}' lies inside spec.network.{label} {n}")
     out += _balancer_problems(data, hosts, pod, svc)
+    if isinstance(net, dict) and net.get("cni") == "cilium" and net.get("policy") not in (None, "none"):
+        out.append(f"spec.network.policy: {quoted(str(net.get('policy')))} is for cni: routes; Cilium "
+                   "enforces NetworkPolicy itself: leave policy out (none)")
     if isinstance(net, dict) and net.get("cni") == "cilium" and net.get("egress") == "routes":
         # Cilium's pod network is not routed from hosts that are not nodes
         out.append("spec.network.egress: 'routes' needs cni: routes; with cni: cilium the control hosts "

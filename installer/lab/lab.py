@@ -71,7 +71,7 @@ def load_spec(paths: LabPaths) -> LabSpec:
 # --- up ------------------------------------------------------------------------------------
 
 def inventory_doc(spec: LabSpec, paths: LabPaths, k8s_version: str | None = None,
-                  containerd_version: str | None = None) -> dict:
+                  containerd_version: str | None = None, hosting: bool = False) -> dict:
     """The lab's inventory. What only the lab needs is set here, never as a product default:
     the lab has no registry (images come from the artifacts), so AlwaysPullImages is off; the
     versions are those of the binaries in its artifacts when they differ from the defaults
@@ -94,6 +94,10 @@ def inventory_doc(spec: LabSpec, paths: LabPaths, k8s_version: str | None = None
         # cgroup v1, containerd may not lower oom_score_adj, kube-proxy may not set conntrack
         # limits (nspawn.POD_HOST_ARGS gives it the rest)
         doc["spec"]["workerHosts"] = {"cgroupV1": True, "inContainer": True}
+    if hosting:
+        # a cluster hosting tenants enforces their NetworkPolicies (docs/hosted.md); the
+        # enforcer's image is among the hosting archives
+        doc["spec"]["network"] = {"policy": "kube-network-policies"}
     if k8s_version:
         doc["spec"]["kubernetes"] = {"version": k8s_version}
     if containerd_version and containerd_version != versions.DEFAULT_COMPONENTS["containerd"]:
@@ -239,7 +243,7 @@ def up(name: str, controls: int = 1, workers: int = 2, vm_workers: int = 0, subn
         list(pool.map(lambda h: _settle_boot(paths, h, log), spec.hosts))
 
     text = yaml.safe_dump(inventory_doc(spec, paths, binaries_version(paths.artifacts),
-                                        containerd_version(paths.artifacts)), sort_keys=False)
+                                        containerd_version(paths.artifacts), hosting=hosting), sort_keys=False)
     paths.inventory(name).write_text(text)
     out = (inventory_out or Path.cwd() / f"{name}.inventory.yaml").resolve()
     out.write_text(text)
