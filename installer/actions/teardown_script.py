@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from installer.actions.teardown_shell import CNI_NETNS, CONTAINERD_DATA, CONTAINERD_RUN, PRELUDE, exe_pids
 from installer.core import components, network
 from installer.core.facts import MANIFEST, STATE_DIR
+from installer.core.render.addons.netpol import NFT_TABLE as NETPOL_TABLE
 from installer.core.render.control import AUDIT_DIR
 from installer.core.render.files import BIN_DIR, SYSTEMD_DIR
 from installer.core.render.network import IPTABLES, SYSCTL_BIN, SYSCTL_FILE
@@ -152,6 +153,15 @@ def _network_steps(t: Teardown) -> list[Step]:
              (f"clean_rules {posixpath.basename(IPTABLES[4])} ip",
               f"clean_rules {posixpath.basename(IPTABLES[6])} ip6")),
     ]
+    if worker:
+        # the NetworkPolicy enforcer's table outlives its pod (it fails closed: killed, it leaves
+        # its rules): a pod given an address it held is queued to nobody and dropped. Without
+        # the nft tool it stays until the next boot (the lab's hosts have none)
+        out.append(Step((f"delete the nftables table inet {NETPOL_TABLE} (spec.network.policy)",), (
+            f"if has nft && nft list table inet {NETPOL_TABLE} >/dev/null 2>&1; then",
+            f"  nft delete table inet {NETPOL_TABLE} && say 'removed the nftables table inet {NETPOL_TABLE}'",
+            "fi",
+        )))
     sysctl = ["# forwarding: back to the kernel default, then to what a remaining sysctl.d file says",
               f'if [ -e "$R"{q(SYSCTL_FILE)} ]; then']
     for key, value in KERNEL_DEFAULTS.items():
