@@ -480,7 +480,7 @@ def test_an_upgrade_of_a_tenant_rolls_its_control_plane_by_component(rendered, t
     assert [n for k, n in kinds(tenant_roll.ETCD) if k in ("StatefulSet", "Deployment")] == ["etcd"]
     controllers = [n for k, n in kinds(tenant_roll.CONTROLLERS) if k == "Deployment"]
     assert controllers == ["kube-controller-manager", "kube-scheduler"]
-    # every object of the tenant is in exactly one component's (or is the Namespace)
+    # every object of the tenant is in exactly one component's (or holds for the whole namespace)
     every = kinds(tenant_roll.ETCD + tenant_roll.APISERVER + tenant_roll.CONTROLLERS)
     assert every == sorted((o["kind"], o["metadata"]["name"]) for o in
                            tenant.render_tenant(inv, p.material).objects)

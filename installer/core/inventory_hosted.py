@@ -18,7 +18,7 @@ from pydantic import AfterValidator, Field
 from pydantic_core import PydanticCustomError
 
 from installer.core.errors import InstallerError
-from installer.core.inventory_fields import HostIP, Int, Label, PathText, Port, StrictModel, Subdomain, quoted
+from installer.core.inventory_fields import Bool, HostIP, Int, Label, PathText, Port, StrictModel, Subdomain, quoted
 
 HOSTED = "hosted"
 # the hosting namespace of a tenant without spec.controlPlane.hosted.namespace
@@ -110,6 +110,11 @@ class HostedSpec(StrictModel):
                                     "clusters.")
     resources: dict[Literal[HOSTED_COMPONENTS], Resources] = Field(  # type: ignore[valid-type]
         default_factory=dict, description="Requests and limits per component (container).")
+    requireNetworkPolicy: Bool = Field(
+        True, description="apply checks that the hosting cluster enforces the tenant's NetworkPolicies (a "
+        "connection they deny must fail) and stops when it does not. false accepts the risk, and every apply "
+        "warns: any pod of the hosting cluster, another tenant's included, then reaches this tenant's etcd "
+        "and control-plane pods, guarded by TLS alone.")
 
 
 class ControlPlaneSpec(StrictModel):

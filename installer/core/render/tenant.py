@@ -29,6 +29,7 @@ from installer.core.render.files import K8S_DIR, HostFile, HostPlan, to_yaml
 from installer.core.render.kubeconfig import kubeconfig
 from installer.core.render.manifests import LABELS
 from installer.core.render.pods import INPUTS_ANNOTATION, PodParts, pod_parts
+from installer.core.render.tenant_network import TENANT_LABEL, network_policies
 from installer.core.shellfiles import SH_DIR
 
 API_UNIT, CM_UNIT, SCHED_UNIT, ETCD_UNIT = components.units(
@@ -47,7 +48,6 @@ MEMBER_LIST = "etcd-members"       # ConfigMap: cluster (name=peer URL, ...) and
 SCRIPTS = "/scripts"
 SOCKET_DIR = "/run/konnectivity"
 SOCKET = f"{SOCKET_DIR}/konnectivity-server.socket"
-TENANT_LABEL = "hiddenplane.io/tenant"
 
 
 @dataclass
@@ -336,7 +336,8 @@ def namespace_object(inv: Inventory) -> dict:
 def render_tenant(inv: Inventory, material: Material) -> TenantPlan:
     assert inv.hosted is not None, "render_tenant is for spec.controlPlane.mode: hosted"
     plan = tenant_plan_files(inv, material)
-    objects = [namespace_object(inv), *_etcd(inv, plan), *_apiserver(inv, plan),
+    # the policies before the pods they select: no pod is open while its policy is to come
+    objects = [namespace_object(inv), *network_policies(inv), *_etcd(inv, plan), *_apiserver(inv, plan),
                *_leader(inv, plan, CM_UNIT, "kube-controller-manager", control.controller_manager_flags(inv)),
                *_leader(inv, plan, SCHED_UNIT, "kube-scheduler", control.scheduler_flags())]
     return TenantPlan(inv.hosted_namespace, objects)

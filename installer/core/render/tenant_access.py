@@ -37,6 +37,8 @@ RULES: tuple[tuple[str, tuple[str, ...], tuple[str, ...], str], ...] = (
      "etcd's StatefulSet and the components' Deployments; rolls and member counts patch them"),
     ("policy", ("poddisruptionbudgets",), ("get", "create", "update", "delete"),
      "the budgets that keep a hosting drain from taking a quorum"),
+    ("networking.k8s.io", ("networkpolicies",), ("get", "create", "update", "delete"),
+     "the tenant's NetworkPolicies (render/tenant_network.py)"),
     ("coordination.k8s.io", ("leases",), ("get", "create", "update", "delete"),
      "the apply lock"),
     ("", ("pods",), ("get", "list", "delete"),

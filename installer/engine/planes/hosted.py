@@ -17,6 +17,7 @@ from installer.core import tenancy, trust
 from installer.core.etcd_rules import EtcdOpError
 from installer.core.render.pods import key_for
 from installer.core.render.tenant import namespace_object, render_tenant, tenant_plan_files
+from installer.core.render.tenant_network import RISK, probe_argv, probe_verdict
 from installer.engine.events import Event
 from installer.engine.planes import etcd_pods, tenant_roll
 from installer.engine.planes.base import ControlPlane
@@ -91,10 +92,43 @@ class HostedPlane(ControlPlane):
     def wait_converged(self, ctx) -> list[str]:
         from installer.host import hosting  # lazy: urllib3, for hosted tenants only
         try:
-            return hosting.wait_workloads(self.api(), self.namespace, self._workloads, ctx.options.wait_timeout,
-                                          ctx.log)
+            lines = hosting.wait_workloads(self.api(), self.namespace, self._workloads, ctx.options.wait_timeout,
+                                           ctx.log)
         except hosting.HostingError as e:
             raise HostError(self.namespace, str(e)) from None
+        return lines + self._isolation(ctx)
+
+    def _isolation(self, ctx) -> list[str]:
+        """The tenant's NetworkPolicies enforced, or apply stops (``requireNetworkPolicy: false``:
+        a warning each run). Probed every apply: a hosting cluster can lose its enforcer."""
+        from installer.host import tenant_etcd  # lazy: urllib3, for hosted tenants only
+        api, inv = self.api(), ctx.inv
+        port = inv.spec.apiServer.port
+        try:
+            target = next((p for p in tenant_etcd.component_pods(api, inv, "kube-apiserver")
+                           if tenant_etcd.pod_ready(p) and (p.get("status") or {}).get("podIP")), None)
+            if target is None:
+                raise HostError(self.namespace, "no ready kube-apiserver pod with an address to probe "
+                                "NetworkPolicy enforcement against")
+            member = tenant_etcd.ready_members(api, inv)[0]
+            r = tenant_etcd.run_in_member(api, inv, member, probe_argv(target["status"]["podIP"], port),
+                                          "NetworkPolicy probe", check=False, timeout=60)
+        except EtcdOpError as e:
+            raise HostError(self.namespace, str(e)) from None
+        stderr = r.stderr.decode(errors="replace").strip()
+        verdict = probe_verdict(r.rc, stderr)
+        to = f"{target['metadata']['name']}:{port}"
+        if verdict == "denied":
+            return [f"NetworkPolicy enforced: {member} could not connect to {to}, which the tenant's policies deny"]
+        why = (f"{member} connected to {to}, which the tenant's policies deny" if verdict == "reached" else
+               f"the probe from {member} to {to} did not tell (exit {r.rc}: {stderr[-300:] or 'no output'})")
+        if not inv.hosted.requireNetworkPolicy:
+            return [f"warning: NetworkPolicy not enforced ({why}): {RISK}; accepted by "
+                    "spec.controlPlane.hosted.requireNetworkPolicy: false"]
+        raise HostError(self.namespace, f"the hosting cluster does not enforce NetworkPolicy: {why}. So {RISK}. "
+                        "Run an enforcer there (a cluster this installer built: spec.network.policy: "
+                        "kube-network-policies; docs/hosted.md), or accept the risk with "
+                        "spec.controlPlane.hosted.requireNetworkPolicy: false")
 
     def place(self, ctx, phase: str, host: str, changes, no_block: bool = False):
         raise HostError(host, "a hosted control plane has no host to place files on")

@@ -49,11 +49,14 @@ def control_state(api: ApiClient, inv: Inventory) -> tuple[HostState, dict[str, 
     return HostState(CONTROL, "control", oldest(kube), oldest(etcd)), health
 
 
+NAMESPACE_WIDE = ("Namespace", "NetworkPolicy")
+
+
 def component_objects(inv: Inventory, material, components: tuple[str, ...]) -> list[dict]:
-    """The tenant's rendered objects of ``components`` (by their component label), its
-    Namespace first."""
+    """The tenant's rendered objects of ``components`` (by their component label), after what
+    holds for the whole namespace (the Namespace, the NetworkPolicies): a roll re-applies those too."""
     objects = render_tenant(inv, material).objects
-    return [o for o in objects if o["kind"] == "Namespace"
+    return [o for o in objects if o["kind"] in NAMESPACE_WIDE
             or (o["metadata"].get("labels") or {}).get(COMPONENT_LABEL) in components]
 
 
