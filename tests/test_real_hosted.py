@@ -621,6 +621,63 @@ def test_a_holder_of_another_etcd_ca_certificate_is_no_peer_of_the_tenants_etcd(
         assert seen[name].startswith("failed:"), seen
 
 
+# --- a pod of another namespace: the tenant's NetworkPolicies, enforced ----------------------------
+
+# tenant component -> (ports reached from elsewhere, ports that must not be)
+EXPOSURE = {"etcd": ((), (2379, 2380)), "kube-apiserver": ((6443, 8132), (8133, 8134)),
+            "kube-controller-manager": ((), (10257,)), "kube-scheduler": ((), (10259,))}
+
+
+def test_a_pod_of_another_namespace_reaches_only_the_tenants_exposed_ports(tenant: Tenant):
+    """An intruder pod on each hosting worker, in a namespace of its own, wearing the tenant's
+    apiserver labels, dials every port of every pod of the tenant at once: only the apiservers'
+    secure port and the konnectivity agents' port answer (what the Service exposes anyway, TLS
+    in front); etcd's client and peer ports, konnectivity's admin and health ports and the
+    controllers' are dropped (timed out, not refused: the packets never got there). The ports
+    that answer are the control: the intruders reach the tenant's pods on their own node and the
+    other, and only the policies stop the rest. And apply said it had checked: its probe's line."""
+    rc = tenant.rc
+    pods = [p for p in rc.get("pods", "-n", NS)["items"]
+            if p["status"].get("phase") == "Running" and p["status"].get("podIP")
+            and not p["metadata"].get("deletionTimestamp")]
+    targets = []
+    for p in pods:
+        allowed, denied = EXPOSURE[p["metadata"]["labels"]["app.kubernetes.io/name"]]
+        targets += [(p["metadata"]["name"], p["status"]["podIP"], port, port in allowed) for port in allowed + denied]
+    assert {n.split("-")[0] for n, *_ in targets} == {"etcd", "kube"}, targets
+    print(f"\nthe tenant's pods by hosting worker: "
+          f"{sorted((p['spec']['nodeName'], p['metadata']['name']) for p in pods)}")
+    rc.kubectl("create", "namespace", "intruder")
+    try:
+        for w in rc.workers:
+            intruder = {"apiVersion": "v1", "kind": "Pod", "metadata": {
+                "name": f"intruder-{w}", "namespace": "intruder",
+                "labels": {"hiddenplane.io/tenant": "tenant", "app.kubernetes.io/name": "kube-apiserver"}},
+                "spec": {"nodeName": w, "terminationGracePeriodSeconds": 1, "containers": [{
+                    "name": "c", "image": BUSYBOX, "imagePullPolicy": "Never", "command": ["sleep", "3600"]}]}}
+            rc.kubectl("apply", "-f", "-", stdin=json.dumps(intruder))
+        for w in rc.workers:
+            wait_for(f"the intruder on {w} running", lambda: rc.get("pod", f"intruder-{w}", "-n", "intruder")[
+                "status"].get("phase") == "Running", timeout=120)
+        script = "; ".join(f"(nc -w 3 {ip} {port} </dev/null >/dev/null 2>/tmp/{i}; echo {i} $? $(cat /tmp/{i})) &"
+                           for i, (_, ip, port, _) in enumerate(targets)) + " wait"
+        for w in rc.workers:
+            proc = rc.kubectl("exec", "-n", "intruder", f"intruder-{w}", "--", "sh", "-c", script, timeout=60)
+            seen = {int(line.split()[0]): line.split(None, 2)[1:] for line in proc.stdout.splitlines()}
+            for i, (name, ip, port, allowed) in enumerate(targets):
+                code, *err = seen[i]
+                print(f"  from {w}: {name} {ip}:{port}: exit {code} {' '.join(err)}")
+                if allowed:
+                    assert code == "0", (w, name, port, err)
+                else:
+                    assert code != "0" and "timed out" in " ".join(err), (w, name, port, err)
+    finally:
+        rc.kubectl("delete", "namespace", "intruder", "--wait=false")
+    probe = [d for e in tenant.report["events"] if e.get("phase") == "hosted" for d in e.get("detail") or []
+             if d.startswith("NetworkPolicy enforced: etcd-")]
+    assert probe, [e for e in tenant.report["events"] if e.get("phase") == "hosted"]
+
+
 # --- measured: one tenant's control plane ---------------------------------------------------------
 
 def test_one_tenants_control_plane_measured(tenant: Tenant):
