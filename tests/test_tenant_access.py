@@ -64,17 +64,18 @@ def test_it_prints_the_namespace_a_role_and_the_namespace_object_alone_cluster_w
         {"kind": "User", "name": "alice", "apiGroup": "rbac.authorization.k8s.io"}]
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert cluster_binding["roleRef"]["name"] == cluster_role["metadata"]["name"] == f"hiddenplane-operator-{NS}"
-    # cluster-wide: this one Namespace object, by name; never create (it could make any other)
+    # cluster-wide: this one Namespace object, by name; never create (it could make any other),
+    # never update (its Pod Security label is the admin's)
     assert cluster_role["rules"] == [{"apiGroups": [""], "resources": ["namespaces"], "resourceNames": [NS],
-                                      "verbs": ["get", "update", "patch", "delete"]}]
+                                      "verbs": ["get", "delete"]}]
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
 
 
 def test_nothing_is_granted_beyond_the_namespace_nor_a_way_to_widen_it(inventory):
     docs = list(yaml.safe_load_all(run(str(inventory), "--group", "team-a").output))
     rights = granted(docs)
     assert {scope for scope, _, _ in rights} == {NS, "*"}
-    assert {(r, v) for scope, r, v in rights if scope == "*"} == {("namespaces", v) for v in
-                                                                   ("get", "update", "patch", "delete")}
+    assert {(r, v) for scope, r, v in rights if scope == "*"} == {("namespaces", v) for v in ("get", "delete")}
     words = {r for _, r, _ in rights} | {v for _, _, v in rights}
     # no wildcard, no RBAC of its own, no impersonation, no token minting, no node or volume
     for bad in ("*", "roles", "rolebindings", "clusterroles", "impersonate", "escalate", "bind",

@@ -22,6 +22,7 @@ import yaml
 from installer.core import tenancy
 from installer.core.errors import InstallerError
 from installer.core.inventory import Inventory
+from installer.core.render.tenant import TENANT_LABEL, root_workloads
 from installer.core.safefs import input_file_problem
 from installer.core.tlsfiles import fd_path, memory_file
 from installer.host.kube import ApiClient, ApiError, rest, status_message
@@ -163,6 +164,26 @@ def ensure_namespace(api: ApiClient, namespace: dict, k8s_version: str, create: 
             if e.status != 409:
                 raise HostingError(f"namespace {name}: create refused: {status_message(e)}") from None
     converge(api, [namespace], k8s_version)
+
+
+class RootTenant(InstallerError):
+    """A tenant applied by a release that ran its control plane as root (exit 2: nothing changed)."""
+
+
+def refuse_root_tenant(api: ApiClient, inv) -> None:
+    """Stop before a tenant whose live workloads run as root is rolled to non-root pods: etcd's
+    data there is root's, which a non-root member cannot read, and no root container may fix
+    that under Pod Security "restricted". The way over keeps the data (docs/hosted.md)."""
+    ns = inv.hosted_namespace
+    live = [o for path in (f"/apis/apps/v1/namespaces/{ns}/statefulsets", f"/apis/apps/v1/namespaces/{ns}/deployments")
+            for o in ((_get(api, path) or {}).get("items") or [])]
+    found = root_workloads([o for o in live if (o["metadata"].get("labels") or {}).get(TENANT_LABEL)])
+    if found:
+        raise RootTenant(f"namespace {ns}: {', '.join(found)} run as root (applied by an earlier release); this "
+                         "release runs them as a non-root user under Pod Security \"restricted\", and etcd's "
+                         "members could not read their data. Nothing was changed. Move the tenant over with its "
+                         "data: `installer etcd snapshot save`, `installer reset`, `installer apply`, "
+                         "`installer etcd snapshot restore` (docs/hosted.md)")
 
 
 def workload_state(api: ApiClient, namespace: str, kind: str, name: str) -> tuple[bool, str]:

@@ -48,6 +48,12 @@ MEMBER_LIST = "etcd-members"       # ConfigMap: cluster (name=peer URL, ...) and
 SCRIPTS = "/scripts"
 SOCKET_DIR = "/run/konnectivity"
 SOCKET = f"{SOCKET_DIR}/konnectivity-server.socket"
+# every control-plane pod runs as this user and group, not root (Pod Security "restricted",
+# which the namespace enforces): the projected files and etcd's volume are the group's through
+# fsGroup (the kubelet sets it on secret, configMap, projected and emptyDir volumes, and on
+# volumes whose driver manages ownership: CSI with fsGroupPolicy File, local volumes)
+RUN_AS = 65532
+POD_SECURITY = {"pod-security.kubernetes.io/enforce": "restricted"}
 
 
 @dataclass
@@ -153,8 +159,24 @@ def _template(inv: Inventory, component: str, containers: list[dict], volumes: l
     digest = hashlib.sha256("\n".join(digests + [json.dumps(containers, sort_keys=True)]).encode()).hexdigest()
     return {"metadata": {"labels": _labels(inv, component), "annotations": {INPUTS_ANNOTATION: digest}},
             "spec": {"automountServiceAccountToken": False, "enableServiceLinks": False,
+                     "securityContext": pod_security_context(),
                      "affinity": _spread(inv, component), "containers": containers, "volumes": volumes,
                      "terminationGracePeriodSeconds": 30}}
+
+
+def root_workloads(live: list[dict]) -> list[str]:
+    """The live workloads of a tenant (its StatefulSet and Deployments as the hosting API returns
+    them) whose pods run as root: applied by a release before Pod Security "restricted". Rolling
+    them would start etcd as a user that cannot read its members' data, which root wrote."""
+    return [f"{o['kind']} {o['metadata']['name']}" for o in live
+            if not ((o.get("spec") or {}).get("template", {}).get("spec", {}).get("securityContext") or {})
+            .get("runAsNonRoot")]
+
+
+def pod_security_context() -> dict:
+    # OnRootMismatch: a volume already the group's is not walked again at every start (etcd's data)
+    return {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS, "fsGroup": RUN_AS,
+            "fsGroupChangePolicy": "OnRootMismatch", "seccompProfile": {"type": "RuntimeDefault"}}
 
 
 def _selector(inv: Inventory, component: str) -> dict:
@@ -330,7 +352,8 @@ def tenant_plan_files(inv: Inventory, material: Material) -> HostPlan:
 
 def namespace_object(inv: Inventory) -> dict:
     return {"apiVersion": "v1", "kind": "Namespace",
-            "metadata": {"name": inv.hosted_namespace, "labels": {**LABELS, TENANT_LABEL: inv.metadata.name}}}
+            "metadata": {"name": inv.hosted_namespace,
+                         "labels": {**LABELS, TENANT_LABEL: inv.metadata.name, **POD_SECURITY}}}
 
 
 def render_tenant(inv: Inventory, material: Material) -> TenantPlan:

@@ -50,8 +50,11 @@ RULES: tuple[tuple[str, tuple[str, ...], tuple[str, ...], str], ...] = (
     ("", ("persistentvolumeclaims",), ("get", "list", "delete"),
      "a removed member's volume; reset counts them"),
 )
-# the Namespace object itself: read (the ownership guard), relabelled, deleted (reset)
-NAMESPACE_VERBS = ("get", "update", "patch", "delete")
+# the Namespace object itself: read (the ownership guard), deleted (reset). Not updated: its
+# labels are the admin's (it made the namespace from this output), among them Pod Security's
+# "restricted", which an operator who could relabel it could lift, and then run privileged pods
+# through the Deployments it may create
+NAMESPACE_VERBS = ("get", "delete")
 
 SUBJECT_KINDS = ("User", "Group", "ServiceAccount")
 

@@ -141,11 +141,13 @@ class HostedPlane(ControlPlane):
         return [self.namespace]
 
     def take_lock(self, ctx, target: str, pending: bool) -> list[str]:
-        from installer.host.hosting import HostingError  # lazy: urllib3, for hosted tenants only
+        from installer.host import hosting  # lazy: urllib3, for hosted tenants only
         try:
             self._take(force=ctx.options.force_unlock, create=True)
+            # before the artifacts go to its workers: nothing of a tenant that stops here changes
+            hosting.refuse_root_tenant(self.api(), ctx.inv)
             recorded = self._record_owner()
-        except HostingError as e:
+        except hosting.HostingError as e:
             raise HostError(target, str(e)) from None
         return ["the apply lock (a Lease) taken", *recorded]
 

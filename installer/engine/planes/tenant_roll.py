@@ -65,6 +65,7 @@ def roll(api: ApiClient, inv: Inventory, material, components: tuple[str, ...], 
     from installer.host import hosting
     objects = component_objects(inv, material, components)
     workloads = [(o["kind"], o["metadata"]["name"]) for o in objects if o["kind"] in ("StatefulSet", "Deployment")]
+    hosting.refuse_root_tenant(api, inv)
     changed = hosting.converge(api, objects, inv.spec.kubernetes.version)
     for kind, name, action in changed:
         if action != "unchanged":
