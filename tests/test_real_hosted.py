@@ -168,6 +168,11 @@ def test_the_tenant_shows_its_own_workers_only(tenant: Tenant, tenant_b):
     names = sorted(p["metadata"]["name"].rsplit("-", 2)[0] if not p["metadata"]["name"].startswith("etcd-")
                    else "etcd" for p in pods)
     assert names.count("etcd") == 3 and names.count("kube-apiserver") == 2, names
+    # admitted by a namespace enforcing Pod Security "restricted": not one of them runs as root
+    labels = tenant.rc.get("namespace", NS)["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted", labels
+    assert all(p["spec"]["securityContext"].get("runAsNonRoot") and p["spec"]["securityContext"]["runAsUser"] != 0
+               for p in pods), [p["spec"].get("securityContext") for p in pods]
     hosting_nodes = {n["metadata"]["name"] for n in tenant.rc.get("nodes")["items"]}
     assert not hosting_nodes & {n["metadata"]["name"] for n in nodes}
 
@@ -599,26 +604,33 @@ print(json.dumps(out))
 
 
 def test_a_holder_of_another_etcd_ca_certificate_is_no_peer_of_the_tenants_etcd(tenant: Tenant):
-    """Root on a hosting worker (or a pod there) holding what an apiserver pod holds (the etcd
-    CA's client certificate) or a member's server certificate: a member's peer port refuses it,
-    since its members check the peer certificate's CN (render/tenant.py). The members' own peer
-    certificate, from the same place, is answered: the refusals are the check, not the network."""
+    """Root on the hosting worker running a member, holding what an apiserver pod holds (the etcd
+    CA's client certificate) or a member's server certificate: the member's peer port refuses
+    it, since its members check the peer certificate's CN (render/tenant.py). The members' own
+    peer certificate, from the same place, is answered: the refusals are the check, not the
+    network. From another hosting worker nothing gets there at all: a node reaches its own pods
+    only, the tenant's NetworkPolicies drop the rest (render/tenant_network.py)."""
     rc, pki = tenant.rc, tenant.state / "pki"
-    ip = rc.get("pod", "etcd-0", "-n", NS)["status"]["podIP"]
+    pod = rc.get("pod", "etcd-0", "-n", NS)
+    ip, home = pod["status"]["podIP"], pod["spec"]["nodeName"]
+    other = next(w for w in rc.workers if w != home)
 
     def pem(name: str) -> str:
         return (pki / f"{name}.crt").read_text() + (pki / f"{name}.key").read_text()
     data = {"ip": ip, "ca": (pki / "etcd" / "ca.crt").read_text(),
             "pairs": {"peer": pem("etcd/peer-hosted"), "apiserver": pem("apiserver-etcd-client"),
                       "server": pem("etcd/server-hosted"), "healthcheck": pem("etcd/healthcheck-client")}}
-    proc = subprocess.run(["ssh", "-F", str(rc.lab.ssh_config), rc.workers[0], "python3 -c " + shlex.quote(PEER_PROBE)],
-                          input=json.dumps(data), capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    seen = json.loads(proc.stdout)
-    print(f"\netcd-0's peer port ({ip}:2380) from {rc.workers[0]}: {seen}")
-    assert seen["peer"].startswith("HTTP/1.1 200"), seen
+    seen = {}
+    for w in (home, other):
+        proc = subprocess.run(["ssh", "-F", str(rc.lab.ssh_config), w, "python3 -c " + shlex.quote(PEER_PROBE)],
+                              input=json.dumps(data), capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        seen[w] = json.loads(proc.stdout)
+        print(f"\netcd-0's peer port ({ip}:2380) from {w}: {seen[w]}")
+    assert seen[home]["peer"].startswith("HTTP/1.1 200"), seen
     for name in ("apiserver", "server", "healthcheck"):
-        assert seen[name].startswith("failed:"), seen
+        assert seen[home][name].startswith("failed:") and "timed out" not in seen[home][name], seen
+    assert all(v == "failed: timed out" for v in seen[other].values()), seen
 
 
 # --- a pod of another namespace: the tenant's NetworkPolicies, enforced ----------------------------
@@ -843,6 +855,7 @@ def second_tenant(tenant: Tenant, tmp: Path) -> None:
 
     ownership_attacks(tenant, b, tmp)
     member_count_changes(b, state)
+    root_tenant_refused(b, state)
 
     proc = run_installer("reset", str(inventory), "--state", str(state), "--yes", timeout=900)
     print(proc.stdout[-800:])
@@ -864,6 +877,20 @@ def second_tenant(tenant: Tenant, tmp: Path) -> None:
     assert "clean" in r.stdout and "inactive" in r.stdout, r.stdout
 
 
+def root_tenant_refused(b: Tenant, state: Path) -> None:
+    """A tenant an earlier release ran as root, made here by the admin taking the security
+    context out of its etcd's template (OnDelete first: no pod rolls): apply stops with exit 2
+    naming the StatefulSet and the way over, and the StatefulSet is as it was."""
+    rc = b.rc
+    rc.kubectl("-n", "hp-tenant-b", "patch", "statefulset", "etcd", "--type", "merge", "-p", json.dumps(
+        {"spec": {"updateStrategy": {"type": "OnDelete", "rollingUpdate": None},
+                  "template": {"spec": {"securityContext": None}}}}))
+    before = rc.get("statefulset", "etcd", "-n", "hp-tenant-b")["metadata"]["generation"]
+    proc = run_installer("apply", str(b.inventory), "--state", str(state), check_rc=2, timeout=300)
+    assert "StatefulSet etcd run as root" in proc.stderr and "etcd snapshot save" in proc.stderr, proc.stderr
+    assert rc.get("statefulset", "etcd", "-n", "hp-tenant-b")["metadata"]["generation"] == before
+
+
 def least_privilege(rc: RealCluster, operator: Path) -> None:
     """The second tenant's hosting identity, which just applied it: the first tenant's Secrets,
     pods, StatefulSet and namespace are 403 to it, and so are listing namespaces and making one
@@ -880,6 +907,31 @@ def least_privilege(rc: RealCluster, operator: Path) -> None:
     # its own: allowed
     own = as_operator("get", "secrets", "-n", "hp-tenant-b", "-o", "name")
     assert own.returncode == 0 and "secret/kube-apiserver-files" in own.stdout, own.stderr
+    # Pod Security "restricted" holds against it: it may not relabel its namespace, and a
+    # Deployment it may create gets no privileged pod (the ReplicaSet's creates are refused)
+    relabel = as_operator("label", "namespace", "hp-tenant-b", "pod-security.kubernetes.io/enforce=privileged",
+                          "--overwrite")
+    assert relabel.returncode != 0 and "Forbidden" in relabel.stderr, relabel.stderr
+    escape = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "escape", "namespace": "hp-tenant-b"},
+              "spec": {"selector": {"matchLabels": {"app": "escape"}}, "template": {
+                  "metadata": {"labels": {"app": "escape"}},
+                  "spec": {"hostPID": True, "containers": [{
+                      "name": "c", "image": BUSYBOX, "imagePullPolicy": "Never", "command": ["sleep", "3600"],
+                      "securityContext": {"privileged": True},
+                      "volumeMounts": [{"name": "root", "mountPath": "/host"}]}],
+                      "volumes": [{"name": "root", "hostPath": {"path": "/"}}]}}}}
+    made = subprocess.run([rc.kubectl_bin, "--kubeconfig", str(operator), "apply", "-f", "-"], input=json.dumps(escape),
+                          capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr            # the Deployment itself: PodSecurity only warns
+    assert "violate PodSecurity" in made.stderr, made.stderr
+    try:
+        refused = wait_for("the escape's pods refused", lambda: [
+            e for e in rc.get("events", "-n", "hp-tenant-b")["items"]
+            if e.get("reason") == "FailedCreate" and "violates PodSecurity" in e.get("message", "")], timeout=60)
+        print(f"\nthe operator's privileged Deployment: {refused[0]['message'][:300]}")
+        assert not [p for p in rc.get("pods", "-n", "hp-tenant-b", "-l", "app=escape")["items"]]
+    finally:
+        as_operator("delete", "deployment", "escape", "-n", "hp-tenant-b")
 
 
 def ownership_attacks(tenant: Tenant, b: Tenant, tmp: Path) -> None:
