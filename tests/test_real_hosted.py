@@ -671,8 +671,9 @@ def test_a_pod_of_another_namespace_reaches_only_the_tenants_exposed_ports(tenan
         for w in rc.workers:
             wait_for(f"the intruder on {w} running", lambda: rc.get("pod", f"intruder-{w}", "-n", "intruder")[
                 "status"].get("phase") == "Running", timeout=120)
-        script = "; ".join(f"(nc -w 3 {ip} {port} </dev/null >/dev/null 2>/tmp/{i}; echo {i} $? $(cat /tmp/{i})) &"
-                           for i, (_, ip, port, _) in enumerate(targets)) + " wait"
+        # (the busybox image has no /tmp: nc's message is taken in a variable, its status with it)
+        script = " ".join(f'(r=$(nc -w 3 {ip} {port} </dev/null 2>&1 >/dev/null); echo "{i} $? $r") &'
+                          for i, (_, ip, port, _) in enumerate(targets)) + " wait"
         for w in rc.workers:
             proc = rc.kubectl("exec", "-n", "intruder", f"intruder-{w}", "--", "sh", "-c", script, timeout=60)
             seen = {int(line.split()[0]): line.split(None, 2)[1:] for line in proc.stdout.splitlines()}
@@ -856,6 +857,7 @@ def second_tenant(tenant: Tenant, tmp: Path) -> None:
     ownership_attacks(tenant, b, tmp)
     member_count_changes(b, state)
     root_tenant_refused(b, state)
+    namespace_made_again(b, state)
 
     proc = run_installer("reset", str(inventory), "--state", str(state), "--yes", timeout=900)
     print(proc.stdout[-800:])
@@ -875,6 +877,31 @@ def second_tenant(tenant: Tenant, tmp: Path) -> None:
     r = rc.ssh("w5", "test -e /etc/kubernetes || test -e /var/lib/kubelet || echo clean; "
                      "systemctl is-active kubelet || true")
     assert "clean" in r.stdout and "inactive" in r.stdout, r.stdout
+
+
+def namespace_made_again(b: Tenant, state: Path) -> None:
+    """Someone with rights on namespaces (the admin's) deletes the tenant's and makes it again
+    with everything the guard could read copied: its label, its owner ConfigMap. The state's
+    next command (a reset, which would delete it) is refused, exit 2, naming both UIDs; the
+    namespace stays. Its operator, having made it again on purpose, deletes the state's UID
+    file and the reset that follows goes on."""
+    rc = b.rc
+    ns = rc.get("namespace", "hp-tenant-b")
+    owner = rc.get("configmap", "hiddenplane-owner", "-n", "hp-tenant-b")
+    assert (state / "tenant-namespace-uid").read_text().strip() == ns["metadata"]["uid"]
+    rc.kubectl("delete", "namespace", "hp-tenant-b", "--timeout=300s", timeout=330)
+    copy = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "hp-tenant-b",
+                                                                   "labels": ns["metadata"]["labels"]}}
+    rc.kubectl("apply", "-f", "-", stdin=json.dumps(copy))
+    rc.kubectl("apply", "-f", "-", stdin=json.dumps({
+        "apiVersion": "v1", "kind": "ConfigMap", "data": owner["data"],
+        "metadata": {"name": owner["metadata"]["name"], "namespace": "hp-tenant-b",
+                     "labels": owner["metadata"]["labels"]}}))
+    again = rc.get("namespace", "hp-tenant-b")["metadata"]["uid"]
+    proc = run_installer("reset", str(b.inventory), "--state", str(state), "--yes", check_rc=2, timeout=300)
+    assert f"its UID is {again}, this state's {ns['metadata']['uid']}" in proc.stderr, proc.stderr
+    assert rc.get("namespace", "hp-tenant-b")["metadata"]["uid"] == again
+    (state / "tenant-namespace-uid").unlink()
 
 
 def root_tenant_refused(b: Tenant, state: Path) -> None:

@@ -9,7 +9,8 @@ import stat
 import pytest
 
 from installer.core.errors import StateError
-from installer.core.state import TENANT_ID, StateDir
+from installer.core.state import StateDir
+from installer.core.state_tenant import TENANT_ID
 from installer.core.tenancy import OWNER, owner_object, ownership_problem
 
 NS, TENANT, ID = "hp-prod", "prod", "0123456789abcdef0123456789abcdef"
@@ -84,3 +85,40 @@ def test_a_corrupt_state_id_is_refused_naming_the_file(tmp_path):
         os.chmod(state.root / TENANT_ID, 0o600)
     with pytest.raises(StateError, match="tenant-id is corrupt"):
         state.tenant_id()
+
+
+UID, OTHER_UID = "6c1f0a9e-2b7d-4c8a-9e3f-0a1b2c3d4e5f", "0f0e0d0c-0b0a-4908-8706-050403020100"
+
+
+def test_a_namespace_made_again_with_copied_labels_and_owner_is_refused():
+    """Everything a namespace can be given (its label, the owner ConfigMap) copied into one made
+    again under the tenant's name: the UID the state recorded is not its UID."""
+    live = namespace({"hiddenplane.io/tenant": TENANT})
+    live["metadata"]["uid"] = OTHER_UID
+    owner = {"tenant": TENANT, "state": ID}
+    problem = ownership_problem(NS, TENANT, live, owner, ID, UID)
+    assert problem and f"its UID is {OTHER_UID}, this state's {UID}" in problem and "Nothing was changed" in problem
+    assert "tenant-namespace-uid" in problem
+    live["metadata"]["uid"] = UID
+    assert ownership_problem(NS, TENANT, live, owner, ID, UID) is None
+    # a state from before the UID was kept: the label and the owner record decide, as before
+    assert ownership_problem(NS, TENANT, live, owner, ID, None) is None
+
+
+def test_the_state_keeps_the_namespace_uid_under_its_lock_and_forgets_it(tmp_path):
+    from installer.core.state_tenant import NAMESPACE_UID
+    state = StateDir(tmp_path / "state")
+    with pytest.raises(StateError, match="only under its lock"):
+        state.record_namespace_uid(UID)
+    with state.locked(create=True):
+        state.record_namespace_uid(UID)
+        with pytest.raises(StateError, match="which is no UID"):
+            state.record_namespace_uid("../../etc/passwd")
+    assert StateDir(tmp_path / "state").namespace_uid() == UID
+    assert stat.S_IMODE(os.stat(state.root / NAMESPACE_UID).st_mode) == 0o600
+    (state.root / NAMESPACE_UID).write_text("not a uid\n")
+    with pytest.raises(StateError, match="tenant-namespace-uid is corrupt"):
+        state.namespace_uid()
+    with state.locked():
+        state.record_namespace_uid(None)                # reset: the namespace is gone
+    assert state.namespace_uid() is None

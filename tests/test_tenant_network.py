@@ -158,6 +158,7 @@ def test_dns_is_the_hosting_clusters_coredns_by_its_namespace_name():
     (1, "nc: timed out", "denied"),
     (1, "nc: can't connect to remote host (10.244.1.5): No route to host", "denied"),
     (1, "nc: can't connect to remote host (10.244.1.5): Host is unreachable", "denied"),
+    (1, "nc: can't connect to remote host (10.244.1.5): Network is unreachable", "unknown"),
     (127, "/bin/sh: nc: not found", "unknown"),
     (1, "", "unknown"),
 ])

@@ -27,7 +27,6 @@ import datetime as dt
 import errno
 import fcntl
 import os
-import re
 import stat
 import threading
 from contextlib import contextmanager
@@ -44,6 +43,7 @@ from installer.core.pki.material import BootstrapToken, Material
 from installer.core.pki.specs import CAS, cert_specs
 from installer.core.render.kubeconfig import kubeconfig
 from installer.core.safefs import mode_problem, secure_path, write_atomic
+from installer.core.state_tenant import TenantRecords
 
 NETWORK_HEADER = b"""\
 # Pod CIDR of each worker (cni: routes), allocated by hiddenplane and never moved.
@@ -53,7 +53,6 @@ NETWORK_HEADER = b"""\
 
 STATE_SUBDIR = ".hiddenplane"
 LOCK_NAME = ".lock"
-TENANT_ID = "tenant-id"
 
 
 def default_state_dir(inv: Inventory) -> Path:
@@ -107,7 +106,7 @@ def _flock_holder(st: os.stat_result) -> str:
     return "another process"
 
 
-class StateDir:
+class StateDir(TenantRecords):
     def __init__(self, root: Path):
         self.root = Path(root).expanduser()
         # the flock this object holds and how many blocks hold it: a command resolves its state
@@ -208,21 +207,6 @@ class StateDir:
                      0o600)
 
     # -- the owner id of a hosted tenant's namespace (core/tenancy.py), made by its first apply --
-    def tenant_id(self) -> str | None:
-        path = self.root / TENANT_ID
-        data = self._read(path) if self.secure() else None
-        if data is not None and not re.fullmatch(rb"[0-9a-f]{32}\n", data):
-            raise StateError(f"{path} is corrupt (it names this tenant's hosted namespace): restore it")
-        return data.decode().strip() if data else None
-
-    def ensure_tenant_id(self) -> str:
-        if self._fd is None:
-            raise StateError(f"state directory {self.root}: the tenant id is written only under its lock")
-        if not (found := self.tenant_id()):
-            found = os.urandom(16).hex()
-            write_atomic(self.root / TENANT_ID, found.encode() + b"\n", 0o600)
-        return found
-
     # -- permissions --
     def secure(self, create: bool = False) -> bool:
         """Refuse a state directory someone else could have written (StateError naming the path

@@ -15,6 +15,12 @@ so the namespace proves whose it is in two steps:
 A namespace whose owner is not recorded yet (made by a release before this one, or by the
 hosting admin for a tenant not applied yet) passes on its label; the next apply records the
 owner. The apply's CA guard (core/trust.py) still compares the CA files the namespace holds.
+
+The state also keeps the namespace's UID (``StateDir.namespace_uid``), recorded by the apply
+that holds the namespace's lock. A label and a ConfigMap can be copied: someone with rights on
+namespaces could delete the tenant's, make one of the same name with both, and have the
+state's next command write keys there or delete it. The UID cannot be chosen: another one is
+refused. ``reset`` forgets it with the namespace.
 """
 
 from __future__ import annotations
@@ -43,12 +49,18 @@ def owner_object(namespace: str, tenant: str, state_id: str) -> dict:
 
 
 def ownership_problem(namespace: str, tenant: str, live: dict | None, owner: dict | None,
-                      state_id: str | None) -> str | None:
+                      state_id: str | None, state_uid: str | None = None) -> str | None:
     """Why ``namespace`` (``live``: the object, None when there is none) may not be used for
-    ``tenant`` by the state whose id is ``state_id`` (``owner``: the data of its owner ConfigMap,
-    None when it has none), or None."""
+    ``tenant`` by the state whose id is ``state_id`` and which recorded the namespace's UID
+    ``state_uid`` (``owner``: the data of its owner ConfigMap, None when it has none), or None."""
     if live is None:
         return None                 # none yet: apply makes it
+    uid = (live.get("metadata") or {}).get("uid")
+    if state_uid and uid != state_uid:
+        return (f"namespace {namespace} in the hosting cluster is not the one this state applied tenant {tenant} "
+                f"in: it was deleted and made again (its UID is {uid}, this state's {state_uid}), and its labels "
+                "may be copies. Nothing was changed. If you made it again yourself (the tenant's volumes are "
+                "gone with the old one), delete the state's tenant-namespace-uid file to take it over")
     labels = (live.get("metadata") or {}).get("labels") or {}
     if labels.get(TENANT_LABEL) != tenant:
         found = f"is {labels[TENANT_LABEL]!r}" if TENANT_LABEL in labels else "is missing"

@@ -175,8 +175,9 @@ def refuse_root_tenant(api: ApiClient, inv) -> None:
     data there is root's, which a non-root member cannot read, and no root container may fix
     that under Pod Security "restricted". The way over keeps the data (docs/hosted.md)."""
     ns = inv.hosted_namespace
-    live = [o for path in (f"/apis/apps/v1/namespaces/{ns}/statefulsets", f"/apis/apps/v1/namespaces/{ns}/deployments")
-            for o in ((_get(api, path) or {}).get("items") or [])]
+    # (a list's items carry no kind)
+    live = [{**o, "kind": kind} for kind, resource in (("StatefulSet", "statefulsets"), ("Deployment", "deployments"))
+            for o in ((_get(api, f"/apis/apps/v1/namespaces/{ns}/{resource}") or {}).get("items") or [])]
     found = root_workloads([o for o in live if (o["metadata"].get("labels") or {}).get(TENANT_LABEL)])
     if found:
         raise RootTenant(f"namespace {ns}: {', '.join(found)} run as root (applied by an earlier release); this "
@@ -362,17 +363,23 @@ def _get(api: ApiClient, path: str) -> dict | None:
         raise HostingError(f"{path}: {status_message(e)}{hint}") from None
 
 
-def check_owner(api: ApiClient, namespace: str, tenant: str, state_id: str | None) -> tuple[bool, bool]:
-    """Refuse (``tenancy.NotOurNamespace``) a namespace that is not ``tenant``'s or that another
-    state applied (core/tenancy.py); else whether it exists, and whether its owner (this state)
-    is recorded in it already."""
+def check_owner(api: ApiClient, namespace: str, tenant: str, state_id: str | None,
+                state_uid: str | None = None) -> tuple[bool, bool]:
+    """Refuse (``tenancy.NotOurNamespace``) a namespace that is not ``tenant``'s, that another
+    state applied, or that is not the one (``state_uid``) this state applied it in
+    (core/tenancy.py); else whether it exists, and whether its owner (this state) is recorded
+    in it already."""
     live = _get(api, f"/api/v1/namespaces/{namespace}")
     owner = _get(api, f"/api/v1/namespaces/{namespace}/configmaps/{tenancy.OWNER}") if live is not None else None
     problem = tenancy.ownership_problem(namespace, tenant, live, (owner or {}).get("data") if owner else None,
-                                        state_id)
+                                        state_id, state_uid)
     if problem:
         raise tenancy.NotOurNamespace(problem)
     return live is not None, owner is not None
+
+
+def namespace_uid(api: ApiClient, namespace: str) -> str | None:
+    return ((_get(api, f"/api/v1/namespaces/{namespace}") or {}).get("metadata") or {}).get("uid")
 
 
 def _exists(api: ApiClient, path: str) -> bool:

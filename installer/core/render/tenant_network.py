@@ -145,11 +145,12 @@ def probe_argv(address: str, port: int) -> list[str]:
 
 
 def probe_verdict(rc: int, stderr: str) -> str:
-    """``denied`` (the connection was dropped, or rejected as unreachable), ``reached`` (it was
-    accepted, or the pod's own kernel refused it: a packet got there), else ``unknown``."""
+    """``denied`` (the connection was dropped, or rejected as an enforcer rejects: host
+    unreachable), ``reached`` (it was accepted, or the pod's own kernel refused it: a packet got
+    there), else ``unknown`` (a network with no route at all proves no policy either)."""
     text = stderr.lower()
     if rc == 0 or "refused" in text:
         return "reached"
-    if rc != 0 and any(w in text for w in ("timed out", "unreachable", "no route")):
+    if any(w in text for w in ("timed out", "host is unreachable", "no route to host")):
         return "denied"
     return "unknown"

@@ -57,7 +57,8 @@ class HostedPlane(ControlPlane):
             api = hosting.hosting_client(self.inv)
             try:
                 self._found, self._owner_recorded = hosting.check_owner(
-                    api, self.namespace, self.inv.metadata.name, self.state.tenant_id() if self.state else None)
+                    api, self.namespace, self.inv.metadata.name, self.state.tenant_id() if self.state else None,
+                    self.state.namespace_uid() if self.state else None)
             except BaseException:
                 api.close()
                 raise
@@ -167,13 +168,20 @@ class HostedPlane(ControlPlane):
     def _record_owner(self) -> list[str]:
         """This state recorded as the namespace's owner, by the first apply that holds its Lease
         (the guard in ``api`` let it in: the namespace is new, or labelled for this tenant)."""
-        if self._owner_recorded or self.state is None:
+        if self.state is None:
             return []
         from installer.host import hosting  # lazy: urllib3, for hosted tenants only
+        out = []
+        if not self.state.namespace_uid():
+            # (a state from before the UID was kept records it at its next apply)
+            self.state.record_namespace_uid(hosting.namespace_uid(self.api(), self.namespace))
+            out.append(f"this state keeps the UID of namespace {self.namespace}")
+        if self._owner_recorded:
+            return out
         owner = tenancy.owner_object(self.namespace, self.inv.metadata.name, self.state.ensure_tenant_id())
         hosting.converge(self.api(), [owner], self.inv.spec.kubernetes.version)
         self._owner_recorded = True
-        return [f"this state recorded as the owner of namespace {self.namespace} (ConfigMap {tenancy.OWNER})"]
+        return out + [f"this state recorded as the owner of namespace {self.namespace} (ConfigMap {tenancy.OWNER})"]
 
     def release(self) -> None:
         from installer.host import hosting  # lazy: urllib3, for hosted tenants only
@@ -299,6 +307,8 @@ class HostedPlane(ControlPlane):
         ns = self.namespace
         gone = hosting.delete_namespace(self.api(), ns, 600, run.log)
         self.forget_lock()          # it went with the namespace
+        if self.state is not None:
+            self.state.record_namespace_uid(None)     # and its UID: the next apply makes another
         if gone:
             return {f"hosting:{ns}": [f"deleted namespace {ns} (the control plane, its Secrets, its volumes)"]}
         run.log(f"hosting: no namespace {ns}")

@@ -1,0 +1,58 @@
+"""What a hosted tenant's state directory records about the namespace it applied the tenant in
+(core/tenancy.py reads both): a random id of the state, which the namespace's owner ConfigMap
+names, and the namespace's UID. Mixed into ``StateDir`` (core/state.py), whose reads, checks and
+lock they use.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from installer.core.errors import StateError
+from installer.core.safefs import write_atomic
+
+TENANT_ID = "tenant-id"
+# the UID of the namespace this state applied its tenant in: a namespace deleted and made again
+# (its label and owner record copied) is another object, with another UID
+NAMESPACE_UID = "tenant-namespace-uid"
+_UID = re.compile(rb"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\n")
+
+
+class TenantRecords:
+    """``StateDir``'s tenant files (``root``, ``_fd``, ``_read`` and ``secure`` are its)."""
+
+    def tenant_id(self) -> str | None:
+        path = self.root / TENANT_ID
+        data = self._read(path) if self.secure() else None
+        if data is not None and not re.fullmatch(rb"[0-9a-f]{32}\n", data):
+            raise StateError(f"{path} is corrupt (it names this tenant's hosted namespace): restore it")
+        return data.decode().strip() if data else None
+
+    def ensure_tenant_id(self) -> str:
+        if self._fd is None:
+            raise StateError(f"state directory {self.root}: the tenant id is written only under its lock")
+        if not (found := self.tenant_id()):
+            found = os.urandom(16).hex()
+            write_atomic(self.root / TENANT_ID, found.encode() + b"\n", 0o600)
+        return found
+
+    def namespace_uid(self) -> str | None:
+        path = self.root / NAMESPACE_UID
+        data = self._read(path) if self.secure() else None
+        if data is not None and not _UID.fullmatch(data):
+            raise StateError(f"{path} is corrupt (the UID of this tenant's hosted namespace): delete it, and the "
+                             "namespace's label and owner record are trusted as before")
+        return data.decode().strip() if data else None
+
+    def record_namespace_uid(self, uid: str | None) -> None:
+        """Kept under the lock; None (the namespace deleted by reset) forgets it."""
+        if self._fd is None:
+            raise StateError(f"state directory {self.root}: the namespace UID is written only under its lock")
+        path = self.root / NAMESPACE_UID
+        if uid is None:
+            path.unlink(missing_ok=True)
+        elif (uid.encode() + b"\n") != self._read(path):
+            if not _UID.fullmatch(uid.encode() + b"\n"):
+                raise StateError(f"the hosting cluster gave namespace UID {uid!r}, which is no UID")
+            write_atomic(path, uid.encode() + b"\n", 0o600)
