@@ -888,7 +888,7 @@ def namespace_made_again(b: Tenant, state: Path) -> None:
     rc = b.rc
     ns = rc.get("namespace", "hp-tenant-b")
     owner = rc.get("configmap", "hiddenplane-owner", "-n", "hp-tenant-b")
-    assert (state / "tenant-namespace-uid").read_text().strip() == ns["metadata"]["uid"]
+    assert (state / "tenant-namespace-uid").read_text() == f"hp-tenant-b {ns['metadata']['uid']}\n"
     rc.kubectl("delete", "namespace", "hp-tenant-b", "--timeout=300s", timeout=330)
     copy = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "hp-tenant-b",
                                                                    "labels": ns["metadata"]["labels"]}}

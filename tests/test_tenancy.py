@@ -97,8 +97,12 @@ def test_a_namespace_made_again_with_copied_labels_and_owner_is_refused():
     live["metadata"]["uid"] = OTHER_UID
     owner = {"tenant": TENANT, "state": ID}
     problem = ownership_problem(NS, TENANT, live, owner, ID, UID)
-    assert problem and f"its UID is {OTHER_UID}, this state's {UID}" in problem and "Nothing was changed" in problem
+    assert problem and f"its UID is {OTHER_UID}, this state's {UID}" in problem and "nothing was changed" in problem
     assert "tenant-namespace-uid" in problem
+    # another tenant's namespace is named as that first, whatever UID this state holds
+    other = namespace({"hiddenplane.io/tenant": "other"})
+    other["metadata"]["uid"] = OTHER_UID
+    assert "its label hiddenplane.io/tenant is 'other'" in ownership_problem(NS, TENANT, other, None, ID, UID)
     live["metadata"]["uid"] = UID
     assert ownership_problem(NS, TENANT, live, owner, ID, UID) is None
     # a state from before the UID was kept: the label and the owner record decide, as before
@@ -109,16 +113,20 @@ def test_the_state_keeps_the_namespace_uid_under_its_lock_and_forgets_it(tmp_pat
     from installer.core.state_tenant import NAMESPACE_UID
     state = StateDir(tmp_path / "state")
     with pytest.raises(StateError, match="only under its lock"):
-        state.record_namespace_uid(UID)
+        state.record_namespace_uid(NS, UID)
     with state.locked(create=True):
-        state.record_namespace_uid(UID)
+        state.record_namespace_uid(NS, UID)
         with pytest.raises(StateError, match="which is no UID"):
-            state.record_namespace_uid("../../etc/passwd")
-    assert StateDir(tmp_path / "state").namespace_uid() == UID
+            state.record_namespace_uid(NS, "../../etc/passwd")
+        with pytest.raises(StateError, match="which is no UID"):
+            state.record_namespace_uid("a b", UID)
+    assert StateDir(tmp_path / "state").namespace_uid(NS) == UID
+    # recorded for its namespace only: an inventory naming another has none recorded
+    assert state.namespace_uid("hp-other") is None
     assert stat.S_IMODE(os.stat(state.root / NAMESPACE_UID).st_mode) == 0o600
     (state.root / NAMESPACE_UID).write_text("not a uid\n")
     with pytest.raises(StateError, match="tenant-namespace-uid is corrupt"):
-        state.namespace_uid()
+        state.namespace_uid(NS)
     with state.locked():
-        state.record_namespace_uid(None)                # reset: the namespace is gone
-    assert state.namespace_uid() is None
+        state.record_namespace_uid(NS, None)                # reset: the namespace is gone
+    assert state.namespace_uid(NS) is None

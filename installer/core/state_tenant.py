@@ -16,7 +16,9 @@ TENANT_ID = "tenant-id"
 # the UID of the namespace this state applied its tenant in: a namespace deleted and made again
 # (its label and owner record copied) is another object, with another UID
 NAMESPACE_UID = "tenant-namespace-uid"
-_UID = re.compile(rb"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\n")
+# "NAMESPACE UID": the name too, so that a UID is compared with the namespace it was recorded for
+_RECORD = re.compile(rb"([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?) "
+                     rb"([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})\n")
 
 
 class TenantRecords:
@@ -37,22 +39,28 @@ class TenantRecords:
             write_atomic(self.root / TENANT_ID, found.encode() + b"\n", 0o600)
         return found
 
-    def namespace_uid(self) -> str | None:
+    def namespace_uid(self, namespace: str) -> str | None:
+        """The UID recorded for ``namespace`` (None: none, or one recorded for another name)."""
         path = self.root / NAMESPACE_UID
         data = self._read(path) if self.secure() else None
-        if data is not None and not _UID.fullmatch(data):
+        if data is None:
+            return None
+        m = _RECORD.fullmatch(data)
+        if not m:
             raise StateError(f"{path} is corrupt (the UID of this tenant's hosted namespace): delete it, and the "
                              "namespace's label and owner record are trusted as before")
-        return data.decode().strip() if data else None
+        return m[3].decode() if m[1].decode() == namespace else None
 
-    def record_namespace_uid(self, uid: str | None) -> None:
+    def record_namespace_uid(self, namespace: str, uid: str | None) -> None:
         """Kept under the lock; None (the namespace deleted by reset) forgets it."""
         if self._fd is None:
             raise StateError(f"state directory {self.root}: the namespace UID is written only under its lock")
         path = self.root / NAMESPACE_UID
         if uid is None:
             path.unlink(missing_ok=True)
-        elif (uid.encode() + b"\n") != self._read(path):
-            if not _UID.fullmatch(uid.encode() + b"\n"):
-                raise StateError(f"the hosting cluster gave namespace UID {uid!r}, which is no UID")
-            write_atomic(path, uid.encode() + b"\n", 0o600)
+            return
+        line = f"{namespace} {uid}\n".encode()
+        if not _RECORD.fullmatch(line):
+            raise StateError(f"the hosting cluster gave namespace {namespace!r} UID {uid!r}, which is no UID")
+        if line != self._read(path):
+            write_atomic(path, line, 0o600)

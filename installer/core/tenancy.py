@@ -55,24 +55,24 @@ def ownership_problem(namespace: str, tenant: str, live: dict | None, owner: dic
     ``state_uid`` (``owner``: the data of its owner ConfigMap, None when it has none), or None."""
     if live is None:
         return None                 # none yet: apply makes it
-    uid = (live.get("metadata") or {}).get("uid")
-    if state_uid and uid != state_uid:
-        return (f"namespace {namespace} in the hosting cluster is not the one this state applied tenant {tenant} "
-                f"in: it was deleted and made again (its UID is {uid}, this state's {state_uid}), and its labels "
-                "may be copies. Nothing was changed. If you made it again yourself (the tenant's volumes are "
-                "gone with the old one), delete the state's tenant-namespace-uid file to take it over")
     labels = (live.get("metadata") or {}).get("labels") or {}
     if labels.get(TENANT_LABEL) != tenant:
         found = f"is {labels[TENANT_LABEL]!r}" if TENANT_LABEL in labels else "is missing"
         return (f"namespace {namespace} in the hosting cluster is not tenant {tenant}'s (its label {TENANT_LABEL} "
                 f"{found}): the installer never adopts, writes or deletes a namespace it did not make for this "
                 "tenant; name the tenant's own namespace (spec.controlPlane.hosted.namespace); nothing was changed")
-    if owner is None:
-        return None                 # not recorded yet: the next apply does
-    recorded = owner.get("state") or ""
-    if recorded != state_id:
-        ours = f"{state_id[:SHOWN]}…" if state_id else "none"
-        return (f"namespace {namespace} in the hosting cluster holds another tenant named {tenant}: another state "
-                f"directory applied it (its owner id {recorded[:SHOWN]}…, this state's {ours}). Two clusters "
-                "with one name, or a wrong --state; nothing was changed")
+    if owner is not None:
+        recorded = owner.get("state") or ""
+        if recorded != state_id:
+            ours = f"{state_id[:SHOWN]}…" if state_id else "none"
+            return (f"namespace {namespace} in the hosting cluster holds another tenant named {tenant}: another "
+                    f"state directory applied it (its owner id {recorded[:SHOWN]}…, this state's {ours}). Two "
+                    "clusters with one name, or a wrong --state; nothing was changed")
+    # (an owner not recorded yet passes: the next apply records it)
+    uid = (live.get("metadata") or {}).get("uid")
+    if state_uid and uid != state_uid:
+        return (f"namespace {namespace} in the hosting cluster is not the one this state applied tenant {tenant} "
+                f"in: it was deleted and made again (its UID is {uid}, this state's {state_uid}), and its labels "
+                "may be copies. If you made it again yourself (the tenant's volumes are gone with the old one), "
+                "delete the state's tenant-namespace-uid file to take it over; nothing was changed")
     return None

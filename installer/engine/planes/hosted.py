@@ -58,7 +58,7 @@ class HostedPlane(ControlPlane):
             try:
                 self._found, self._owner_recorded = hosting.check_owner(
                     api, self.namespace, self.inv.metadata.name, self.state.tenant_id() if self.state else None,
-                    self.state.namespace_uid() if self.state else None)
+                    self.state.namespace_uid(self.namespace) if self.state else None)
             except BaseException:
                 api.close()
                 raise
@@ -172,9 +172,9 @@ class HostedPlane(ControlPlane):
             return []
         from installer.host import hosting  # lazy: urllib3, for hosted tenants only
         out = []
-        if not self.state.namespace_uid():
+        if not self.state.namespace_uid(self.namespace):
             # (a state from before the UID was kept records it at its next apply)
-            self.state.record_namespace_uid(hosting.namespace_uid(self.api(), self.namespace))
+            self.state.record_namespace_uid(self.namespace, hosting.namespace_uid(self.api(), self.namespace))
             out.append(f"this state keeps the UID of namespace {self.namespace}")
         if self._owner_recorded:
             return out
@@ -308,7 +308,7 @@ class HostedPlane(ControlPlane):
         gone = hosting.delete_namespace(self.api(), ns, 600, run.log)
         self.forget_lock()          # it went with the namespace
         if self.state is not None:
-            self.state.record_namespace_uid(None)     # and its UID: the next apply makes another
+            self.state.record_namespace_uid(ns, None)     # and its UID: the next apply makes another
         if gone:
             return {f"hosting:{ns}": [f"deleted namespace {ns} (the control plane, its Secrets, its volumes)"]}
         run.log(f"hosting: no namespace {ns}")
