@@ -857,7 +857,7 @@ def second_tenant(tenant: Tenant, tmp: Path) -> None:
     ownership_attacks(tenant, b, tmp)
     member_count_changes(b, state)
     root_tenant_refused(b, state)
-    namespace_made_again(b, state)
+    namespace_made_again(b, state, access)
 
     proc = run_installer("reset", str(inventory), "--state", str(state), "--yes", timeout=900)
     print(proc.stdout[-800:])
@@ -879,28 +879,28 @@ def second_tenant(tenant: Tenant, tmp: Path) -> None:
     assert "clean" in r.stdout and "inactive" in r.stdout, r.stdout
 
 
-def namespace_made_again(b: Tenant, state: Path) -> None:
+def namespace_made_again(b: Tenant, state: Path, access: str) -> None:
     """Someone with rights on namespaces (the admin's) deletes the tenant's and makes it again
-    with everything the guard could read copied: its label, its owner ConfigMap. The state's
-    next command (a reset, which would delete it) is refused, exit 2, naming both UIDs; the
-    namespace stays. Its operator, having made it again on purpose, deletes the state's UID
-    file and the reset that follows goes on."""
+    with everything the guard and the operator could read copied: its label and its operator's
+    Role (the same `hosting-access` output), its owner ConfigMap. The state's next command (a
+    reset, which would delete it) is refused, exit 2, naming both UIDs; the namespace stays.
+    Its operator, having made it again on purpose, deletes the state's UID file and the reset
+    that follows goes on."""
     rc = b.rc
     ns = rc.get("namespace", "hp-tenant-b")
     owner = rc.get("configmap", "hiddenplane-owner", "-n", "hp-tenant-b")
     assert (state / "tenant-namespace-uid").read_text() == f"hp-tenant-b {ns['metadata']['uid']}\n"
     rc.kubectl("delete", "namespace", "hp-tenant-b", "--timeout=300s", timeout=330)
-    copy = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "hp-tenant-b",
-                                                                   "labels": ns["metadata"]["labels"]}}
-    rc.kubectl("apply", "-f", "-", stdin=json.dumps(copy))
+    rc.kubectl("apply", "-f", "-", stdin=access)
     rc.kubectl("apply", "-f", "-", stdin=json.dumps({
         "apiVersion": "v1", "kind": "ConfigMap", "data": owner["data"],
         "metadata": {"name": owner["metadata"]["name"], "namespace": "hp-tenant-b",
                      "labels": owner["metadata"]["labels"]}}))
-    again = rc.get("namespace", "hp-tenant-b")["metadata"]["uid"]
+    again = rc.get("namespace", "hp-tenant-b")["metadata"]
+    assert again["labels"] == ns["metadata"]["labels"] and again["uid"] != ns["metadata"]["uid"]
     proc = run_installer("reset", str(b.inventory), "--state", str(state), "--yes", check_rc=2, timeout=300)
-    assert f"its UID is {again}, this state's {ns['metadata']['uid']}" in proc.stderr, proc.stderr
-    assert rc.get("namespace", "hp-tenant-b")["metadata"]["uid"] == again
+    assert f"its UID is {again['uid']}, this state's {ns['metadata']['uid']}" in proc.stderr, proc.stderr
+    assert rc.get("namespace", "hp-tenant-b")["metadata"]["uid"] == again["uid"]
     (state / "tenant-namespace-uid").unlink()
 
 
