@@ -112,9 +112,12 @@ def test_second_apply_changes_nothing_and_plan_check_passes(rc):
 # --- images without a registry ---------------------------------------------------------------------
 
 # every archive: the lab is a hosting one (its workers run hosted tenants' control planes)
+# (sorted: as the apply reports them) the hosting lab's: the hosted control plane's and the
+# NetworkPolicy enforcer's too
 IMAGES = ("image-busybox.tar", "image-coredns.tar", "image-etcd.tar", "image-konnectivity-agent.tar",
           "image-konnectivity-server.tar", "image-kube-apiserver.tar", "image-kube-controller-manager.tar",
-          "image-kube-scheduler.tar", "image-local-path-provisioner.tar", "image-pause.tar")
+          "image-kube-network-policies.tar", "image-kube-scheduler.tar", "image-local-path-provisioner.tar",
+          "image-pause.tar")
 
 
 def test_the_image_archives_went_to_the_workers_only_and_were_imported(rc):
