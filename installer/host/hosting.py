@@ -22,11 +22,12 @@ import yaml
 from installer.core import tenancy
 from installer.core.errors import InstallerError
 from installer.core.inventory import Inventory
-from installer.core.render.tenant import TENANT_LABEL, root_workloads
+from installer.core.render.tenant import root_workloads
 from installer.core.safefs import input_file_problem
 from installer.core.tlsfiles import fd_path, memory_file
 from installer.host.kube import ApiClient, ApiError, rest, status_message
 from installer.host.kube_objects import apply_objects, plan_objects
+from installer.host.tenant_etcd import sts_path
 
 
 class HostingError(InstallerError):
@@ -144,19 +145,21 @@ def converge(api: ApiClient, objects: list[dict], k8s_version: str, dry_run: boo
     return (plan_objects if dry_run else apply_objects)(api, objects, k8s_version)
 
 
-def ensure_namespace(api: ApiClient, namespace: dict, k8s_version: str, create: bool) -> None:
+def ensure_namespace(api: ApiClient, namespace: dict, k8s_version: str, create: bool) -> str | None:
     """The tenant's namespace as rendered; made when missing only when ``create`` (apply), else
     ``tenancy.NoNamespace``. A hosting identity of least privilege (``installer hosting-access``)
     may not create namespaces: the admin makes this one, and a missing one is named with who
-    makes it, not as a bare 403."""
+    makes it, not as a bare 403. Returns its UID (the state keeps it: core/tenancy.py)."""
     name = namespace["metadata"]["name"]
-    if _get(api, f"/api/v1/namespaces/{name}") is None:
+    path = f"/api/v1/namespaces/{name}"
+    live = _get(api, path)
+    if live is None:
         if not create:
             raise tenancy.NoNamespace(f"namespace {name} does not exist in the hosting cluster: the tenant is not "
                                       "applied there (`installer apply` makes it); nothing was changed")
         try:
-            rest(api, "POST", "/api/v1/namespaces", f"namespace {name}", namespace)
-            return
+            live = rest(api, "POST", "/api/v1/namespaces", f"namespace {name}", namespace)
+            return _uid(live) or _uid(_get(api, path))
         except ApiError as e:
             if e.status == 403:
                 raise HostingError(f"namespace {name} does not exist in the hosting cluster, and this hosting "
@@ -164,6 +167,11 @@ def ensure_namespace(api: ApiClient, namespace: dict, k8s_version: str, create: 
             if e.status != 409:
                 raise HostingError(f"namespace {name}: create refused: {status_message(e)}") from None
     converge(api, [namespace], k8s_version)
+    return _uid(live) or _uid(_get(api, path))
+
+
+def _uid(obj: dict | None) -> str | None:
+    return ((obj or {}).get("metadata") or {}).get("uid")
 
 
 class RootTenant(InstallerError):
@@ -171,19 +179,16 @@ class RootTenant(InstallerError):
 
 
 def refuse_root_tenant(api: ApiClient, inv) -> None:
-    """Stop before a tenant whose live workloads run as root is rolled to non-root pods: etcd's
-    data there is root's, which a non-root member cannot read, and no root container may fix
-    that under Pod Security "restricted". The way over keeps the data (docs/hosted.md)."""
-    ns = inv.hosted_namespace
-    # (a list's items carry no kind)
-    live = [{**o, "kind": kind} for kind, resource in (("StatefulSet", "statefulsets"), ("Deployment", "deployments"))
-            for o in ((_get(api, f"/apis/apps/v1/namespaces/{ns}/{resource}") or {}).get("items") or [])]
-    found = root_workloads([o for o in live if (o["metadata"].get("labels") or {}).get(TENANT_LABEL)])
+    """Stop before a tenant whose etcd runs as root is rolled to non-root pods: its data is
+    root's, which a non-root member cannot read, and no root container may fix that under Pod
+    Security "restricted" (the other workloads hold no data: they roll as they are). The way
+    over keeps the data (docs/hosted.md)."""
+    found = root_workloads([{**sts, "kind": "StatefulSet"}] if (sts := _get(api, sts_path(inv))) else [])
     if found:
-        raise RootTenant(f"namespace {ns}: {', '.join(found)} run as root (applied by an earlier release); this "
-                         "release runs them as a non-root user under Pod Security \"restricted\", and etcd's "
-                         "members could not read their data. Nothing was changed. Move the tenant over with its "
-                         "data: `installer etcd snapshot save`, `installer reset`, `installer apply`, "
+        raise RootTenant(f"namespace {inv.hosted_namespace}: {', '.join(found)} run as root (applied by an earlier "
+                         "release); this release runs them as a non-root user under Pod Security \"restricted\", "
+                         "and etcd's members could not read their data. Nothing was changed. Move the tenant over "
+                         "with its data: `installer etcd snapshot save`, `installer reset`, `installer apply`, "
                          "`installer etcd snapshot restore` (docs/hosted.md)")
 
 
@@ -376,10 +381,6 @@ def check_owner(api: ApiClient, namespace: str, tenant: str, state_id: str | Non
     if problem:
         raise tenancy.NotOurNamespace(problem)
     return live is not None, owner is not None
-
-
-def namespace_uid(api: ApiClient, namespace: str) -> str | None:
-    return ((_get(api, f"/api/v1/namespaces/{namespace}") or {}).get("metadata") or {}).get("uid")
 
 
 def _exists(api: ApiClient, path: str) -> bool:

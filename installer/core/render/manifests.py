@@ -14,16 +14,17 @@ BOOTSTRAP_GROUP = "system:bootstrappers:hiddenplane"
 SELF_NODE_CLIENT_ROLE = "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient"
 NODE_PROXIER_ROLE = "system:node-proxier"        # upstream's kube-proxy ClusterRole (bootstrap policy)
 LABELS = {"app.kubernetes.io/managed-by": "hiddenplane"}
+RBAC = "rbac.authorization.k8s.io"               # the RBAC API group, for every object rendered
 AUTOUPDATE = "rbac.authorization.kubernetes.io/autoupdate"
 
 
 def _binding(name: str, role: str, kind: str, subject: str) -> dict:
     return {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "apiVersion": f"{RBAC}/v1",
         "kind": "ClusterRoleBinding",
         "metadata": {"name": name, "labels": LABELS},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": subject}],
+        "roleRef": {"apiGroup": RBAC, "kind": "ClusterRole", "name": role},
+        "subjects": [{"apiGroup": RBAC, "kind": kind, "name": subject}],
     }
 
 
@@ -95,13 +96,13 @@ def shared_kube_proxy_binding() -> dict:
     phase: between the two, each old kube-proxy keeps its programmed rules but cannot re-list
     (403) until the workers phase gives it its own kubeconfig and restarts it."""
     return {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "apiVersion": f"{RBAC}/v1",
         "kind": "ClusterRoleBinding",
         "metadata": {"name": NODE_PROXIER_ROLE,
                      # upstream's label kept: it marks the object as one of the defaults
                      "labels": {"kubernetes.io/bootstrapping": "rbac-defaults", **LABELS},
                      "annotations": {AUTOUPDATE: "false"}},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": NODE_PROXIER_ROLE},
+        "roleRef": {"apiGroup": RBAC, "kind": "ClusterRole", "name": NODE_PROXIER_ROLE},
         "subjects": [],
     }
 

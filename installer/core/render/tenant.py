@@ -29,7 +29,7 @@ from installer.core.render.files import K8S_DIR, HostFile, HostPlan, to_yaml
 from installer.core.render.kubeconfig import kubeconfig
 from installer.core.render.manifests import LABELS
 from installer.core.render.pods import INPUTS_ANNOTATION, PodParts, pod_parts
-from installer.core.render.tenant_network import TENANT_LABEL, network_policies
+from installer.core.render.tenant_network import NAME_LABEL, TENANT_LABEL, network_policies, selector
 from installer.core.shellfiles import SH_DIR
 
 API_UNIT, CM_UNIT, SCHED_UNIT, ETCD_UNIT = components.units(
@@ -119,7 +119,7 @@ def _replace(args: list[str], values: dict[str, str | None]) -> list[str]:
 
 
 def _labels(inv: Inventory, component: str) -> dict[str, str]:
-    return {**LABELS, TENANT_LABEL: inv.metadata.name, "app.kubernetes.io/name": component}
+    return {**LABELS, TENANT_LABEL: inv.metadata.name, NAME_LABEL: component}
 
 
 def _meta(inv: Inventory, name: str, component: str) -> dict:
@@ -151,7 +151,7 @@ def _spread(inv: Inventory, component: str) -> dict:
     """Replicas on different hosting nodes when there are (preferred: a small hosting cluster still runs them)."""
     return {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
         "weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname", "labelSelector": {
-            "matchLabels": {TENANT_LABEL: inv.metadata.name, "app.kubernetes.io/name": component}}}}]}}
+            "matchLabels": {TENANT_LABEL: inv.metadata.name, NAME_LABEL: component}}}}]}}
 
 
 def _template(inv: Inventory, component: str, containers: list[dict], volumes: list[dict],
@@ -180,7 +180,7 @@ def pod_security_context() -> dict:
 
 
 def _selector(inv: Inventory, component: str) -> dict:
-    return {"matchLabels": {TENANT_LABEL: inv.metadata.name, "app.kubernetes.io/name": component}}
+    return selector(inv, (component,))
 
 
 def _readyz(port: int, path: str = "/readyz") -> dict:

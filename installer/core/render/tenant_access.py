@@ -21,10 +21,9 @@ from __future__ import annotations
 
 from installer.core.errors import InstallerError, InventoryError
 from installer.core.inventory import Inventory
-from installer.core.render.manifests import LABELS
+from installer.core.render.manifests import LABELS, RBAC
 from installer.core.render.tenant import namespace_object
 
-RBAC = "rbac.authorization.k8s.io"
 ROLE = "hiddenplane-operator"
 
 # (API group, resources, verbs, why): the namespaced requests the installer makes, and which

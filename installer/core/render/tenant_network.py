@@ -76,7 +76,8 @@ def policies(inv: Inventory) -> tuple[Policy, ...]:
     )
 
 
-def _selector(inv: Inventory, comps: tuple[str, ...]) -> dict:
+def selector(inv: Inventory, comps: tuple[str, ...]) -> dict:
+    """The tenant's pods of ``comps`` (every pod of the namespace: ``()``)."""
     if not comps:
         return {}
     match: dict = {"matchLabels": {TENANT_LABEL: inv.metadata.name}}
@@ -92,7 +93,7 @@ def _peers(inv: Inventory, rule: Rule) -> list[dict] | None:
         return None
     out = []
     for p in rule.peers:
-        out.append(DNS_PEER if p == "dns" else {"podSelector": _selector(inv, (p,))})
+        out.append(DNS_PEER if p == "dns" else {"podSelector": selector(inv, (p,))})
     return out
 
 
@@ -117,7 +118,7 @@ def network_policies(inv: Inventory) -> list[dict]:
     a pod is never open while its own policy is still to come)."""
     out = []
     for p in policies(inv):
-        spec: dict = {"podSelector": _selector(inv, p.components), "policyTypes": []}
+        spec: dict = {"podSelector": selector(inv, p.components), "policyTypes": []}
         for direction, rules in (("ingress", p.ingress), ("egress", p.egress)):
             if rules is None:
                 continue

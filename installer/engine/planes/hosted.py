@@ -39,6 +39,7 @@ class HostedPlane(ControlPlane):
         self._api = None
         self._found = self._owner_recorded = False    # the namespace exists; this state owns it (api)
         self._held: tuple[str, str] | None = None
+        self._uid: str | None = None                 # the namespace's, once _take made or found it
         self._workloads: list = []
 
     @property
@@ -160,7 +161,8 @@ class HostedPlane(ControlPlane):
         refused with ``tenancy.NoNamespace``), the Lease taken for the run (take_lease says False
         when this run holds it already: whoever took it gives it back)."""
         from installer.host import hosting  # lazy: urllib3, for hosted tenants only
-        hosting.ensure_namespace(self.api(), namespace_object(self.inv), self.inv.spec.kubernetes.version, create)
+        self._uid = hosting.ensure_namespace(self.api(), namespace_object(self.inv), self.inv.spec.kubernetes.version,
+                                             create)
         self._found = True
         if hosting.take_lease(self.api(), self.namespace, self.session.run_id, force=force):
             self._held = (self.namespace, self.session.run_id)
@@ -174,7 +176,7 @@ class HostedPlane(ControlPlane):
         out = []
         if not self.state.namespace_uid(self.namespace):
             # (a state from before the UID was kept records it at its next apply)
-            self.state.record_namespace_uid(self.namespace, hosting.namespace_uid(self.api(), self.namespace))
+            self.state.record_namespace_uid(self.namespace, self._uid)
             out.append(f"this state keeps the UID of namespace {self.namespace}")
         if self._owner_recorded:
             return out

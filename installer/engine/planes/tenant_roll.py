@@ -23,13 +23,13 @@ from installer.core.errors import InstallerError
 from installer.core.inventory import Inventory
 from installer.core.pki.specs import HOSTED_ETCD
 from installer.core.render.tenant import deployment_replicas, render_tenant
+from installer.core.render.tenant_network import NAME_LABEL
 from installer.core.upgrade_rules import HostState, oldest
 from installer.host.kube import STRATEGIC_MERGE, ApiClient, rest
 from installer.host.tenant_etcd import component_pods, pod_ready
 
 # the virtual control host of a hosted tenant, as the upgrade's order names it
 CONTROL = HOSTED_ETCD
-COMPONENT_LABEL = "app.kubernetes.io/name"
 
 
 def _tag(image: str) -> str:
@@ -57,7 +57,7 @@ def component_objects(inv: Inventory, material, components: tuple[str, ...]) -> 
     holds for the whole namespace (the Namespace, the NetworkPolicies): a roll re-applies those too."""
     objects = render_tenant(inv, material).objects
     return [o for o in objects if o["kind"] in NAMESPACE_WIDE
-            or (o["metadata"].get("labels") or {}).get(COMPONENT_LABEL) in components]
+            or (o["metadata"].get("labels") or {}).get(NAME_LABEL) in components]
 
 
 def roll(api: ApiClient, inv: Inventory, material, components: tuple[str, ...], timeout: float, log) -> list[str]:

@@ -13,7 +13,7 @@ SERVFAIL forever.
 from __future__ import annotations
 
 from installer.core.inventory import Inventory
-from installer.core.render.manifests import LABELS
+from installer.core.render.manifests import LABELS, RBAC
 
 COREDNS_VERSION = "v1.14.2"
 COREDNS_IMAGE = f"registry.k8s.io/coredns/coredns:{COREDNS_VERSION}"
@@ -25,7 +25,6 @@ RESOLV_CONF = "/etc/resolv.conf"     # inside the pod: the kubelet's resolvConf 
 HEALTH_PORT = 8080
 READY_PORT = 8181
 METRICS_PORT = 9153
-RBAC = "rbac.authorization.k8s.io"
 ROLE = "hiddenplane:coredns"
 
 

@@ -48,7 +48,7 @@ from installer.core.render.files import (
     unit_file,
 )
 from installer.core.render.kubeconfig import kubeconfig
-from installer.core.render.manifests import LABELS
+from installer.core.render.manifests import LABELS, RBAC
 
 KONNECTIVITY_VERSION = "v0.36.0"
 AGENT_IMAGE = f"registry.k8s.io/kas-network-proxy/proxy-agent:{KONNECTIVITY_VERSION}"
@@ -72,7 +72,6 @@ AGENT_PORT, ADMIN_PORT, HEALTH_PORT = 8132, 8133, 8134
 AGENT_ADMIN_PORT, AGENT_HEALTH_PORT = 8133, 8134
 TOKEN_DIR = "/var/run/secrets/tokens"
 TOKEN_FILE = "konnectivity-agent-token"
-RBAC = "rbac.authorization.k8s.io"
 
 
 def enabled(inv: Inventory) -> bool:

@@ -22,7 +22,7 @@ running (no ``--fail-open``). Its metrics listen on the node's loopback only.
 from __future__ import annotations
 
 from installer.core.inventory import Inventory
-from installer.core.render.manifests import LABELS
+from installer.core.render.manifests import LABELS, RBAC
 
 NETPOL = "kube-network-policies"
 NETPOL_VERSION = "v0.8.0"
@@ -33,7 +33,6 @@ NAMESPACE = "kube-system"
 QUEUE = 100                      # the netfilter queue number (kube-proxy and the CNI use none)
 NFT_TABLE = "kube-network-policies"  # its nftables table (inet): its default name
 METRICS = "127.0.0.1:9080"
-RBAC = "rbac.authorization.k8s.io"
 ROLE = "hiddenplane:kube-network-policies"
 APP = {"k8s-app": NETPOL}
 
