@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import shutil
 import socket
 import ssl
@@ -193,6 +194,8 @@ def test_certs_renew_presents_new_serials_and_changes_nothing_else(renewlab, tmp
     proc = run_installer("apply", str(lab.inventory), "--state", str(stale), check_rc=2)
     assert "the hosts hold newer certificates than the state directory" in proc.stderr, proc.stderr
     assert "cp1 /etc/kubernetes/pki/apiserver.crt: issued " in proc.stderr, proc.stderr
+    # a kubeconfig's client certificate counts too (the probe sent that certificate, not the key)
+    assert re.search(r"\n  cp1 /etc/kubernetes/[a-z-]+\.conf: issued ", proc.stderr), proc.stderr
     assert managed_files(lab) == files_after
 
     # the old files are kept: 0700 directories, 0600 files

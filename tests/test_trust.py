@@ -127,3 +127,77 @@ def test_a_state_older_than_the_hosts_leaves_is_refused_and_a_newer_one_pushes(p
     older = [o for h in old_plans for o in trust.older_leaves(h, old_plans[h], holding_leaves(new_plans)[h].certs)]
     assert {o.path for o in older} == {"/etc/kubernetes/pki/apiserver.crt"}
     assert all(o.on_host > o.in_state for o in older)
+
+
+def as_probed(facts: dict[str, HostFacts]) -> dict[str, HostFacts]:
+    """What the facts probe sends of a kubeconfig: its client certificate alone."""
+    for f in facts.values():
+        f.certs = {p: trust.leaf(p, c) or b"" for p, c in f.certs.items()}
+    return facts
+
+
+@pytest.mark.parametrize("held_as", ["probed", "whole kubeconfig"])
+def test_a_kubeconfigs_client_certificate_is_a_leaf_the_guard_keeps(prepared, held_as):
+    """A renewal of a component's client certificate lands in its kubeconfig, not in a .crt: a
+    state from before it would push the replaced key back inside controller-manager.conf. Held
+    as the probe sends it (the certificate alone) or as a tenant's Secret holds it (the whole
+    kubeconfig), it is refused the same way."""
+    import copy
+    newer = copy.copy(prepared.material)
+    newer.certs = {n: p for n, p in prepared.material.certs.items() if n != "controller-manager"}
+    renewed, _ = ensure(prepared.inventory, newer, dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=2))
+    old_plans, new_plans = prepared.plans, render_cluster(prepared.inventory, renewed)
+    conf = "/etc/kubernetes/controller-manager.conf"
+    controls = [h for h in old_plans if conf in old_plans[h].files]
+    assert controls and all(conf in trust.certificate_paths(old_plans[h]) for h in controls)
+    held = holding_leaves(new_plans)
+    if held_as == "probed":
+        held = as_probed(held)
+    trust.check(new_plans, held, "/s", new_ca=False)
+    with pytest.raises(trust.TrustMismatch) as e:
+        trust.check(old_plans, held, "/s", new_ca=False)
+    assert all(f"  {h} {conf}: issued " in str(e.value) for h in controls), str(e.value)
+    older = {o.path for h in old_plans for o in trust.older_leaves(h, old_plans[h], held[h].certs)}
+    assert older == {conf}
+
+
+def test_a_kubeconfig_without_a_client_certificate_is_not_compared(prepared):
+    """The bootstrap kubeconfig holds a token; a host's kubeconfig that lost its certificate line
+    (or holds garbage) gives no certificate: nothing to compare, never a crash."""
+    plans = prepared.plans
+    for plan in plans.values():
+        for p in trust.certificate_paths(plan):
+            if p.endswith(".conf"):
+                assert b"client-certificate-data" in plan.files[p].content
+    boot = [p for plan in plans.values() for p, f in plan.files.items()
+            if p.endswith(".conf") and b"token:" in f.content]
+    assert boot and not any(p in trust.certificate_paths(plan) for plan in plans.values() for p in boot)
+    held = holding_leaves(plans)
+    for f in held.values():
+        f.certs = {p: (b"" if p.endswith(".conf") else c) for p, c in f.certs.items()}
+    trust.check(plans, held, "/s", new_ca=False)
+    assert trust.leaf("/x.conf", b"users: [{user: {client-certificate-data: '!!'}}]") is None
+
+
+def test_the_probe_sends_a_kubeconfigs_certificate_and_never_its_key(prepared, tmp_path):
+    """The facts probe itself, on a rendered controller-manager.conf: the C line carries the
+    client certificate, decoded from the kubeconfig; not a byte of the key beside it."""
+    import base64
+    import subprocess
+
+    from installer.core.facts import PROBE, parse, probe_input
+    from installer.core.pki import issue as pki_issue
+    plan = next(p for p in prepared.plans.values() if "/etc/kubernetes/controller-manager.conf" in p.files)
+    content = plan.files["/etc/kubernetes/controller-manager.conf"].content
+    (tmp_path / "cm.conf").write_bytes(content)
+    (tmp_path / "bad.conf").write_bytes(b"users:\n- user:\n    client-certificate-data: !!notbase64\n")
+    out = subprocess.run(["/bin/sh", "-c", PROBE],
+                         input=probe_input([], [], [], [str(tmp_path / "cm.conf"), str(tmp_path / "bad.conf")]),
+                         capture_output=True, check=True)
+    facts = parse(out.stdout.decode())
+    pair = prepared.material.certs["controller-manager"]
+    assert facts.certs[str(tmp_path / "cm.conf")] == pki_issue.cert_pem(pair.cert)
+    assert trust.leaf(str(tmp_path / "bad.conf"), facts.certs[str(tmp_path / "bad.conf")]) is None
+    key = pki_issue.key_pem(pair.key)
+    assert base64.b64encode(key).decode() not in out.stdout.decode() and key not in out.stdout
+    assert b"PRIVATE KEY" not in b"".join(facts.certs.values())

@@ -9,14 +9,12 @@ node's own kube-proxy certificate, a control host's admin.conf and the component
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
 import re
 import shlex
 from dataclasses import dataclass, field
 from typing import Callable
 
-import yaml
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
@@ -25,6 +23,7 @@ from installer.core.errors import InstallerError, StateError
 from installer.core.inventory import Inventory
 from installer.core.pki.material import Material, ensure
 from installer.core.pki.specs import CAS
+from installer.core.render import kubeconfig
 from installer.core.render.plan import render_cluster
 from installer.core.render.worker import KUBELET_CLIENT_PEM
 from installer.core.state import StateDir
@@ -94,7 +93,7 @@ def state_rows(material: Material) -> list[CertRow]:
     return [row(STATE, name, p.cert) for name, p in {**material.cas, **material.certs}.items()]
 
 
-KUBECONFIG_SUFFIX = ".conf"
+KUBECONFIG_SUFFIX = kubeconfig.SUFFIX
 
 
 def fetch_script(paths: list[str]) -> str:
@@ -111,10 +110,9 @@ def kubeconfig_serial(content: bytes) -> int | None:
     """The serial of the client certificate a rendered kubeconfig embeds; None when it has none
     (a token, as the bootstrap kubeconfig)."""
     try:
-        users = yaml.safe_load(content).get("users") or []
-        data = users[0]["user"]["client-certificate-data"]
-        return x509.load_pem_x509_certificate(base64.b64decode(data)).serial_number
-    except (yaml.YAMLError, AttributeError, IndexError, KeyError, TypeError, ValueError):
+        pem = kubeconfig.client_certificate(content)
+        return x509.load_pem_x509_certificate(pem).serial_number if pem else None
+    except ValueError:
         return None
 
 
@@ -196,11 +194,7 @@ def as_fetched(files: dict[str, bytes]) -> bytes:
     out = b""
     for path, content in sorted(files.items()):
         if path.endswith(KUBECONFIG_SUFFIX):
-            try:
-                users = yaml.safe_load(content).get("users") or []
-                content = base64.b64decode(users[0]["user"]["client-certificate-data"])
-            except (yaml.YAMLError, AttributeError, IndexError, KeyError, TypeError, ValueError):
-                content = b""
+            content = kubeconfig.client_certificate(content) or b""
         out += f"{MARK}{path}\n".encode() + b"".join(m + b"\n" for m in _PEM.findall(content))
     return out
 

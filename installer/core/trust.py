@@ -22,6 +22,7 @@ from cryptography.x509.oid import NameOID
 
 from installer.core.errors import StateError
 from installer.core.facts import HostFacts
+from installer.core.render import kubeconfig
 from installer.core.render.files import HostPlan
 
 SHOWN = 8       # mismatch lines before "... and N more"
@@ -66,9 +67,20 @@ def certificates(pem: bytes) -> tuple[Cert, ...]:
 
 
 def certificate_paths(plan: HostPlan) -> list[str]:
-    """The files of ``plan`` whose content the guards read where they are held: its CA files and
-    its leaf certificates (``.crt``; public)."""
-    return [f.path for f in plan.files.values() if f.trust or f.path.endswith(".crt")]
+    """The files of ``plan`` whose certificates the guards read where they are held: its CA
+    files, its leaf certificates (``.crt``) and its kubeconfigs that embed a client certificate
+    (the facts probe sends only that certificate, never the key beside it)."""
+    return [f.path for f in plan.files.values() if f.trust or f.path.endswith(".crt")
+            or (f.path.endswith(kubeconfig.SUFFIX) and kubeconfig.client_certificate(f.content) is not None)]
+
+
+def leaf(path: str, content: bytes) -> bytes | None:
+    """The leaf certificate (PEM) of a file the guards compare: a kubeconfig's client certificate
+    (from the whole kubeconfig, as a plan or a tenant's Secret holds it, or already extracted, as
+    the facts probe sends it); any other file as it is."""
+    if path.endswith(kubeconfig.SUFFIX) and not content.lstrip().startswith(b"-----BEGIN"):
+        return kubeconfig.client_certificate(content)
+    return content
 
 
 def mismatches(plans: Mapping[str, HostPlan], facts: Mapping[str, HostFacts]) -> list[Mismatch]:
@@ -90,17 +102,20 @@ class Older:
 
 
 def older_leaves(where: str, plan: HostPlan, held: Mapping[str, bytes]) -> list[Older]:
-    """Pure: each leaf certificate of ``plan`` (not a CA file) whose copy in ``held`` was issued
-    later by the same CA. The state issues every one of them: one newer where it is held was
-    issued by a newer copy of the state (a renewal, maybe after a key leaked), and pushing the
-    older one would bring the replaced key back."""
+    """Pure: each leaf certificate of ``plan`` (not a CA file; a kubeconfig's client certificate
+    counts) whose copy in ``held`` was issued later by the same CA. The state issues every one of
+    them: one newer where it is held was issued by a newer copy of the state (a renewal, maybe
+    after a key leaked), and pushing the older one would bring the replaced key back."""
     out = []
     for f in plan.files.values():
-        have = held.get(f.path) if not f.trust and f.path.endswith(".crt") else None
-        if have is None or have == f.content:
+        have = held.get(f.path) if not f.trust else None
+        if have is None:
+            continue
+        have, mine = leaf(f.path, have), leaf(f.path, f.content)
+        if not have or not mine or have == mine:
             continue
         try:
-            live, ours = x509.load_pem_x509_certificate(have), x509.load_pem_x509_certificate(f.content)
+            live, ours = x509.load_pem_x509_certificate(have), x509.load_pem_x509_certificate(mine)
         except ValueError:
             continue
         if live.issuer == ours.issuer and live.not_valid_before_utc > ours.not_valid_before_utc:

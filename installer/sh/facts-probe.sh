@@ -42,7 +42,17 @@ while IFS="$T" read -r kind p; do
     F) printf '%s\n' "$p" >> "$tmp/f";;
     D) if [ -d "$p" ]; then printf 'D\t%s\t%s\n' "$p" "$(stat --printf '%a\t%U\t%G' "$p")"; fi;;
     U) printf '%s\n' "$p" >> "$tmp/u";;
-    C) if [ -f "$p" ]; then printf 'C\t%s\t%s\n' "$p" "$(head -c 65536 "$p" | base64 | tr -d '\n')"; fi;;
+    # certificates (public) for the CA and stale-leaf guards; of a kubeconfig only its client
+    # certificate leaves the host, never the key beside it (decoded and encoded again: bad
+    # base64 on the host becomes no certificate, not an unreadable probe)
+    C) if [ -f "$p" ]; then
+         case "$p" in
+           *.conf) c=$(sed -n 's/^[[:space:]]*client-certificate-data:[[:space:]]*//p' "$p" | head -n 1 |
+                       base64 -d 2>/dev/null | head -c 65536 | base64 | tr -d '\n');;
+           *) c=$(head -c 65536 "$p" | base64 | tr -d '\n');;
+         esac
+         printf 'C\t%s\t%s\n' "$p" "$c"
+       fi;;
   esac
 done
 # units: one `systemctl show` for all of them and systemd-resolved (two `systemctl` calls a

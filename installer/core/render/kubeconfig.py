@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import base64
+import binascii
 
+from installer.core import yamlsafe
 from installer.core.pki import issue
 from installer.core.pki.issue import Pair
 from installer.core.render.files import to_yaml
+
+SUFFIX = ".conf"        # every kubeconfig a plan writes ends so (the guards and `certs check` find them)
 
 
 def _b64(data: bytes) -> str:
@@ -31,3 +35,15 @@ def kubeconfig(cluster: str, server: str, ca_pem: bytes, user: str, *,
         "current-context": context,
         "preferences": {},
     })
+
+
+def client_certificate(content: bytes) -> bytes | None:
+    """The PEM client certificate a kubeconfig embeds (its first user's), or None: a token, no
+    user, or not a kubeconfig. Bounded: the content may come from where others write (a hosted
+    tenant's Secrets)."""
+    try:
+        doc, _ = yamlsafe.load(content)
+        data = doc["users"][0]["user"]["client-certificate-data"]
+        return base64.b64decode(data, validate=True) if isinstance(data, str) else None
+    except (yamlsafe.InputError, binascii.Error, KeyError, IndexError, TypeError, ValueError):
+        return None
