@@ -63,7 +63,8 @@ def tenant_doc(hosting: dict, kubeconfig: Path, i: int, worker: dict, addresses:
         "kubeconfig": str(kubeconfig),
         "expose": {"type": "NodePort", "addresses": addresses, "port": 30500 + 2 * i,
                    "konnectivityPort": 30501 + 2 * i},
-        "apiServerReplicas": 2, "etcdReplicas": 3, "storageClass": "local-path"}}
+        # preferred: the hosting cluster here has two workers, too few for three members apart
+        "apiServerReplicas": 2, "etcdReplicas": 3, "storageClass": "local-path", "spread": "preferred"}}
     spec["hosts"] = [worker]
     return {"apiVersion": hosting["apiVersion"], "kind": "Cluster", "metadata": {"name": f"t{i}"}, "spec": spec}
 

@@ -153,7 +153,8 @@ def test_the_tenants_objects_pass_the_kubernetes_schemas_and_stay_in_its_namespa
     p, plan = rendered
     kube_objects.validate_objects(plan.objects, p.inventory.spec.kubernetes.version)
     assert plan.objects[0]["kind"] == "Namespace" and plan.objects[0]["metadata"]["name"] == NS
-    assert all(o["metadata"].get("namespace") == NS for o in plan.objects[1:])
+    # but for the PriorityClass every tenant shares (cluster-scoped, the pods name it)
+    assert [o["kind"] for o in plan.objects if o["metadata"].get("namespace") != NS] == ["Namespace", "PriorityClass"]
     assert plan.workloads() == [("StatefulSet", "etcd"), ("Deployment", "kube-apiserver"),
                                 ("Deployment", "kube-controller-manager"), ("Deployment", "kube-scheduler")]
     # no control host, no kubelet plan: only the workers are hosts

@@ -28,7 +28,8 @@ ALLOWED = {
 # the hosted plane, all of those for a tenant's command)
 LAZY_OK = ("installer.host.kube", "installer.host.kube_objects", "installer.host.node_api", "urllib3", "testinfra",
            "yaml.", "installer.host.apireach", "installer.host.hosting", "websocket",
-           "installer.host.tenant_etcd", "installer.host.tenant_members", "installer.engine.planes.hosted")
+           "installer.host.tenant_etcd", "installer.host.tenant_members", "installer.host.tenant_guards",
+           "installer.engine.planes.hosted")
 
 
 def _module(path: Path) -> str:
@@ -173,7 +174,7 @@ def test_actions_and_the_engine_take_a_cluster_not_paths():
 # the render of a tenant's objects, certificates and add-ons from it), the planes, and the host
 # modules only the hosted plane uses (its hosting cluster, its etcd member count)
 HOSTED_READERS = ("installer.core.", "installer.engine.planes", "installer.host.hosting",
-                  "installer.host.tenant_members")
+                  "installer.host.tenant_members", "installer.host.tenant_guards")
 
 
 def _reads_of(path: Path, attr: str) -> list[int]:

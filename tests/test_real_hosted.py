@@ -66,9 +66,11 @@ class Tenant:
 
 def tenant_inventory(rc: RealCluster, tmp: Path, name: str = "tenant", workers: tuple[str, ...] = A_WORKERS,
                      ports: tuple[int, int] = (API_PORT, KONNECTIVITY_PORT), etcd: int = 3,
-                     etcd_version: str | None = None) -> Path:
+                     etcd_version: str | None = None, spread: str = "preferred") -> Path:
     """A tenant: ``workers`` (w3 and w4), its control plane in the real cluster, exposed on the
-    hosting workers' addresses (NodePort ``ports``); its etcd at ``etcd_version`` (else the default)."""
+    hosting workers' addresses (NodePort ``ports``); its etcd at ``etcd_version`` (else the default).
+    ``spread`` preferred: the lab's hosting cluster has two workers, too few to give three etcd
+    members a node each (a lab setting; the product's default is required)."""
     lab_doc = yaml.safe_load(rc.lab.inventory.read_text())
     # (the lab's inventory is the hosting cluster's: its hosts are the lab's but the tenant's)
     hosts = [{"name": w, "address": rc.address(w), "role": "worker"} for w in workers]
@@ -84,7 +86,7 @@ def tenant_inventory(rc: RealCluster, tmp: Path, name: str = "tenant", workers: 
         "kubeconfig": str(rc.kubeconfig),
         "expose": {"type": "NodePort", "addresses": [rc.address(w) for w in rc.workers],
                    "port": ports[0], "konnectivityPort": ports[1]},
-        "apiServerReplicas": 2, "etcdReplicas": etcd, "storageClass": "local-path"}}
+        "apiServerReplicas": 2, "etcdReplicas": etcd, "storageClass": "local-path", "spread": spread}}
     spec["hosts"] = hosts
     doc = {"apiVersion": lab_doc["apiVersion"], "kind": "Cluster", "metadata": {"name": name}, "spec": spec}
     path = tmp / f"{name}.yaml"
@@ -175,6 +177,13 @@ def test_the_tenant_shows_its_own_workers_only(tenant: Tenant, tenant_b):
                for p in pods), [p["spec"].get("securityContext") for p in pods]
     hosting_nodes = {n["metadata"]["name"] for n in tenant.rc.get("nodes")["items"]}
     assert not hosting_nodes & {n["metadata"]["name"] for n in nodes}
+    # sized (Burstable: requests on every container, not BestEffort), ahead of ordinary workloads,
+    # within the namespace's quota
+    assert {p["status"]["qosClass"] for p in pods} == {"Burstable"}, [p["status"]["qosClass"] for p in pods]
+    assert {p["spec"]["priorityClassName"] for p in pods} == {f"hiddenplane-tenant-{NS}"}
+    assert {p["spec"]["priority"] for p in pods} == {1_000_000}
+    quota = tenant.rc.get("resourcequota", "tenant", "-n", NS)["status"]
+    assert int(quota["used"]["pods"]) == len(pods) <= int(quota["hard"]["pods"]), quota
 
 
 def test_a_second_apply_changes_and_restarts_nothing(tenant: Tenant):
@@ -808,7 +817,8 @@ def second_tenant(tenant: Tenant, tmp: Path) -> None:
     # one etcd member (the other tenant has three), operated with the least-privilege hosting
     # identity `installer hosting-access` binds (core/render/tenant_access.py): every command
     # below runs with exactly those rights
-    inventory, state = tenant_inventory(rc, tmp / "b", "tenant-b", B_WORKERS, (30444, 30133), etcd=1), tmp / "state"
+    inventory, state = (tenant_inventory(rc, tmp / "b", "tenant-b", B_WORKERS, (30444, 30133), etcd=1,
+                                         spread="required"), tmp / "state")
     operator = operator_kubeconfig(rc, tmp, "hp-operator-b")
     doc = yaml.safe_load(inventory.read_text())
     doc["spec"]["controlPlane"]["hosted"]["kubeconfig"] = str(operator)
@@ -822,6 +832,15 @@ def second_tenant(tenant: Tenant, tmp: Path) -> None:
     # the hosting cluster's admin makes it, with the identity's rights
     access = run_installer("hosting-access", str(inventory), "--user", "hp-operator-b").stdout
     rc.kubectl("apply", "-f", "-", stdin=access)
+    # spread required (the default) on a hosting cluster of two workers: one apiserver replica
+    # and the one a roll adds need three. Refused before anything is made there, naming the way out
+    proc = run_installer("apply", str(inventory), "--state", str(state), check_rc=2)
+    assert "the hosting cluster has 2 schedulable node(s)" in proc.stderr and "needs 3" in proc.stderr, proc.stderr
+    assert "spec.controlPlane.hosted.spread: preferred" in proc.stderr, proc.stderr
+    assert not rc.get("deployments,statefulsets,configmaps,secrets", "-n", "hp-tenant-b")["items"]
+    doc = yaml.safe_load(inventory.read_text())
+    doc["spec"]["controlPlane"]["hosted"]["spread"] = "preferred"
+    inventory.write_text(yaml.safe_dump(doc, sort_keys=False))
     started = time.monotonic()
     proc = run_installer("apply", str(inventory), "--state", str(state), "--wait-timeout", "900")
     print(f"\nsecond tenant: apply {time.monotonic() - started:.0f} s\n{proc.stdout}")
@@ -928,7 +947,15 @@ def least_privilege(rc: RealCluster, operator: Path) -> None:
     for args in (("get", "secrets", "-n", NS), ("get", "secret", "kube-apiserver-files", "-n", NS),
                  ("get", "pods", "-n", NS), ("get", "statefulset", "etcd", "-n", NS), ("get", "namespace", NS),
                  ("get", "namespaces"), ("create", "namespace", "hp-operator-b-made"),
-                 ("get", "pods", "-n", "kube-system"), ("get", "nodes")):
+                 ("get", "pods", "-n", "kube-system"), ("get", "node", rc.workers[0]),
+                 ("cordon", rc.workers[0]),
+                 # its quota, limits and priority are the admin's: not lifted by the operator
+                 ("patch", "resourcequota", "tenant", "-n", "hp-tenant-b", "--type=merge", "-p",
+                  '{"spec":{"hard":{"pods":"1000"}}}'),
+                 ("delete", "limitrange", "tenant", "-n", "hp-tenant-b"),
+                 ("patch", "priorityclass", "hiddenplane-tenant-hp-tenant-b", "--type=merge", "-p",
+                  '{"description":"mine"}'),
+                 ("get", "priorityclass", f"hiddenplane-tenant-{NS}")):
         proc = as_operator(*args)
         assert proc.returncode != 0 and "Forbidden" in proc.stderr, (args, proc.stdout, proc.stderr)
     # its own: allowed

@@ -53,9 +53,18 @@ def test_it_prints_the_namespace_a_role_and_the_namespace_object_alone_cluster_w
     result = run(str(inventory), "--user", "alice")
     assert result.exit_code == 0, result.output
     docs = list(yaml.safe_load_all(result.output))
-    assert [d["kind"] for d in docs] == ["Namespace", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"]
+    assert [d["kind"] for d in docs] == ["Namespace", "PriorityClass", "ResourceQuota", "LimitRange", "Role",
+                                         "RoleBinding", "ClusterRole", "ClusterRoleBinding"]
     kube_objects.validate_objects(docs, TENANT["spec"].get("kubernetes", {}).get("version", "v1.36.5"))
-    namespace, role, binding, cluster_role, cluster_binding = docs
+    namespace, priority, quota, limits, role, binding, cluster_role, cluster_binding = docs
+    # the admin's, exactly as apply renders them (then apply finds them unchanged and writes none)
+    from installer.api import prepare
+    from installer.core.render import tenant
+    p = prepare(inventory, inventory.parent / "state")
+    rendered = {(o["kind"], o["metadata"]["name"]): o for o in tenant.render_tenant(p.inventory, p.material).objects}
+    for o in (priority, quota, limits):
+        assert o == rendered[(o["kind"], o["metadata"]["name"])]
+    assert quota["metadata"]["namespace"] == limits["metadata"]["namespace"] == NS
     # labelled as the installer labels it: the ownership guard lets its first apply in
     assert namespace["metadata"]["name"] == NS
     assert namespace["metadata"]["labels"]["hiddenplane.io/tenant"] == "tenant-a"
@@ -65,9 +74,13 @@ def test_it_prints_the_namespace_a_role_and_the_namespace_object_alone_cluster_w
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert cluster_binding["roleRef"]["name"] == cluster_role["metadata"]["name"] == f"hiddenplane-operator-{NS}"
     # cluster-wide: this one Namespace object, by name; never create (it could make any other),
-    # never update (its Pod Security label is the admin's)
+    # never update (its Pod Security label is the admin's); the shared PriorityClass read by name;
+    # the nodes listed (the spread check), never read one by one nor written
     assert cluster_role["rules"] == [{"apiGroups": [""], "resources": ["namespaces"], "resourceNames": [NS],
-                                      "verbs": ["get", "delete"]}]
+                                      "verbs": ["get", "delete"]},
+                                     {"apiGroups": ["scheduling.k8s.io"], "resources": ["priorityclasses"],
+                                      "resourceNames": [f"hiddenplane-tenant-{NS}"], "verbs": ["get"]},
+                                     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}]
     assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
 
 
@@ -75,12 +88,15 @@ def test_nothing_is_granted_beyond_the_namespace_nor_a_way_to_widen_it(inventory
     docs = list(yaml.safe_load_all(run(str(inventory), "--group", "team-a").output))
     rights = granted(docs)
     assert {scope for scope, _, _ in rights} == {NS, "*"}
-    assert {(r, v) for scope, r, v in rights if scope == "*"} == {("namespaces", v) for v in ("get", "delete")}
+    assert {(r, v) for scope, r, v in rights if scope == "*"} == {
+        ("namespaces", "get"), ("namespaces", "delete"), ("priorityclasses", "get"), ("nodes", "list")}
+    # its quota and limits read, never written: a quota its operator could raise protects nobody
+    assert {v for scope, r, v in rights if r in ("resourcequotas", "limitranges")} == {"get"}
     words = {r for _, r, _ in rights} | {v for _, _, v in rights}
-    # no wildcard, no RBAC of its own, no impersonation, no token minting, no node or volume
+    # no wildcard, no RBAC of its own, no impersonation, no token minting, no volume, no node status
     for bad in ("*", "roles", "rolebindings", "clusterroles", "impersonate", "escalate", "bind",
-                "serviceaccounts/token", "nodes", "persistentvolumes", "pods/attach", "pods/portforward",
-                "pods/ephemeralcontainers"):
+                "serviceaccounts/token", "nodes/status", "nodes/proxy", "persistentvolumes", "pods/attach",
+                "pods/portforward", "pods/ephemeralcontainers", "watch"):
         assert bad not in words, bad
 
 
@@ -98,7 +114,9 @@ def test_every_request_the_hosted_code_makes_is_a_row(inventory):
     from installer.core.render import tenant
     p = prepare(inventory, inventory.parent / "state")
     plan = tenant.render_tenant(p.inventory, p.material)
-    sent = {kube_objects.KINDS[(o["apiVersion"], o["kind"])][0] for o in plan.objects if o["kind"] != "Namespace"}
+    # (the cluster-scoped ones, the Namespace and the PriorityClass, are the ClusterRole's)
+    sent = {kube_objects.KINDS[(o["apiVersion"], o["kind"])][0] for o in plan.objects
+            if kube_objects.KINDS[(o["apiVersion"], o["kind"])][1]}
     sent |= {"secrets", "configmaps", "leases"}     # the files' Secrets, the owner record, the apply lock
     assert used | sent == rows, (sorted(used | sent - rows), sorted(rows - used - sent))
 
@@ -116,7 +134,8 @@ def test_a_subject_is_given_once_and_whole(inventory, args, message):
 
 def test_a_service_account_is_bound_in_its_own_namespace(inventory):
     docs = list(yaml.safe_load_all(run(str(inventory), "--service-account", "operators/tenant-a").output))
-    assert docs[2]["subjects"] == [{"kind": "ServiceAccount", "name": "tenant-a", "namespace": "operators"}]
+    binding = next(d for d in docs if d["kind"] == "RoleBinding")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "tenant-a", "namespace": "operators"}]
 
 
 def test_a_cluster_that_is_not_hosted_is_refused_naming_the_field(tmp_path):

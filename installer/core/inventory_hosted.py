@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from fractions import Fraction
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from installer.core.errors import InstallerError
@@ -26,11 +27,34 @@ NAMESPACE_PREFIX = "hp-"
 DEFAULT_REGISTRY = "registry.k8s.io"
 # the components a tenant runs in the hosting cluster, as spec.controlPlane.hosted.resources keys
 HOSTED_COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "konnectivity-server")
+# each one's requests and memory limit unless spec.controlPlane.hosted.resources sets a key:
+# requests near its use at rest, the memory limit a few times its peak under load, both measured
+# on the lab (docs/hosted.md, "Sizing"); no CPU limit (a throttled apiserver fails its probes).
+# render/tenant_sizing.py sizes the namespace's quota from them.
+SIZING: dict[str, dict[str, dict[str, str]]] = {
+    "etcd": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "1Gi"}},
+    "kube-apiserver": {"requests": {"cpu": "100m", "memory": "320Mi"}, "limits": {"memory": "2Gi"}},
+    "konnectivity-server": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "256Mi"}},
+    "kube-controller-manager": {"requests": {"cpu": "30m", "memory": "64Mi"}, "limits": {"memory": "512Mi"}},
+    "kube-scheduler": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "256Mi"}},
+}
+assert set(SIZING) == set(HOSTED_COMPONENTS)
+_UNITS = {"": 1, "m": Fraction(1, 1000), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+          "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+_QUANTITY = re.compile(r"([0-9]+(?:\.[0-9]+)?)(m|k|M|G|T|Ki|Mi|Gi|Ti)?")
+
+
+def quantity(v: str) -> Fraction:
+    """The value of a quantity in the forms the inventory accepts (``Quantity``)."""
+    m = _QUANTITY.fullmatch(v)
+    if not m:
+        raise ValueError(f"{v!r} is not a quantity")
+    return Fraction(m.group(1)) * _UNITS[m.group(2) or ""]
 
 
 def _quantity(v: str) -> str:
     # Kubernetes' resource.Quantity, the forms an operator writes (no exponent forms)
-    if not re.fullmatch(r"[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?", v):
+    if not _QUANTITY.fullmatch(v):
         raise PydanticCustomError("quantity", "{value} is not a Kubernetes quantity (for example 250m, 512Mi, 1Gi)",
                                   {"value": quoted(v)})
     return v
@@ -109,12 +133,34 @@ class HostedSpec(StrictModel):
                                     "kas-network-proxy/proxy-server:<version>): a mirror for air-gapped hosting "
                                     "clusters.")
     resources: dict[Literal[HOSTED_COMPONENTS], Resources] = Field(  # type: ignore[valid-type]
-        default_factory=dict, description="Requests and limits per component (container).")
+        default_factory=dict, description="Requests and limits per component (container), key by key over "
+        "the defaults (docs/hosted.md, \"Sizing\"). The namespace's ResourceQuota is sized from them.")
+    spread: Literal["required", "preferred"] = Field(
+        "required", description="etcd members and apiserver replicas on distinct hosting nodes. required: "
+        "apply refuses a hosting cluster with too few schedulable nodes. preferred accepts that replicas "
+        "share a node when there are too few: losing that node then takes them together (etcd's quorum, "
+        "or the API).")
     requireNetworkPolicy: Bool = Field(
         True, description="apply checks that the hosting cluster enforces the tenant's NetworkPolicies (a "
         "connection they deny must fail) and stops when it does not. false accepts the risk, and every apply "
         "warns: any pod of the hosting cluster, another tenant's included, then reaches this tenant's etcd "
         "and control-plane pods, guarded by TLS alone.")
+
+
+    @model_validator(mode="after")
+    def _requests_within_limits(self):
+        # the API refuses a pod whose request is above its limit: say so here, by field
+        for component in HOSTED_COMPONENTS:
+            own = self.resources.get(component)
+            requests = {**SIZING[component].get("requests", {}), **(own.requests if own else {})}
+            limits = {**SIZING[component].get("limits", {}), **(own.limits if own else {})}
+            for res, limit in limits.items():
+                if res in requests and quantity(requests[res]) > quantity(limit):
+                    raise PydanticCustomError(
+                        "resources", "resources.{component}: requests.{res} {req} is above limits.{res} {limit} "
+                        "(a default where not set: set both)",
+                        {"component": component, "res": res, "req": requests[res], "limit": limit})
+        return self
 
 
 class ControlPlaneSpec(StrictModel):

@@ -22,12 +22,10 @@ import yaml
 from installer.core import tenancy
 from installer.core.errors import InstallerError
 from installer.core.inventory import Inventory
-from installer.core.render.tenant import root_workloads
 from installer.core.safefs import input_file_problem
 from installer.core.tlsfiles import fd_path, memory_file
 from installer.host.kube import ApiClient, ApiError, rest, status_message
 from installer.host.kube_objects import apply_objects, plan_objects
-from installer.host.tenant_etcd import sts_path
 
 
 class HostingError(InstallerError):
@@ -152,14 +150,14 @@ def ensure_namespace(api: ApiClient, namespace: dict, k8s_version: str, create: 
     makes it, not as a bare 403. Returns its UID (the state keeps it: core/tenancy.py)."""
     name = namespace["metadata"]["name"]
     path = f"/api/v1/namespaces/{name}"
-    live = _get(api, path)
+    live = get_object(api, path)
     if live is None:
         if not create:
             raise tenancy.NoNamespace(f"namespace {name} does not exist in the hosting cluster: the tenant is not "
                                       "applied there (`installer apply` makes it); nothing was changed")
         try:
             live = rest(api, "POST", "/api/v1/namespaces", f"namespace {name}", namespace)
-            return _uid(live) or _uid(_get(api, path))
+            return _uid(live) or _uid(get_object(api, path))
         except ApiError as e:
             if e.status == 403:
                 raise HostingError(f"namespace {name} does not exist in the hosting cluster, and this hosting "
@@ -167,29 +165,11 @@ def ensure_namespace(api: ApiClient, namespace: dict, k8s_version: str, create: 
             if e.status != 409:
                 raise HostingError(f"namespace {name}: create refused: {status_message(e)}") from None
     converge(api, [namespace], k8s_version)
-    return _uid(live) or _uid(_get(api, path))
+    return _uid(live) or _uid(get_object(api, path))
 
 
 def _uid(obj: dict | None) -> str | None:
     return ((obj or {}).get("metadata") or {}).get("uid")
-
-
-class RootTenant(InstallerError):
-    """A tenant applied by a release that ran its control plane as root (exit 2: nothing changed)."""
-
-
-def refuse_root_tenant(api: ApiClient, inv) -> None:
-    """Stop before a tenant whose etcd runs as root is rolled to non-root pods: its data is
-    root's, which a non-root member cannot read, and no root container may fix that under Pod
-    Security "restricted" (the other workloads hold no data: they roll as they are). The way
-    over keeps the data (docs/hosted.md)."""
-    found = root_workloads([{**sts, "kind": "StatefulSet"}] if (sts := _get(api, sts_path(inv))) else [])
-    if found:
-        raise RootTenant(f"namespace {inv.hosted_namespace}: {', '.join(found)} run as root (applied by an earlier "
-                         "release); this release runs them as a non-root user under Pod Security \"restricted\", "
-                         "and etcd's members could not read their data. Nothing was changed. Move the tenant over "
-                         "with its data: `installer etcd snapshot save`, `installer reset`, `installer apply`, "
-                         "`installer etcd snapshot restore` (docs/hosted.md)")
 
 
 def workload_state(api: ApiClient, namespace: str, kind: str, name: str) -> tuple[bool, str]:
@@ -353,11 +333,30 @@ def delete_namespace(api: ApiClient, namespace: str, timeout: float, log: Callab
     return True
 
 
+def delete_priority_class(api: ApiClient, name: str, tenant: str) -> str | None:
+    """Delete the tenant's PriorityClass (cluster-scoped: the namespace takes it not), when it is
+    labelled as this tenant's; what was done in words, None when there was none of it."""
+    path = f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}"
+    try:
+        live = rest(api, "GET", path, f"PriorityClass {name}") or {}
+        if ((live.get("metadata") or {}).get("labels") or {}).get(tenancy.TENANT_LABEL) != tenant:
+            return None
+        rest(api, "DELETE", path, f"PriorityClass {name}")
+    except ApiError as e:
+        if e.status == 404:
+            return None
+        if e.status == 403:
+            return (f"kept PriorityClass {name}: this identity may not delete it (the hosting admin removes it with "
+                    "the tenant's access objects, docs/hosted.md)")
+        raise HostingError(f"PriorityClass {name}: {status_message(e)}") from None
+    return f"deleted PriorityClass {name}"
+
+
 GRANT_HINT = ("the hosting cluster's admin makes the tenant's namespace and grants this identity its rights there: "
               "`installer hosting-access INVENTORY --user NAME | kubectl apply -f -` (docs/hosted.md)")
 
 
-def _get(api: ApiClient, path: str) -> dict | None:
+def get_object(api: ApiClient, path: str) -> dict | None:
     """The object at ``path``; None when there is none (404)."""
     try:
         return rest(api, "GET", path, path) or {}
@@ -374,8 +373,8 @@ def check_owner(api: ApiClient, namespace: str, tenant: str, state_id: str | Non
     state applied, or that is not the one (``state_uid``) this state applied it in
     (core/tenancy.py); else whether it exists, and whether its owner (this state) is recorded
     in it already."""
-    live = _get(api, f"/api/v1/namespaces/{namespace}")
-    owner = _get(api, f"/api/v1/namespaces/{namespace}/configmaps/{tenancy.OWNER}") if live is not None else None
+    live = get_object(api, f"/api/v1/namespaces/{namespace}")
+    owner = get_object(api, f"/api/v1/namespaces/{namespace}/configmaps/{tenancy.OWNER}") if live is not None else None
     problem = tenancy.ownership_problem(namespace, tenant, live, (owner or {}).get("data") if owner else None,
                                         state_id, state_uid)
     if problem:
@@ -384,4 +383,4 @@ def check_owner(api: ApiClient, namespace: str, tenant: str, state_id: str | Non
 
 
 def _exists(api: ApiClient, path: str) -> bool:
-    return _get(api, path) is not None
+    return get_object(api, path) is not None

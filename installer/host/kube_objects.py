@@ -257,6 +257,9 @@ KINDS: dict[tuple[str, str], tuple[str, bool, Callable[[dict, dict], str | None]
     ("v1", "Namespace"): ("namespaces", False, _as_subset, True),
     ("apps/v1", "StatefulSet"): ("statefulsets", True, _as_subset, True),
     ("policy/v1", "PodDisruptionBudget"): ("poddisruptionbudgets", True, _as_subset, True),
+    ("v1", "ResourceQuota"): ("resourcequotas", True, _as_subset, True),
+    ("v1", "LimitRange"): ("limitranges", True, _as_subset, True),
+    ("scheduling.k8s.io/v1", "PriorityClass"): ("priorityclasses", False, _as_subset, True),
     # compared exactly: a field the API kept that we no longer set (a peer, a port) still opens a door
     ("networking.k8s.io/v1", "NetworkPolicy"): ("networkpolicies", True, _exact_spec, True),
     (f"{RBAC_GROUP}/v1", "ClusterRole"): ("clusterroles", False, _as_subset, True),

@@ -24,6 +24,7 @@ from installer.core.pki import issue
 from installer.core.pki.material import Material
 from installer.core.pki.specs import CLUSTER_CA, ETCD_SERVICE, HOSTED_ETCD, HOSTED_PEER_CN
 from installer.core.render import control
+from installer.core.render import tenant_sizing as sizing
 from installer.core.render.addons import konnectivity
 from installer.core.render.files import K8S_DIR, HostFile, HostPlan, to_yaml
 from installer.core.render.kubeconfig import kubeconfig
@@ -126,16 +127,11 @@ def _meta(inv: Inventory, name: str, component: str) -> dict:
     return {"name": name, "namespace": inv.hosted_namespace, "labels": _labels(inv, component)}
 
 
-def _resources(inv: Inventory, component: str) -> dict:
-    r = inv.hosted.resources.get(component) if inv.hosted else None
-    return r.model_dump(exclude_defaults=True) if r else {}
-
-
 def _container(inv: Inventory, component: str, image_key: str, args: list[str], parts: PodParts,
                command: list[str] | None = None) -> dict:
     c = {"name": component, "image": _images(inv)[image_key], "imagePullPolicy": "IfNotPresent",
          "command": command or [f"{BIN}/{component}"], "args": args, "volumeMounts": list(parts.mounts),
-         "resources": _resources(inv, component),
+         "resources": sizing.resources(inv, component),
          "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                              "capabilities": {"drop": ["ALL"]}}}
     return c
@@ -147,20 +143,15 @@ def _images(inv: Inventory) -> dict[str, str]:
                          inv.spec.artifacts.versions.etcd)
 
 
-def _spread(inv: Inventory, component: str) -> dict:
-    """Replicas on different hosting nodes when there are (preferred: a small hosting cluster still runs them)."""
-    return {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
-        "weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname", "labelSelector": {
-            "matchLabels": {TENANT_LABEL: inv.metadata.name, NAME_LABEL: component}}}}]}}
-
-
 def _template(inv: Inventory, component: str, containers: list[dict], volumes: list[dict],
               digests: list[str]) -> dict:
     digest = hashlib.sha256("\n".join(digests + [json.dumps(containers, sort_keys=True)]).encode()).hexdigest()
     return {"metadata": {"labels": _labels(inv, component), "annotations": {INPUTS_ANNOTATION: digest}},
             "spec": {"automountServiceAccountToken": False, "enableServiceLinks": False,
-                     "securityContext": pod_security_context(),
-                     "affinity": _spread(inv, component), "containers": containers, "volumes": volumes,
+                     "securityContext": pod_security_context(), "priorityClassName": sizing.priority_class(inv),
+                     "affinity": sizing.affinity(inv, component),
+                     "topologySpreadConstraints": sizing.zone_spread(inv, component),
+                     "containers": containers, "volumes": volumes,
                      "terminationGracePeriodSeconds": 30}}
 
 
@@ -213,6 +204,7 @@ def _etcd(inv: Inventory, plan: HostPlan) -> list[dict]:
         # apiservers' client certificate (and the server one), which every apiserver pod holds;
         # without this, any of them could join or talk to the members as a peer
         "--peer-cert-allowed-cn": HOSTED_PEER_CN,
+        **sizing.etcd_flags(inv),
     })
     parts = pod_parts(plan, ETCD_UNIT, ETCD_SERVICE, ns, args, _labels(inv, "etcd"))
     pki = control.ETCD_PKI_DIR
@@ -273,6 +265,7 @@ def _apiserver(inv: Inventory, plan: HostPlan) -> list[dict]:
         # the kubernetes Service's endpoint is the workers' balancer address (no reconciler)
         "--advertise-address": inv.balancer_address,
         "--etcd-servers": ",".join(f"https://{m}.{svc}:{ETCD_PORT}" for m in member_names(inv)),
+        **sizing.AUDIT_FLAGS,
     })
     api = pod_parts(plan, API_UNIT, "kube-apiserver", ns, args, _labels(inv, "kube-apiserver"))
     kargs = _replace(konnectivity.server_flags(inv, virtual_host(inv)), {
@@ -297,7 +290,8 @@ def _apiserver(inv: Inventory, plan: HostPlan) -> list[dict]:
     # lists ready pods only: ready is healthy here
     k["readinessProbe"] = {"httpGet": {"path": "/healthz", "port": konnectivity.HEALTH_PORT}, "periodSeconds": 5}
     k["volumeMounts"] += [{"name": "konnectivity", "mountPath": SOCKET_DIR}]
-    volumes = api.volumes + konn.volumes + [{"name": "konnectivity", "emptyDir": {}}, {"name": "audit", "emptyDir": {}}]
+    volumes = api.volumes + konn.volumes + [{"name": "konnectivity", "emptyDir": {"sizeLimit": sizing.SOCKET_LIMIT}},
+                                            {"name": "audit", "emptyDir": {"sizeLimit": sizing.AUDIT_LIMIT}}]
     template = _template(inv, "kube-apiserver", [a, k], volumes, [api.inputs_sha256, konn.inputs_sha256])
     deploy = {"apiVersion": "apps/v1", "kind": "Deployment",
               "metadata": _meta(inv, "kube-apiserver", "kube-apiserver"),
@@ -359,8 +353,10 @@ def namespace_object(inv: Inventory) -> dict:
 def render_tenant(inv: Inventory, material: Material) -> TenantPlan:
     assert inv.hosted is not None, "render_tenant is for spec.controlPlane.mode: hosted"
     plan = tenant_plan_files(inv, material)
-    # the policies before the pods they select: no pod is open while its policy is to come
-    objects = [namespace_object(inv), *network_policies(inv), *_etcd(inv, plan), *_apiserver(inv, plan),
+    # the priority, quota and policies before the pods they govern: no pod is open while its
+    # policy is to come, none admitted before its quota is in place
+    objects = [namespace_object(inv), sizing.priority_class_object(inv), sizing.quota_object(inv),
+               sizing.limit_range_object(inv), *network_policies(inv), *_etcd(inv, plan), *_apiserver(inv, plan),
                *_leader(inv, plan, CM_UNIT, "kube-controller-manager", control.controller_manager_flags(inv)),
                *_leader(inv, plan, SCHED_UNIT, "kube-scheduler", control.scheduler_flags())]
     return TenantPlan(inv.hosted_namespace, objects)

@@ -8,19 +8,25 @@ Pure: the objects, rendered from the inventory; ``installer hosting-access`` pri
   make no other;
 - a Role and RoleBinding in that namespace, one rule per row of ``RULES``: exactly the requests
   the installer makes there (host/hosting.py, host/tenant_*.py, host/podexec.py, the planes);
-- a ClusterRole and ClusterRoleBinding for that one Namespace object (resourceNames): reading,
-  relabelling and deleting it. A RoleBinding inside the namespace would grant that too (the
-  apiserver counts a namespace's own object as in it), but it goes first when ``reset`` deletes
-  the namespace, and reset watches the namespace go until it is gone.
+- the tenant's ResourceQuota, LimitRange and PriorityClass (render/tenant_sizing.py): the
+  admin's, read by the operator, never written by it (a quota its operator could raise would
+  protect no neighbour, a priority it could raise would preempt them);
+- a ClusterRole and ClusterRoleBinding for that one Namespace object (resourceNames): reading
+  and deleting it. A RoleBinding inside the namespace would grant that too (the apiserver counts
+  a namespace's own object as in it), but it goes first when ``reset`` deletes the namespace, and
+  reset watches the namespace go until it is gone. The same ClusterRole reads the tenant's
+  PriorityClass (by name) and lists the nodes: apply refuses a hosting cluster too small to spread the
+  tenant's replicas before it changes anything (their names, labels, taints and conditions).
 
-Nothing else cluster-scoped: no Node, no PersistentVolume, no other namespace. With it, another
-tenant's Secrets, pods and namespace are 403 (tests/test_real_hosted.py proves it).
+Nothing else cluster-scoped: no PersistentVolume, no other namespace, no node written. With it,
+another tenant's Secrets, pods and namespace are 403 (tests/test_real_hosted.py proves it).
 """
 
 from __future__ import annotations
 
 from installer.core.errors import InstallerError, InventoryError
 from installer.core.inventory import Inventory
+from installer.core.render import tenant_sizing
 from installer.core.render.manifests import LABELS, RBAC
 from installer.core.render.tenant import namespace_object
 
@@ -48,6 +54,8 @@ RULES: tuple[tuple[str, tuple[str, ...], tuple[str, ...], str], ...] = (
      "(AuthorizePodWebsocketUpgradeCreatePermission, on by default)"),
     ("", ("persistentvolumeclaims",), ("get", "list", "delete"),
      "a removed member's volume; reset counts them"),
+    ("", ("resourcequotas", "limitranges"), ("get",),
+     "read to see them as rendered: they are the admin's (this output), the operator cannot lift them"),
 )
 # the Namespace object itself: read (the ownership guard), deleted (reset). Not updated: its
 # labels are the admin's (it made the namespace from this output), among them Pod Security's
@@ -81,14 +89,18 @@ def access_objects(inv: Inventory, who: dict) -> list[dict]:
     rules = [{"apiGroups": [group], "resources": list(resources), "verbs": list(verbs)}
              for group, resources, verbs, _ in RULES]
     return [
-        namespace_object(inv),
+        namespace_object(inv), tenant_sizing.priority_class_object(inv), tenant_sizing.quota_object(inv),
+        tenant_sizing.limit_range_object(inv),
         {"apiVersion": f"{RBAC}/v1", "kind": "Role", "metadata": {**meta, "name": ROLE, "namespace": ns},
          "rules": rules},
         {"apiVersion": f"{RBAC}/v1", "kind": "RoleBinding", "metadata": {**meta, "name": ROLE, "namespace": ns},
          "roleRef": {"apiGroup": RBAC, "kind": "Role", "name": ROLE}, "subjects": [who]},
         {"apiVersion": f"{RBAC}/v1", "kind": "ClusterRole", "metadata": {**meta, "name": cluster_name},
          "rules": [{"apiGroups": [""], "resources": ["namespaces"], "resourceNames": [ns],
-                    "verbs": list(NAMESPACE_VERBS)}]},
+                    "verbs": list(NAMESPACE_VERBS)},
+                   {"apiGroups": ["scheduling.k8s.io"], "resources": ["priorityclasses"],
+                    "resourceNames": [tenant_sizing.priority_class(inv)], "verbs": ["get"]},
+                   {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}]},
         {"apiVersion": f"{RBAC}/v1", "kind": "ClusterRoleBinding", "metadata": {**meta, "name": cluster_name},
          "roleRef": {"apiGroup": RBAC, "kind": "ClusterRole", "name": cluster_name}, "subjects": [who]},
     ]

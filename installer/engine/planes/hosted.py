@@ -18,6 +18,7 @@ from installer.core.etcd_rules import EtcdOpError
 from installer.core.render.pods import key_for
 from installer.core.render.tenant import namespace_object, render_tenant, tenant_plan_files
 from installer.core.render.tenant_network import RISK, probe_argv, probe_verdict
+from installer.core.render.tenant_sizing import priority_class
 from installer.engine.events import Event
 from installer.engine.planes import etcd_pods, tenant_roll
 from installer.engine.planes.base import ControlPlane
@@ -143,11 +144,13 @@ class HostedPlane(ControlPlane):
         return [self.namespace]
 
     def take_lock(self, ctx, target: str, pending: bool) -> list[str]:
-        from installer.host import hosting  # lazy: urllib3, for hosted tenants only
+        from installer.host import hosting, tenant_guards  # lazy: urllib3, for hosted tenants only
         try:
+            # before the namespace is made and the artifacts go to its workers: nothing of a
+            # tenant that stops here changes
+            tenant_guards.refuse_unspreadable(self.api(), ctx.inv)
             self._take(force=ctx.options.force_unlock, create=True)
-            # before the artifacts go to its workers: nothing of a tenant that stops here changes
-            hosting.refuse_root_tenant(self.api(), ctx.inv)
+            tenant_guards.refuse_root_tenant(self.api(), ctx.inv)
             recorded = self._record_owner()
         except hosting.HostingError as e:
             raise HostError(target, str(e)) from None
@@ -302,7 +305,8 @@ class HostedPlane(ControlPlane):
     def beyond_hosts(self) -> tuple[str, str] | None:
         ns = self.namespace
         return (f"take the apply lock of the hosted control plane (a Lease in namespace {ns} of the hosting cluster)",
-                f"delete namespace {ns} in the hosting cluster: the control plane's pods, Secrets and etcd volumes")
+                f"delete namespace {ns} in the hosting cluster: the control plane's pods, Secrets and etcd volumes; "
+                f"then its PriorityClass {priority_class(self.inv)}")
 
     def delete(self, run) -> dict[str, list[str]]:
         from installer.host import hosting  # lazy: urllib3, for hosted tenants only
@@ -311,7 +315,10 @@ class HostedPlane(ControlPlane):
         self.forget_lock()          # it went with the namespace
         if self.state is not None:
             self.state.record_namespace_uid(ns, None)     # and its UID: the next apply makes another
-        if gone:
-            return {f"hosting:{ns}": [f"deleted namespace {ns} (the control plane, its Secrets, its volumes)"]}
-        run.log(f"hosting: no namespace {ns}")
-        return {}
+        done = [f"deleted namespace {ns} (the control plane, its Secrets, its volumes)"] if gone else []
+        if not gone:
+            run.log(f"hosting: no namespace {ns}")
+        # cluster-scoped, so not the namespace's: after it (its pods named it)
+        if (pc := hosting.delete_priority_class(self.api(), priority_class(self.inv), self.inv.metadata.name)):
+            done.append(pc)
+        return {f"hosting:{ns}": done} if done else {}

@@ -49,12 +49,13 @@ def control_state(api: ApiClient, inv: Inventory) -> tuple[HostState, dict[str, 
     return HostState(CONTROL, "control", oldest(kube), oldest(etcd)), health
 
 
-NAMESPACE_WIDE = ("Namespace", "NetworkPolicy")
+NAMESPACE_WIDE = ("Namespace", "PriorityClass", "ResourceQuota", "LimitRange", "NetworkPolicy")
 
 
 def component_objects(inv: Inventory, material, components: tuple[str, ...]) -> list[dict]:
     """The tenant's rendered objects of ``components`` (by their component label), after what
-    holds for the whole namespace (the Namespace, the NetworkPolicies): a roll re-applies those too."""
+    holds for the whole namespace (the Namespace, its priority, quota and NetworkPolicies): a roll
+    re-applies those too."""
     objects = render_tenant(inv, material).objects
     return [o for o in objects if o["kind"] in NAMESPACE_WIDE
             or (o["metadata"].get("labels") or {}).get(NAME_LABEL) in components]
@@ -62,10 +63,11 @@ def component_objects(inv: Inventory, material, components: tuple[str, ...]) -> 
 
 def roll(api: ApiClient, inv: Inventory, material, components: tuple[str, ...], timeout: float, log) -> list[str]:
     """Apply ``components``' objects as ``inv`` renders them and wait for their workloads."""
-    from installer.host import hosting
+    from installer.host import hosting, tenant_guards
     objects = component_objects(inv, material, components)
     workloads = [(o["kind"], o["metadata"]["name"]) for o in objects if o["kind"] in ("StatefulSet", "Deployment")]
-    hosting.refuse_root_tenant(api, inv)
+    tenant_guards.refuse_root_tenant(api, inv)
+    tenant_guards.refuse_unspreadable(api, inv)
     changed = hosting.converge(api, objects, inv.spec.kubernetes.version)
     for kind, name, action in changed:
         if action != "unchanged":
