@@ -731,6 +731,68 @@ def test_one_tenants_control_plane_measured(tenant: Tenant):
     assert memory > 0 and per.keys() >= {"etcd", "kube-apiserver"}
 
 
+# --- a neighbour that fills its etcd ------------------------------------------------------------------
+
+def _pods_as_they_run(rc: RealCluster, ns: str) -> dict[str, int]:
+    """pod UID -> its containers' restarts (an evicted or restarted pod changes it)."""
+    return {p["metadata"]["uid"]: sum(c.get("restartCount", 0) for c in p["status"].get("containerStatuses") or [])
+            for p in rc.get("pods", "-n", ns)["items"]}
+
+
+def test_a_neighbour_that_fills_its_etcd_gets_its_own_nospace(tenant: Tenant, tmp_path):
+    """A third tenant's control plane alone (`apply --only hosted`, one etcd member on a 32Mi
+    volume: a quota of 24 MiB) written full through its own API: its writes fail with etcd's
+    NOSPACE, `etcd members` says so and what to do, and the way out (deletes, `etcd defrag`)
+    gets it writing again. The first tenant's API probe meanwhile: not one failure; none of its
+    pods restarted or evicted."""
+    rc = tenant.rc
+    inventory, state = tenant_inventory(rc, tmp_path, "tenant-c", A_WORKERS[:1], (30445, 30134), etcd=1), \
+        tmp_path / "state"
+    doc = yaml.safe_load(inventory.read_text())
+    doc["spec"]["controlPlane"]["hosted"]["etcdStorage"] = "32Mi"
+    inventory.write_text(yaml.safe_dump(doc, sort_keys=False))
+    run_installer("apply", str(inventory), "--state", str(state), "--only", "hosted", "--wait-timeout", "600",
+                  timeout=900)
+    url, ca = f"https://{rc.address(rc.workers[0])}:30445", state / "pki" / "ca.crt"
+    pem = _admin_pem(state, tmp_path)
+    configmaps = f"{url}/api/v1/namespaces/default/configmaps"
+    before = _pods_as_they_run(rc, NS)
+    probe = api_probe(tenant)
+    filler, written, refused = "x" * (960 * 1024), 0, ""
+    try:
+        for i in range(80):
+            code, text = _https(configmaps, ca, pem, method="POST",
+                                body={"metadata": {"name": f"fill-{i}"}, "data": {"x": filler}})
+            if code != 201:
+                refused = text
+                break
+            written += 1
+        # its own error, from its own etcd
+        assert "database space exceeded" in refused, (written, refused[:300])
+        listed = run_installer("etcd", "members", str(inventory), "--state", str(state))
+        assert "NOSPACE" in listed.stdout and "alarm NOSPACE on member etcd-0" in listed.stderr, listed.stderr
+        assert "installer etcd defrag INVENTORY" in listed.stderr, listed.stderr
+        time.sleep(5)
+    finally:
+        ok, failed = probe.end()
+    after = _pods_as_they_run(rc, NS)
+    print(f"\na neighbour's etcd full after {written} writes of 960 KiB; the first tenant's API: {ok} answered, "
+          f"{len(failed)} failed; its pods: {len(before)} before, {len(after)} after, none restarted")
+    assert ok > 0 and failed == [], failed[:5]
+    assert after == before
+    # the way out: delete what filled it, defragment, disarm
+    for i in range(written):
+        code, text = _https(f"{configmaps}/fill-{i}", ca, pem, method="DELETE")
+        assert code == 200, (code, text[:200])
+    out = run_installer("etcd", "defrag", str(inventory), "--state", str(state), timeout=600).stdout
+    assert "etcd-0: defragmented, " in out and "disarmed NOSPACE: etcd takes writes again" in out, out
+    code, text = _https(configmaps, ca, pem, method="POST", body={"metadata": {"name": "after"}, "data": {"x": "1"}})
+    assert code == 201, text[:300]
+    proc = run_installer("reset", str(inventory), "--state", str(state), "--yes", timeout=900)
+    assert "deleted PriorityClass hiddenplane-tenant-hp-tenant-c" in proc.stdout, proc.stdout[-1500:]
+    assert rc.kubectl("get", "priorityclass", "hiddenplane-tenant-hp-tenant-c", check=False).returncode != 0
+
+
 # --- a second tenant in the same hosting cluster; a tenant reset --------------------------------------
 
 def _admin_pem(state: Path, tmp: Path) -> Path:

@@ -1,4 +1,5 @@
-"""``installer etcd``: list members, add or remove one, save a snapshot, restore one on every member."""
+"""``installer etcd``: list members (and their alarms), add or remove one, defragment, save a
+snapshot, restore one on every member."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from installer.cli.output import human_size, nothing_without_yes, table
 
 @click.group()
 def etcd():
-    """etcd day-2 operations: members, member add|remove, snapshot save|restore."""
+    """etcd day-2 operations: members (and alarms), member add|remove, defrag, snapshot save|restore."""
 
 
 @etcd.command()
@@ -26,15 +27,40 @@ def etcd():
 @reading_cluster
 def members(cluster, fmt):
     """List the etcd members (asked on the first reachable control host, or a hosted tenant's
-    first ready member)."""
-    found = etcd_api.members(cluster)
+    first ready member) and the alarms they raised (NOSPACE: out of space), with what to do."""
+    found, raised = etcd_api.members_and_alarms(cluster)
+    by_member: dict[str, list[str]] = {}
+    for a in raised:
+        by_member.setdefault(a.member_id, []).append(a.alarm)
     if fmt == "json":
-        echo_json([dataclasses.asdict(m) for m in found])
+        echo_json([{**dataclasses.asdict(m), "alarms": by_member.get(m.id, [])} for m in found])
         return
-    rows = [("NAME", "ID", "PEER URL", "CLIENT URL", "LEARNER")]
+    rows = [("NAME", "ID", "PEER URL", "CLIENT URL", "LEARNER", "ALARMS")]
     for m in found:
-        rows.append((m.name, m.id, ",".join(m.peer_urls), ",".join(m.client_urls), "yes" if m.learner else "no"))
+        rows.append((m.name, m.id, ",".join(m.peer_urls), ",".join(m.client_urls), "yes" if m.learner else "no",
+                     ",".join(by_member.get(m.id, [])) or "-"))
     table(rows)
+    for line in etcd_api.alarm_lines(raised, {m.id: m.name for m in found}):
+        click.echo(line, err=True)
+
+
+@etcd.command()
+@click.argument("inventory", type=click.Path(dir_okay=False))
+@click.option("--state", "state_dir", type=click.Path(file_okay=False),
+              help="Local state directory (see apply): a hosted tenant's namespace must name it as its owner.")
+@OUTPUT
+@domain_errors
+@with_cluster
+def defrag(cluster, fmt):
+    """The way out of a NOSPACE alarm, once what filled etcd is deleted: compact the history,
+    defragment every member one at a time (each answers nobody meanwhile), disarm the alarm.
+    Holds the apply lock."""
+    done = etcd_api.defrag(cluster, log=_progress)
+    if fmt == "json":
+        echo_json({"done": done})
+        return
+    for line in done:
+        click.echo(line)
 
 
 def _progress(message: str) -> None:

@@ -41,6 +41,24 @@ def ready_members(api: ApiClient, inv: Inventory, names: list[str] | None = None
     return out
 
 
+def running_members(api: ApiClient, inv: Inventory) -> list[str]:
+    """The etcd pods whose etcd container runs, ready or not (a member with an alarm fails its
+    readiness probe, etcdctl's health), in member order; an EtcdOpError when none does."""
+    running = {p["metadata"]["name"] for p in component_pods(api, inv, "etcd")
+               if any(c.get("name") == CONTAINER and "running" in (c.get("state") or {})
+                      for c in (p.get("status") or {}).get("containerStatuses") or [])}
+    out = [m for m in member_names(inv) if m in running]
+    if not out:
+        raise EtcdOpError(f"namespace {inv.hosted_namespace}: no etcd member's container is running")
+    return out
+
+
+def etcdctl_in(api: ApiClient, inv: Inventory, pod: str, args: list[str], what: str, timeout: float) -> str:
+    """etcdctl ``args`` in ``pod`` against its own member only (its command timeout ``timeout``)."""
+    argv = [a for a in ETCDCTL if not a.startswith("--command-timeout=")] + [f"--command-timeout={int(timeout)}s"]
+    return run_in_member(api, inv, pod, [*argv, *args], what, timeout=timeout + 30).stdout.decode(errors="replace")
+
+
 def run_in_member(api: ApiClient, inv: Inventory, pod: str, argv: list[str], what: str,
                   stdin: bytes | None = None, check: bool = True, timeout: float = 300) -> ExecResult:
     r = pod_exec(api, inv.hosted_namespace, pod, CONTAINER, argv, stdin=stdin, timeout=timeout)

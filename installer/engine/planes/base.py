@@ -124,6 +124,17 @@ class ControlPlane:
         """The etcd member list (core/etcd_rules.Member)."""
         raise NotImplementedError
 
+    def etcd_sites(self, run) -> list[str]:
+        """Where each member can be asked alone, in member order: a control host (its local
+        member), a tenant's member pod (running, ready or not: a member with an alarm is not
+        ready, and that is when it is asked)."""
+        raise NotImplementedError
+
+    def etcdctl_at(self, run, site: str, args: list[str], what: str, timeout: float = 60) -> str:
+        """``etcdctl args`` against the member at ``site`` alone; its stdout (an EtcdOpError
+        naming the site and etcdctl's error when it fails)."""
+        raise NotImplementedError
+
     def snapshot_save(self, run, dest, force: bool = False):
         """A snapshot of a healthy member written to ``dest`` (0600); its SnapshotInfo."""
         raise NotImplementedError

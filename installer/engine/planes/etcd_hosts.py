@@ -29,7 +29,7 @@ from installer.core.inventory import HostSpec, Inventory
 from installer.core.render.control import ETCD_DATA_DIR, ETCD_RESTORE_ASIDE, etcd_servers, initial_cluster, peer_url
 from installer.core.safefs import write_atomic
 from installer.engine.steps import Step, plan, run_steps
-from installer.host.etcdctl import LOCAL, endpoint_health_script, etcdctl
+from installer.host.etcdctl import LOCAL, endpoint_health_script, error_line, etcdctl
 from installer.host.fetch import binary_path
 from installer.host.ssh import HostError, Remote
 from installer.host.waits import listening_script
@@ -68,6 +68,15 @@ def members(run) -> list[Member]:
     r = _first_reachable(inv, control_remotes(run))
     out = r.run(f"{day2_etcdctl(etcd_servers(inv))} member list -w json", what="etcdctl member list").stdout
     return parse_members(out, r.name)
+
+
+def etcdctl_local(run, host: str, args: list[str], what: str, timeout: float) -> str:
+    """etcdctl ``args`` on ``host`` against its own member only."""
+    r = control_remotes(run)[host].run(f"{etcdctl(LOCAL, f'{int(timeout)}s')} {shlex.join(args)}", check=False,
+                                       what=what)
+    if r.rc != 0:
+        raise EtcdOpError(f"{host}: {what} failed: {error_line(r)}")
+    return r.stdout
 
 
 # --- snapshot save -------------------------------------------------------------------------

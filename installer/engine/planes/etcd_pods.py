@@ -40,6 +40,7 @@ from installer.host.tenant_etcd import (
     pod_ready,
     ready_members,
     run_in_member,
+    running_members,
 )
 
 
@@ -50,7 +51,12 @@ def _sh(script: str) -> list[str]:
 # --- members and snapshots -----------------------------------------------------------------
 
 def members(api: ApiClient, inv: Inventory) -> list[Member]:
-    return member_list(api, inv, ready_members(api, inv)[0])
+    # a ready member first; else any running one (a member with an alarm, NOSPACE, is not ready)
+    try:
+        pod = ready_members(api, inv)[0]
+    except EtcdOpError:
+        pod = running_members(api, inv)[0]
+    return member_list(api, inv, pod)
 
 
 def snapshot_save(api: ApiClient, inv: Inventory, dest, force: bool = False) -> SnapshotInfo:

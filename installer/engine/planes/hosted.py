@@ -240,6 +240,14 @@ class HostedPlane(ControlPlane):
     def members(self, run) -> list:
         return etcd_pods.members(self.api(), run.inv)
 
+    def etcd_sites(self, run) -> list[str]:
+        from installer.host import tenant_etcd  # lazy: urllib3, for hosted tenants only
+        return tenant_etcd.running_members(self.api(), run.inv)
+
+    def etcdctl_at(self, run, site: str, args: list[str], what: str, timeout: float = 60) -> str:
+        from installer.host import tenant_etcd  # lazy: urllib3, for hosted tenants only
+        return tenant_etcd.etcdctl_in(self.api(), run.inv, site, args, what, timeout)
+
     def snapshot_save(self, run, dest, force: bool = False):
         return etcd_pods.snapshot_save(self.api(), run.inv, dest, force)
 

@@ -55,6 +55,12 @@ class SystemdPlane(ControlPlane):
     def members(self, run) -> list:
         return etcd_hosts.members(run)
 
+    def etcd_sites(self, run) -> list[str]:
+        return [h.name for h in run.inv.controls]
+
+    def etcdctl_at(self, run, site: str, args: list[str], what: str, timeout: float = 60) -> str:
+        return etcd_hosts.etcdctl_local(run, site, args, what, timeout)
+
     def snapshot_save(self, run, dest, force: bool = False):
         return etcd_hosts.snapshot_save(run, dest, force)
 
