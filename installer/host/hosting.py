@@ -333,9 +333,9 @@ def delete_namespace(api: ApiClient, namespace: str, timeout: float, log: Callab
     return True
 
 
-def delete_priority_class(api: ApiClient, name: str, tenant: str) -> str | None:
+def delete_priority_class(api: ApiClient, name: str, tenant: str) -> tuple[bool, str] | None:
     """Delete the tenant's PriorityClass (cluster-scoped: the namespace takes it not), when it is
-    labelled as this tenant's; what was done in words, None when there was none of it."""
+    labelled as this tenant's: (deleted, in words); None when there was none of it."""
     path = f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}"
     try:
         live = rest(api, "GET", path, f"PriorityClass {name}") or {}
@@ -346,10 +346,10 @@ def delete_priority_class(api: ApiClient, name: str, tenant: str) -> str | None:
         if e.status == 404:
             return None
         if e.status == 403:
-            return (f"kept PriorityClass {name}: this identity may not delete it (the hosting admin removes it with "
-                    "the tenant's access objects, docs/hosted.md)")
+            return False, (f"hosting: kept PriorityClass {name}: this identity may not delete it (the hosting admin "
+                           "removes it with the tenant's access objects, docs/hosted.md)")
         raise HostingError(f"PriorityClass {name}: {status_message(e)}") from None
-    return f"deleted PriorityClass {name}"
+    return True, f"deleted PriorityClass {name}"
 
 
 GRANT_HINT = ("the hosting cluster's admin makes the tenant's namespace and grants this identity its rights there: "

@@ -328,5 +328,6 @@ class HostedPlane(ControlPlane):
             run.log(f"hosting: no namespace {ns}")
         # cluster-scoped, so not the namespace's: after it (its pods named it)
         if (pc := hosting.delete_priority_class(self.api(), priority_class(self.inv), self.inv.metadata.name)):
-            done.append(pc)
+            deleted, words = pc
+            (done.append if deleted else run.log)(words)
         return {f"hosting:{ns}": done} if done else {}
