@@ -755,3 +755,22 @@ def test_the_exec_stream_checks_the_hosting_servers_name(tmp_path, doc, san, ref
     else:
         assert b"GET /api/v1/namespaces/hp-t/pods/etcd-0/exec?" in seen[0] and b"403" in str(err.value).encode()
     assert "s3cr3t" not in str(err.value)
+
+
+def test_the_kubeconfig_names_the_first_exposed_address_that_answers(rendered):
+    """kubectl does not fail over: `installer kubeconfig` run while a hosting node is lost names
+    an exposed address that answers, and says which did not (as for control hosts, docs/ha.md)."""
+    from installer.host.apireach import chosen_server
+    p, _ = rendered
+    inv = p.inventory
+    assert chosen_server(inv, "10.0.0.11") == ("https://10.0.0.11:30443", None)
+    assert chosen_server(inv, "10.0.0.12") == ("https://10.0.0.12:30443", "10.0.0.11: no answer from the apiserver")
+    assert chosen_server(inv, None) == ("https://10.0.0.11:30443", "no apiserver answered from here")
+
+
+def test_the_kubeconfig_of_control_hosts_names_the_hosts_that_did_not_answer(three_controls):
+    from installer.host.apireach import chosen_server
+    inv = three_controls.inventory
+    assert chosen_server(inv, "192.168.56.234") == ("https://192.168.56.234:6443",
+                                                    "cp1, cp2: no answer from the apiserver")
+    assert chosen_server(inv, "192.168.56.230") == (inv.api_url, None)

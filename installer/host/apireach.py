@@ -185,19 +185,28 @@ def admin_kubeconfig_bytes(inv: Inventory, material: Material, server: str | Non
 
 def answering_server(inv: Inventory, timeout: float = 2.0) -> tuple[str, str | None]:
     """The server a user's kubeconfig should name now, and why when it is not ``inv.api_url``:
-    ``spec.apiServer.endpoint`` when set (the user's VIP or balancer); else the first control
-    host whose apiserver accepts a connection from here (kubectl does not fail over by itself:
-    written again while a control host is lost, the kubeconfig names one that answers)."""
-    if inv.spec.apiServer.endpoint or len(inv.controls) < 2:
+    ``spec.apiServer.endpoint`` when set (the user's VIP or balancer); else the first place an
+    apiserver answers from here: a control host, or an address exposing a hosted tenant's
+    (kubectl does not fail over by itself: written again while one is lost, the kubeconfig
+    names one that answers)."""
+    if inv.spec.apiServer.endpoint or len(inv.api_backends) < 2:
         return inv.api_url, None
-    port = inv.spec.apiServer.port
-    reached = first_reachable([c.address for c in inv.controls], port, timeout)
+    return chosen_server(inv, first_reachable([a for _, a, _ in inv.api_backends], inv.api_port, timeout))
+
+
+def chosen_server(inv: Inventory, reached: str | None) -> tuple[str, str | None]:
+    """Pure: the server for ``reached`` (the first backend address that answered, or None), and
+    why when it is not the first: the backends before it, by host name (a control host) or by
+    address (a tenant's exposed one)."""
+    backends = inv.api_backends
     if reached is None:
-        return inv.api_url, "no control host's apiserver answered from here"
-    if reached == inv.controls[0].address:
+        return inv.api_url, "no apiserver answered from here"
+    addresses = [a for _, a, _ in backends]
+    if reached == addresses[0]:
         return inv.api_url, None
-    down = [c.name for c in inv.controls[:[c.address for c in inv.controls].index(reached)]]
-    return _url(reached, port), f"{', '.join(down)}: no answer from the apiserver"
+    hosts = {h.name for h in inv.spec.hosts}
+    down = [name if name in hosts else address for name, address, _ in backends[:addresses.index(reached)]]
+    return _url(reached, inv.api_port), f"{', '.join(down)}: no answer from the apiserver"
 
 
 def check_admin_material(inv: Inventory, material: Material, now: dt.datetime | None = None) -> None:
