@@ -29,9 +29,9 @@ from installer.core import versions
 from installer.core.artifacts import read_sums
 from installer.core.inventory_hosted import hosted_images
 from installer.core.pki import issue
-from installer.lab.debian_artifacts import WORKER_IMAGES
+from installer.lab import tenant as lab_tenant
 
-from .builtfixtures import ETCD_FROM, UPGRADE_TO, _linked_dir, e2e_dir, hosted_etcd_image, upgrade_artifacts_dir
+from .builtfixtures import ETCD_FROM, UPGRADE_TO, e2e_dir, hosted_etcd_image, upgrade_artifacts_dir
 from .labfixtures import wait_for
 from .realcluster import BUSYBOX, ECHO_TIMEOUT, INSTALLER, RealCluster, echo_workload, run_installer
 from .test_real_cluster import _csr_for
@@ -69,26 +69,16 @@ def tenant_inventory(rc: RealCluster, tmp: Path, name: str = "tenant", workers: 
                      etcd_version: str | None = None, spread: str = "preferred") -> Path:
     """A tenant: ``workers`` (w3 and w4), its control plane in the real cluster, exposed on the
     hosting workers' addresses (NodePort ``ports``); its etcd at ``etcd_version`` (else the default).
-    ``spread`` preferred: the lab's hosting cluster has two workers, too few to give three etcd
-    members a node each (a lab setting; the product's default is required)."""
-    lab_doc = yaml.safe_load(rc.lab.inventory.read_text())
-    # (the lab's inventory is the hosting cluster's: its hosts are the lab's but the tenant's)
-    hosts = [{"name": w, "address": rc.address(w), "role": "worker"} for w in workers]
-    spec = {k: v for k, v in lab_doc["spec"].items() if k not in ("hosts", "apiServer")}
-    artifacts = worker_artifacts(Path(spec["artifacts"]["path"]), tmp.parent)
-    spec["artifacts"] = {**spec["artifacts"], "path": str(artifacts)}
+    Written as `installer lab up --hosting --tenant-workers` writes it (lab/tenant.py). ``spread``
+    preferred: the lab's hosting cluster has two workers, too few to give three etcd members a
+    node each (what lab up chooses there too; the product's default is required)."""
+    hosting = yaml.safe_load(rc.inventory.read_text())
+    lab_hosts = {h["name"]: h for h in yaml.safe_load(rc.lab.inventory.read_text())["spec"]["hosts"]}
+    artifacts = worker_artifacts(Path(hosting["spec"]["artifacts"]["path"]), tmp.parent)
+    doc = lab_tenant.tenant_doc(hosting, [lab_hosts[w] for w in workers], str(rc.kubeconfig), artifacts, name,
+                                ports, etcd, spread, upstream_dns=[rc.address("cp1")])    # the tests' resolver
     if etcd_version:
-        spec["artifacts"]["versions"] = {**spec["artifacts"].get("versions", {}), "etcd": etcd_version}
-    spec["network"] = {"podCIDR": "10.245.0.0/16", "serviceCIDR": "10.97.0.0/16", "clusterDNS": "10.97.0.10",
-                       "upstreamDNS": [rc.address("cp1")]}
-    spec["apiServer"] = {"alwaysPullImages": False}
-    spec["controlPlane"] = {"mode": "hosted", "hosted": {
-        "kubeconfig": str(rc.kubeconfig),
-        "expose": {"type": "NodePort", "addresses": [rc.address(w) for w in rc.workers],
-                   "port": ports[0], "konnectivityPort": ports[1]},
-        "apiServerReplicas": 2, "etcdReplicas": etcd, "storageClass": "local-path", "spread": spread}}
-    spec["hosts"] = hosts
-    doc = {"apiVersion": lab_doc["apiVersion"], "kind": "Cluster", "metadata": {"name": name}, "spec": spec}
+        doc["spec"]["artifacts"]["versions"] = {**doc["spec"]["artifacts"].get("versions", {}), "etcd": etcd_version}
     path = tmp / f"{name}.yaml"
     tmp.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -96,16 +86,12 @@ def tenant_inventory(rc: RealCluster, tmp: Path, name: str = "tenant", workers: 
 
 
 def worker_artifacts(src: Path, tmp: Path, name: str = "tenant-artifacts") -> Path:
-    """The hosting lab's artifacts without the control-plane images (hard links): what the
-    tenant's workers run, the konnectivity agent's image with it, and agnhost (upstream's test
-    image, built with the conformance suite) for the admission webhook a tenant pod serves."""
-    images = WORKER_IMAGES | {"image-konnectivity-agent.tar"}
-    sums = {n: d for n, d in read_sums(src).items() if not n.endswith(".tar") or n in images}
-    files = {n: src / n for n in sums}
+    """The hosting lab's artifacts as a tenant's workers get them (lab/tenant.py), and agnhost
+    (upstream's test image, built with the conformance suite) for the admission webhook a
+    tenant pod serves."""
     e2e = e2e_dir()
-    sums[AGNHOST_ARCHIVE] = read_sums(e2e)[AGNHOST_ARCHIVE]
-    files[AGNHOST_ARCHIVE] = e2e / AGNHOST_ARCHIVE
-    return _linked_dir(tmp / name, files, sums)
+    return lab_tenant.tenant_artifacts(src, tmp / name, {
+        AGNHOST_ARCHIVE: (e2e / AGNHOST_ARCHIVE, read_sums(e2e)[AGNHOST_ARCHIVE])})
 
 
 def import_pinned(rc: RealCluster, archives: list[Path], refs: list[str]) -> None:

@@ -20,7 +20,7 @@ import yaml
 
 from installer.core import versions
 from installer.core.inventory_fields import API_VERSION
-from installer.lab import debian_artifacts, images, net, nspawn, seed, vm, vm_image
+from installer.lab import debian_artifacts, images, net, nspawn, seed, tenant, vm, vm_image
 from installer.lab.model import DEFAULT_SUBNET, LabError, LabHost, LabPaths, LabSpec
 from installer.lab.watch import ssh_banner, wait_ssh
 
@@ -200,12 +200,19 @@ def _start_host(spec: LabSpec, paths: LabPaths, base: Path, h: LabHost, files, l
 
 
 def up(name: str, controls: int = 1, workers: int = 2, vm_workers: int = 0, subnet: str | None = None,
-       inventory_out: Path | None = None, log=print, artifacts: Path | None = None, hosting: bool = False) -> Path:
+       inventory_out: Path | None = None, log=print, artifacts: Path | None = None, hosting: bool = False,
+       tenant_workers: int = 0, tenant_out: Path | None = None) -> Path:
     """Boot the lab; ``artifacts``: a directory with a SHA256SUMS (e.g. from
     scripts/build-kubernetes) whose files are copied into the lab's artifacts, verified, over
     the Debian ones; ``hosting``: with the image archives of hosted control planes too (its
-    cluster hosts tenants: docs/hosted.md), not only those its workers run themselves."""
+    cluster hosts tenants: docs/hosted.md), not only those its workers run themselves, and the
+    hosting cluster's storage manifest beside the inventory; ``tenant_workers``: the last ones
+    are a hosted tenant's, whose inventory goes to ``tenant_out`` (lab/tenant.py)."""
+    if tenant_workers and not hosting:
+        raise LabError("--tenant-workers needs --hosting: a tenant's control plane runs in the lab's cluster")
     spec = LabSpec.create(name, controls, workers, vm_workers, subnet or DEFAULT_SUBNET)
+    if tenant_workers:
+        tenant.split({"spec": {"hosts": [{"name": h.name, "role": h.role} for h in spec.hosts]}}, tenant_workers)
     paths = LabPaths.of(name)
     preflight(spec, paths)
     base = images.ensure_base(log)
@@ -242,12 +249,31 @@ def up(name: str, controls: int = 1, workers: int = 2, vm_workers: int = 0, subn
     with ThreadPoolExecutor(max_workers=8) as pool:
         list(pool.map(lambda h: _settle_boot(paths, h, log), spec.hosts))
 
-    text = yaml.safe_dump(inventory_doc(spec, paths, binaries_version(paths.artifacts),
-                                        containerd_version(paths.artifacts), hosting=hosting), sort_keys=False)
-    paths.inventory(name).write_text(text)
+    doc = inventory_doc(spec, paths, binaries_version(paths.artifacts), containerd_version(paths.artifacts),
+                        hosting=hosting)
     out = (inventory_out or Path.cwd() / f"{name}.inventory.yaml").resolve()
+    copies: list[tuple[Path, Path]] = []      # (the user's file, the lab's copy): `down` removes it unchanged
+    if tenant_workers:
+        doc, theirs = tenant.split(doc, tenant_workers)
+        arts = tenant.tenant_artifacts(paths.artifacts, paths.root / "tenant-artifacts")
+        tenant_path = (tenant_out or Path.cwd() / f"{name}.tenant.yaml").resolve()
+        mine = paths.root / "tenant.yaml"
+        mine.write_text(yaml.safe_dump(tenant.tenant_doc(doc, theirs, tenant.HOSTING_KUBECONFIG, arts),
+                                       sort_keys=False))
+        shutil.copyfile(mine, tenant_path)
+        copies.append((tenant_path, mine))
+        log(f"tenant inventory: {tenant_path} (workers {', '.join(h['name'] for h in theirs)}; it reads the "
+            f"hosting cluster's kubeconfig from {tenant_path.parent / tenant.HOSTING_KUBECONFIG})")
+    if hosting:
+        storage = out.parent / tenant.STORAGE.name
+        shutil.copyfile(tenant.STORAGE, storage)
+        copies.append((storage, tenant.STORAGE))
+        log(f"the hosting cluster's volumes: {storage} (local-path-provisioner; kubectl apply -f it)")
+    text = yaml.safe_dump(doc, sort_keys=False)
+    paths.inventory(name).write_text(text)
     out.write_text(text)
-    (paths.root / "inventory-copy").write_text(f"{out}\n")
+    copies.insert(0, (out, paths.inventory(name)))
+    (paths.root / "inventory-copy").write_text("".join(f"{user}\t{lab}\n" for user, lab in copies))
     missing = debian_artifacts.missing_kubernetes(paths.artifacts)
     if missing:
         log(f"note: {paths.artifacts} has no {', '.join(missing)}: put the official binaries there and add "
@@ -329,8 +355,12 @@ def down(name: str, log=print) -> None:
         raise LabError(f"lab {name}: still mounted: {', '.join(still)}; unmount them and run down again")
     copy = paths.root / "inventory-copy"
     if copy.exists():
-        user_copy = Path(copy.read_text().strip())
-        if user_copy.is_file() and user_copy.read_text() == paths.inventory(name).read_text():
-            user_copy.unlink()
+        # the files `up` wrote for the user, each removed when it is still as written (a line
+        # without a tab: an earlier release's, the inventory alone)
+        for line in copy.read_text().splitlines():
+            user, _, lab_copy = line.partition("\t")
+            user_copy, written = Path(user), Path(lab_copy) if lab_copy else paths.inventory(name)
+            if user_copy.is_file() and written.is_file() and user_copy.read_bytes() == written.read_bytes():
+                user_copy.unlink()
     shutil.rmtree(paths.root)
     log(f"lab {name} removed")
