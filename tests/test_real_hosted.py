@@ -435,10 +435,11 @@ def _webhook_tls(tmp: Path) -> tuple[bytes, bytes, bytes]:
             key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
 
 
-def test_a_validating_webhook_served_by_a_tenant_pod_is_called(tenant: Tenant, tmp_path):
+def test_a_validating_webhook_served_by_a_tenant_pod_is_called(tenant: Tenant, tmp_path, neighbour):
     """The tenant's apiservers call a webhook whose server is a pod on a tenant worker (upstream's
     agnhost, its configmaps handler): through konnectivity, as no route leads from the hosting
-    cluster's pods to the tenant's Service addresses. Then by URL (``url_webhooks``)."""
+    cluster's pods to the tenant's Service addresses. Then by URL (``url_webhooks``). (The
+    neighbour's control plane comes up beside this and the next tests: ``neighbour``.)"""
     import base64
     ca, cert, key = _webhook_tls(tmp_path)
     objects = [
@@ -725,20 +726,38 @@ def _pods_as_they_run(rc: RealCluster, ns: str) -> dict[str, int]:
             for p in rc.get("pods", "-n", ns)["items"]}
 
 
-def test_a_neighbour_that_fills_its_etcd_gets_its_own_nospace(tenant: Tenant, tmp_path):
+@pytest.fixture(scope="module")
+def neighbour(tenant: Tenant, tmp_path_factory):
     """A third tenant's control plane alone (`apply --only hosted`, one etcd member on a 32Mi
-    volume: a quota of 24 MiB) written full through its own API: its writes fail with etcd's
-    NOSPACE, `etcd members` says so and what to do, and the way out (deletes, `etcd defrag`)
-    gets it writing again. The first tenant's API probe meanwhile: not one failure; none of its
-    pods restarted or evicted."""
-    rc = tenant.rc
-    inventory, state = tenant_inventory(rc, tmp_path, "tenant-c", A_WORKERS[:1], (30445, 30134), etcd=1), \
-        tmp_path / "state"
+    volume: a quota of 24 MiB), applied on a thread beside the tests that request this first;
+    (inventory, state, the apply's thread). Its one worker is named only to be valid (the
+    first tenant's w3, which `--only hosted` only connects to), so it never gets a reset."""
+    tmp = tmp_path_factory.mktemp("tenant-c")
+    inventory, state = tenant_inventory(tenant.rc, tmp, "tenant-c", A_WORKERS[:1], (30445, 30134), etcd=1), \
+        tmp / "state"
     doc = yaml.safe_load(inventory.read_text())
     doc["spec"]["controlPlane"]["hosted"]["etcdStorage"] = "32Mi"
     inventory.write_text(yaml.safe_dump(doc, sort_keys=False))
-    run_installer("apply", str(inventory), "--state", str(state), "--only", "hosted", "--wait-timeout", "600",
-                  timeout=900)
+    bg = Background(lambda: run_installer("apply", str(inventory), "--state", str(state), "--only", "hosted",
+                                          "--wait-timeout", "600", timeout=900))
+    yield inventory, state, bg
+    bg.wait(900)
+    # as the first tenant goes (its fixture): no budget of it left to hold the next tests' drains
+    rc = tenant.rc
+    rc.kubectl("delete", "namespace", "hp-tenant-c", "--wait=false", check=False)
+    rc.kubectl("delete", "priorityclass", "hiddenplane-tenant-hp-tenant-c", "--ignore-not-found", check=False)
+    wait_for("the neighbour's PodDisruptionBudgets gone", lambda: not rc.get(
+        "poddisruptionbudgets", "-n", "hp-tenant-c")["items"], timeout=120)
+
+
+def test_a_neighbour_that_fills_its_etcd_gets_its_own_nospace(tenant: Tenant, neighbour, tmp_path):
+    """The neighbour's control plane (``neighbour``) written full through its own API: its writes
+    fail with etcd's NOSPACE, `etcd members` says so and what to do, and the way out (deletes,
+    `etcd defrag`) gets it writing again. The first tenant's API probe meanwhile: not one
+    failure; none of its pods restarted or evicted."""
+    rc = tenant.rc
+    inventory, state, applied = neighbour
+    applied.join(900)
     url, ca = f"https://{rc.address(rc.workers[0])}:30445", state / "pki" / "ca.crt"
     pem = _admin_pem(state, tmp_path)
     configmaps = f"{url}/api/v1/namespaces/default/configmaps"
@@ -774,10 +793,7 @@ def test_a_neighbour_that_fills_its_etcd_gets_its_own_nospace(tenant: Tenant, tm
     assert "etcd-0: defragmented, " in out and "disarmed NOSPACE: etcd takes writes again" in out, out
     code, text = _https(configmaps, ca, pem, method="POST", body={"metadata": {"name": "after"}, "data": {"x": "1"}})
     assert code == 201, text[:300]
-    # gone without waiting (a reset would wait ~55 s for the namespace, and tear down its worker:
-    # w3, which it names only to be valid and which is the first tenant's)
-    rc.kubectl("delete", "namespace", "hp-tenant-c", "--wait=false")
-    rc.kubectl("delete", "priorityclass", "hiddenplane-tenant-hp-tenant-c")
+    # (gone when the module ends, without a reset: ``neighbour``)
 
 
 # --- a second tenant in the same hosting cluster; a tenant reset --------------------------------------
@@ -809,7 +825,7 @@ class Background:
 
     def join(self, timeout: float = 1800) -> None:
         self.wait(timeout)
-        assert not self.thread.is_alive(), "the second tenant's scenario did not end"
+        assert not self.thread.is_alive(), "the work on its thread did not end"
         if self.error is not None:
             raise self.error
 
