@@ -39,7 +39,9 @@ OUTSIDE = {"outside.example.": "192.0.2.53"}
 DNS_LOG = "/var/log/hp-test-dns.log"
 # lab hosts that are not the cluster's: the workers of two hosted tenants whose control planes
 # run in this cluster (tests/test_real_hosted.py); on the same lab network, as they must reach it
-TENANT_WORKERS = ("w3", "w4", "w5")
+# the hosted tenants' workers (tests/test_real_hosted.py): w3 and w4 the first tenant's, w5 the
+# second's, w6 the neighbour's, which only its control plane is applied for (never joined)
+TENANT_WORKERS = ("w3", "w4", "w5", "w6")
 WAIT = "900"          # seconds: a bound, not a wait (a loaded 2-core machine starts kubelets slowly)
 
 # A DNS server for the lab's upstream (test scaffolding on cp1): A records for OUTSIDE,
@@ -204,7 +206,7 @@ def real_cluster(tmp_path_factory, built_artifacts, kubectl) -> RealCluster:
     lab = start_lab(NAME, SUBNET, tmp, controls=3, workers=2 + len(TENANT_WORKERS), images=True,
                     hosting=True)
     try:
-        assert [h.kind for h in lab.spec.hosts] == ["nspawn"] * 8
+        assert [h.kind for h in lab.spec.hosts] == ["nspawn"] * (5 + len(TENANT_WORKERS))
         cp1 = lab.spec.host("cp1").address
         doc = yaml.safe_load(lab.inventory.read_text())
         doc["spec"]["hosts"] = [h for h in doc["spec"]["hosts"] if h["name"] not in TENANT_WORKERS]

@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 STORAGE = ROOT / "installer" / "lab" / "manifests" / "local-path-storage.yaml"
 TENANT, NS = "tenant", "hp-tenant"
 API_PORT, KONNECTIVITY_PORT = 30443, 30132
-A_WORKERS, B_WORKERS = ("w3", "w4"), ("w5",)       # tests/realcluster.py TENANT_WORKERS
+A_WORKERS, B_WORKERS, C_WORKERS = ("w3", "w4"), ("w5",), ("w6",)      # tests/realcluster.py TENANT_WORKERS
 AGNHOST_ARCHIVE, AGNHOST = "image-agnhost.tar", "registry.k8s.io/e2e-test-images/agnhost:2.66.1"
 
 
@@ -730,10 +730,10 @@ def _pods_as_they_run(rc: RealCluster, ns: str) -> dict[str, int]:
 def neighbour(tenant: Tenant, tmp_path_factory):
     """A third tenant's control plane alone (`apply --only hosted`, one etcd member on a 32Mi
     volume: a quota of 24 MiB), applied on a thread beside the tests that request this first;
-    (inventory, state, the apply's thread). Its one worker is named only to be valid (the
-    first tenant's w3, which `--only hosted` only connects to), so it never gets a reset."""
+    (inventory, state, the apply's thread). Its one worker, w6, is only connected to (its facts
+    read: a worker of another tenant would be refused by the CA guard), never joined."""
     tmp = tmp_path_factory.mktemp("tenant-c")
-    inventory, state = tenant_inventory(tenant.rc, tmp, "tenant-c", A_WORKERS[:1], (30445, 30134), etcd=1), \
+    inventory, state = tenant_inventory(tenant.rc, tmp, "tenant-c", C_WORKERS, (30445, 30134), etcd=1), \
         tmp / "state"
     doc = yaml.safe_load(inventory.read_text())
     doc["spec"]["controlPlane"]["hosted"]["etcdStorage"] = "32Mi"
@@ -902,7 +902,8 @@ def second_tenant(tenant: Tenant, tmp: Path) -> None:
     proc = run_installer("apply", str(inventory), "--state", str(state), check_rc=2)
     assert "the hosting cluster has 2 schedulable node(s)" in proc.stderr and "needs 3" in proc.stderr, proc.stderr
     assert "spec.controlPlane.hosted.spread: preferred" in proc.stderr, proc.stderr
-    assert not rc.get("deployments,statefulsets,configmaps,secrets", "-n", "hp-tenant-b")["items"]
+    made = rc.get("deployments,statefulsets,configmaps,secrets,leases", "-n", "hp-tenant-b")["items"]
+    assert [o["metadata"]["name"] for o in made] == ["kube-root-ca.crt"], made       # the hosting cluster's own
     doc = yaml.safe_load(inventory.read_text())
     doc["spec"]["controlPlane"]["hosted"]["spread"] = "preferred"
     inventory.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -1357,11 +1358,26 @@ def test_the_tenant_upgrades_a_minor_under_probes(tenant: Tenant, tmp_path):
     # need the version the tenant now runs)
     tenant.inventory = target
     done = json.loads(proc.stdout)
+    at = began
     for t in done["timings"]:
-        print(f"{t['seconds']:7.1f} s  {t['step']}")
+        # each step with the wall time it began: a failed probe (its time) is placed in a step
+        print(f"{time.strftime('%H:%M:%S', time.localtime(at))} {t['seconds']:7.1f} s  {t['step']}")
+        at += t["seconds"]
     print(f"tenant upgrade v1.36.5 -> {UPGRADE_TO}: {seconds:.0f} s; API probe {api_ok} ok, {len(api_failed)} "
           f"failed; workload probe {ok} ok, {len(failed)} failed, slowest answer {slowest[0]:.2f} s"
           + "".join(f"\n  {f}" for f in failed[:10]))
+    if api_failed:
+        # the hosting side of the tenant's API meanwhile: its pods' events, and each etcd member's
+        # and apiserver's warnings since the roll began
+        print(rc.kubectl("get", "events", "-n", NS, "--sort-by=.lastTimestamp", check=False).stdout[-5000:])
+        since = f"--since-time={time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(began))}"
+        for p in rc.get("pods", "-n", NS)["items"]:
+            name = p["metadata"]["name"]
+            if name.startswith(("etcd-", "kube-apiserver-")):
+                container = "etcd" if name.startswith("etcd") else "kube-apiserver"
+                logs = rc.kubectl("logs", "-n", NS, name, "-c", container, since, check=False).stdout
+                print(f"--- {name}\n" + "\n".join(x for x in logs.splitlines() if " W" in x[:30] or " E" in x[:30]
+                                                 or '"level":"warn"' in x or '"level":"error"' in x)[-3000:])
     assert api_ok > 50 and not api_failed, api_failed[:5]
     if failed:
         # what each tenant worker's kube-proxy and kubelet said meanwhile, and the tenant's events

@@ -136,4 +136,4 @@ def test_every_command_with_an_inventory_and_a_state_opens_its_cluster():
             assert any(vars(f).get("opens_cluster") for f in chain[:-1]), cmd.name
     for name in dict.fromkeys(names):
         walk(cli.get_command(ctx, name))
-    assert seen == 19          # apply, plan, kubeconfig, verify, node x5, etcd x5, certs x2, ca, reset, upgrade
+    assert seen == 20          # apply, plan, kubeconfig, verify, node x5, etcd x6, certs x2, ca, reset, upgrade
