@@ -29,6 +29,7 @@ from installer.core import versions
 from installer.core.artifacts import read_sums
 from installer.core.inventory_hosted import hosted_images
 from installer.core.pki import issue
+from installer.core.render.addons import netpol
 from installer.lab import tenant as lab_tenant
 
 from .builtfixtures import ETCD_FROM, UPGRADE_TO, e2e_dir, hosted_etcd_image, upgrade_artifacts_dir
@@ -1276,6 +1277,20 @@ class Probe:
         return self.ok, self.failed
 
 
+def enforcer_drops(rc: RealCluster) -> dict[str, str]:
+    """Each hosting worker's NetworkPolicy enforcer: the packets its queue dropped (full, or
+    refused by it) and how many it judged, from its metrics on the node's loopback."""
+    read = ("python3 -c \"import urllib.request; print(urllib.request.urlopen("
+            f"'http://{netpol.METRICS}/metrics', timeout=5).read().decode())\"")
+    out = {}
+    for w in rc.workers:
+        text = rc.ssh(w, read).stdout
+        out[w] = " ".join(line for line in text.splitlines()
+                          if line.startswith(("nfqueue_queue_dropped", "nfqueue_user_dropped",
+                                              "packet_process_time_count", "packet_process_time_sum")))
+    return out
+
+
 def api_probe(tenant: Tenant) -> Probe:
     """The tenant's API read from here through its Service every 0.2 s."""
     def get(_):
@@ -1343,6 +1358,7 @@ def test_the_tenant_upgrades_a_minor_under_probes(tenant: Tenant, tmp_path):
     workload = Probe(get_echo)
     began = time.time()
 
+    drops = enforcer_drops(rc)
     api = api_probe(tenant)
     started = time.monotonic()
     try:
@@ -1366,6 +1382,9 @@ def test_the_tenant_upgrades_a_minor_under_probes(tenant: Tenant, tmp_path):
     print(f"tenant upgrade v1.36.5 -> {UPGRADE_TO}: {seconds:.0f} s; API probe {api_ok} ok, {len(api_failed)} "
           f"failed; workload probe {ok} ok, {len(failed)} failed, slowest answer {slowest[0]:.2f} s"
           + "".join(f"\n  {f}" for f in failed[:10]))
+    # a connection the enforcer dropped (its queue full) waits for its SYN's retries
+    print("the hosting workers' enforcers, before and after:" + "".join(
+        f"\n  {w}: {drops[w]}\n  {w}: {now}" for w, now in enforcer_drops(rc).items()))
     if api_failed:
         # the hosting side of the tenant's API meanwhile: its pods' events, and each etcd member's
         # and apiserver's warnings since the roll began
