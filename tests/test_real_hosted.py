@@ -74,10 +74,10 @@ def tenant_inventory(rc: RealCluster, tmp: Path, name: str = "tenant", workers: 
     preferred: the lab's hosting cluster has two workers, too few to give three etcd members a
     node each (what lab up chooses there too; the product's default is required)."""
     hosting = yaml.safe_load(rc.inventory.read_text())
-    lab_hosts = {h["name"]: h for h in yaml.safe_load(rc.lab.inventory.read_text())["spec"]["hosts"]}
+    hosts = [{"name": w, "address": rc.address(w), "role": "worker"} for w in workers]
     artifacts = worker_artifacts(Path(hosting["spec"]["artifacts"]["path"]), tmp.parent)
-    doc = lab_tenant.tenant_doc(hosting, [lab_hosts[w] for w in workers], str(rc.kubeconfig), artifacts, name,
-                                ports, etcd, spread, upstream_dns=[rc.address("cp1")])    # the tests' resolver
+    doc = lab_tenant.tenant_doc(hosting, hosts, str(rc.kubeconfig), artifacts, name, ports, etcd, spread,
+                                upstream_dns=[rc.address("cp1")])    # the tests' resolver
     if etcd_version:
         doc["spec"]["artifacts"]["versions"] = {**doc["spec"]["artifacts"].get("versions", {}), "etcd": etcd_version}
     path = tmp / f"{name}.yaml"
