@@ -1279,15 +1279,16 @@ class Probe:
 
 def enforcer_drops(rc: RealCluster) -> dict[str, str]:
     """Each hosting worker's NetworkPolicy enforcer: the packets its queue dropped (full, or
-    refused by it) and how many it judged, from its metrics on the node's loopback."""
+    refused by it) and its TCP verdicts, from its metrics on the node's loopback."""
     read = ("python3 -c \"import urllib.request; print(urllib.request.urlopen("
             f"'http://{netpol.METRICS}/metrics', timeout=5).read().decode())\"")
     out = {}
     for w in rc.workers:
         text = rc.ssh(w, read).stdout
-        out[w] = " ".join(line for line in text.splitlines()
-                          if line.startswith(("nfqueue_queue_dropped", "nfqueue_user_dropped",
-                                              "packet_process_time_count", "packet_process_time_sum")))
+        out[w] = " ".join(line.removeprefix("kube_network_policies_") for line in text.splitlines()
+                          if line.startswith(("kube_network_policies_nfqueue_queue_dropped",
+                                              "kube_network_policies_nfqueue_user_dropped",
+                                              'kube_network_policies_packet_count{family="IPv4",protocol="TCP"')))
     return out
 
 
