@@ -104,6 +104,15 @@ def test_the_quota_admits_the_tenant_with_its_rolls_and_nothing_more(rendered):
     assert used <= quantity(hard["requests.memory"])
 
 
+def test_a_one_member_tenant_may_grow_to_three_within_its_quota(tmp_path):
+    """A member count change runs before the objects (and under least privilege the quota is the
+    admin's): the quota makes room for three members whatever the count, or the new member's
+    claim is refused and the learner never syncs."""
+    one = sizing.quota_object(inventory(tmp_path, lambda h: h.update(etcdReplicas=1)))["spec"]["hard"]
+    three = sizing.quota_object(inventory(tmp_path, lambda h: h.update(etcdReplicas=3)))["spec"]["hard"]
+    assert one == three and one["persistentvolumeclaims"] == "3"
+
+
 def test_the_limit_range_caps_containers_at_the_largest_limit_and_claims_at_etcds_size(rendered, tmp_path):
     _, plan = rendered
     lr = next(o for o in plan.objects if o["kind"] == "LimitRange")

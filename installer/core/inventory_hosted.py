@@ -39,6 +39,7 @@ SIZING: dict[str, dict[str, dict[str, str]]] = {
     "kube-scheduler": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "256Mi"}},
 }
 assert set(SIZING) == set(HOSTED_COMPONENTS)
+ETCD_MEMBER_COUNTS = (1, 3)     # a tenant's etcd: one member, or three (apply changes it in place)
 _UNITS = {"": 1, "m": Fraction(1, 1000), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
           "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
 _QUANTITY = re.compile(r"([0-9]+(?:\.[0-9]+)?)(m|k|M|G|T|Ki|Mi|Gi|Ti)?")
@@ -124,7 +125,8 @@ class HostedSpec(StrictModel):
     expose: ExposeSpec
     apiServerReplicas: Annotated[Int, Field(ge=2, le=5)] = Field(
         2, description="kube-apiserver pods (at least 2: a PodDisruptionBudget keeps one through a drain).")
-    etcdReplicas: Literal[1, 3] = Field(3, description="etcd members, each a pod with its own volume.")
+    etcdReplicas: Literal[ETCD_MEMBER_COUNTS] = Field(  # type: ignore[valid-type]
+        3, description="etcd members, each a pod with its own volume.")
     storageClass: Subdomain | None = Field(None, description="StorageClass of etcd's volumes. Default: the "
                                            "hosting cluster's default class.")
     etcdStorage: Quantity = Field("1Gi", description="Size of each etcd member's volume.")

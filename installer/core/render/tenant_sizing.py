@@ -26,7 +26,7 @@ from __future__ import annotations
 from fractions import Fraction
 
 from installer.core.inventory import Inventory
-from installer.core.inventory_hosted import SIZING, quantity
+from installer.core.inventory_hosted import ETCD_MEMBER_COUNTS, SIZING, quantity
 from installer.core.render.manifests import LABELS
 from installer.core.render.tenant_network import NAME_LABEL, TENANT_LABEL
 
@@ -87,12 +87,19 @@ def resources(inv: Inventory, component: str) -> dict:
     return {k: v for k, v in out.items() if v}
 
 
+# etcd's members as the quota counts them: the most the inventory allows (etcdReplicas 1 or 3).
+# A member count change runs before the objects are written (host/tenant_members.py), and under
+# least privilege the quota is the admin's: sized for the count alone, a 1 -> 3 change had its
+# new member's volume claim refused by the quota, and the learner never synced (the real lab)
+ETCD_MEMBERS_MAX = max(ETCD_MEMBER_COUNTS)
+
+
 def _pods(inv: Inventory) -> list[tuple[tuple[str, ...], int, int]]:
     """(the containers of a pod, its replicas, how many more may run during a roll or while
     pods terminate): a Deployment surges one and may hold one terminating; etcd's StatefulSet
-    replaces a member in place, one may be terminating."""
+    replaces a member in place, one may be terminating, and it may grow to ETCD_MEMBERS_MAX."""
     assert inv.hosted is not None
-    return [(("etcd",), inv.hosted.etcdReplicas, 1),
+    return [(("etcd",), ETCD_MEMBERS_MAX, 1),
             (("kube-apiserver", "konnectivity-server"), inv.hosted.apiServerReplicas, 2),
             (("kube-controller-manager",), 2, 2), (("kube-scheduler",), 2, 2)]
 
@@ -103,8 +110,9 @@ def _total(inv: Inventory, kind: str, res: str) -> Fraction:
 
 
 def quota_object(inv: Inventory) -> dict:
-    """The tenant's ResourceQuota: its pods at their size, with their rolls' room; two NodePorts
-    (the API's and konnectivity's; a LoadBalancer allocates them as well); its volumes."""
+    """The tenant's ResourceQuota: its pods at their size, with their rolls' room and etcd's
+    largest member count; two NodePorts (the API's and konnectivity's; a LoadBalancer allocates
+    them as well); etcd's volumes."""
     assert inv.hosted is not None
     hosted = inv.hosted
     pods = sum(n + extra for _, n, extra in _pods(inv))
@@ -114,8 +122,8 @@ def quota_object(inv: Inventory) -> dict:
             "limits.memory": bytes_text(_total(inv, "limits", "memory")),
             "services.nodeports": "2",
             "services.loadbalancers": "1" if hosted.expose.type == "LoadBalancer" else "0",
-            "persistentvolumeclaims": str(hosted.etcdReplicas),
-            "requests.storage": bytes_text(quantity(hosted.etcdStorage) * hosted.etcdReplicas)}
+            "persistentvolumeclaims": str(ETCD_MEMBERS_MAX),
+            "requests.storage": bytes_text(quantity(hosted.etcdStorage) * ETCD_MEMBERS_MAX)}
     return {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": _meta(inv, "tenant"), "spec": {"hard": hard}}
 
 
