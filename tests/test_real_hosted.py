@@ -729,8 +729,9 @@ def _pods_as_they_run(rc: RealCluster, ns: str) -> dict[str, int]:
 
 @pytest.fixture(scope="module")
 def neighbour(tenant: Tenant, tmp_path_factory):
-    """A third tenant's control plane alone (`apply --only hosted`, one etcd member on a 32Mi
-    volume: a quota of 24 MiB), applied on a thread beside the tests that request this first;
+    """A third tenant's control plane alone (`apply --only hosted --only cluster-bootstrap`: its
+    objects and its RBAC, the admin's binding among them; one etcd member on a 32Mi volume: a
+    quota of 24 MiB), applied on a thread beside the tests that request this first;
     (inventory, state, the apply's thread). Its one worker, w6, is only connected to (its facts
     read: a worker of another tenant would be refused by the CA guard), never joined."""
     tmp = tmp_path_factory.mktemp("tenant-c")
@@ -740,7 +741,7 @@ def neighbour(tenant: Tenant, tmp_path_factory):
     doc["spec"]["controlPlane"]["hosted"]["etcdStorage"] = "32Mi"
     inventory.write_text(yaml.safe_dump(doc, sort_keys=False))
     bg = Background(lambda: run_installer("apply", str(inventory), "--state", str(state), "--only", "hosted",
-                                          "--wait-timeout", "600", timeout=900))
+                                          "--only", "cluster-bootstrap", "--wait-timeout", "600", timeout=900))
     yield inventory, state, bg
     bg.wait(900)
     # as the first tenant goes (its fixture): no budget of it left to hold the next tests' drains
