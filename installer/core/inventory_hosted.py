@@ -28,8 +28,9 @@ DEFAULT_REGISTRY = "registry.k8s.io"
 # the components a tenant runs in the hosting cluster, as spec.controlPlane.hosted.resources keys
 HOSTED_COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "konnectivity-server")
 # each one's requests and memory limit unless spec.controlPlane.hosted.resources sets a key:
-# requests near its use at rest, the memory limit a few times its peak under load, both measured
-# on the lab (docs/hosted.md, "Sizing"); no CPU limit (a throttled apiserver fails its probes).
+# requests near its use at rest measured on the lab, the memory limit several times that
+# (docs/hosted.md, "Neighbours"; benchmarks/hosted_sizing.py measures each under load beside
+# them); no CPU limit (a throttled apiserver fails its probes).
 # render/tenant_sizing.py sizes the namespace's quota from them.
 SIZING: dict[str, dict[str, dict[str, str]]] = {
     "etcd": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "1Gi"}},

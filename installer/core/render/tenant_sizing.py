@@ -2,7 +2,8 @@
 (docs/hosted.md, "Neighbours"): a tenant shares nodes, memory and disk with every other tenant.
 
 - ``SIZING`` (core/inventory_hosted.py, beside the field that overrides it key by key): each
-  component's requests and memory limit, from use measured on the lab at rest and under load. Requests put
+  component's requests and memory limit, from its use at rest measured on the lab
+  (benchmarks/hosted_sizing.py measures it under load too). Requests put
   every pod in the Burstable class, not BestEffort (the first evicted or OOM-killed); the memory
   limit stops one tenant's leak at its own container. No CPU limit: throttling an apiserver
   fails its probes, and CPU is shared by requests.
