@@ -143,11 +143,12 @@ def converge(api: ApiClient, objects: list[dict], k8s_version: str, dry_run: boo
     return (plan_objects if dry_run else apply_objects)(api, objects, k8s_version)
 
 
-def ensure_namespace(api: ApiClient, namespace: dict, k8s_version: str, create: bool) -> str | None:
+def ensure_namespace(api: ApiClient, namespace: dict, k8s_version: str, create: bool) -> tuple[str | None, bool]:
     """The tenant's namespace as rendered; made when missing only when ``create`` (apply), else
     ``tenancy.NoNamespace``. A hosting identity of least privilege (``installer hosting-access``)
     may not create namespaces: the admin makes this one, and a missing one is named with who
-    makes it, not as a bare 403. Returns its UID (the state keeps it: core/tenancy.py)."""
+    makes it, not as a bare 403. Returns its UID (the state keeps it: core/tenancy.py) and
+    whether this call made it."""
     name = namespace["metadata"]["name"]
     path = f"/api/v1/namespaces/{name}"
     live = get_object(api, path)
@@ -157,7 +158,7 @@ def ensure_namespace(api: ApiClient, namespace: dict, k8s_version: str, create: 
                                       "applied there (`installer apply` makes it); nothing was changed")
         try:
             live = rest(api, "POST", "/api/v1/namespaces", f"namespace {name}", namespace)
-            return _uid(live) or _uid(get_object(api, path))
+            return _uid(live) or _uid(get_object(api, path)), True
         except ApiError as e:
             if e.status == 403:
                 raise HostingError(f"namespace {name} does not exist in the hosting cluster, and this hosting "
@@ -165,7 +166,7 @@ def ensure_namespace(api: ApiClient, namespace: dict, k8s_version: str, create: 
             if e.status != 409:
                 raise HostingError(f"namespace {name}: create refused: {status_message(e)}") from None
     converge(api, [namespace], k8s_version)
-    return _uid(live) or _uid(get_object(api, path))
+    return _uid(live) or _uid(get_object(api, path)), False
 
 
 def _uid(obj: dict | None) -> str | None:

@@ -41,6 +41,7 @@ class HostedPlane(ControlPlane):
         self._found = self._owner_recorded = False    # the namespace exists; this state owns it (api)
         self._held: tuple[str, str] | None = None
         self._uid: str | None = None                 # the namespace's, once _take made or found it
+        self._made = False                           # _take made it
         self._workloads: list = []
 
     @property
@@ -164,8 +165,8 @@ class HostedPlane(ControlPlane):
         refused with ``tenancy.NoNamespace``), the Lease taken for the run (take_lease says False
         when this run holds it already: whoever took it gives it back)."""
         from installer.host import hosting  # lazy: urllib3, for hosted tenants only
-        self._uid = hosting.ensure_namespace(self.api(), namespace_object(self.inv), self.inv.spec.kubernetes.version,
-                                             create)
+        self._uid, self._made = hosting.ensure_namespace(self.api(), namespace_object(self.inv),
+                                                         self.inv.spec.kubernetes.version, create)
         self._found = True
         if hosting.take_lease(self.api(), self.namespace, self.session.run_id, force=force):
             self._held = (self.namespace, self.session.run_id)
@@ -177,8 +178,9 @@ class HostedPlane(ControlPlane):
             return []
         from installer.host import hosting  # lazy: urllib3, for hosted tenants only
         out = []
-        if not self.state.namespace_uid(self.namespace):
-            # (a state from before the UID was kept records it at its next apply)
+        if self._made or not self.state.namespace_uid(self.namespace):
+            # this run made it (the one the state knew is gone: the ownership guard let an apply
+            # in only because none stood there), or a state from before the UID was kept
             self.state.record_namespace_uid(self.namespace, self._uid)
             out.append(f"this state keeps the UID of namespace {self.namespace}")
         if self._owner_recorded:
