@@ -86,6 +86,30 @@ def usage(kubectl: list[str], nodes: list[str]) -> tuple[dict[str, tuple[int, in
     return per, node_use
 
 
+def hosting_cluster(lab_inv: Path, tmp_p: Path) -> tuple[dict, dict, list[str], list[str], Path]:
+    """The lab's hosting cluster applied (w3 kept out: the tenants name it as their worker) with
+    its provisioner ready: (its inventory, w3's host entry, kubectl for it, its workers, its
+    kubeconfig)."""
+    doc = yaml.safe_load(lab_inv.read_text())
+    hosts = {h["name"]: h for h in doc["spec"]["hosts"]}
+    worker = {**hosts["w3"], "role": "worker"}
+    doc["spec"]["hosts"] = [h for h in doc["spec"]["hosts"] if h["name"] != "w3"]
+    hosting_inv = tmp_p / "hosting.yaml"
+    hosting_inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+    state = tmp_p / "hosting-state"
+    t = time.perf_counter()
+    run(INSTALLER, "apply", str(hosting_inv), "--state", str(state), "--wait-timeout", "900")
+    print(f"hosting cluster apply {time.perf_counter() - t:.0f} s")
+    kubeconfig = tmp_p / "hosting.kubeconfig"
+    run(INSTALLER, "kubeconfig", str(hosting_inv), "--state", str(state), "-o", str(kubeconfig))
+    kubectl = [str(Path(doc["spec"]["artifacts"]["path"]) / "kubectl"), "--kubeconfig", str(kubeconfig)]
+    run(*kubectl, "apply", "-f", str(STORAGE))
+    run(*kubectl, "-n", "local-path-storage", "rollout", "status", "deployment/local-path-provisioner",
+        "--timeout=300s")
+    workers = [h["name"] for h in doc["spec"]["hosts"] if h["role"] == "worker"]
+    return doc, worker, kubectl, workers, kubeconfig
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tenants", type=int, default=5)
@@ -95,23 +119,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, real_lab(NAME, SUBNET, 1, 3, tmp, keep=args.keep, hosting=True) \
             as (lab_inv, lab_seconds):
         tmp_p = Path(tmp)
-        doc = yaml.safe_load(lab_inv.read_text())
+        print(f"lab up {lab_seconds:.0f} s")
+        doc, worker, kubectl, workers, kubeconfig = hosting_cluster(lab_inv, tmp_p)
         hosts = {h["name"]: h for h in doc["spec"]["hosts"]}
-        worker = {**hosts["w3"], "role": "worker"}
-        doc["spec"]["hosts"] = [h for h in doc["spec"]["hosts"] if h["name"] != "w3"]
-        hosting_inv = tmp_p / "hosting.yaml"
-        hosting_inv.write_text(yaml.safe_dump(doc, sort_keys=False))
-        state = tmp_p / "hosting-state"
-        t = time.perf_counter()
-        run(INSTALLER, "apply", str(hosting_inv), "--state", str(state), "--wait-timeout", "900")
-        print(f"lab up {lab_seconds:.0f} s; hosting cluster apply {time.perf_counter() - t:.0f} s")
-        kubeconfig = tmp_p / "hosting.kubeconfig"
-        run(INSTALLER, "kubeconfig", str(hosting_inv), "--state", str(state), "-o", str(kubeconfig))
-        kubectl = [str(Path(doc["spec"]["artifacts"]["path"]) / "kubectl"), "--kubeconfig", str(kubeconfig)]
-        run(*kubectl, "apply", "-f", str(STORAGE))
-        run(*kubectl, "-n", "local-path-storage", "rollout", "status", "deployment/local-path-provisioner",
-            "--timeout=300s")
-        workers = [h["name"] for h in doc["spec"]["hosts"] if h["role"] == "worker"]
         addresses = [hosts[w]["address"] for w in workers]
         before = mem_available()
         seconds = []

@@ -30,7 +30,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hosted_density import INSTALLER, STORAGE, run, tenant_doc  # noqa: E402 - benchmarks/hosted_density.py
+from hosted_density import INSTALLER, hosting_cluster, run, tenant_doc  # noqa: E402 - benchmarks/hosted_density.py
 from lab import real_lab  # noqa: E402 - benchmarks/lab.py
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -125,20 +125,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, real_lab(NAME, SUBNET, 1, 3, tmp, keep=args.keep, hosting=True) \
             as (lab_inv, _):
         tmp_p = Path(tmp)
-        doc = yaml.safe_load(lab_inv.read_text())
+        doc, worker, kubectl, workers, kubeconfig = hosting_cluster(lab_inv, tmp_p)
         hosts = {h["name"]: h for h in doc["spec"]["hosts"]}
-        worker = {**hosts["w3"], "role": "worker"}
-        doc["spec"]["hosts"] = [h for h in doc["spec"]["hosts"] if h["name"] != "w3"]
-        hosting_inv = tmp_p / "hosting.yaml"
-        hosting_inv.write_text(yaml.safe_dump(doc, sort_keys=False))
-        run(INSTALLER, "apply", str(hosting_inv), "--state", str(tmp_p / "hosting-state"), "--wait-timeout", "900")
-        kubeconfig = tmp_p / "hosting.kubeconfig"
-        run(INSTALLER, "kubeconfig", str(hosting_inv), "--state", str(tmp_p / "hosting-state"), "-o", str(kubeconfig))
-        kubectl = [str(Path(doc["spec"]["artifacts"]["path"]) / "kubectl"), "--kubeconfig", str(kubeconfig)]
-        run(*kubectl, "apply", "-f", str(STORAGE))
-        run(*kubectl, "-n", "local-path-storage", "rollout", "status", "deployment/local-path-provisioner",
-            "--timeout=300s")
-        workers = [h["name"] for h in doc["spec"]["hosts"] if h["role"] == "worker"]
         addresses = [hosts[w]["address"] for w in workers]
         inv, state = tmp_p / "t1.yaml", tmp_p / "t1-state"
         inv.write_text(yaml.safe_dump(tenant_doc(doc, kubeconfig, 1, worker, addresses), sort_keys=False))

@@ -8,7 +8,6 @@ seconds once built). Every test that runs a real component takes them from here.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from installer.core import versions
-from installer.core.artifacts import read_sums, verify, write_sums
+from installer.core.artifacts import read_sums, verify
+from installer.lab.tenant import linked_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = "HIDDENPLANE_TEST_ARTIFACTS"
@@ -96,19 +96,7 @@ def hosted_etcd_image(version: str = ETCD_FROM) -> Path:
     return dest / "image-etcd.tar"
 
 
-def _linked_dir(dest: Path, files: dict[str, Path], sums: dict[str, str]) -> Path:
-    """``dest`` holding hard links to ``files`` (name -> source) and its own SHA256SUMS of
-    ``sums``; made again only when its sums differ, through a temporary directory."""
-    if read_sums(dest) != sums:
-        shutil.rmtree(dest, ignore_errors=True)
-        tmp = dest.with_name(f".{dest.name}.tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        for name in sums:
-            os.link(files[name], tmp / name)
-        write_sums(tmp, sums)
-        tmp.rename(dest)
-    return dest
+_linked_dir = linked_dir      # installer/lab/tenant.py: one way to make a linked artifacts dir
 
 
 def with_etcd(src: Path, version: str) -> Path:

@@ -7,16 +7,14 @@ import copy
 from fractions import Fraction
 
 import pytest
-import yaml
 
-from installer import api
 from installer.core.errors import InventoryError
 from installer.core.inventory import parse
 from installer.core.inventory_hosted import SIZING, quantity
-from installer.core.render import tenant
 from installer.core.render import tenant_sizing as sizing
 
 from .test_hosted import TENANT
+from .test_hosted import rendered as hosted_rendered
 
 NS = "hp-tenant-a"
 
@@ -30,11 +28,9 @@ def inventory(tmp_path, change=lambda hosted: None):
 
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tenant")
-    (d / "hosting.kubeconfig").write_text("apiVersion: v1\nkind: Config\n")
-    (d / "tenant.yaml").write_text(yaml.safe_dump(TENANT))
-    p = api.prepare(d / "tenant.yaml", d / "state")
-    return p.inventory, tenant.render_tenant(p.inventory, p.material)
+    """test_hosted's tenant, as (its inventory, its objects)."""
+    p, plan = hosted_rendered.__wrapped__(tmp_path_factory)
+    return p.inventory, plan
 
 
 def templates(plan):

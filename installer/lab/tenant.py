@@ -72,6 +72,12 @@ def tenant_artifacts(src: Path, dest: Path, extra: dict[str, tuple[Path, str]] |
     files = {n: src / n for n in sums}
     for n, (path, digest) in (extra or {}).items():
         files[n], sums[n] = path, digest
+    return linked_dir(dest, files, sums)
+
+
+def linked_dir(dest: Path, files: dict[str, Path], sums: dict[str, str]) -> Path:
+    """``dest`` holding hard links to ``files`` (name -> source) and its own SHA256SUMS of
+    ``sums``; made again only when its sums differ, through a temporary directory."""
     if read_sums(dest) != sums:
         shutil.rmtree(dest, ignore_errors=True)
         tmp = dest.with_name(f".{dest.name}.tmp")
