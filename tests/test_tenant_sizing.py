@@ -1,4 +1,4 @@
-"""What a hosted tenant may take of its hosting cluster, and where it runs
+"""What a hosted tenant may take of its hosting cluster
 (installer/core/render/tenant_sizing.py): pure, on rendered objects."""
 
 from __future__ import annotations
@@ -150,44 +150,6 @@ def test_etcds_quota_is_below_its_volume_and_compacts_itself(rendered, tmp_path)
     assert "--auto-compaction-mode=periodic" in args and "--auto-compaction-retention=10m" in args
     big = inventory(tmp_path, lambda h: h.update(etcdStorage="50Gi"))
     assert sizing.etcd_quota_bytes(big) == 8 * 2**30            # etcd's suggested maximum
-
-
-def test_etcd_and_the_apiservers_spread_as_a_rule_the_leaders_by_preference(rendered, tmp_path):
-    _, plan = rendered
-    pods = templates(plan)
-    for name in ("etcd", "kube-apiserver"):
-        anti = pods[name]["affinity"]["podAntiAffinity"]
-        assert list(anti) == ["requiredDuringSchedulingIgnoredDuringExecution"], name
-        assert anti["requiredDuringSchedulingIgnoredDuringExecution"][0]["topologyKey"] == "kubernetes.io/hostname"
-    for name in ("kube-controller-manager", "kube-scheduler"):
-        assert list(pods[name]["affinity"]["podAntiAffinity"]) == ["preferredDuringSchedulingIgnoredDuringExecution"]
-    for pod in pods.values():
-        (zone,) = pod["topologySpreadConstraints"]
-        assert zone["topologyKey"] == "topology.kubernetes.io/zone" and zone["whenUnsatisfiable"] == "ScheduleAnyway"
-    inv = inventory(tmp_path, lambda h: h.update(spread="preferred"))
-    assert list(sizing.affinity(inv, "etcd")["podAntiAffinity"]) == ["preferredDuringSchedulingIgnoredDuringExecution"]
-
-
-def node(name, ready=True, cordoned=False, taint=None):
-    return {"metadata": {"name": name},
-            "spec": {"unschedulable": cordoned, "taints": [{"key": "k", "effect": taint}] if taint else []},
-            "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
-
-
-def test_a_hosting_cluster_too_small_to_spread_is_refused_naming_the_way_out(rendered, tmp_path):
-    inv, _ = rendered
-    assert sizing.nodes_needed(inv) == 3        # 3 members; 2 replicas and the one a roll adds
-    assert sizing.spread_problem(inv, [node("a"), node("b"), node("c")]) is None
-    nodes = [node("a"), node("b"), node("c", ready=False), node("d", cordoned=True), node("cp", taint="NoSchedule"),
-             node("e", taint="PreferNoSchedule")]
-    assert sizing.schedulable(nodes) == ["a", "b", "e"]
-    why = sizing.spread_problem(inv, nodes[:2] + nodes[2:5])
-    assert why is not None and "2 schedulable node(s) (a, b)" in why and "needs 3" in why
-    assert "spec.controlPlane.hosted.spread: preferred" in why
-    relaxed = inventory(tmp_path, lambda h: h.update(spread="preferred"))
-    assert sizing.spread_problem(relaxed, [node("a")]) is None
-    five = inventory(tmp_path, lambda h: h.update(apiServerReplicas=4))
-    assert sizing.nodes_needed(five) == 5
 
 
 def test_a_bad_spread_value_names_the_field(tmp_path):

@@ -1,12 +1,13 @@
 """Checks a hosted tenant's apply makes in the hosting cluster before it changes anything there
 (each refusal exit 2, naming what to do): a tenant an earlier release ran as root, a hosting
-cluster too small to spread the tenant's replicas as its inventory requires."""
+cluster too small to spread the tenant's replicas as its inventory requires, an exposed address
+that is no hosting node's."""
 
 from __future__ import annotations
 
 from installer.core.errors import InstallerError
 from installer.core.render.tenant import root_workloads
-from installer.core.render.tenant_sizing import spread_problem
+from installer.core.render.tenant_placement import Placement, PlacementError, placement
 from installer.host.hosting import GRANT_HINT, HostingError, get_object
 from installer.host.kube import ApiClient, ApiError, rest, status_message
 from installer.host.tenant_etcd import sts_path
@@ -31,21 +32,22 @@ def refuse_root_tenant(api: ApiClient, inv) -> None:
 
 
 class Unspreadable(InstallerError):
-    """Too few schedulable hosting nodes for ``spread: required`` (exit 2: nothing changed)."""
+    """The hosting nodes cannot take the tenant's pods as its inventory requires (exit 2:
+    nothing changed)."""
 
 
-def refuse_unspreadable(api: ApiClient, inv) -> None:
-    """Stop before the tenant's pods would wait unscheduled (or, on a tenant running already,
-    before a roll whose new pods could not be placed): its etcd members and apiserver replicas
-    each need a node of their own, and the replica a roll adds one more."""
-    if inv.hosted.spread != "required":
-        return
+def place(api: ApiClient, inv) -> Placement:
+    """Where the tenant's pods go (core/render/tenant_placement.py), read from the hosting
+    nodes; stops before the pods would wait unscheduled (or, on a tenant running already,
+    before a roll whose new pods could not be placed), or an exposed address serves nothing."""
     try:
         nodes = (rest(api, "GET", "/api/v1/nodes", "the hosting cluster's nodes") or {}).get("items", [])
     except ApiError as e:
         if e.status == 403:
             raise HostingError("this hosting identity may not list the hosting cluster's nodes, which apply reads to "
-                               f"spread the tenant's replicas over them: {GRANT_HINT}") from None
+                               f"place the tenant's replicas on them: {GRANT_HINT}") from None
         raise HostingError(f"the hosting cluster's nodes cannot be listed: {status_message(e)}") from None
-    if (why := spread_problem(inv, nodes)) is not None:
-        raise Unspreadable(f"namespace {inv.hosted_namespace}: {why}. Nothing was changed")
+    try:
+        return placement(inv, nodes)
+    except PlacementError as e:
+        raise Unspreadable(f"namespace {inv.hosted_namespace}: {e}. Nothing was changed") from None

@@ -54,11 +54,12 @@ def tenant_doc(hosting: dict, hosts: list[dict], kubeconfig: str, artifacts: Pat
     spec["network"] = {**NETWORK, **({"upstreamDNS": upstream_dns} if upstream_dns else {})}
     spec["apiServer"] = {"alwaysPullImages": False}
     exposed = [h["address"] for h in hosting["spec"]["hosts"] if h["role"] == "worker"]
-    enough = len(exposed) >= max(etcd, 3)     # a node per member; 2 replicas and the one a roll adds
+    enough = len(exposed) >= max(etcd, 2)     # a node per member and per apiserver replica
     spec["controlPlane"] = {"mode": "hosted", "hosted": {
         "kubeconfig": kubeconfig,
         "expose": {"type": "NodePort", "addresses": exposed, "port": ports[0], "konnectivityPort": ports[1]},
-        "apiServerReplicas": 2, "etcdReplicas": etcd, "storageClass": "local-path",
+        # a replica behind each exposed address (each serves its own node's)
+        "apiServerReplicas": min(max(len(exposed), 2), 5), "etcdReplicas": etcd, "storageClass": "local-path",
         "spread": spread or ("required" if enough else "preferred")}}
     spec["hosts"] = [{"name": h["name"], "address": h["address"], "role": "worker"} for h in hosts]
     return {"apiVersion": hosting["apiVersion"], "kind": "Cluster", "metadata": {"name": name}, "spec": spec}

@@ -31,6 +31,7 @@ from installer.core.render.kubeconfig import kubeconfig
 from installer.core.render.manifests import LABELS
 from installer.core.render.pods import INPUTS_ANNOTATION, PodParts, pod_parts
 from installer.core.render.tenant_network import NAME_LABEL, TENANT_LABEL, network_policies, selector
+from installer.core.render.tenant_placement import TRAFFIC_POLICY, Placement, affinity, spread
 from installer.core.shellfiles import SH_DIR
 
 API_UNIT, CM_UNIT, SCHED_UNIT, ETCD_UNIT = components.units(
@@ -144,13 +145,13 @@ def _images(inv: Inventory) -> dict[str, str]:
 
 
 def _template(inv: Inventory, component: str, containers: list[dict], volumes: list[dict],
-              digests: list[str]) -> dict:
+              digests: list[str], placement: Placement = Placement()) -> dict:
     digest = hashlib.sha256("\n".join(digests + [json.dumps(containers, sort_keys=True)]).encode()).hexdigest()
     return {"metadata": {"labels": _labels(inv, component), "annotations": {INPUTS_ANNOTATION: digest}},
             "spec": {"automountServiceAccountToken": False, "enableServiceLinks": False,
                      "securityContext": pod_security_context(), "priorityClassName": sizing.priority_class(inv),
-                     "affinity": sizing.affinity(inv, component),
-                     "topologySpreadConstraints": sizing.zone_spread(inv, component),
+                     "affinity": affinity(inv, component, placement),
+                     "topologySpreadConstraints": spread(inv, component, placement),
                      "containers": containers, "volumes": volumes,
                      "terminationGracePeriodSeconds": 30}}
 
@@ -257,7 +258,7 @@ def _etcd(inv: Inventory, plan: HostPlan) -> list[dict]:
     return out
 
 
-def _apiserver(inv: Inventory, plan: HostPlan) -> list[dict]:
+def _apiserver(inv: Inventory, plan: HostPlan, placement: Placement) -> list[dict]:
     ns, hosted = inv.hosted_namespace, inv.hosted
     assert hosted is not None
     svc = f"{ETCD_SERVICE}.{ns}.svc"
@@ -292,7 +293,7 @@ def _apiserver(inv: Inventory, plan: HostPlan) -> list[dict]:
     k["volumeMounts"] += [{"name": "konnectivity", "mountPath": SOCKET_DIR}]
     volumes = api.volumes + konn.volumes + [{"name": "konnectivity", "emptyDir": {"sizeLimit": sizing.SOCKET_LIMIT}},
                                             {"name": "audit", "emptyDir": {"sizeLimit": sizing.AUDIT_LIMIT}}]
-    template = _template(inv, "kube-apiserver", [a, k], volumes, [api.inputs_sha256, konn.inputs_sha256])
+    template = _template(inv, "kube-apiserver", [a, k], volumes, [api.inputs_sha256, konn.inputs_sha256], placement)
     deploy = {"apiVersion": "apps/v1", "kind": "Deployment",
               "metadata": _meta(inv, "kube-apiserver", "kube-apiserver"),
               "spec": {"replicas": deployment_replicas(inv)["kube-apiserver"],
@@ -305,8 +306,8 @@ def _apiserver(inv: Inventory, plan: HostPlan) -> list[dict]:
     ports = [{"name": "https", "port": hosted.expose.port, "targetPort": port},
              {"name": "konnectivity", "port": hosted.expose.konnectivityPort, "targetPort": konnectivity.AGENT_PORT}]
     service = {"apiVersion": "v1", "kind": "Service", "metadata": _meta(inv, API_SERVICE, "kube-apiserver"),
-               "spec": {"type": hosted.expose.type, "selector": _selector(inv, "kube-apiserver")["matchLabels"],
-                        "ports": ports}}
+               "spec": {"type": hosted.expose.type, **TRAFFIC_POLICY,
+                        "selector": _selector(inv, "kube-apiserver")["matchLabels"], "ports": ports}}
     if hosted.expose.type == "NodePort":
         for p in ports:
             p["nodePort"] = p["port"]
@@ -350,13 +351,16 @@ def namespace_object(inv: Inventory) -> dict:
                          "labels": {**LABELS, TENANT_LABEL: inv.metadata.name, **POD_SECURITY}}}
 
 
-def render_tenant(inv: Inventory, material: Material) -> TenantPlan:
+def render_tenant(inv: Inventory, material: Material, placement: Placement = Placement()) -> TenantPlan:
+    """``placement``: the hosting nodes behind the exposed addresses (tenant_placement.py), read
+    from the hosting cluster by apply; without them the apiservers are not pinned."""
     assert inv.hosted is not None, "render_tenant is for spec.controlPlane.mode: hosted"
     plan = tenant_plan_files(inv, material)
     # the priority, quota and policies before the pods they govern: no pod is open while its
     # policy is to come, none admitted before its quota is in place
     objects = [namespace_object(inv), sizing.priority_class_object(inv), sizing.quota_object(inv),
-               sizing.limit_range_object(inv), *network_policies(inv), *_etcd(inv, plan), *_apiserver(inv, plan),
+               sizing.limit_range_object(inv), *network_policies(inv), *_etcd(inv, plan),
+               *_apiserver(inv, plan, placement),
                *_leader(inv, plan, CM_UNIT, "kube-controller-manager", control.controller_manager_flags(inv)),
                *_leader(inv, plan, SCHED_UNIT, "kube-scheduler", control.scheduler_flags())]
     return TenantPlan(inv.hosted_namespace, objects)

@@ -16,8 +16,7 @@
   operator of least privilege may read them, not lift them.
 - etcd's backend quota below its volume's size (a full disk would stop the member and fill a
   hosting node shared with others), its own compaction besides the apiservers'.
-- Spread: etcd members and apiserver replicas on distinct hosting nodes, required unless the
-  inventory accepts sharing (``hosted.spread: preferred``, which names the risk).
+- Where the pods run: core/render/tenant_placement.py.
 
 Pure: quantities are parsed and written here the way the API writes them back.
 """
@@ -29,7 +28,7 @@ from fractions import Fraction
 from installer.core.inventory import Inventory
 from installer.core.inventory_hosted import ETCD_MEMBER_COUNTS, SIZING, quantity
 from installer.core.render.manifests import LABELS
-from installer.core.render.tenant_network import NAME_LABEL, TENANT_LABEL
+from installer.core.render.tenant_network import TENANT_LABEL
 
 PRIORITY_CLASS_PREFIX = "hiddenplane-tenant-"
 # above every ordinary workload (0 by default), far below the system classes (2,000,000,000 and
@@ -48,10 +47,6 @@ ETCD_QUOTA_SHARE = Fraction(3, 4)
 ETCD_QUOTA_MAX = 8 * 2**30
 ETCD_COMPACTION = {"--auto-compaction-mode": "periodic", "--auto-compaction-retention": "10m"}
 
-SPREAD_KEY = "kubernetes.io/hostname"
-ZONE_KEY = "topology.kubernetes.io/zone"
-# the components whose replicas must not share a node: etcd's quorum and the API's availability
-SPREAD = ("etcd", "kube-apiserver")
 
 # --- quantities as the API writes them back -------------------------------------------------
 
@@ -166,59 +161,3 @@ def etcd_quota_bytes(inv: Inventory) -> int:
 
 def etcd_flags(inv: Inventory) -> dict[str, str]:
     return {"--quota-backend-bytes": str(etcd_quota_bytes(inv)), **ETCD_COMPACTION}
-
-
-# --- where the replicas run -------------------------------------------------------------------
-
-def affinity(inv: Inventory, component: str) -> dict:
-    """Replicas on distinct hosting nodes: required for ``SPREAD`` unless ``hosted.spread:
-    preferred``, preferred for the rest (leader-elected: one running is enough)."""
-    assert inv.hosted is not None
-    term = {"topologyKey": SPREAD_KEY,
-            "labelSelector": {"matchLabels": {TENANT_LABEL: inv.metadata.name, NAME_LABEL: component}}}
-    if component in SPREAD and inv.hosted.spread == "required":
-        return {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
-    return {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
-        {"weight": 100, "podAffinityTerm": term}]}}
-
-
-def zone_spread(inv: Inventory, component: str) -> list[dict]:
-    """Across zones where the hosting nodes are labelled with one (best effort: a node without
-    the label still takes pods)."""
-    return [{"maxSkew": 1, "topologyKey": ZONE_KEY, "whenUnsatisfiable": "ScheduleAnyway",
-             "labelSelector": {"matchLabels": {TENANT_LABEL: inv.metadata.name, NAME_LABEL: component}}}]
-
-
-def nodes_needed(inv: Inventory) -> int:
-    """Schedulable hosting nodes a required spread needs: one per etcd member, and one per
-    apiserver replica plus the one its rolling update surges to."""
-    assert inv.hosted is not None
-    return max(inv.hosted.etcdReplicas, inv.hosted.apiServerReplicas + 1)
-
-
-def schedulable(nodes: list[dict]) -> list[str]:
-    """The names of ``nodes`` (as the API lists them) that take the tenant's pods: Ready, not
-    cordoned, no NoSchedule or NoExecute taint (the pods tolerate none)."""
-    out = []
-    for n in nodes:
-        spec, status = n.get("spec") or {}, n.get("status") or {}
-        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
-        tainted = any(t.get("effect") in ("NoSchedule", "NoExecute") for t in spec.get("taints") or [])
-        if ready and not spec.get("unschedulable") and not tainted:
-            out.append(n["metadata"]["name"])
-    return out
-
-
-def spread_problem(inv: Inventory, nodes: list[dict]) -> str | None:
-    """Why the tenant cannot spread over ``nodes`` as required, or None."""
-    assert inv.hosted is not None
-    if inv.hosted.spread != "required":
-        return None
-    have, need = schedulable(nodes), nodes_needed(inv)
-    if len(have) >= need:
-        return None
-    return (f"the hosting cluster has {len(have)} schedulable node(s) ({', '.join(have) or 'none'}); spreading "
-            f"{inv.hosted.etcdReplicas} etcd member(s) and {inv.hosted.apiServerReplicas} apiserver replicas "
-            f"(with the one a roll adds) needs {need}. Add nodes, or accept that replicas share a node with "
-            "spec.controlPlane.hosted.spread: preferred (losing that node then takes them together: etcd's "
-            "quorum, or the API)")

@@ -43,6 +43,7 @@ class HostedPlane(ControlPlane):
         self._uid: str | None = None                 # the namespace's, once _take made or found it
         self._made = False                           # _take made it
         self._workloads: list = []
+        self._placement = None                      # where its pods go: read once per command
 
     @property
     def namespace(self) -> str:
@@ -76,8 +77,8 @@ class HostedPlane(ControlPlane):
     def converge(self, ctx, target: str):
         from installer.host import hosting, tenant_members  # lazy: urllib3, for hosted tenants only
         started = time.monotonic()
-        tenant = render_tenant(ctx.inv, ctx.material)
         try:
+            tenant = render_tenant(ctx.inv, ctx.material, self.placement())
             # another etcdReplicas for a running tenant: one member at a time, before the objects
             # name the new member list (host/tenant_members.py)
             members = tenant_members.change_member_count(self.api(), ctx.inv, ctx.options.wait_timeout, ctx.log,
@@ -92,6 +93,14 @@ class HostedPlane(ControlPlane):
         self._workloads = tenant.workloads()
         return Event("hosted", target, "changed" if changed else "unchanged", time.monotonic() - started,
                      files=len(changed), detail=changed)
+
+    def placement(self):
+        """Where the tenant's pods go on the hosting nodes (host/tenant_guards.py), or a refusal
+        before anything is changed."""
+        if self._placement is None:
+            from installer.host import tenant_guards  # lazy: urllib3, for hosted tenants only
+            self._placement = tenant_guards.place(self.api(), self.inv)
+        return self._placement
 
     def wait_converged(self, ctx) -> list[str]:
         from installer.host import hosting  # lazy: urllib3, for hosted tenants only
@@ -149,7 +158,7 @@ class HostedPlane(ControlPlane):
         try:
             # before the namespace is made and the artifacts go to its workers: nothing of a
             # tenant that stops here changes
-            tenant_guards.refuse_unspreadable(self.api(), ctx.inv)
+            self.placement()
             self._take(force=ctx.options.force_unlock, create=True)
             tenant_guards.refuse_root_tenant(self.api(), ctx.inv)
             recorded = self._record_owner()

@@ -24,6 +24,7 @@ from installer.core.inventory import Inventory
 from installer.core.pki.specs import HOSTED_ETCD
 from installer.core.render.tenant import deployment_replicas, render_tenant
 from installer.core.render.tenant_network import NAME_LABEL
+from installer.core.render.tenant_placement import Placement
 from installer.core.upgrade_rules import HostState, oldest
 from installer.host.kube import STRATEGIC_MERGE, ApiClient, rest
 from installer.host.tenant_etcd import component_pods, pod_ready
@@ -52,11 +53,11 @@ def control_state(api: ApiClient, inv: Inventory) -> tuple[HostState, dict[str, 
 NAMESPACE_WIDE = ("Namespace", "PriorityClass", "ResourceQuota", "LimitRange", "NetworkPolicy")
 
 
-def component_objects(inv: Inventory, material, components: tuple[str, ...]) -> list[dict]:
+def component_objects(inv: Inventory, material, components: tuple[str, ...], placement=None) -> list[dict]:
     """The tenant's rendered objects of ``components`` (by their component label), after what
     holds for the whole namespace (the Namespace, its priority, quota and NetworkPolicies): a roll
     re-applies those too."""
-    objects = render_tenant(inv, material).objects
+    objects = render_tenant(inv, material, placement or Placement()).objects
     return [o for o in objects if o["kind"] in NAMESPACE_WIDE
             or (o["metadata"].get("labels") or {}).get(NAME_LABEL) in components]
 
@@ -64,10 +65,9 @@ def component_objects(inv: Inventory, material, components: tuple[str, ...]) -> 
 def roll(api: ApiClient, inv: Inventory, material, components: tuple[str, ...], timeout: float, log) -> list[str]:
     """Apply ``components``' objects as ``inv`` renders them and wait for their workloads."""
     from installer.host import hosting, tenant_guards
-    objects = component_objects(inv, material, components)
-    workloads = [(o["kind"], o["metadata"]["name"]) for o in objects if o["kind"] in ("StatefulSet", "Deployment")]
     tenant_guards.refuse_root_tenant(api, inv)
-    tenant_guards.refuse_unspreadable(api, inv)
+    objects = component_objects(inv, material, components, tenant_guards.place(api, inv))
+    workloads = [(o["kind"], o["metadata"]["name"]) for o in objects if o["kind"] in ("StatefulSet", "Deployment")]
     changed = hosting.converge(api, objects, inv.spec.kubernetes.version)
     for kind, name, action in changed:
         if action != "unchanged":
