@@ -544,7 +544,9 @@ def test_a_renewal_of_a_tenant_rolls_its_control_plane_between_the_push_and_the_
     assert steps[roll - 1].startswith("push the new files") and steps[roll + 1].startswith("restart what uses them")
     from installer.engine.planes.hosted import HostedPlane
     names = [(e.host, e.name, e.port) for e in endpoints(p.inventory, HostedPlane(p.inventory, None))]
-    assert ("t1", "kube-apiserver (hosted)", 30443) in names and ("t1", "konnectivity-server (hosted)", 30132) in names
+    for address in ("10.0.0.11", "10.0.0.12"):       # each exposed address serves its own node's replica
+        assert ("t1", f"kube-apiserver (hosted, {address})", 30443) in names, names
+        assert ("t1", f"konnectivity-server (hosted, {address})", 30132) in names, names
 
 
 

@@ -1211,7 +1211,10 @@ def test_certs_check_reads_the_tenants_certificates_and_renew_rolls_them(tenant:
     seconds = time.monotonic() - started
     report = json.loads(proc.stdout)
     checks = {c["endpoint"]: c for c in report["checks"]}
-    assert checks["kube-apiserver (hosted)"]["ok"] and checks["konnectivity-server (hosted)"]["ok"], checks
+    for w in tenant.rc.workers:             # each exposed address, its own node's replica
+        address = tenant.rc.address(w)
+        assert checks[f"kube-apiserver (hosted, {address})"]["ok"], checks
+        assert checks[f"konnectivity-server (hosted, {address})"]["ok"], checks
     after = rows()
     for name in ("/etc/kubernetes/pki/apiserver.crt", "/etc/etcd/pki/server.crt"):
         assert after[name]["serial"] != before[name]["serial"], name
@@ -1499,8 +1502,9 @@ def test_node_revoke_refuses_a_stolen_kubelet_certificate_of_a_tenant(tenant: Te
                          "--host-unreachable", timeout=900)
     print("\n" + proc.stdout[-1500:])
     node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "w4"}}
-    # every connection is balanced to one of the two apiservers: each refuses it
-    for _ in range(8):
-        code, answer = _https(f"{url}/api/v1/nodes", ca, stolen, method="POST", body=node)
-        assert code == 403 and "this node identity was revoked" in answer, (code, answer[:300])
+    # each exposed address reaches its own node's apiserver: every one refuses it
+    for w in tenant.rc.workers:
+        code, answer = _https(f"https://{tenant.rc.address(w)}:{API_PORT}/api/v1/nodes", ca, stolen, method="POST",
+                              body=node)
+        assert code == 403 and "this node identity was revoked" in answer, (w, code, answer[:300])
     assert [n["metadata"]["name"] for n in tenant.get("nodes")["items"]] == ["w3"]

@@ -169,10 +169,10 @@ def revoke_steps(t: Target, *, host_unreachable: bool = False, refresh_others: b
             # each apiserver loads the policy on its own: see every one refuse before going on
             run = r.t.cluster
             waited = _wait_enforced(run, r.material, n, policy_timeout)
-            if run.plane.api_probes():
-                r.out.done.append(f"each of {len(waited)} connections through the tenant's Service (balanced over "
-                                  f"its apiservers) refuses system:node:{n} ({max(waited.values()):.2f} s after the "
-                                  "policy)")
+            if probes := run.plane.api_probes():
+                r.out.done.append(f"each of {len(waited)} connections ({probes} through each exposed address, each "
+                                  f"to that node's apiservers) refuses system:node:{n} ({max(waited.values()):.2f} s "
+                                  "after the policy)")
             else:
                 r.out.done += [f"the apiserver on {host} refuses system:node:{n} ({seconds:.2f} s after the policy)"
                                for host, seconds in waited.items()]
@@ -313,17 +313,18 @@ def _gone(t: Target, host_unreachable: bool) -> frozenset[str]:
 
 def _wait_enforced(run: Run, material: Material, name: str, timeout: float) -> dict[str, float]:
     """Every control host's own apiserver refuses ``system:node:<name>`` (node_api); where the
-    plane exposes its apiservers behind one Service (a hosted tenant), each of its
-    ``api_probes()`` connections through it."""
+    plane exposes its apiservers on addresses of their own (a hosted tenant: each address sends
+    only to the replicas on its node, core/render/tenant_placement.py), each of its
+    ``api_probes()`` connections through every one of them: a replica is missed by all of them
+    only where two share a node, with a chance of 2^-probes."""
     inv = run.inv
     remotes = run.session.connect(inv.controls)         # the run's: a tunnel's stays open with it
     with contextlib.ExitStack() as stack:
         clients = {}
         if probes := run.plane.api_probes():
-            url = stack.enter_context(apireach.api_access(inv, remotes, material))
-            clients = {f"connection {i + 1}":
-                       stack.enter_context(kube.api_client(url, material, credential="admin"))
-                       for i in range(probes)}
+            clients = {f"{address} connection {i + 1}": stack.enter_context(
+                           kube.api_client(apireach.base_url(address, port), material, credential="admin"))
+                       for _, address, port in inv.api_backends for i in range(probes)}
         for h in inv.controls:
             url = stack.enter_context(apireach.api_access(inv, remotes, material, apiserver=h))
             clients[h.name] = stack.enter_context(kube.api_client(url, material, credential="admin"))

@@ -99,7 +99,7 @@ def first_reachable(addresses: Sequence[str], port: int, timeout: float) -> str 
         time.sleep(0.01)
 
 
-def _url(address: str, port: int) -> str:
+def base_url(address: str, port: int) -> str:
     return f"https://[{address}]:{port}" if ":" in address else f"https://{address}:{port}"
 
 
@@ -142,7 +142,7 @@ def api_access(inv: Inventory, remotes: RemoteSource, material: Material | None 
         addresses.insert(0, inv.spec.apiServer.endpoint)
     reached = first_reachable(addresses, port, probe_timeout)
     if reached is not None:
-        yield _url(reached, port)
+        yield base_url(reached, port)
         return
     body_error: BaseException | None = None
     try:
@@ -206,7 +206,7 @@ def chosen_server(inv: Inventory, reached: str | None) -> tuple[str, str | None]
         return inv.api_url, None
     hosts = {h.name for h in inv.spec.hosts}
     down = [name if name in hosts else address for name, address, _ in backends[:addresses.index(reached)]]
-    return _url(reached, inv.api_port), f"{', '.join(down)}: no answer from the apiserver"
+    return base_url(reached, inv.api_port), f"{', '.join(down)}: no answer from the apiserver"
 
 
 def check_admin_material(inv: Inventory, material: Material, now: dt.datetime | None = None) -> None:

@@ -26,10 +26,10 @@ from installer.engine.steps import Step
 from installer.host import apireach, node_api
 from installer.host.ssh import HostError
 
-# a hosted tenant's apiservers answer behind one Service: this many connections, each balanced
-# to a replica on its own, must all see a revocation (2 replicas: each is missed by all of them
-# with a chance of 2^-16)
-API_PROBES = 16
+# a hosted tenant's apiservers answer on the exposed addresses, each for its own node's replicas:
+# this many connections through every address must all see a revocation (one replica per node:
+# all of them reach it; where two share a node, one is missed by all with a chance of 2^-8)
+API_PROBES = 8
 
 
 class HostedPlane(ControlPlane):
@@ -310,11 +310,12 @@ class HostedPlane(ControlPlane):
         tenant_roll.roll(self.api(), r.inv, r.new, tenant_roll.ALL, r.wait_timeout, r.log)
 
     def exposed(self, inv) -> list[tuple[str, str, str, int]]:
-        # its apiservers and konnectivity servers, as its workers reach them (through the
-        # hosting cluster's Service: one replica per connection)
-        _, address, port = inv.api_backends[0]
-        return [("kube-apiserver", "kube-apiserver (hosted)", address, port),
-                ("konnectivity-server", "konnectivity-server (hosted)", address, inv.hosted.expose.konnectivityPort)]
+        # its apiservers and konnectivity servers, as its workers reach them: on each exposed
+        # address, the replica of that address's node
+        return [row for _, address, port in inv.api_backends for row in (
+                ("kube-apiserver", f"kube-apiserver (hosted, {address})", address, port),
+                ("konnectivity-server", f"konnectivity-server (hosted, {address})", address,
+                 inv.hosted.expose.konnectivityPort))]
 
     def api_probes(self) -> int:
         return API_PROBES
