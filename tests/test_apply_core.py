@@ -37,7 +37,7 @@ from installer.core.facts import (
     parse,
     probe_input,
 )
-from installer.core.network import ROUTES_UNIT
+from installer.core.network import REPAIR_TIMER, ROUTES_UNIT
 from installer.core.render.files import HostDir, HostFile, SystemUser
 from installer.engine import runner
 from installer.engine.parts import control_plane_part, etcd_part, worker_part
@@ -616,12 +616,13 @@ def test_phase_selections_partition_every_plan(cluster, request):
             assert "/etc/systemd/system/etcd.service" in paths
             assert etcd.units == (ETCD_UNIT,) and [u.name for u in etcd.users] == ["etcd"]
             cp = control_plane_part(plan)
-            # the example cluster routes to pods from its control hosts (cni and egress: routes)
-            assert cp.units == (*CONTROL_UNITS, ROUTES_UNIT) and cp.users == ()
+            # the example cluster routes to pods from its control hosts (cni and egress: routes),
+            # and puts back the routes a link flap took away
+            assert cp.units == (*CONTROL_UNITS, ROUTES_UNIT, REPAIR_TIMER) and cp.users == ()
             # the apiserver's etcd client pair is the apiserver's input, nothing else of etcd is
             assert [p for p in _etcd_anything(cp) if "/apiserver-etcd-client." not in p] == []
         else:
-            assert worker_part(plan).units == (ROUTES_UNIT, *WORKER_UNITS)
+            assert worker_part(plan).units == (ROUTES_UNIT, REPAIR_TIMER, *WORKER_UNITS)
             assert _etcd_anything(worker_part(plan)) == [], name
 
 

@@ -64,9 +64,9 @@ def test_auto_means_more_than_one_control_host_and_no_endpoint(doc, controls, en
 
 def test_a_worker_reaches_the_api_through_its_own_balancer(ha):
     inv, plan = ha.inventory, ha.plans["node2"]
-    # started before the units that use it (and after the routes unit)
-    assert plan.units == ["hiddenplane-routes.service", UNIT, "containerd.service", "kubelet.service",
-                          "kube-proxy.service"]
+    # started before the units that use it (and after the routes unit and its repair timer)
+    assert plan.units == ["hiddenplane-routes.service", "hiddenplane-routes-repair.timer", UNIT, "containerd.service",
+                          "kubelet.service", "kube-proxy.service"]
     for path in (BOOTSTRAP_KUBECONFIG, "/etc/kubernetes/kube-proxy.conf"):
         assert yaml.safe_load(plan.files[path].content)["clusters"][0]["cluster"]["server"] == "https://127.0.0.1:6443"
     cfg = plan.files[BALANCER_CONFIG].content.decode()

@@ -39,10 +39,14 @@ def test_rows_are_unique():
     names = [c.name for c in COMPONENTS]
     units = [c.unit for c in COMPONENTS]
     binaries = [b for c in COMPONENTS for b in c.binaries]
-    assert len(set(names)) == len(names) == 10
+    assert len(set(names)) == len(names) == 11
     assert len(set(units)) == len(units)
     assert len(set(binaries)) == len(binaries)
-    assert all(c.unit.endswith(".service") and c.role in ("control", "worker", "any") for c in COMPONENTS)
+    assert all(c.unit.endswith(".service") and c.role in ("control", "worker", "any") for c in COMPONENTS
+               if c.name != "hiddenplane-routes-repair")
+    # the one timer: it runs the routes' repair (core/render/network.py), on both kinds of host
+    assert components.unit("hiddenplane-routes-repair") == "hiddenplane-routes-repair.timer"
+    assert components.by_name("hiddenplane-routes-repair").role == "any"
     assert not set(binaries) & set(HELPER_BINARIES)
     assert all(owner in names for owner in HELPER_BINARIES.values())
 
@@ -80,6 +84,7 @@ def test_ranks_are_the_order_rollout_needs():
     assert rank["etcd"] < rank["kube-apiserver"] < rank["konnectivity-server"] < rank["kube-controller-manager"]
     assert rank["kube-controller-manager"] == rank["kube-scheduler"] < rank["kubelet"] == rank["kube-proxy"]
     assert rank["containerd"] is None and rank["hiddenplane-routes"] is None
+    assert rank["hiddenplane-routes-repair"] is None
     # a worker's balancer reloads (a new CA) before the kubelet and kube-proxy restart through it
     assert rank["api-balancer"] < rank["kubelet"]
     assert components.rank("no-such.service") == components.LAST_RANK > max(r for r in rank.values() if r is not None)
@@ -173,7 +178,7 @@ def test_each_row_names_the_inventory_field_its_version_comes_from(doc, tmp_path
     got = {c.name: components.version_of(c.name, inv.spec) for c in COMPONENTS}
     assert got == {"etcd": "3.6.11", "kube-apiserver": "v1.36.2", "konnectivity-server": None,
                    "kube-controller-manager": "v1.36.2", "kube-scheduler": "v1.36.2", "api-balancer": None,
-                   "hiddenplane-routes": None,
+                   "hiddenplane-routes": None, "hiddenplane-routes-repair": None,
                    "containerd": "2.2.3", "kubelet": "v1.36.2", "kube-proxy": "v1.36.2"}
     # the same values fetch downloads (release URLs spell them with or without the v)
     assert released["kubernetes"].removeprefix("v") == got["kubelet"].removeprefix("v")

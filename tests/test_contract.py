@@ -27,7 +27,7 @@ import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from installer.core.network import ROUTES_UNIT
+from installer.core.network import REPAIR_SERVICE, REPAIR_TIMER, ROUTES_UNIT
 from installer.core.pki import issue
 from installer.core.pki.specs import CLUSTER_CA, ETCD_CA, FRONT_PROXY_CA
 from installer.core.render.files import HostDir, HostFile, HostPlan
@@ -603,11 +603,12 @@ def _node_thing(path: str) -> bool:
 def test_control_hosts_hold_nothing_of_a_node(cluster):
     for plan in cluster.hosts("control"):
         # the example routes to pods from its control hosts (egress: routes): a route, not a node
-        assert plan.units == [f"{u}.service" for u in CONTROL_UNITS] + [ROUTES_UNIT], plan.units
+        assert plan.units == [f"{u}.service" for u in CONTROL_UNITS] + [ROUTES_UNIT, REPAIR_TIMER], plan.units
         paths = list(plan.files) + list(plan.dirs) + _tree_paths(cluster, plan.name)
         assert not [p for p in paths if _node_thing(p)], f"{plan.name} holds node files"
         units_on_disk = sorted(p.name for p in (cluster.tree / plan.name / UNIT_DIR.lstrip("/")).iterdir())
-        assert units_on_disk == sorted([f"{u}.service" for u in CONTROL_UNITS] + [ROUTES_UNIT])
+        assert units_on_disk == sorted([f"{u}.service" for u in CONTROL_UNITS]
+                                       + [ROUTES_UNIT, REPAIR_TIMER, REPAIR_SERVICE])
         for u in CONTROL_UNITS:
             binary = Path(ref.exec_start(unit_file(plan, u).content)[0]).name
             assert binary == u
@@ -628,7 +629,7 @@ CONTROL_WORDS = ("etcd", "apiserver", "controller-manager", "scheduler")
 
 def test_workers_hold_nothing_of_the_control_plane(cluster):
     for plan in cluster.hosts("worker"):
-        assert plan.units == [ROUTES_UNIT] + [f"{u}.service" for u in WORKER_UNITS], plan.units
+        assert plan.units == [ROUTES_UNIT, REPAIR_TIMER] + [f"{u}.service" for u in WORKER_UNITS], plan.units
         assert plan.users == [], "a worker needs no etcd (or other) system user"
         paths = list(plan.files) + list(plan.dirs) + _tree_paths(cluster, plan.name)
         bad = [p for p in paths if any(w in p for w in CONTROL_WORDS)]

@@ -24,7 +24,7 @@ def test_ruff_finds_nothing():
 
 def _shipped_scripts() -> dict[str, bytes]:
     """The shell scripts the tool installs on hosts or runs there, as a host gets them: the
-    balancer's ctl, the facts probe, and a worker's and a control host's whole teardown (the
+    balancer's ctl, the routes' repair, the facts probe, and a worker's and a control host's whole teardown (the
     prelude of installer/sh/ and the steps teardown_script.py writes)."""
     from installer import api
     from installer.actions import teardown
@@ -33,12 +33,13 @@ def _shipped_scripts() -> dict[str, bytes]:
     from installer.core.diff import HostChanges
     from installer.core.facts import PROBE
     from installer.core.render.balancer import CTL, ctl_script
+    from installer.core.render.network import REPAIR_SCRIPT, repair_script
     from installer.core.shellfiles import SH_DIR
     from installer.host.hostops import script as change_script
     from installer.host.waits import active_script, all_script, listening_script
     from tests.conftest import EXAMPLE
     ctx = SimpleNamespace(inv=api.validate(EXAMPLE), options=SimpleNamespace(wait_timeout=60))
-    out = {CTL: ctl_script(), "facts probe": PROBE.encode(),
+    out = {CTL: ctl_script(), REPAIR_SCRIPT: repair_script(), "facts probe": PROBE.encode(),
            "a control host's waits": all_script(ctx, components.units("kube-controller-manager",
                                                                     "kube-scheduler")).encode(),
            "the workers' wait": (active_script(("kubelet.service", "kube-proxy.service"), 60) + " && "

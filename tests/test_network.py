@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import ipaddress
 import json
+import subprocess
 
 import pytest
 import yaml
@@ -14,7 +15,18 @@ import yaml
 from installer import api
 from installer.core import network
 from installer.core.errors import StateError
-from installer.core.network import ROUTE_PROTO, ROUTES_UNIT, allocate, capacity, release, routes_for, slice_prefix
+from installer.core.network import (
+    REPAIR_SERVICE,
+    REPAIR_TIMER,
+    ROUTE_PROTO,
+    ROUTES_UNIT,
+    allocate,
+    capacity,
+    release,
+    routes_for,
+    slice_prefix,
+)
+from installer.core.render.network import REPAIR_SCRIPT
 from installer.engine.parts import control_plane_part, worker_part
 
 from . import reference as ref
@@ -182,9 +194,121 @@ def test_routes_unit_on_every_host(prepared):
                 "/usr/sbin/iptables -w -t nat -A HIDDENPLANE-MASQ ! -s 10.244.0.0/16 -j RETURN")
             assert ROUTES_UNIT in worker_part(plan).units
         else:
-            assert plan.units[-1] == ROUTES_UNIT and "systemd-sysctl" not in " ".join(ex)
+            assert plan.units[-2:] == [ROUTES_UNIT, REPAIR_TIMER] and "systemd-sysctl" not in " ".join(ex)
             assert not [line for line in ex if "iptables" in line]
             assert ROUTES_UNIT in control_plane_part(plan).units
+
+
+# --- the repair after a link flap ----------------------------------------------------------------
+
+def _unit(plan, name: str) -> bytes:
+    return plan.files[f"/etc/systemd/system/{name}"].content
+
+
+def _repair_files(plan) -> list[str]:
+    return [p for p in plan.files if "hiddenplane-routes-repair" in p]
+
+
+def _repair_routes(plan) -> list[tuple[str, str]]:
+    argv = ref.exec_start(_unit(plan, REPAIR_SERVICE))
+    assert argv[:3] == [REPAIR_SCRIPT, "4", str(ROUTE_PROTO)], argv
+    pairs = argv[3:]
+    return list(zip(pairs[::2], pairs[1::2], strict=True))
+
+
+def test_a_timer_puts_back_the_routes_on_every_host(prepared):
+    """Every host that routes (cni: routes) runs the repair every 5 s over the same routes as its
+    routes unit; the timer is part of that unit, its run is quiet and waits for it."""
+    for plan in prepared.plans.values():
+        assert _repair_routes(plan) == _routes(plan) != [], plan.name
+        assert sorted(_repair_files(plan)) == sorted([REPAIR_SCRIPT, f"/etc/systemd/system/{REPAIR_SERVICE}",
+                                                      f"/etc/systemd/system/{REPAIR_TIMER}"])
+        # the timer is a unit apply enables and starts, right after the routes unit (a teardown
+        # stops it first); the service it runs is not
+        at = plan.units.index(ROUTES_UNIT)
+        assert plan.units[at + 1] == REPAIR_TIMER and REPAIR_SERVICE not in plan.units
+        timer = _unit(plan, REPAIR_TIMER)
+        assert {k: ref.unit_values(timer, "Timer", k) for k in ("OnActiveSec", "OnUnitActiveSec", "AccuracySec")} == {
+            "OnActiveSec": ["5s"], "OnUnitActiveSec": ["5s"], "AccuracySec": ["1s"]}
+        assert ref.unit_values(timer, "Unit", "PartOf") == [ROUTES_UNIT]
+        assert ref.unit_values(timer, "Install", "WantedBy") == ["timers.target"]
+        service = _unit(plan, REPAIR_SERVICE)
+        assert ref.unit_values(service, "Service", "Type") == ["oneshot"]
+        assert ref.unit_values(service, "Unit", "After") == ref.unit_values(service, "Unit", "PartOf") == [ROUTES_UNIT]
+        # systemd's start and finish lines (info) every 5 s are dropped; the script's lines are notice
+        assert ref.unit_values(service, "Service", "LogLevelMax") == ["notice"]
+        assert ref.unit_values(service, "Service", "SyslogLevel") == ["notice"]
+        assert not ref.unit_values(service, "Install", "WantedBy")
+        # the routes unit starts the timer again when it is started after a stop
+        assert REPAIR_TIMER in ref.unit_values(_unit(plan, ROUTES_UNIT), "Unit", "Wants")
+        # a new route list restarts nothing (the next run reads it); a new timer restarts the timer
+        assert plan.files[f"/etc/systemd/system/{REPAIR_SERVICE}"].restarts == ()
+        assert plan.files[f"/etc/systemd/system/{REPAIR_TIMER}"].restarts == (REPAIR_TIMER,)
+        script = plan.files[REPAIR_SCRIPT]
+        assert script.mode == 0o755 and script.content.startswith(b"#!/bin/sh\n")
+        assert b"\nip=/sbin/ip\n" in script.content
+
+
+def test_a_single_worker_gets_a_timer_with_nothing_to_put_back(doc, tmp_path):
+    """Rendered with an empty list too: apply never removes a unit that leaves the plan, so a
+    timer only while other workers exist would keep the last list after a node remove."""
+    doc["spec"]["hosts"] = [h for h in doc["spec"]["hosts"] if h["name"] != "node3"]
+    p = _prepare(tmp_path, doc)
+    assert _repair_routes(p.plans["node2"]) == _routes(p.plans["node2"]) == []
+    assert REPAIR_TIMER in p.plans["node2"].units
+    assert _repair_routes(p.plans["cp1"]) == [(p.material.pod_cidrs["node2"], "192.168.56.231")]
+
+
+FAKE_IP = """#!/bin/sh
+# ip(8) as the repair calls it: `show` prints the routes in STATE, `replace` adds one unless the
+# link is down (the file DOWN exists)
+echo "$*" >> "$DIR/calls"
+case "$2 $3" in
+  "route show") cat "$DIR/routes" ;;
+  "route replace") [ -e "$DIR/down" ] && { echo "Error: Nexthop has invalid gateway." >&2; exit 2; }
+                   echo "$4 via $6 dev eth0 " >> "$DIR/routes" ;;
+esac
+"""
+
+
+def test_the_repair_script_adds_only_what_is_missing_and_never_fails(prepared, tmp_path):
+    plan = prepared.plans["cp1"]
+    script = plan.files[REPAIR_SCRIPT].content.decode().replace("\nip=/sbin/ip\n", f"\nip={tmp_path}/ip\n")
+    (tmp_path / "ip").write_text(FAKE_IP)
+    (tmp_path / "ip").chmod(0o755)
+    argv = ref.exec_start(_unit(plan, REPAIR_SERVICE))[1:]
+    (first, via1), (second, via2) = _repair_routes(plan)
+
+    def run():
+        (tmp_path / "calls").write_text("")
+        r = subprocess.run(["/bin/sh", "-c", script, "repair", *argv],
+                           env={"DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
+                           timeout=30)
+        return r.returncode, r.stdout, r.stderr, (tmp_path / "calls").read_text().splitlines()
+
+    # both there: one look, nothing added, nothing said
+    (tmp_path / "routes").write_text(f"{first} via {via1} dev eth0 \n{second} via {via2} dev eth0 \n")
+    assert run() == (0, "", "", [f"-4 route show proto {ROUTE_PROTO}"])
+    # the link went down and took both: while it stays down, nothing is said and nothing fails
+    (tmp_path / "routes").write_text("")
+    (tmp_path / "down").write_text("")
+    rc, out, err, calls = run()
+    assert (rc, out, err) == (0, "", "") and len(calls) == 3
+    # back up: both added again, with our marker, and said
+    (tmp_path / "down").unlink()
+    rc, out, err, calls = run()
+    assert (rc, err) == (0, "") and calls[1:] == [f"-4 route replace {first} via {via1} proto {ROUTE_PROTO}",
+                                                  f"-4 route replace {second} via {via2} proto {ROUTE_PROTO}"]
+    assert out.splitlines() == [f"re-added the route to {first} via {via1} (proto {ROUTE_PROTO})",
+                                f"re-added the route to {second} via {via2} (proto {ROUTE_PROTO})"]
+    # one of two missing: only that one
+    (tmp_path / "routes").write_text(f"{second} via {via2} dev eth0 \n")
+    assert run()[3][1:] == [f"-4 route replace {first} via {via1} proto {ROUTE_PROTO}"]
+    # no routes to keep (a single worker): not even a look
+    (tmp_path / "calls").write_text("")
+    r = subprocess.run(["/bin/sh", "-c", script, "repair", "4", str(ROUTE_PROTO)], env={"DIR": str(tmp_path)},
+                       capture_output=True, text=True, timeout=30)
+    assert (r.returncode, r.stdout, (tmp_path / "calls").read_text()) == (0, "", "")
 
 
 def test_apiserver_and_controller_manager_flags(prepared):
@@ -206,6 +330,8 @@ def test_konnectivity_egress_leaves_control_hosts_without_routes(doc, tmp_path):
     p = _prepare(tmp_path, doc)
     cp = p.plans["cp1"]
     assert ROUTES_UNIT not in cp.units and f"/etc/systemd/system/{ROUTES_UNIT}" not in cp.files
+    assert not _repair_files(cp) and REPAIR_TIMER not in cp.units
+    assert _repair_routes(p.plans["node2"]) == _routes(p.plans["node2"])
     assert "--enable-aggregator-routing" not in ref.unit_flags(
         cp.files["/etc/systemd/system/kube-apiserver.service"].content)
     assert _routes(p.plans["node2"]) == [(p.material.pod_cidrs["node3"], "192.168.56.232")]
@@ -218,6 +344,9 @@ def test_cilium_workers_keep_only_the_sysctls(doc, tmp_path):
         plan = p.plans[name]
         assert network.CONFLIST not in plan.files and plan.units[0] == ROUTES_UNIT
         assert _routes(plan) == [] and not [line for line in _exec(plan) if "iptables" in line]
+        # nothing to put back: no repair timer (the routes unit only applies the sysctls)
+        assert not _repair_files(plan) and REPAIR_TIMER not in plan.units
+        assert not ref.unit_values(plan.files[f"/etc/systemd/system/{ROUTES_UNIT}"].content, "Unit", "Wants")[1:]
         assert _exec(plan)[0].endswith("systemd-sysctl /etc/sysctl.d/90-hiddenplane.conf")
     assert ROUTES_UNIT not in p.plans["cp1"].units
     # the installer's allocation still exists: it becomes each Node's spec.podCIDR, which

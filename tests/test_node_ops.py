@@ -397,6 +397,8 @@ def test_foreign_changes_allow_only_the_node_and_the_routes():
         Event("workers", "node3", "changed", detail=["~ /etc/kubernetes/kubelet.conf 0600 root:root sha256:1"]),
         Event("workers", "node2", "changed", detail=[
             "~ /etc/systemd/system/hiddenplane-routes.service 0644 root:root sha256:2",
+            # the same routes, for the repair after a link flap
+            "~ /etc/systemd/system/hiddenplane-routes-repair.service 0600 root:root sha256:4",
             "* restart hiddenplane-routes.service"]),
         Event("pki", "(local)", "changed", detail=["token/node3: new"]),
         Event("cluster-bootstrap", "(api)", "changed", detail=["would apply Secret x"]),
@@ -404,6 +406,11 @@ def test_foreign_changes_allow_only_the_node_and_the_routes():
     assert node_ops.foreign_changes(rep, "node3") == []
     rep.events.append(Event("control-plane", "cp1", "changed", detail=["* restart kube-apiserver.service"]))
     assert node_ops.foreign_changes(rep, "node3") == ["cp1: * restart kube-apiserver.service"]
+    # the repair's timer or script changing is not a route: apply's
+    rep.events[-1] = Event("workers", "node2", "changed", detail=[
+        "~ /etc/systemd/system/hiddenplane-routes-repair.timer 0600 root:root sha256:5"])
+    assert node_ops.foreign_changes(rep, "node3") == [
+        "node2: ~ /etc/systemd/system/hiddenplane-routes-repair.timer 0600 root:root sha256:5"]
     # a control host added or removed: every worker's balancer lists one server more or less
     rep.events[-1] = Event("workers", "node2", "changed", detail=[
         "~ /etc/kubernetes/api-balancer.cfg 0644 root:root sha256:3", "* reload hiddenplane-api-balancer.service"])

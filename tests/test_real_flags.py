@@ -97,6 +97,7 @@ COMPONENTS = {                         # component (= binary) -> the role of the
 NOT_CHECKED = {
     "containerd.service": "its --config and the config itself: the real containerd in tests/test_images.py",
     "hiddenplane-routes.service": "ip(8) commands, run by the lab",
+    "hiddenplane-routes-repair.timer": "a timer running a shell script, run by the lab (tests/test_real_cluster.py)",
     # The artifacts hold no konnectivity-server binary (scripts/build-kubernetes builds none), so
     # there is nothing real to ask. These clusters use egress: routes and render none; with
     # egress: konnectivity its flags are checked against upstream's option names in test_addons.

@@ -117,7 +117,8 @@ def test_worker_order_leaves_no_orphans(inv, plans):
     s = teardown.host_script(inv, WORKER, plans, data=True)
     at = order(s, "off kubelet.service", "off kube-proxy.service", "tasks kill -a -s SIGKILL", "tasks delete -f",
                "off containerd.service", "\nreap\n", "\nunmount_ours\n", '"$R"/run/netns/cni-',
-               "off hiddenplane-routes.service", "ip link delete cni0", "route flush proto 199",
+               "off hiddenplane-routes-repair.timer", "off hiddenplane-routes.service",
+               "ip link delete cni0", "route flush proto 199",
                "clean_rules iptables ip", "clean_rules ip6tables ip6", f'"$R"{SYSCTL_FILE}',
                'for f in $FILES; do rmf "$f"; done', "manifest | sort -u | while", "systemctl daemon-reload",
                "rmtree /etc/kubernetes", "rmtree /var/lib/kubelet", "rmtree /var/lib/containerd", "rmd /opt/cni",
@@ -130,7 +131,10 @@ def test_worker_order_leaves_no_orphans(inv, plans):
 
 def test_control_order_and_its_user(inv, plans):
     s = teardown.host_script(inv, CONTROL, plans, data=True)
-    at = order(s, "off kube-scheduler.service", "off kube-controller-manager.service", "off kube-apiserver.service",
+    # the routes' repair timer stops before the routes unit, and both before the flush: nothing
+    # puts a route back once the teardown took them away
+    at = order(s, "off hiddenplane-routes-repair.timer", "off hiddenplane-routes.service",
+               "off kube-scheduler.service", "off kube-controller-manager.service", "off kube-apiserver.service",
                "off etcd.service", "\nreap\n", "route flush proto 199", 'for f in $FILES; do rmf "$f"; done',
                "rmtree /etc/kubernetes", "rmtree /var/lib/etcd", "/var/lib/etcd.pre-restore-", "userdel etcd",
                f'rm -rf "$R"{STATE_DIR}')
@@ -435,6 +439,13 @@ def test_worker_script_for_real(worker_root, inv, plans):
     with open(h.r / MANIFEST.lstrip("/"), "a") as m:
         m.write("/etc/systemd/system/old-extra.service\tabc\t1\t0\n")
     (h.state / "active.old-extra.service").write_text("active\n")
+    # the routes' repair: its service (not a planned unit, the timer runs it) in the middle of a run
+    (h.state / "active.hiddenplane-routes-repair.service").write_text("activating\n")
+    # a timer of an earlier configuration, found in the manifest as the service above is
+    h.put("/etc/systemd/system/old-extra.timer")
+    with open(h.r / MANIFEST.lstrip("/"), "a") as m:
+        m.write("/etc/systemd/system/old-extra.timer\tabc\t1\t0\n")
+    (h.state / "active.old-extra.timer").write_text("active\n")
     # containerd running with a task, its socket; the bridge, a route and the masquerade chain
     sock = socket.socket(socket.AF_UNIX)
     sock.bind(str(h.r / "run/containerd/containerd.sock"))
@@ -469,8 +480,16 @@ def test_worker_script_for_real(worker_root, inv, plans):
     i = {c: n for n, c in enumerate(calls)}
     assert (i["systemctl stop kubelet.service"] < i["systemctl stop kube-proxy.service"]
             < i["ctr -n k8s.io tasks kill -a -s SIGKILL t1"] < i["ctr -n k8s.io tasks delete -f t1"]
-            < i["systemctl stop containerd.service"] < i["systemctl stop hiddenplane-routes.service"])
+            < i["systemctl stop containerd.service"] < i["systemctl stop hiddenplane-routes-repair.timer"]
+            < i["systemctl stop hiddenplane-routes.service"] < i["ip -4 route flush proto 199"])
     assert "systemctl stop old-extra.service" in calls and "systemctl stop admin.service" not in calls
+    # the repair: its timer disabled, the run stopped, its files gone (no orphan); an old timer too
+    assert "systemctl disable --quiet hiddenplane-routes-repair.timer" in calls
+    assert "systemctl stop hiddenplane-routes-repair.service" in calls and "systemctl stop old-extra.timer" in calls
+    for f in ("/etc/systemd/system/hiddenplane-routes-repair.timer",
+              "/etc/systemd/system/hiddenplane-routes-repair.service", "/usr/local/bin/hiddenplane-routes-repair"):
+        assert f in t.files and not h.exists(f), f
+    assert not h.exists("/etc/systemd/system/old-extra.timer")
     # mounts: ours, deepest first; never the data mount point itself nor a foreign one
     umounts = [c.split(" ", 1)[1].removeprefix(str(h.r)) for c in calls if c.startswith("umount ")]
     assert umounts == ["/var/lib/kubelet/pods/p1/volumes/v", "/run/netns/cni-1234",

@@ -7,7 +7,8 @@ membership change (``etcd_members``), one member at a time.
 
 What ``add`` and ``remove`` may change on the other hosts is checked once the facts are read,
 before the lock and any change (``runner.run``'s ``check``): only the pod routes
-(``hiddenplane-routes.service``). Anything else pending means the inventory holds other edits,
+(``hiddenplane-routes.service``, and the list its repair puts back after a link flap,
+``hiddenplane-routes-repair.service``). Anything else pending means the inventory holds other edits,
 and the command refuses before touching anything: run ``installer apply`` for those.
 """
 
@@ -25,7 +26,7 @@ from installer.core.errors import InstallerError
 from installer.core.etcd_rules import Change
 from installer.core.inventory import HostSpec, Inventory
 from installer.core.ledger import Ledger, NodeRetiredError, check_inventory, revoked_message
-from installer.core.network import ROUTES_UNIT
+from installer.core.network import REPAIR_SERVICE, ROUTES_UNIT
 from installer.core.pki.material import Material, ensure
 from installer.core.render.balancer import BALANCER_CONFIG
 from installer.core.state import StateDir
@@ -37,6 +38,7 @@ from installer.host import apireach, kube, node_api
 
 ApiFactory = Callable[[], ContextManager[kube.ApiClient]]
 ROUTES_PATH = f"/etc/systemd/system/{ROUTES_UNIT}"
+REPAIR_PATH = f"/etc/systemd/system/{REPAIR_SERVICE}"      # the same routes: restarts nothing
 BALANCER_UNIT = components.unit("api-balancer")
 
 
@@ -115,7 +117,7 @@ def foreign_changes(report: runner.Report, allowed_host: str | None) -> list[str
         if ev.host == allowed_host or ev.host.startswith("("):     # (local) state, (api) objects
             continue
         for line in ev.detail:
-            if (line.startswith(("~ " + ROUTES_PATH + " ", "~ " + BALANCER_CONFIG + " "))
+            if (line.startswith(("~ " + ROUTES_PATH + " ", "~ " + REPAIR_PATH + " ", "~ " + BALANCER_CONFIG + " "))
                     or line in (f"* restart {ROUTES_UNIT}", f"* reload {BALANCER_UNIT}")):
                 continue
             out.append(f"{ev.host}: {line}")

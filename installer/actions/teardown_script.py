@@ -86,8 +86,10 @@ def _head(t: Teardown, root: str) -> list[str]:
         exe_pids(t.processes),
         f"SCRIPTS=''; for b in {' '.join(t.processes)}; do "
         "[ \"$(head -c 2 \"$R$b\" 2>/dev/null)\" = '#!' ] && SCRIPTS=\"$SCRIPTS $b\"; done",
-        f"MANIFEST_UNITS=$(cut -f1 \"$R\"{q(MANIFEST)} 2>/dev/null | "
-        f"sed -n 's|^{SYSTEMD_DIR}/\\([^/]*\\.service\\)$|\\1|p' | sort -u | "
+        # our services and timers (the routes' repair), also those of an earlier configuration
+        f"MANIFEST_UNITS=$(cut -f1 \"$R\"{q(MANIFEST)} 2>/dev/null | sed -n "
+        + " ".join(f"-e 's|^{SYSTEMD_DIR}/\\([^/]*\\.{kind}\\)$|\\1|p'" for kind in ("service", "timer"))
+        + " | sort -u | "
         f"grep -vxF -e {' -e '.join(shlex.quote(u) for u in sorted(set(t.units)))} || true)",
     ]
 

@@ -71,6 +71,10 @@ COMPONENTS = (
               addon=True, reload=True),
     Component("hiddenplane-routes", ANY, "hiddenplane-routes.service",
               wait="active"),
+    # with cni: routes, the timer that puts back the routes a link going down took away
+    # (core/render/network.py); its service is run by it, never started by the installer
+    Component("hiddenplane-routes-repair", ANY, "hiddenplane-routes-repair.timer",
+              wait="active"),
     Component("containerd", WORKER, "containerd.service", ("containerd",),
               wait="active", version=("artifacts", "versions", "containerd")),
     Component("kubelet", WORKER, "kubelet.service", ("kubelet",), rank=4,
@@ -169,7 +173,7 @@ def version_of(name: str, spec) -> str | None:
 
 
 # the units the phases and day-2 commands start and wait for: each role's rows in table order
-# (add-ons and hiddenplane-routes are not waited for); etcd has steps of its own
+# (add-ons and hiddenplane-routes with its repair timer are not waited for); etcd has steps of its own
 ETCD_UNIT = unit("etcd")
 CONTROL_UNITS = tuple(c.unit for c in COMPONENTS if c.role == CONTROL and c.name != "etcd" and not c.addon)
 WORKER_UNITS = tuple(c.unit for c in COMPONENTS if c.role == WORKER and not c.addon)

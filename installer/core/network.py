@@ -16,7 +16,9 @@ Entries that no longer fit (podCIDR or the mask changed) are re-allocated.
 control plane reaches pods (webhooks, aggregated APIs, ``kubectl logs/exec`` go to the kubelet,
 which needs no route). Hosts must therefore share a layer-2 network, or the network between
 them must carry the pod CIDRs. The routes carry the marker ``proto 199`` so that the unit can
-flush exactly its own routes (a removed worker's route disappears on the next restart).
+flush exactly its own routes (a removed worker's route disappears on the next restart). The
+kernel deletes the routes of a link that goes down and never adds them back: a timer puts the
+missing ones back every ``REPAIR_EVERY`` seconds (``installer/core/render/network.py``).
 
 **No NAT between pods.** The bridge plugin runs with ``ipMasq: false``: its masquerade rule
 covers every destination outside the local slice, which would hide a pod's address from pods
@@ -39,6 +41,10 @@ NETWORK_NAME = "hiddenplane"           # CNI network name; host-local keeps leas
 BRIDGE = "cni0"
 CONFLIST = "/etc/cni/net.d/10-hiddenplane.conflist"
 ROUTES_UNIT = components.unit("hiddenplane-routes")
+# what puts the routes back after a link flap: a timer, and the oneshot service it runs
+REPAIR_TIMER = components.unit("hiddenplane-routes-repair")
+REPAIR_SERVICE = REPAIR_TIMER.removesuffix(".timer") + ".service"
+REPAIR_EVERY = 5                       # seconds between two runs of the repair
 MASQ_CHAIN = "HIDDENPLANE-MASQ"
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network

@@ -28,7 +28,7 @@ def etcd_part(plan: HostPlan) -> Selection:
 
 
 def control_plane_part(plan: HostPlan) -> Selection:
-    # the control-plane units, then hiddenplane-routes.service when the host routes to pods
+    # the control-plane units, then hiddenplane-routes.service and its repair timer when the host routes to pods
     return Selection(
         files=tuple(f for f in plan.files.values() if not _is_etcd(f.path)),
         dirs=tuple(d for d in plan.dirs.values() if not _is_etcd(d.path)),
