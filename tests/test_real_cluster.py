@@ -12,7 +12,8 @@ testinfra and openssl on the hosts.
   certificates against the cluster CA; it reaches pod IPs (the webhook/aggregated-API path).
 - Pods: CoreDNS Ready, ``kubernetes.default`` resolves to the first service IP and a name
   outside the cluster is forwarded upstream without a loop; pod to pod across workers without
-  NAT; a ClusterIP Service through kube-proxy.
+  NAT, again after a worker's link went down and up (the routes back within seconds, no
+  apply); a ClusterIP Service through kube-proxy.
 - etcd 3.6 with mTLS.
 - Images without a registry: the archives go to the workers only and are imported once; an
   image removed from containerd is imported again by the next apply, nothing else changes.
@@ -26,6 +27,7 @@ import datetime as dt
 import ipaddress
 import json
 import re
+import shlex
 import subprocess
 import time
 from pathlib import Path
@@ -39,6 +41,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from installer.core import versions
 from installer.core.cluster import resolve
 from installer.core.inventory_model import SANDBOX_IMAGE
+from installer.core.network import ROUTE_PROTO
 from installer.core.render.addons import COREDNS_IMAGE
 
 from .realcluster import BUSYBOX, DNS_LOG, OUTSIDE, run_installer, wait_for
@@ -429,6 +432,63 @@ def test_pod_to_pod_across_workers_without_nat(rc, web):
     # w2's httpd saw the client pod's own address, not its node's
     logs = rc.kubectl("logs", "web-w2").stdout
     assert web["w1"] in logs, logs
+
+
+# Runs on a worker as a transient unit (so that the link comes back up whatever happens to the
+# SSH session carrying it): the link down for a second, then up; how long the pod-network routes
+# take to come back, measured on the host from the link's return (at most 15 s looked for).
+LINK_FLAP = r"""
+set -u
+want=$(ip -4 route show proto {proto} | sort)
+ip link set {dev} down
+gone=$(ip -4 route show proto {proto} | wc -l)
+sleep 1
+ip link set {dev} up
+up=$(date +%s.%N)
+# what a real host's network configuration (ifup, networkd) does when the link is up again: its
+# default route back (the kernel took it too). The lab added it from outside; nothing inside would
+{restore_default}
+i=0
+while [ "$(ip -4 route show proto {proto} | sort)" != "$want" ] && [ "$i" -lt 150 ]; do sleep 0.1; i=$((i + 1)); done
+back=$(date +%s.%N)
+{{ echo "gone=$gone"; echo "seconds=$(awk "BEGIN {{ print $back - $up }}")"
+   echo "routes=$(ip -4 route show proto {proto} | sort | tr '\n' ';')"; echo "want=$(echo "$want" | tr '\n' ';')"
+}} > /root/hp-link-flap.out
+"""
+
+
+def test_pod_routes_come_back_after_a_link_flap(rc, web):
+    """The kernel deletes a route when its link goes down and adds nothing back when it returns:
+    w1's link to w2 down for a second, then up. The routes to w2's pods are gone, and back within
+    15 s without an apply (hiddenplane-routes-repair.timer, every 5 s), said in the repair's
+    journal; no unit of ours failed, pods reach each other again, and w1 stays Ready."""
+    w, other = "w1", "w2"
+    got = rc.ssh(w, f"ip -4 route get {rc.address(other)}").stdout.split()
+    dev = got[got.index("dev") + 1]
+    default = rc.ssh(w, "ip -4 route show default").stdout.strip()
+    assert rc.ssh(w, "systemctl is-active hiddenplane-routes-repair.timer").stdout.strip() == "active"
+    script = LINK_FLAP.format(proto=ROUTE_PROTO, dev=dev,
+                              restore_default=f"ip route replace {default}" if default else ":")
+    try:
+        r = rc.ssh(w, "rm -f /root/hp-link-flap.out; systemd-run --quiet --wait --collect --unit=hp-test-link-flap "
+                      f"/bin/sh -c {shlex.quote(script)}; cat /root/hp-link-flap.out", timeout=60)
+    finally:
+        rc.ssh(w, f"ip link set {dev} up; ip -4 route show default | grep -q . || ip route replace {default}")
+    out = dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
+    assert out.get("gone") == "0", (r.stdout, r.stderr)          # the link went down: the routes went with it
+    assert f"via {rc.address(other)}" in out["want"] and out["routes"] == out["want"], out
+    seconds = float(out["seconds"])
+    print(f"\n{w}: the pod-network routes were back {seconds:.1f} s after the link came up")
+    assert seconds < 15, out
+    journal = rc.ssh(w, "journalctl -u hiddenplane-routes-repair.service --since -2min -o cat --no-pager").stdout
+    assert "re-added the route to " in journal, journal
+    ours = "hiddenplane-routes.service hiddenplane-routes-repair.service hiddenplane-routes-repair.timer"
+    assert rc.ssh(w, f"systemctl is-failed --quiet {ours}").returncode != 0, rc.ssh(w, "systemctl --failed").stdout
+    reply = wait_for(f"web-w1 -> web-w2 ({web[other]}) again", lambda: http_get(rc, "web-w1", web[other], 8080),
+                     timeout=30, interval=1)
+    assert "hello-from-w2" in reply
+    assert "hello-from-w1" in http_get(rc, "web-w2", web[w], 8080)
+    wait_for(f"Node {w} Ready", lambda: ready(rc.get("node", w)), timeout=60, interval=1)
 
 
 def test_a_cluster_ip_service_reaches_its_pod_through_kube_proxy(rc, web):
