@@ -39,10 +39,11 @@ def pss_kib_in_netns(netns: str) -> int:
 
 @contextmanager
 def real_lab(name: str, subnet: str, controls: int, workers: int, tmp: str, *, needs: str = "kube-apiserver",
-             keep: bool = False, hosting: bool = False) -> Iterator[tuple[Path, float]]:
+             keep: bool = False, hosting: bool = False, tenant_workers: int = 0) -> Iterator[tuple[Path, float]]:
     """A lab of nspawn hosts with the built real binaries (scripts/build-kubernetes; ``needs``
     one of them): (its inventory, seconds its `up` took). Any earlier lab of the name goes
-    first; this one goes after, unless ``keep``, with how long `down` took printed."""
+    first; this one goes after, unless ``keep``, with how long `down` took printed.
+    ``tenant_workers``: the last ones a hosted tenant's, its inventory ``tenant.yaml`` beside."""
     artifacts = built_artifacts()
     if artifacts is None or not (artifacts / needs).is_file():
         raise SystemExit(f"no built real binaries with {needs}: run scripts/build-kubernetes first")
@@ -51,7 +52,8 @@ def real_lab(name: str, subnet: str, controls: int, workers: int, tmp: str, *, n
     inv = Path(tmp) / f"{name}.inventory.yaml"
     try:
         t = time.perf_counter()
-        lab_mod.up(name, controls, workers, 0, subnet, inv, quiet, artifacts=artifacts, hosting=hosting)
+        lab_mod.up(name, controls, workers, 0, subnet, inv, quiet, artifacts=artifacts, hosting=hosting,
+                   tenant_workers=tenant_workers, tenant_out=Path(tmp) / "tenant.yaml" if tenant_workers else None)
         yield inv, time.perf_counter() - t
     finally:
         if not keep:

@@ -925,8 +925,10 @@ def second_tenant(tenant: Tenant, tmp: Path) -> None:
     assert f"expose.addresses[1] ({rc.address('cp1')}) is no hosting node's address" in proc.stderr, proc.stderr
     made = rc.get("deployments,statefulsets,configmaps,secrets,leases", "-n", "hp-tenant-b")["items"]
     assert [o["metadata"]["name"] for o in made] == ["kube-root-ca.crt"], made       # the hosting cluster's own
-    # one member and two replicas: spread as required over the two workers
-    inventory.write_text(good)
+    # preferred: it grows to three members below (the apiservers still take a worker each)
+    doc = yaml.safe_load(good)
+    doc["spec"]["controlPlane"]["hosted"]["spread"] = "preferred"
+    inventory.write_text(yaml.safe_dump(doc, sort_keys=False))
     started = time.monotonic()
     proc = run_installer("apply", str(inventory), "--state", str(state), "--wait-timeout", "900")
     print(f"\nsecond tenant: apply {time.monotonic() - started:.0f} s\n{proc.stdout}")

@@ -110,8 +110,9 @@ class ExposeSpec(StrictModel):
         "node at port (and konnectivityPort); LoadBalancer: on the load balancer's address.")
     addresses: list[ExposedAddress] = Field(
         min_length=1, description="Where workers and users reach the tenant's API: hosting nodes' addresses "
-        "(NodePort) or the load balancer's (LoadBalancer; the Service asks for the first). Each is in the "
-        "apiserver's certificate and a backend of every worker's API balancer.")
+        "(NodePort: one per node, each serving the apiserver replica on its node) or the load balancer's "
+        "(LoadBalancer; the Service asks for the first). Each is in the apiserver's certificate and a backend of "
+        "every worker's API balancer.")
     port: Port = Field(30443, description="The API's port on those addresses (the nodePort with NodePort).")
     konnectivityPort: Port = Field(30132, description="The konnectivity agents' port on those addresses.")
 
