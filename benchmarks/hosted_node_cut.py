@@ -98,6 +98,32 @@ def columns(rows, *edges: float) -> str:
     return " ".join(out)
 
 
+def when(rows, cut_at: float, back_at: float) -> str:
+    """The failures of ``rows`` as seconds after the cut (``c+``) or after the link's return (``r+``)."""
+    out = [f"r+{t - back_at:.1f}" if t >= back_at else f"c+{t - cut_at:.1f}" if t >= cut_at else f"b{t - cut_at:.1f}"
+           for t, ok, _ in rows if not ok]
+    return " ".join(out[:8]) + (" ..." if len(out) > 8 else "")
+
+
+def etcd_leader(kubectl: list[str], ns: str) -> str:
+    """The member leading the tenant's etcd, as its members report it."""
+    pki = "/etc/etcd/pki"
+    proc = subprocess.run([*kubectl, "exec", "-n", ns, "etcd-0", "-c", "etcd", "--", "/usr/local/bin/etcdctl",
+                           "--endpoints=https://127.0.0.1:2379", f"--cacert={pki}/ca.crt", f"--cert={pki}/peer.crt",
+                           f"--key={pki}/peer.key", "endpoint", "status", "--cluster", "-w", "json"],
+                          capture_output=True, text=True, timeout=60)
+    try:
+        rows = json.loads(proc.stdout)
+        members = {m["ID"]: m["name"] for m in json.loads(subprocess.run(
+            [*kubectl, "exec", "-n", ns, "etcd-0", "-c", "etcd", "--", "/usr/local/bin/etcdctl",
+             "--endpoints=https://127.0.0.1:2379", f"--cacert={pki}/ca.crt", f"--cert={pki}/peer.crt",
+             f"--key={pki}/peer.key", "member", "list", "-w", "json"],
+            capture_output=True, text=True, timeout=60).stdout)["members"]}
+        return members.get(rows[0]["Status"]["leader"], "?")
+    except (ValueError, KeyError, IndexError):
+        return f"unknown ({proc.stderr.strip()[-100:]})"
+
+
 def main() -> None:  # noqa: PLR0915 - one scenario, told in order
     ap = argparse.ArgumentParser()
     ap.add_argument("--cut", type=float, default=120.0, help="seconds the hosting node's link stays down")
@@ -136,7 +162,8 @@ def main() -> None:  # noqa: PLR0915 - one scenario, told in order
         victim = names[victim_address]
         up = [a for a in addresses if a != victim_address]
         print(f"tenant pods by hosting node: {json.dumps(on, sort_keys=True)}")
-        print(f"cut: {victim} ({victim_address}), holding {', '.join(sorted(on.get(victim, [])))}")
+        print(f"cut: {victim} ({victim_address}), holding {', '.join(sorted(on.get(victim, [])))}; "
+              f"etcd leader {etcd_leader(kubectl, ns)}")
 
         pem = tmp_p / "admin.pem"
         pem.write_bytes((tenant_state / "pki" / "admin.crt").read_bytes()
@@ -224,14 +251,18 @@ def main() -> None:  # noqa: PLR0915 - one scenario, told in order
               else f"hosting node {victim}: never seen NotReady")
         edges = (0.0, cut_at, back_at, end_at + 1)
         print(f"{'failed/requests':40} {'before':13} {'during cut':13} {'after':13}")
-        for a, rows in read_rows.items():
-            label = f"read via {a}" + (" (the lost node's)" if a == victim_address else "")
+        paths = [(f"read via {a}" + (" (the lost node's)" if a == victim_address else ""), rows)
+                 for a, rows in read_rows.items()]
+        paths += [(f"write via {up[0]}", write_rows), (f"read on {worker} via its balancer", worker_rows["lb"]),
+                  (f"read on {worker} via the kubernetes Svc", worker_rows["svc"]),
+                  (f"tenant Node {worker} Ready", node_rows)]
+        for label, rows in paths:
             print(f"{label:40} {columns(rows, *edges)}")
-        for label, rows in ((f"write via {up[0]}", write_rows),
-                            (f"read on {worker} via its balancer", worker_rows["lb"]),
-                            (f"read on {worker} via the kubernetes Svc", worker_rows["svc"]),
-                            (f"tenant Node {worker} Ready", node_rows)):
-            print(f"{label:40} {columns(rows, *edges)}")
+        print("failed at (c+: seconds after the cut, r+: after the return):")
+        for label, rows in paths:
+            if "lost node" not in label and (at := when(rows, cut_at, back_at)):
+                print(f"  {label:38} {at}")
+        print(f"etcd leader after: {etcd_leader(kubectl, ns)}")
         print(f"{worker}'s balancer marked the lost address down "
               + (f"{marked_down:.1f} s after the cut" if marked_down is not None else "never (not seen in its journal)")
               + ", up again " + (f"{marked_up:.1f} s after the link returned" if marked_up is not None else "never"))
@@ -239,9 +270,9 @@ def main() -> None:  # noqa: PLR0915 - one scenario, told in order
               else f"tenant pods not all ready within {args.after:.0f} s of the link's return")
         print(f"second apply: {second['changes']} change(s), {len(second['restarts'])} restart(s), {second_s:.0f} s "
               "(goal: 0)")
-        fails = [(a, e) for a in up for _, ok, e in read_rows[a] if not ok]
+        fails = sorted({e for a in up for _, ok, e in read_rows[a] if not ok})
         if fails:
-            print("failures through the addresses that stayed up:", *fails[:6], sep="\n  ")
+            print("how they failed through the addresses that stayed up:", *fails[:6], sep="\n  ")
         print(f"goal: 0 failed through the addresses that stay up, writes succeed, Nodes Ready; {ANCHOR}")
 
 
