@@ -148,11 +148,11 @@ def main() -> None:  # noqa: PLR0915 - one scenario, told in order
             for probe in tn["urls"]:
                 found = hostprobes.rows(ssh_config, tn["worker"], f"hp-probe-{probe}")
                 rows = [(r.start, r.ok, r.detail) for r in found]
-                print(f"{tn['name']} on {tn['worker']} via {'its balancer' if probe == 'lb' else 'kubernetes Svc':18} "
-                      f"{columns(rows, *edges)}")
-            print(f"{tn['name']} workload on {tn['worker']:24} {columns(tn['echo'].end(), *edges)}")
+                label = f"{tn['name']} on {tn['worker']} via {'its balancer' if probe == 'lb' else 'kubernetes Svc'}"
+                print(f"{label:44} {columns(rows, *edges)}")
+            print(f"{tn['name'] + ' workload on ' + tn['worker']:44} {columns(tn['echo'].end(), *edges)}")
             for a, loop in tn["reads"].items():
-                print(f"{tn['name']} API via {a} (dark while its node drains) {columns(loop.end(), *edges)}")
+                print(f"{tn['name'] + ' API via ' + a + ' (its node drains)':44} {columns(loop.end(), *edges)}")
         for tn in tenants:
             again = json.loads(run(INSTALLER, "apply", str(tn["inv"]), "--state", str(tn["state"]), "--output",
                                    "json").stdout)

@@ -270,9 +270,11 @@ def main() -> None:  # noqa: PLR0915 - one scenario, told in order
               else f"tenant pods not all ready within {args.after:.0f} s of the link's return")
         print(f"second apply: {second['changes']} change(s), {len(second['restarts'])} restart(s), {second_s:.0f} s "
               "(goal: 0)")
-        fails = sorted({e for a in up for _, ok, e in read_rows[a] if not ok})
-        if fails:
-            print("how they failed through the addresses that stayed up:", *fails[:6], sep="\n  ")
+        print("how they failed:")
+        for label, rows in paths:
+            if "lost node" not in label and (kinds := sorted({e.split(":")[0] if "Ready=" not in e else e
+                                                              for _, ok, e in rows if not ok})):
+                print(f"  {label:38} {', '.join(kinds)}")
         print(f"goal: 0 failed through the addresses that stay up, writes succeed, Nodes Ready; {ANCHOR}")
 
 
