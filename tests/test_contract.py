@@ -378,7 +378,8 @@ FILE_RULES = [
              _units(["kubelet"]), _root_owned(0o600), lambda p: 1),
     FileRule("units", "every unit file <= 0600 root:root", None,
              lambda p: [f for f in p.files.values() if f.path.startswith(UNIT_DIR + "/")], _root_owned(0o600),
-             lambda p: len(p.units)),
+             # each unit started, and the service each timer among them starts
+             lambda p: len(p.units) + sum(u.endswith(".timer") for u in p.units)),
     FileRule("1.1.13-18", "admin, controller-manager and scheduler kubeconfigs <= 0600 root:root", "control",
              _paths(*(f"/etc/kubernetes/{n}.conf" for n in ("admin", "controller-manager", "scheduler"))),
              _root_owned(0o600), lambda p: 3),
