@@ -105,6 +105,16 @@ def when(rows, cut_at: float, back_at: float) -> str:
     return " ".join(out[:8]) + (" ..." if len(out) > 8 else "")
 
 
+def ready_since(pod: dict, since: float) -> bool:
+    """``pod`` Ready, that condition set at or after ``since`` (unix time), not being deleted."""
+    import datetime as dt
+    cond = next((c for c in (pod.get("status") or {}).get("conditions") or [] if c["type"] == "Ready"), None)
+    if cond is None or cond["status"] != "True" or pod["metadata"].get("deletionTimestamp"):
+        return False
+    at = dt.datetime.fromisoformat(cond["lastTransitionTime"].replace("Z", "+00:00")).timestamp()
+    return at >= since
+
+
 def etcd_leader(kubectl: list[str], ns: str) -> str:
     """The member leading the tenant's etcd, as its members report it."""
     pki = "/etc/etcd/pki"
@@ -223,8 +233,9 @@ def main() -> None:  # noqa: PLR0915 - one scenario, told in order
         while time.time() - back_at < args.after:
             if converged is None:
                 live = json.loads(run(*kubectl, "get", "pods", "-n", ns, "-o", "json").stdout)["items"]
-                if live and all(all(c.get("ready") for c in p["status"].get("containerStatuses") or [{}])
-                                and not p["metadata"].get("deletionTimestamp") for p in live):
+                # the lost node's pods were marked not ready at NotReady: each Ready again since
+                if live and all(ready_since(p, cut_at) if p["spec"].get("nodeName") == victim else ready_since(p, 0)
+                                for p in live):
                     converged = time.time() - back_at
             time.sleep(2)
         end_at = time.time()
