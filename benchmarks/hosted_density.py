@@ -86,6 +86,24 @@ def usage(kubectl: list[str], nodes: list[str]) -> tuple[dict[str, tuple[int, in
     return per, node_use
 
 
+def apply_hosting(inv: Path, tmp_p: Path) -> tuple[dict, list[str], Path]:
+    """The hosting cluster of inventory ``inv`` applied, its provisioner ready: (its inventory,
+    kubectl for it, its kubeconfig ``tmp_p/hosting.kubeconfig``, where the lab's tenant
+    inventories look for it)."""
+    doc = yaml.safe_load(inv.read_text())
+    state = tmp_p / "hosting-state"
+    t = time.perf_counter()
+    run(INSTALLER, "apply", str(inv), "--state", str(state), "--wait-timeout", "900")
+    print(f"hosting cluster apply {time.perf_counter() - t:.0f} s")
+    kubeconfig = tmp_p / "hosting.kubeconfig"
+    run(INSTALLER, "kubeconfig", str(inv), "--state", str(state), "-o", str(kubeconfig))
+    kubectl = [str(Path(doc["spec"]["artifacts"]["path"]) / "kubectl"), "--kubeconfig", str(kubeconfig)]
+    run(*kubectl, "apply", "-f", str(STORAGE))
+    run(*kubectl, "-n", "local-path-storage", "rollout", "status", "deployment/local-path-provisioner",
+        "--timeout=300s")
+    return doc, kubectl, kubeconfig
+
+
 def hosting_cluster(lab_inv: Path, tmp_p: Path) -> tuple[dict, dict, list[str], list[str], Path]:
     """The lab's hosting cluster applied (w3 kept out: the tenants name it as their worker) with
     its provisioner ready: (its inventory, w3's host entry, kubectl for it, its workers, its
@@ -96,16 +114,7 @@ def hosting_cluster(lab_inv: Path, tmp_p: Path) -> tuple[dict, dict, list[str], 
     doc["spec"]["hosts"] = [h for h in doc["spec"]["hosts"] if h["name"] != "w3"]
     hosting_inv = tmp_p / "hosting.yaml"
     hosting_inv.write_text(yaml.safe_dump(doc, sort_keys=False))
-    state = tmp_p / "hosting-state"
-    t = time.perf_counter()
-    run(INSTALLER, "apply", str(hosting_inv), "--state", str(state), "--wait-timeout", "900")
-    print(f"hosting cluster apply {time.perf_counter() - t:.0f} s")
-    kubeconfig = tmp_p / "hosting.kubeconfig"
-    run(INSTALLER, "kubeconfig", str(hosting_inv), "--state", str(state), "-o", str(kubeconfig))
-    kubectl = [str(Path(doc["spec"]["artifacts"]["path"]) / "kubectl"), "--kubeconfig", str(kubeconfig)]
-    run(*kubectl, "apply", "-f", str(STORAGE))
-    run(*kubectl, "-n", "local-path-storage", "rollout", "status", "deployment/local-path-provisioner",
-        "--timeout=300s")
+    doc, kubectl, kubeconfig = apply_hosting(hosting_inv, tmp_p)
     workers = [h["name"] for h in doc["spec"]["hosts"] if h["role"] == "worker"]
     return doc, worker, kubectl, workers, kubeconfig
 

@@ -36,7 +36,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hosted_density import INSTALLER, STORAGE, run  # noqa: E402 - benchmarks/hosted_density.py
+from hosted_density import INSTALLER, apply_hosting, run  # noqa: E402 - benchmarks/hosted_density.py
 from hosted_node_cut import Loop, api, columns  # noqa: E402 - benchmarks/hosted_node_cut.py
 from lab import real_lab  # noqa: E402 - benchmarks/lab.py
 
@@ -75,17 +75,8 @@ def main() -> None:  # noqa: PLR0915 - one scenario, told in order
         tmp_p = Path(tmp)
         print(f"lab up {lab_seconds:.0f} s")
         state = tmp_p / "hosting-state"
-        t = time.perf_counter()
-        run(INSTALLER, "apply", str(lab_inv), "--state", str(state), "--wait-timeout", "900")
-        print(f"hosting cluster apply {time.perf_counter() - t:.0f} s")
-        kubeconfig = tmp_p / "hosting.kubeconfig"
-        run(INSTALLER, "kubeconfig", str(lab_inv), "--state", str(state), "-o", str(kubeconfig))
-        hosting_doc = yaml.safe_load(lab_inv.read_text())
-        kubectl_bin = str(Path(hosting_doc["spec"]["artifacts"]["path"]) / "kubectl")
-        kubectl = [kubectl_bin, "--kubeconfig", str(kubeconfig)]
-        run(*kubectl, "apply", "-f", str(STORAGE))
-        run(*kubectl, "-n", "local-path-storage", "rollout", "status", "deployment/local-path-provisioner",
-            "--timeout=300s")
+        hosting_doc, kubectl, _ = apply_hosting(lab_inv, tmp_p)
+        kubectl_bin = kubectl[0]
         ssh_config = tmp_p / "ssh_config"
         ssh_config.write_text(run(INSTALLER, "lab", "ssh-config", "--name", NAME).stdout)
 

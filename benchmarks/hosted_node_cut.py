@@ -44,7 +44,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hosted_density import INSTALLER, STORAGE, run  # noqa: E402 - benchmarks/hosted_density.py
+from hosted_density import INSTALLER, apply_hosting, run  # noqa: E402 - benchmarks/hosted_density.py
 from lab import real_lab  # noqa: E402 - benchmarks/lab.py
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -144,17 +144,8 @@ def main() -> None:  # noqa: PLR0915 - one scenario, told in order
                                                          tenant_workers=1) as (lab_inv, lab_seconds):
         tmp_p = Path(tmp)
         print(f"lab up {lab_seconds:.0f} s")
-        hosting_state, tenant_inv, tenant_state = tmp_p / "hosting-state", tmp_p / "tenant.yaml", tmp_p / "tenant-state"
-        t = time.perf_counter()
-        run(INSTALLER, "apply", str(lab_inv), "--state", str(hosting_state), "--wait-timeout", "900")
-        print(f"hosting cluster apply {time.perf_counter() - t:.0f} s")
-        kubeconfig = tmp_p / "hosting.kubeconfig"
-        run(INSTALLER, "kubeconfig", str(lab_inv), "--state", str(hosting_state), "-o", str(kubeconfig))
-        hosting_doc = yaml.safe_load(lab_inv.read_text())
-        kubectl = [str(Path(hosting_doc["spec"]["artifacts"]["path"]) / "kubectl"), "--kubeconfig", str(kubeconfig)]
-        run(*kubectl, "apply", "-f", str(STORAGE))
-        run(*kubectl, "-n", "local-path-storage", "rollout", "status", "deployment/local-path-provisioner",
-            "--timeout=300s")
+        tenant_inv, tenant_state = tmp_p / "tenant.yaml", tmp_p / "tenant-state"
+        hosting_doc, kubectl, _ = apply_hosting(lab_inv, tmp_p)
         t = time.perf_counter()
         run(INSTALLER, "apply", str(tenant_inv), "--state", str(tenant_state), "--wait-timeout", "900")
         print(f"tenant apply {time.perf_counter() - t:.0f} s")
