@@ -75,6 +75,19 @@ def test_each_exposed_address_serves_its_own_nodes_replica(prepared):
     assert list(etcd["affinity"]["podAntiAffinity"]) == ["requiredDuringSchedulingIgnoredDuringExecution"]
 
 
+def test_a_replica_is_ready_only_while_it_reaches_etcd_and_an_etcd_blip_keeps_it(prepared):
+    """A replica back from a lost node must not take its address's traffic before its etcd
+    connections serve; its liveness leaves etcd out (a restart cures no etcd trouble)."""
+    objects = {(o["kind"], o["metadata"]["name"]): o
+               for o in tenant.render_tenant(prepared.inventory, prepared.material).objects}
+    api = next(c for c in objects[("Deployment", "kube-apiserver")]["spec"]["template"]["spec"]["containers"]
+               if c["name"] == "kube-apiserver")
+    ready, live = api["readinessProbe"], api["livenessProbe"]
+    assert ready["httpGet"]["path"] == "/readyz"            # etcd and etcd-readiness included
+    assert ready["periodSeconds"] * ready["failureThreshold"] >= 20 and ready.get("successThreshold", 1) == 1
+    assert live["httpGet"]["path"] == "/livez?exclude=etcd"
+
+
 def test_an_exposed_address_no_node_has_is_refused_naming_it_and_the_nodes(tmp_path):
     inv = inventory(tmp_path, lambda h: h["expose"].update(addresses=["10.0.0.11", "10.0.0.99"]))
     with pytest.raises(PlacementError) as e:

@@ -175,6 +175,9 @@ def _selector(inv: Inventory, component: str) -> dict:
     return selector(inv, (component,))
 
 
+API_READY_FAILURES = 10
+
+
 def _readyz(port: int, path: str = "/readyz") -> dict:
     # a probe answered late is not a failed one (kubeadm's static pods wait 15 s): with the
     # default second, a busy hosting node took both replicas out of the Service at once (the
@@ -276,11 +279,14 @@ def _apiserver(inv: Inventory, plan: HostPlan, placement: Placement) -> list[dic
     port = inv.spec.apiServer.port
     a = _container(inv, "kube-apiserver", "kube-apiserver", args, api)
     a["ports"] = [{"name": "https", "containerPort": port}]
-    # without etcd's checks: the replicas share one etcd, so an etcd blip (a member's restart
-    # in a roll, a leader election) failed every replica's /readyz at once and emptied the
-    # Service (refused connections on the lab and in CI during a certs renew), and failed
-    # /livez too (restarts); a replica left in the Service waits for etcd instead
-    a["readinessProbe"] = _readyz(port, "/readyz?exclude=etcd&exclude=etcd-readiness")
+    # Ready only once it reaches etcd: each exposed address serves its own node's replica
+    # (tenant_placement), and one back from a lost node, its container running all along, was
+    # Ready at once while its etcd connections still waited out their reconnect backoff.
+    # Leaving it takes 10 failures 2 s apart: the replicas share one etcd, and while its members
+    # restarted in a renew roll every replica failed etcd's checks for some seconds at once
+    # (3 failures emptied the Service: 7-13 refused connections, 55fe824). /livez leaves etcd
+    # out: a restart cures no etcd trouble.
+    a["readinessProbe"] = {**_readyz(port), "failureThreshold": API_READY_FAILURES}
     a["livenessProbe"] = {**_readyz(port, "/livez?exclude=etcd"), "periodSeconds": 10, "failureThreshold": 6,
                           "initialDelaySeconds": 30}
     a["volumeMounts"] += [{"name": "konnectivity", "mountPath": SOCKET_DIR},
