@@ -1,8 +1,9 @@
 """The real binaries, built from their Go modules by scripts/build-kubernetes (cached).
 
 ``scripts/test`` builds them before pytest starts (progress on the terminal) and exports
-``HIDDENPLANE_TEST_ARTIFACTS``; run alone, the fixture builds them itself (from the cache in
-seconds once built). Every test that runs a real component takes them from here.
+``HIDDENPLANE_TEST_ARTIFACTS`` (the upgrade's version it builds beside the tests); run alone,
+the fixture builds them itself (from the cache in seconds once built). Every test that runs a
+real component takes them from here.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -51,8 +53,53 @@ def artifacts_dir() -> Path:
     return dest
 
 
+# scripts/test builds UPGRADE_TO in the background while the tests run: this directory holds
+# its log, and its exit status in upgrade.rc once it ends
+BUILDING_ENV = "HIDDENPLANE_TEST_BUILDING"
+WAIT_REPORT_S = 60
+_config: pytest.Config | None = None      # to report a wait live, past pytest's capture
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _config
+    _config = config
+
+
+def _say(message: str) -> None:
+    capture = _config.pluginmanager.getplugin("capturemanager") if _config else None
+    if capture is None:
+        print(message, flush=True)
+        return
+    with capture.global_and_fixture_disabled():
+        print(message, flush=True)
+
+
+def wait_for_background_build(name: str, label: str) -> None:
+    """Wait for scripts/test's background build ``name`` (nothing to wait for when the tests run
+    alone); a failed one fails the test with its log's end."""
+    building = os.environ.get(BUILDING_ENV)
+    if not building or not Path(building, f"{name}.log").exists():
+        return
+    rc, log = Path(building, f"{name}.rc"), Path(building, f"{name}.log")
+    start = last = time.monotonic()
+    waited = False
+    while not rc.exists():
+        if not waited or time.monotonic() - last >= WAIT_REPORT_S:
+            lines = log.read_text(errors="replace").splitlines()
+            _say(f"\n==> waiting for the background build of {label} ({time.monotonic() - start:.0f} s; "
+                 f"{lines[-1].strip() if lines else 'starting'})")
+            waited, last = True, time.monotonic()
+        time.sleep(2)
+    if waited:
+        _say(f"==> the background build of {label} ended after {time.monotonic() - start:.0f} s of waiting")
+    if rc.read_text().strip() != "0":
+        pytest.fail(f"scripts/build-kubernetes {label} (in the background) failed:\n"
+                    f"{log.read_text(errors='replace')[-3000:]}")
+
+
 def upgrade_artifacts_dir() -> Path:
     """The built artifacts of UPGRADE_TO (building them when missing), each file verified."""
+    wait_for_background_build("upgrade", UPGRADE_TO)
     dest = Path(os.environ.get(UPGRADE_ENV) or default_dir(UPGRADE_TO))
     if not (dest / "kube-apiserver").is_file():
         build(dest, UPGRADE_TO)
