@@ -40,9 +40,10 @@ from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 
 from installer.core import versions
 from installer.core.cluster import resolve
-from installer.core.inventory_model import SANDBOX_IMAGE
+from installer.core.inventory_model import KUBELET_EVICTION_HARD, SANDBOX_IMAGE
 from installer.core.network import ROUTE_PROTO
 from installer.core.render.addons import COREDNS_IMAGE
+from installer.lab.lab import LAB_EVICTION_HARD
 
 from .realcluster import BUSYBOX, DNS_LOG, OUTSIDE, run_installer, wait_for
 
@@ -173,6 +174,11 @@ def test_only_the_workers_are_nodes_and_all_are_ready(rc):
     table = rc.kubectl("get", "nodes").stdout
     print("\n" + table)
     assert not any(c in table for c in rc.controls)
+    # the lab's eviction thresholds (spec.workerHosts.evictionHard) are the ones each real
+    # kubelet runs with, the defaults of the signals it does not name kept
+    for w in rc.workers:
+        live = json.loads(rc.kubectl("get", "--raw", f"/api/v1/nodes/{w}/proxy/configz").stdout)
+        assert live["kubeletconfig"]["evictionHard"] == {**KUBELET_EVICTION_HARD, **LAB_EVICTION_HARD}, w
 
 
 def test_no_lease_or_csr_names_a_control_host(rc):

@@ -80,6 +80,7 @@ import yaml
 
 from installer import api
 from installer.core.render.files import HostPlan
+from installer.lab.lab import LAB_EVICTION_HARD
 
 from . import reference as ref
 from .conftest import write_inventory
@@ -478,10 +479,10 @@ def test_the_real_component_decodes_and_validates_the_rendered_config(cluster, b
 
 @pytest.fixture(scope="module")
 def container_workers(example_doc, tmp_path_factory) -> Cluster:
-    """The example with spec.workerHosts all true (the lab's nspawn workers on cgroup v1): only
+    """The example with spec.workerHosts as the lab's nspawn workers on cgroup v1 have it: only
     the worker configs differ, so only the worker components are run for it."""
     doc = copy.deepcopy(example_doc)
-    doc["spec"]["workerHosts"] = {"cgroupV1": True, "inContainer": True}
+    doc["spec"]["workerHosts"] = {"cgroupV1": True, "inContainer": True, "evictionHard": LAB_EVICTION_HARD}
     tmp = tmp_path_factory.mktemp("container-workers")
     return write("container_workers", api.prepare(write_inventory(tmp, doc), tmp / "state"), tmp_path_factory)
 
@@ -493,7 +494,7 @@ def test_the_real_component_decodes_the_config_of_container_workers(container_wo
     for plan, root, result in run_decoders(container_workers, built_artifacts, component, tmp_path):
         rendered = yaml.safe_load(plan.files[config_path(plan, component)].content)
         # not vacuous: the fields' keys are in the file the binary reads (and misplaced checks each)
-        assert "failCgroupV1" in rendered if component == "kubelet" else "conntrack" in rendered
+        assert {"failCgroupV1", "evictionHard"} <= set(rendered) if component == "kubelet" else "conntrack" in rendered
         problems += decoder_problems(component, plan, root, result)
     assert not problems, "\n".join(problems)
 

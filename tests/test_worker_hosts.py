@@ -33,6 +33,7 @@ CONTAINERD = "/etc/containerd/config.toml"
 # the lines each field adds, and to which file (none when false)
 ADDED = {
     "cgroupV1": {KUBELET: ["failCgroupV1: false"]},
+    "evictionHard": {KUBELET: ["evictionHard:"]},
     "inContainer": {PROXY: ["conntrack:", "  maxPerCore: 0", "  tcpEstablishedTimeout: 0s",
                             "  tcpCloseWaitTimeout: 0s"],
                     CONTAINERD: ["restrict_oom_score_adj = true"]},
@@ -61,7 +62,8 @@ def every_file(plans) -> dict[tuple[str, str], tuple[bytes, int, tuple]]:
 # --- the inventory ---------------------------------------------------------------------------
 
 def test_the_defaults_are_false_and_described_as_not_defaults(prepared):
-    assert prepared.inventory.spec.workerHosts.model_dump() == {"cgroupV1": False, "inContainer": False}
+    assert prepared.inventory.spec.workerHosts.model_dump() == {"cgroupV1": False, "inContainer": False,
+                                                                "evictionHard": {}}
     schema = inventory.json_schema()
     spec = schema["$defs"]["WorkerHostsSpec"]
     assert spec["additionalProperties"] is False
@@ -82,6 +84,15 @@ def test_the_defaults_are_false_and_described_as_not_defaults(prepared):
     ({"inContainer": "true"}, "spec.workerHosts.inContainer: 'true': Input should be a valid boolean"),
     ({"inContainer": None}, "spec.workerHosts.inContainer: None: Input should be a valid boolean"),
     ("nspawn", "spec.workerHosts: 'nspawn': Input should be a valid dictionary…"),
+    # what the kubelet refuses at start (k8s.io/kubernetes pkg/kubelet/eviction), or would read
+    # otherwise than written ("5%%": it trims every %), is refused here before any kubelet reads it
+    ({"evictionHard": {"nodefs.available": "0Gi"}}, "spec.workerHosts.evictionHard.'nodefs.available': '0Gi': …"),
+    ({"evictionHard": {"nodefs.available": "101%"}}, "spec.workerHosts.evictionHard.'nodefs.available': '101%': …"),
+    ({"evictionHard": {"imagefs.available": "5%%"}}, "spec.workerHosts.evictionHard.'imagefs.available': '5%%': …"),
+    ({"evictionHard": {"memory.available": "-1Gi"}}, "spec.workerHosts.evictionHard.'memory.available': '-1Gi': …"),
+    ({"evictionHard": {"memory.available": "1e9"}}, "spec.workerHosts.evictionHard.'memory.available': '1e9': …"),
+    ({"evictionHard": {"nodefs.available": 2}}, "spec.workerHosts.evictionHard.'nodefs.available': 2: …"),
+    ({"evictionHard": {"disk.available": "1Gi"}}, "spec.workerHosts.evictionHard.'disk.available'.'[key]': …"),
 ])
 def test_a_wrong_value_is_refused_with_its_path(example_doc, workers, expected):
     doc = copy.deepcopy(example_doc)
@@ -131,6 +142,24 @@ def test_true_adds_only_its_lines_to_its_files_on_every_worker(prepared, example
         assert before[(host, path)][1:] == after[(host, path)][1:]      # mode and restarts unchanged
 
 
+def test_eviction_hard_renders_every_kubelet_default_with_the_inventorys_over_them(prepared, example_doc, tmp_path):
+    """A KubeletConfiguration naming some signals turns the others off (the kubelet's
+    mergeDefaultEvictionSettings is false by default): memory pressure would then evict nothing.
+    The rendered map is every default with the inventory's over them, on every worker only."""
+    lab = {"nodefs.available": "2Gi", "imagefs.available": "2Gi"}
+    plans = plans_for(prepared, example_doc, tmp_path, {"evictionHard": lab})
+    for host in ("node2", "node3"):
+        on, off = (yaml.safe_load(content(p, host, KUBELET)) for p in (plans, prepared.plans))
+        assert on.pop("evictionHard") == {"memory.available": "100Mi", "nodefs.available": "2Gi",
+                                          "nodefs.inodesFree": "5%", "imagefs.available": "2Gi",
+                                          "imagefs.inodesFree": "5%"}
+        assert on == off
+    assert every_file(plans_for(prepared, example_doc, tmp_path, {"evictionHard": {}})) == every_file(prepared.plans)
+    for value in ("0%", "100%", "12.5%", "512Mi", "100000"):          # what the kubelet reads as written
+        inventory.parse({**example_doc, "spec": {**example_doc["spec"],
+                                                 "workerHosts": {"evictionHard": {"nodefs.inodesFree": value}}}}, "t")
+
+
 def test_cgroup_v1_sets_fail_cgroup_v1_false(prepared, example_doc, tmp_path):
     plans = plans_for(prepared, example_doc, tmp_path, {"cgroupV1": True})
     on, off = (yaml.safe_load(content(p, "node2", KUBELET)) for p in (plans, prepared.plans))
@@ -173,13 +202,15 @@ def merged(base: dict, extra: dict) -> dict:
 def test_the_rendered_field_names_are_the_go_types(prepared, example_doc, tmp_path):
     """Every key of the two configs with both fields on is a field of the Go types (tests/refdata,
     generated from the built binaries); the real binaries decode them in test_real_flags."""
-    plans = plans_for(prepared, example_doc, tmp_path, {"cgroupV1": True, "inContainer": True})
+    plans = plans_for(prepared, example_doc, tmp_path, {"cgroupV1": True, "inContainer": True,
+                                                        "evictionHard": {"nodefs.available": "2Gi"}})
     for path, kind in ((KUBELET, "KubeletConfiguration"), (PROXY, "KubeProxyConfiguration")):
         listed = {ln.strip() for ln in (REFDATA / "config" / f"{kind}.txt").read_text().splitlines()
                   if ln.strip() and not ln.startswith("#")}
-        rendered = flatten(yaml.safe_load(content(plans, "node2", path)))
+        # evictionHard is a Go map (signal -> threshold), not a struct: its keys are no fields
+        rendered = flatten(yaml.safe_load(content(plans, "node2", path)), opaque={"evictionHard"})
         assert rendered <= listed, sorted(rendered - listed)
-    assert {"failCgroupV1", "conntrack.maxPerCore", "conntrack.tcpEstablishedTimeout",
+    assert {"failCgroupV1", "evictionHard", "conntrack.maxPerCore", "conntrack.tcpEstablishedTimeout",
             "conntrack.tcpCloseWaitTimeout"} <= set().union(
         *(flatten(yaml.safe_load(content(plans, "node2", p))) for p in (KUBELET, PROXY)))
     assert set(CONNTRACK_IN_CONTAINER) == {"maxPerCore", "tcpEstablishedTimeout", "tcpCloseWaitTimeout"}
@@ -197,6 +228,7 @@ def converged(plan) -> Facts:
     ({"cgroupV1": True}, ["kubelet"]),
     ({"inContainer": True}, ["containerd", "kube-proxy"]),
     ({"cgroupV1": True, "inContainer": True}, ["containerd", "kubelet", "kube-proxy"]),
+    ({"evictionHard": {"nodefs.available": "2Gi"}}, ["kubelet"]),
 ])
 def test_turning_a_field_on_or_off_restarts_what_reads_it(prepared, example_doc, tmp_path, workers, restarted):
     on = plans_for(prepared, example_doc, tmp_path, workers)

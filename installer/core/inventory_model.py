@@ -31,7 +31,7 @@ from installer.core.inventory_fields import (
     semver,
     version_field,
 )
-from installer.core.inventory_hosted import ControlPlaneSpec, HostedSpec, hosted_namespace
+from installer.core.inventory_hosted import ControlPlaneSpec, HostedSpec, hosted_namespace, quantity
 
 # --- the document --------------------------------------------------------------------------
 
@@ -192,6 +192,36 @@ class PKISpec(StrictModel):
         "(--cluster-signing-duration); short, so a stolen one dies soon.")
 
 
+# The kubelet's own hard eviction thresholds (k8s.io/kubernetes pkg/kubelet/eviction,
+# DefaultEvictionHard). A KubeletConfiguration that names some signals turns the others off
+# (mergeDefaultEvictionSettings is false by default): the rendered map is always all of these
+# with spec.workerHosts.evictionHard's over them.
+KUBELET_EVICTION_HARD = {"memory.available": "100Mi", "nodefs.available": "10%", "nodefs.inodesFree": "5%",
+                         "imagefs.available": "15%", "imagefs.inodesFree": "5%"}
+EvictionSignal = Literal["memory.available", "nodefs.available", "nodefs.inodesFree", "imagefs.available",
+                         "imagefs.inodesFree", "pid.available"]
+_PERCENT = re.compile(r"([0-9]{1,3}(?:\.[0-9]+)?)%")
+
+
+def _eviction_threshold(v: str) -> str:
+    # the kubelet reads "N%" (0 % and 100 % turn the signal off) or a positive quantity; it
+    # refuses a zero or negative quantity and any percentage over 100 at start, so they are
+    # refused here, before a kubelet would not start
+    m = _PERCENT.fullmatch(v)
+    if m and float(m.group(1)) <= 100:
+        return v
+    try:
+        if not m and quantity(v) > 0:
+            return v
+    except ValueError:
+        pass
+    raise PydanticCustomError("eviction", "{value} is not an eviction threshold (a percentage from 0% to 100%, "
+                              "0% turning it off, or a positive quantity such as 2Gi)", {"value": quoted(v)})
+
+
+EvictionThreshold = Annotated[str, AfterValidator(_eviction_threshold)]
+
+
 class WorkerHostsSpec(StrictModel):
     """What the worker hosts are (cluster-wide: every worker), for hosts that need it; the
     defaults describe an ordinary machine and render nothing extra."""
@@ -207,6 +237,13 @@ class WorkerHostsSpec(StrictModel):
         "and kube-proxy conntrack {maxPerCore: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s} "
         "(leaves the host's conntrack sysctls alone, as kind does). Only for hosts that need it (the "
         "local lab's nspawn workers), not a default. Changing it restarts containerd and kube-proxy.")
+    evictionHard: dict[EvictionSignal, EvictionThreshold] = Field(
+        default_factory=dict, description="Hard eviction thresholds that replace the kubelet's own for "
+        "these signals (memory.available 100Mi, nodefs.available 10%, nodefs.inodesFree 5%, "
+        "imagefs.available 15%, imagefs.inodesFree 5%; the others keep them): for workers whose "
+        "filesystem is shared with what they do not own, where a percentage of the whole is not theirs "
+        "to keep free (the local lab's nspawn workers see the lab machine's disk). Only for hosts that "
+        "need it, not a default. Changing it restarts the kubelet.")
 
 
 class ClusterSpec(StrictModel):

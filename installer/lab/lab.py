@@ -24,6 +24,8 @@ from installer.lab import debian_artifacts, images, net, nspawn, seed, tenant, v
 from installer.lab.model import DEFAULT_SUBNET, LabError, LabHost, LabPaths, LabSpec
 from installer.lab.watch import ssh_banner, wait_ssh
 
+# the nspawn workers' disk thresholds (spec.workerHosts.evictionHard): see inventory_doc
+LAB_EVICTION_HARD = {"nodefs.available": "2Gi", "imagefs.available": "2Gi"}
 TOOLS = {"systemd-nspawn": "systemd-container", "debootstrap": "debootstrap", "ip": "iproute2",
          "mount": "mount", "dpkg-deb": "dpkg", "apt-get": "apt"}
 
@@ -92,8 +94,11 @@ def inventory_doc(spec: LabSpec, paths: LabPaths, k8s_version: str | None = None
     if any(h.role == "worker" and h.kind == "nspawn" for h in spec.hosts):
         # an nspawn worker is a container on this cgroup v1 machine: the kubelet must accept
         # cgroup v1, containerd may not lower oom_score_adj, kube-proxy may not set conntrack
-        # limits (nspawn.POD_HOST_ARGS gives it the rest)
-        doc["spec"]["workerHosts"] = {"cgroupV1": True, "inContainer": True}
+        # limits (nspawn.POD_HOST_ARGS gives it the rest). Its filesystem is the machine's
+        # whole disk, shared with the build caches and every other lab: the kubelet's 10 % and
+        # 15 % of it (25-38 GiB of 252) are not its to keep, and it evicted the tests' pods
+        # with tens of GiB still free; it keeps 2 GiB instead.
+        doc["spec"]["workerHosts"] = {"cgroupV1": True, "inContainer": True, "evictionHard": LAB_EVICTION_HARD}
     if hosting:
         # a cluster hosting tenants enforces their NetworkPolicies (docs/hosted.md); the
         # enforcer's image is among the hosting archives

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from installer.core import components
 from installer.core.inventory import HostSpec, Inventory
+from installer.core.inventory_model import KUBELET_EVICTION_HARD
 from installer.core.network import ROUTES_UNIT
 from installer.core.pki import issue
 from installer.core.pki.material import Material
@@ -120,6 +121,8 @@ def kubelet_config(inv: Inventory, facts: HostFacts) -> dict:
         # no podCIDR: it is read only in standalone mode. The pod range is in the CNI config
         # (render/network.py) and the workers phase sets Node.spec.podCIDR to the same slice.
     }
+    if inv.spec.workerHosts.evictionHard:
+        cfg["evictionHard"] = {**KUBELET_EVICTION_HARD, **inv.spec.workerHosts.evictionHard}
     if inv.spec.workerHosts.cgroupV1:
         # 1.35+ refuses to start on cgroup v1 unless told not to (deprecated upstream): only for
         # workers declared to need it, never by default
