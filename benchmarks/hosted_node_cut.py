@@ -29,6 +29,7 @@ Run: sudo .venv/bin/python benchmarks/hosted_node_cut.py [--cut 120] [--after 90
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import ipaddress
 import json
 import ssl
@@ -107,7 +108,6 @@ def when(rows, cut_at: float, back_at: float) -> str:
 
 def ready_since(pod: dict, since: float) -> bool:
     """``pod`` Ready, that condition set at or after ``since`` (unix time), not being deleted."""
-    import datetime as dt
     cond = next((c for c in (pod.get("status") or {}).get("conditions") or [] if c["type"] == "Ready"), None)
     if cond is None or cond["status"] != "True" or pod["metadata"].get("deletionTimestamp"):
         return False

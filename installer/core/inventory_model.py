@@ -208,13 +208,12 @@ def _eviction_threshold(v: str) -> str:
     # refuses a zero or negative quantity and any percentage over 100 at start, so they are
     # refused here, before a kubelet would not start
     m = _PERCENT.fullmatch(v)
-    if m and float(m.group(1)) <= 100:
-        return v
     try:
-        if not m and quantity(v) > 0:
-            return v
+        valid = float(m.group(1)) <= 100 if m else quantity(v) > 0
     except ValueError:
-        pass
+        valid = False
+    if valid:
+        return v
     raise PydanticCustomError("eviction", "{value} is not an eviction threshold (a percentage from 0% to 100%, "
                               "0% turning it off, or a positive quantity such as 2Gi)", {"value": quoted(v)})
 
@@ -239,8 +238,8 @@ class WorkerHostsSpec(StrictModel):
         "local lab's nspawn workers), not a default. Changing it restarts containerd and kube-proxy.")
     evictionHard: dict[EvictionSignal, EvictionThreshold] = Field(
         default_factory=dict, description="Hard eviction thresholds that replace the kubelet's own for "
-        "these signals (memory.available 100Mi, nodefs.available 10%, nodefs.inodesFree 5%, "
-        "imagefs.available 15%, imagefs.inodesFree 5%; the others keep them): for workers whose "
+        f"these signals ({', '.join(f'{k} {v}' for k, v in KUBELET_EVICTION_HARD.items())}; the others "
+        "keep them): for workers whose "
         "filesystem is shared with what they do not own, where a percentage of the whole is not theirs "
         "to keep free (the local lab's nspawn workers see the lab machine's disk). Only for hosts that "
         "need it, not a default. Changing it restarts the kubelet.")

@@ -56,6 +56,7 @@ SOCKET = f"{SOCKET_DIR}/konnectivity-server.socket"
 # volumes whose driver manages ownership: CSI with fsGroupPolicy File, local volumes)
 RUN_AS = 65532
 POD_SECURITY = {"pod-security.kubernetes.io/enforce": "restricted"}
+API_READY_FAILURES = 10             # an apiserver replica's failed /readyz checks before it leaves (_apiserver)
 
 
 @dataclass
@@ -173,9 +174,6 @@ def pod_security_context() -> dict:
 
 def _selector(inv: Inventory, component: str) -> dict:
     return selector(inv, (component,))
-
-
-API_READY_FAILURES = 10
 
 
 def _readyz(port: int, path: str = "/readyz") -> dict:
