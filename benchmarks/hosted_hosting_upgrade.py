@@ -26,7 +26,6 @@ import argparse
 import copy
 import ipaddress
 import json
-import ssl
 import sys
 import tempfile
 import time
@@ -37,12 +36,12 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hosted_density import INSTALLER, apply_hosting, run  # noqa: E402 - benchmarks/hosted_density.py
-from hosted_node_cut import Loop, api, columns  # noqa: E402 - benchmarks/hosted_node_cut.py
 from lab import real_lab  # noqa: E402 - benchmarks/lab.py
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests import hostprobes  # noqa: E402 - probes run on the tenants' workers as transient units
 from tests.builtfixtures import UPGRADE_TO, default_dir  # noqa: E402
+from tests.probeloop import Loop, admin_context, api, columns  # noqa: E402 - timed requests from here
 from tests.realcluster import echo_workload  # noqa: E402
 
 NAME, SUBNET = "bhup", "10.213.217.0/24"
@@ -102,12 +101,7 @@ def main() -> None:  # noqa: PLR0915 - one scenario, told in order
                     "svc": f"https://{service_ip}:443/api/v1/nodes/{worker}"}
             for probe, url in urls.items():
                 hostprobes.start(ssh_config, worker, f"hp-probe-{probe}", url, interval=0.5, timeout=5)
-            pem = tmp_p / f"{name}.pem"
-            pem.write_bytes((tstate / "pki" / "admin.crt").read_bytes() + (tstate / "pki" / "admin.key").read_bytes())
-            pem.chmod(0o600)
-            ctx = ssl.create_default_context(cafile=str(tstate / "pki" / "ca.crt"))
-            ctx.load_cert_chain(str(pem))
-            pem.unlink()
+            ctx = admin_context(tstate / "pki")
             expose = d["spec"]["controlPlane"]["hosted"]["expose"]
             reads = {a: Loop(lambda _i, a=a, ctx=ctx, p=expose["port"]: api(
                 ctx, f"https://{a}:{p}/api/v1/namespaces/default"), 0.5) for a in expose["addresses"]}

@@ -32,14 +32,10 @@ import argparse
 import datetime as dt
 import ipaddress
 import json
-import ssl
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import yaml
@@ -53,57 +49,10 @@ from installer.lab import lab as lab_mod  # noqa: E402
 from installer.lab import net  # noqa: E402
 from installer.lab.model import LabPaths  # noqa: E402
 from tests import hostprobes  # noqa: E402 - probes run on the tenant's worker as transient units
+from tests.probeloop import Loop, admin_context, api, columns, when  # noqa: E402 - timed requests from here
 
 NAME, SUBNET = "bcut", "10.213.216.0/24"
 ANCHOR = "before: ~1 in 4 requests through the addresses that stayed up timed out for ~50 s (until NotReady)"
-class Loop:
-    """``call`` every ``every`` seconds on a thread until stopped: (wall time, ok, error)."""
-
-    def __init__(self, call, every: float):
-        self.call, self.every, self.rows = call, every, []
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        i = 0
-        while not self.stop.is_set():
-            i += 1
-            t = time.time()
-            try:
-                self.call(i)
-                self.rows.append((t, True, ""))
-            except Exception as e:  # noqa: BLE001 - counted and shown
-                self.rows.append((t, False, f"{type(e).__name__}: {e}"[:120]))
-            self.stop.wait(self.every)
-
-    def end(self) -> list[tuple[float, bool, str]]:
-        self.stop.set()
-        self.thread.join(timeout=30)
-        return self.rows
-
-
-def api(ctx: ssl.SSLContext, url: str, method: str = "GET", body: dict | None = None, timeout: float = 5) -> dict:
-    req = urllib.request.Request(url, data=json.dumps(body).encode() if body is not None else None, method=method,
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, context=ctx, timeout=timeout) as r:
-        return json.loads(r.read() or b"{}")
-
-
-def columns(rows, *edges: float) -> str:
-    """failed/requests of ``rows`` in each span between ``edges``."""
-    out = []
-    for start, end in zip(edges, edges[1:]):
-        inside = [ok for t, ok, _ in rows if start <= t < end]
-        out.append(f"{inside.count(False):>6}/{len(inside):<6}")
-    return " ".join(out)
-
-
-def when(rows, cut_at: float, back_at: float) -> str:
-    """The failures of ``rows`` as seconds after the cut (``c+``) or after the link's return (``r+``)."""
-    out = [f"r+{t - back_at:.1f}" if t >= back_at else f"c+{t - cut_at:.1f}" if t >= cut_at else f"b{t - cut_at:.1f}"
-           for t, ok, _ in rows if not ok]
-    return " ".join(out[:8]) + (" ..." if len(out) > 8 else "")
 
 
 def ready_since(pod: dict, since: float) -> bool:
@@ -166,13 +115,7 @@ def main() -> None:  # noqa: PLR0915 - one scenario, told in order
         print(f"cut: {victim} ({victim_address}), holding {', '.join(sorted(on.get(victim, [])))}; "
               f"etcd leader {etcd_leader(kubectl, ns)}")
 
-        pem = tmp_p / "admin.pem"
-        pem.write_bytes((tenant_state / "pki" / "admin.crt").read_bytes()
-                        + (tenant_state / "pki" / "admin.key").read_bytes())
-        pem.chmod(0o600)
-        ctx = ssl.create_default_context(cafile=str(tenant_state / "pki" / "ca.crt"))
-        ctx.load_cert_chain(str(pem))
-        pem.unlink()
+        ctx = admin_context(tenant_state / "pki")
 
         reads = {a: Loop(lambda _i, a=a: api(ctx, f"https://{a}:{port}/api/v1/namespaces/default"), 0.5)
                  for a in addresses}
