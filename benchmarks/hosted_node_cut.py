@@ -88,6 +88,8 @@ def main() -> None:  # noqa: PLR0915 - one scenario, told in order
     ap.add_argument("--cut", type=float, default=120.0, help="seconds the hosting node's link stays down")
     ap.add_argument("--after", type=float, default=90.0, help="seconds of probes after the link returns")
     ap.add_argument("--keep", action="store_true", help="leave the lab up afterwards")
+    ap.add_argument("--victim", choices=("first", "leader"), default="first",
+                    help="the hosting worker cut: the first exposed address's, or the one holding etcd's leader")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp, real_lab(NAME, SUBNET, 1, 4, tmp, keep=args.keep, hosting=True,
                                                          tenant_workers=1) as (lab_inv, lab_seconds):
@@ -108,12 +110,14 @@ def main() -> None:  # noqa: PLR0915 - one scenario, told in order
         on: dict[str, list[str]] = {}
         for p in pods:
             on.setdefault(p["spec"].get("nodeName") or "-", []).append(p["metadata"]["name"])
-        victim_address = addresses[0]
+        leader = etcd_leader(kubectl, ns)
+        victim_address = addresses[0] if args.victim == "first" else next(
+            (a for a in addresses if leader in on.get(names[a], [])), addresses[0])
         victim = names[victim_address]
         up = [a for a in addresses if a != victim_address]
         print(f"tenant pods by hosting node: {json.dumps(on, sort_keys=True)}")
         print(f"cut: {victim} ({victim_address}), holding {', '.join(sorted(on.get(victim, [])))}; "
-              f"etcd leader {etcd_leader(kubectl, ns)}")
+              f"etcd leader {leader}")
 
         ctx = admin_context(tenant_state / "pki")
 
