@@ -45,6 +45,7 @@ class Members:
             (pki / f"{stem}.key").chmod(0o600)
         self.pki = pki
         self.procs: dict[str, subprocess.Popen] = {}
+        self.legacy: dict[str, str] = {}      # a member's peer URL before the members' Services
 
     def data(self, name: str) -> Path:
         return self.tmp / f"data-{name}"
@@ -55,13 +56,15 @@ class Members:
     def start(self, name: str) -> None:
         script = shell_file(
             "etcd-member-start.sh", etcd=str(self.bin / "etcd"), etcdctl=str(self.bin / "etcdctl"), member=name,
-            peer_url=self.peer[name], cluster=",".join(f"{n}={self.peer[n]}" for n in NAMES),
+            peer_url=self.peer[name], legacy_peer_url=self.legacy.get(name, "https://none.invalid:2380"),
+            cluster=",".join(f"{n}={self.peer[n]}" for n in NAMES),
             data=str(self.data(name)), endpoints=",".join(self.client.values()),
             cacert=str(self.pki / "ca.crt"), cert=str(self.pki / "client.crt"), key=str(self.pki / "client.key"),
             etcdutl=str(self.bin / "etcdutl"), restore=str(self.restore(name)))
         p = self.pki
         flags = [f"--listen-client-urls={self.client[name]}", f"--advertise-client-urls={self.client[name]}",
-                 f"--listen-peer-urls={self.peer[name]}", "--initial-cluster-token=hosted-test",
+                 f"--listen-peer-urls={self.peer[name].replace('localhost', '127.0.0.1')}",
+                 "--initial-cluster-token=hosted-test",
                  f"--cert-file={p}/server-{name}.crt", f"--key-file={p}/server-{name}.key",
                  f"--trusted-ca-file={p}/ca.crt", "--client-cert-auth",
                  f"--peer-cert-file={p}/peer-{name}.crt", f"--peer-key-file={p}/peer-{name}.key",
@@ -178,6 +181,51 @@ def test_a_member_whose_volume_is_lost_rejoins_and_nothing_is_lost(members):
     assert sorted(final) == list(NAMES) and all(s == "started" for _, s in final.values()), final
     local = members.ctl("get", "/registry/answer", "--print-value-only", "--consistency=s",
                         endpoints=members.client["cp1"])
+    assert local.stdout.strip() == "42", (local.stdout, local.stderr)
+
+
+def test_a_member_listed_under_its_legacy_peer_url_is_found_by_it(members):
+    """A tenant applied before the members' Services lists each member under its pod's name
+    (legacy_peer_url) until apply moves it: a member whose volume is lost then is still found
+    (by that URL) and replaced, never added beside itself; one listed there, never started,
+    joins under the URL it is listed with."""
+    for n in NAMES:
+        members.start(n)
+    members.wait_healthy()
+    before = members.members()
+    assert members.ctl("put", "/registry/answer", "42").returncode == 0
+    # the new peer URL: the same listener under another name every certificate holds
+    members.legacy["cp3"] = members.peer["cp3"]
+    members.peer["cp3"] = members.peer["cp3"].replace("127.0.0.1", "localhost")
+    members.kill("cp3")
+    shutil.rmtree(members.data("cp3"))
+    members.start("cp3")
+    members.wait_healthy()
+    after = members.members()
+    assert sorted(after) == list(NAMES) and after["cp3"][0] != before["cp3"][0], after
+    assert "its data is gone: removing member" in members.log("cp3")
+    listed = members.ctl("member", "list", "-w", "simple").stdout
+    assert members.peer["cp3"] in listed and members.legacy["cp3"] not in listed, listed
+
+    # listed under the legacy URL, never started: joins as listed (no second member)
+    members.kill("cp2")
+    shutil.rmtree(members.data("cp2"))
+    members.legacy["cp2"] = members.peer["cp2"]
+    old = members.members()["cp2"][0]
+    assert members.ctl("member", "remove", old, endpoints=members.client["cp1"]).returncode == 0
+    deadline = time.monotonic() + 60
+    while (added := members.ctl("member", "add", "cp2", f"--peer-urls={members.legacy['cp2']}",
+                                endpoints=members.client["cp1"])).returncode != 0:
+        assert "unhealthy cluster" in added.stderr and time.monotonic() < deadline, added.stderr
+        time.sleep(1)
+    members.peer["cp2"] = members.peer["cp2"].replace("127.0.0.1", "localhost")
+    members.start("cp2")
+    members.wait_healthy()
+    assert "listed, never started: joining as it is listed" in members.log("cp2")
+    final = members.members()
+    assert sorted(final) == list(NAMES) and all(s == "started" for _, s in final.values()), final
+    local = members.ctl("get", "/registry/answer", "--print-value-only", "--consistency=s",
+                        endpoints=members.client["cp2"])
     assert local.stdout.strip() == "42", (local.stdout, local.stderr)
 
 

@@ -199,7 +199,7 @@ def test_the_api_dials_every_etcd_member_and_leaders_dial_the_service(rendered):
     p, plan = rendered
     args = _by(plan, "Deployment", "kube-apiserver")["spec"]["template"]["spec"]["containers"][0]["args"]
     flags = dict(a.split("=", 1) for a in args)
-    assert flags["--etcd-servers"] == ",".join(f"https://etcd-{i}.etcd.{NS}.svc:2379" for i in range(3))
+    assert flags["--etcd-servers"] == ",".join(f"https://etcd-{i}.{NS}.svc:2379" for i in range(3))
     assert flags["--advertise-address"] == p.inventory.balancer_address
     assert flags["--endpoint-reconciler-type"] == "none"
     assert flags["--egress-selector-config-file"]
@@ -213,12 +213,40 @@ def test_the_certificates_name_the_exposed_addresses_and_every_etcd_member(rende
     specs = {s.name: s for s in cert_specs(p.inventory)}
     api_sans = specs["apiserver"].sans
     assert {"10.0.0.11", "10.0.0.12", "kube-apiserver", f"kube-apiserver.{NS}.svc", "127.0.0.1"} <= api_sans
-    assert {f"*.etcd.{NS}.svc", f"etcd.{NS}.svc", "127.0.0.1"} <= specs["etcd/server-hosted"].sans
+    members = {f"etcd-{i}.{NS}.svc" for i in range(3)}      # each member's Service, for every count
+    for name in ("etcd/server-hosted", "etcd/peer-hosted"):
+        assert {f"*.etcd.{NS}.svc", f"etcd.{NS}.svc", "127.0.0.1", *members} <= specs[name].sans
     assert not any(n.startswith("etcd/server-") and n != "etcd/server-hosted" for n in specs)
     # and the certificate issued is the row's
     names = p.material.pair("etcd/server-hosted").cert.extensions.get_extension_for_class(
         x509.SubjectAlternativeName).value
     assert f"*.etcd.{NS}.svc" in names.get_values_for_type(x509.DNSName)
+
+
+def test_each_etcd_member_is_reached_at_its_own_service_whose_address_never_changes(rendered):
+    """A member's pod comes back from a roll with a new address the hosting cluster's DNS goes
+    on answering stale for up to 30 s; its Service's address never changes: peers, the
+    apiservers and the member's own advertised URLs name it. A member not ready yet is listed
+    (its peers must reach it for it to become ready), and the Service selects that pod alone."""
+    p, plan = rendered
+    services = {o["metadata"]["name"]: o for o in plan.objects if o["kind"] == "Service"}
+    sts = _by(plan, "StatefulSet", "etcd")
+    pod_labels = sts["spec"]["template"]["metadata"]["labels"]
+    for i in range(3):
+        svc = services[f"etcd-{i}"]["spec"]
+        assert svc["type"] == "ClusterIP" and svc["publishNotReadyAddresses"] is True
+        assert "clusterIP" not in svc                        # the hosting cluster's to choose, once
+        pod = {**pod_labels, "statefulset.kubernetes.io/pod-name": f"etcd-{i}"}
+        assert svc["selector"].items() <= pod.items() and svc["selector"]["statefulset.kubernetes.io/pod-name"] == \
+            f"etcd-{i}" and {"hiddenplane.io/tenant", "app.kubernetes.io/name"} <= svc["selector"].keys()
+        assert {(q["name"], q["port"]) for q in svc["ports"]} == {("client", 2379), ("peer", 2380)}
+    members = _by(plan, "ConfigMap", "etcd-members")["data"]
+    assert members["cluster"] == ",".join(f"etcd-{i}=https://etcd-{i}.{NS}.svc:2380" for i in range(3))
+    assert members["endpoints"] == ",".join(f"https://etcd-{i}.{NS}.svc:2379" for i in range(3))
+    args = sts["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert f"--advertise-client-urls=https://$(member).{NS}.svc:2379" in args
+    # the headless Service stays: the StatefulSet names its pods under it
+    assert services["etcd"]["spec"]["clusterIP"] == "None" and sts["spec"]["serviceName"] == "etcd"
 
 
 def test_the_tenants_apiserver_dials_urls_from_the_tenants_network(rendered):
@@ -280,17 +308,20 @@ def test_another_etcd_member_count_restarts_no_member_and_is_planned_one_at_a_ti
     sts3, sts1 = _by(plan, "StatefulSet", "etcd"), _by(one, "StatefulSet", "etcd")
     assert sts3["spec"]["template"] == sts1["spec"]["template"]
     assert (sts3["spec"]["replicas"], sts1["spec"]["replicas"]) == (3, 1)
-    url = f"https://etcd-0.etcd.{NS}.svc:2380"
+    url = f"https://etcd-0.{NS}.svc:2380"
     assert _by(one, "ConfigMap", "etcd-members")["data"]["cluster"] == f"etcd-0={url}"
     assert _by(plan, "ConfigMap", "etcd-members")["data"]["endpoints"].count("https://etcd-") == 3
     env = {e["name"]: e for e in sts3["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert env["peer_url"]["value"] == "https://$(member).etcd." + NS + ".svc:2380"
+    assert env["peer_url"]["value"] == "https://$(member)." + NS + ".svc:2380"
+    assert env["legacy_peer_url"]["value"] == "https://$(member).etcd." + NS + ".svc:2380"
+    assert [o["metadata"]["name"] for o in one.objects if o["kind"] == "Service" and o["metadata"]["name"] != "etcd"
+            and o["metadata"]["name"].startswith("etcd")] == ["etcd-0"]
     assert env["cluster"]["valueFrom"]["configMapKeyRef"] == {"name": "etcd-members", "key": "cluster"}
 
     def servers(objs):
         args = _by(objs, "Deployment", "kube-apiserver")["spec"]["template"]["spec"]["containers"][0]["args"]
         return next(a for a in args if a.startswith("--etcd-servers="))
-    assert servers(one) == f"--etcd-servers=https://etcd-0.etcd.{NS}.svc:2379"
+    assert servers(one) == f"--etcd-servers=https://etcd-0.{NS}.svc:2379"
     assert [s.split(" (")[0] for s in tenant_members.count_steps(p.inventory, 1)] == [
         "add etcd-1 as a learner", "add etcd-2 as a learner"]
     assert [s.split(",")[0] for s in tenant_members.count_steps(inv1, 3)] == [

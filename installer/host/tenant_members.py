@@ -26,8 +26,9 @@ from collections.abc import Callable
 from installer.core.etcd_rules import EtcdOpError, Member
 from installer.core.inventory import Inventory
 from installer.core.pki.specs import ETCD_SERVICE
-from installer.core.render.tenant import member_peer_url
+from installer.core.render.tenant import legacy_peer_url, member_names, member_peer_url, member_service
 from installer.host.kube import STRATEGIC_MERGE, ApiClient, ApiError, rest, status_message
+from installer.host.kube_objects import apply_objects
 from installer.host.tenant_etcd import (
     ETCDCTL,
     component_pods,
@@ -118,20 +119,30 @@ def _ctl(api: ApiClient, inv: Inventory, via: str, args: list[str], what: str, d
         time.sleep(2)
 
 
-def _find(members: list[Member], url: str) -> Member | None:
-    return next((m for m in members if url in m.peer_urls), None)
+def _find(members: list[Member], inv: Inventory, name: str) -> Member | None:
+    """Member ``name`` as listed: by its peer URL, the one before the members' Services, or its
+    name (a member not started yet has none)."""
+    urls = (member_peer_url(inv, name), legacy_peer_url(inv, name))
+    return next((m for m in members if any(u in m.peer_urls for u in urls) or m.name == name), None)
 
 
 def _grow(api: ApiClient, inv: Inventory, i: int, timeout: float, log: Callable[[str], None]) -> str:
-    name, url = _name(i), member_peer_url(inv, _name(i))
+    name = _name(i)
     started, deadline = time.monotonic(), time.monotonic() + timeout
     via = _all_ready(api, inv, i, f"add {name}")
     members = member_list(api, inv, via)
-    others = [m for m in members if url not in m.peer_urls and (m.learner or not m.name)]
+    # members still under their legacy URLs run certificates that may not name the Services
+    # yet (converge pushes the new ones after this): the new member joins as they are, and
+    # move_peer_urls moves it with them
+    moved = all(m.peer_urls == [member_peer_url(inv, m.name)] for m in members if m.name)
+    url = (member_peer_url if moved else legacy_peer_url)(inv, name)
+    # its Service first: the others reach a new member there (render/tenant.py)
+    apply_objects(api, [member_service(inv, name)], inv.spec.kubernetes.version)
+    mine = _find(members, inv, name)
+    others = [m for m in members if m is not mine and (m.learner or not m.name)]
     if others:
         raise EtcdOpError(f"add {name}: member(s) {', '.join(m.name or m.peer_urls[0] for m in others)} not started "
                           "or not promoted: another change is half done. Nothing was changed")
-    mine = _find(members, url)
     if mine is None:
         if name not in _pods(api, inv):
             # a claim left by an earlier member of that name (a shrink interrupted before its
@@ -139,7 +150,7 @@ def _grow(api: ApiClient, inv: Inventory, i: int, timeout: float, log: Callable[
             _delete_claim(api, inv, i)
         _ctl(api, inv, via, ["member", "add", name, "--learner", f"--peer-urls={url}"], f"add learner {name}", deadline)
         log(f"{name}: added as a learner")
-        mine = _find(member_list(api, inv, via), url)
+        mine = _find(member_list(api, inv, via), inv, name)
         if mine is None:
             raise EtcdOpError(f"{via}: {name} was added but is not in the member list")
     _replicas(api, inv, i + 1)
@@ -156,10 +167,10 @@ def _grow(api: ApiClient, inv: Inventory, i: int, timeout: float, log: Callable[
 
 
 def _shrink(api: ApiClient, inv: Inventory, i: int, timeout: float, log: Callable[[str], None]) -> str:
-    name, url = _name(i), member_peer_url(inv, _name(i))
+    name = _name(i)
     started, deadline = time.monotonic(), time.monotonic() + timeout
     via = _all_ready(api, inv, i, f"remove {name}")       # the members that stay
-    mine = _find(member_list(api, inv, via), url)
+    mine = _find(member_list(api, inv, via), inv, name)
     if mine is not None:
         _ctl(api, inv, via, ["member", "remove", mine.id], f"remove member {name}", deadline)
         log(f"{name}: removed from the cluster")
@@ -169,10 +180,30 @@ def _shrink(api: ApiClient, inv: Inventory, i: int, timeout: float, log: Callabl
             raise EtcdOpError(f"{name}: removed, but its pod still there after {timeout:g}s")
         time.sleep(2)
     _delete_claim(api, inv, i)
-    line = (f"removed etcd member {name}, its pod and its volume claim data-{name} "
+    _delete(api, f"/api/v1/namespaces/{inv.hosted_namespace}/services/{name}", f"Service/{name}")
+    line = (f"removed etcd member {name}, its pod, its Service and its volume claim data-{name} "
             f"({time.monotonic() - started:.0f} s)")
     log(line)
     return line
+
+
+def move_peer_urls(api: ApiClient, inv: Inventory, timeout: float, log: Callable[[str], None]) -> list[str]:
+    """Each member listed under another peer URL than its Service's (a tenant applied before the
+    members' Services: legacy_peer_url) moved there with ``etcdctl member update``, which the
+    others follow without a restart; lines for the report. Called once every member runs the
+    current template: its certificate names its Service, which the others then dial."""
+    if live_members(api, inv) is None:
+        return []
+    deadline, out = time.monotonic() + timeout, []
+    via = _all_ready(api, inv, len(member_names(inv)), "move the members' peer URLs")
+    for m in member_list(api, inv, via):
+        want = member_peer_url(inv, m.name) if m.name else None
+        if want is None or m.peer_urls == [want]:
+            continue
+        _ctl(api, inv, via, ["member", "update", m.id, f"--peer-urls={want}"], f"move {m.name}'s peer URL", deadline)
+        out.append(f"etcd member {m.name}: peer URL {', '.join(m.peer_urls)} -> {want} (its own Service)")
+        log(f"  hosting {inv.hosted_namespace}: {out[-1]}")
+    return out
 
 
 def _delete(api: ApiClient, path: str, what: str) -> None:

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Start one etcd member of a hosted control plane (docs/hosted.md): its pod may come back with
 # its volume, or with an empty one. Assigned before this: etcd and etcdctl (the binaries), member (its name),
-# peer_url (this member's), cluster (every member, name=peer URL, for a first bootstrap), data
+# peer_url (this member's; legacy_peer_url the one it had before the members' Services), cluster (every member, name=peer URL, for a first bootstrap), data
 # (the data directory), endpoints (the other members' client URLs, comma-separated), and the
 # client certificate etcdctl uses: cacert, cert, key; etcdutl and restore (the directory an
 # `etcd snapshot restore` leaves a snapshot and its cluster token in). The arguments are etcd's
@@ -20,7 +20,7 @@
 #   - no data, the cluster answers without this member: added, then started (state existing).
 set -eu
 : "${etcd:?}" "${etcdctl:?}" "${member:?}" "${peer_url:?}" "${cluster:?}" "${data:?}" "${endpoints:?}"
-: "${cacert:?}" "${cert:?}" "${key:?}" "${etcdutl:?}" "${restore:?}"
+: "${cacert:?}" "${cert:?}" "${key:?}" "${etcdutl:?}" "${restore:?}" "${legacy_peer_url:?}"
 
 if [ -f "$restore/snapshot.db" ] && [ -f "$restore/token" ]; then
   token=$(cat "$restore/token")
@@ -87,9 +87,14 @@ if ! members=$(ctl member list -w simple 2>/dev/null); then
   exec "$etcd" "$@" --name="$member" --data-dir="$data" --initial-advertise-peer-urls="$peer_url" \
     --initial-cluster="$cluster" --initial-cluster-state=new
 fi
-mine=$(printf '%s\n' "$members" | awk -F', ' -v u="$peer_url" '$4 == u {print $1 " " $2}')
+# this member as listed: by its peer URL, the one it had before the members' Services
+# (legacy_peer_url, until apply moves it), or its name
+mine=$(printf '%s\n' "$members" | awk -F', ' -v u="$peer_url" -v l="$legacy_peer_url" -v m="$member" \
+  '$4 == u || $4 == l || ($3 == m && m != "") {print $1 " " $2 " " $4; exit}')
 id=${mine%% *}
-status=${mine#* }
+rest=${mine#* }
+status=${rest%% *}
+listed=${rest#* }
 if [ "$status" != unstarted ]; then
   if [ -n "$mine" ]; then
     echo "etcd-member-start: $member: its data is gone: removing member $id and adding it again" >&2
@@ -101,6 +106,7 @@ if [ "$status" != unstarted ]; then
   fi
 else
   echo "etcd-member-start: $member: listed, never started: joining as it is listed" >&2
+  peer_url=$listed
 fi
 # the cluster as etcd now has it, this member under its name
 initial=$(ctl member list -w simple | awk -F', ' -v m="$member" -v u="$peer_url" \

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from installer.core.egress import egress_mode
 from installer.core.inventory import Inventory
 from installer.core.inventory_fields import apiserver_san_values
-from installer.core.inventory_hosted import hosted_san_values
+from installer.core.inventory_hosted import ETCD_MEMBER_COUNTS, hosted_san_values
 
 CLUSTER_CA = "ca"
 ETCD_CA = "etcd/ca"
@@ -99,7 +99,12 @@ ETCD_SERVICE = "etcd"
 
 def hosted_etcd_sans(namespace: str) -> tuple[frozenset[str], frozenset[str]]:
     svc = f"{ETCD_SERVICE}.{namespace}.svc"
-    return _split_sans([f"*.{svc}", svc, f"*.{ETCD_SERVICE}", "localhost", "127.0.0.1", "::1"])
+    # each member's own Service (render/tenant.py, member_service), for every count a tenant
+    # may grow to: a member added later needs no new certificate; the pods' names under the
+    # headless Service too, which tenants applied before those Services still dial until apply
+    # moves them
+    members = [f"{ETCD_SERVICE}-{i}.{namespace}.svc" for i in range(max(ETCD_MEMBER_COUNTS))]
+    return _split_sans([*members, f"*.{svc}", svc, f"*.{ETCD_SERVICE}", "localhost", "127.0.0.1", "::1"])
 
 
 def etcd_member_sans(name: str, address: str) -> tuple[frozenset[str], frozenset[str]]:

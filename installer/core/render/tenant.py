@@ -56,6 +56,7 @@ SOCKET = f"{SOCKET_DIR}/konnectivity-server.socket"
 # volumes whose driver manages ownership: CSI with fsGroupPolicy File, local volumes)
 RUN_AS = 65532
 POD_SECURITY = {"pod-security.kubernetes.io/enforce": "restricted"}
+POD_NAME_LABEL = "statefulset.kubernetes.io/pod-name"    # the StatefulSet controller labels each pod so
 API_READY_FAILURES = 10             # an apiserver replica's failed /readyz checks before it leaves (_apiserver)
 
 
@@ -80,10 +81,43 @@ def member_names(inv: Inventory) -> list[str]:
     return [f"{ETCD_SERVICE}-{i}" for i in range(inv.hosted.etcdReplicas)]
 
 
+# Each member is reached at its own ClusterIP Service (``member_service``), never at its pod's
+# address: a member's pod comes back from a roll with a new address, and the hosting cluster's
+# DNS keeps answering the old one for as long as it caches (30 s with CoreDNS as kubeadm and we
+# set it up). Through the headless Service's pod names, a roll of the three members outran that
+# cache: the apiservers dialed two stale addresses and a stopping member, and two restarted
+# members could not dial each other (no quorum): 10-20 s without etcd in every roll on the lab,
+# and with both replicas unready the tenant's Service refused connections (CI of 2acfb75).
+# A Service's address never changes; its endpoint follows the pod within a second.
+
+def member_host(inv: Inventory, member: str) -> str:
+    """The DNS name of member ``member``'s Service (a pod's name, as the StatefulSet names it)."""
+    return f"{member}.{inv.hosted_namespace}.svc"
+
+
 def member_peer_url(inv: Inventory, member: str) -> str:
-    """The peer URL of etcd member ``member`` (a pod's name): its DNS name under the headless
-    Service, which every start and every membership change uses."""
+    """The peer URL of etcd member ``member``: every start and every membership change uses it."""
+    return f"https://{member_host(inv, member)}:{PEER_PORT}"
+
+
+def legacy_peer_url(inv: Inventory, member: str) -> str:
+    """The peer URL tenants applied before the members' Services had (the pod's name under the
+    headless Service): `apply` moves a running tenant's members off it (host/tenant_members.py)."""
     return f"https://{member}.{ETCD_SERVICE}.{inv.hosted_namespace}.svc:{PEER_PORT}"
+
+
+def member_client_url(inv: Inventory, member: str) -> str:
+    return f"https://{member_host(inv, member)}:{ETCD_PORT}"
+
+
+def member_service(inv: Inventory, member: str) -> dict:
+    """Member ``member``'s Service: its pod alone, listed before it is ready (a new member must
+    be reached by its peers to become ready)."""
+    return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(inv, member, "etcd"),
+            "spec": {"type": "ClusterIP", "publishNotReadyAddresses": True,
+                     "selector": {**_selector(inv, "etcd")["matchLabels"], POD_NAME_LABEL: member},
+                     "ports": [{"name": "client", "port": ETCD_PORT, "targetPort": ETCD_PORT},
+                               {"name": "peer", "port": PEER_PORT, "targetPort": PEER_PORT}]}}
 
 
 def _member_list_env(key: str) -> dict:
@@ -188,14 +222,13 @@ def _readyz(port: int, path: str = "/readyz") -> dict:
 
 def _etcd(inv: Inventory, plan: HostPlan) -> list[dict]:
     ns, members = inv.hosted_namespace, member_names(inv)
-    svc = f"{ETCD_SERVICE}.{ns}.svc"
     me = "$(member)"
     base = [a for a in control.etcd_flags(inv, virtual_host(inv))
             if a.partition("=")[0] not in ("--name", "--data-dir", "--initial-advertise-peer-urls",
                                            "--initial-cluster", "--initial-cluster-state")]
     args = _replace(base, {
         "--listen-client-urls": f"https://0.0.0.0:{ETCD_PORT}",
-        "--advertise-client-urls": f"https://{me}.{svc}:{ETCD_PORT}",
+        "--advertise-client-urls": member_client_url(inv, me),
         "--listen-peer-urls": f"https://0.0.0.0:{PEER_PORT}",
         # a peer's client certificate is the etcd CA's all the same (every member shares one: the
         # pods of a StatefulSet); its names are not matched against the connecting address in
@@ -213,6 +246,7 @@ def _etcd(inv: Inventory, plan: HostPlan) -> list[dict]:
     env = [{"name": "member", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
            {"name": "etcd", "value": f"{BIN}/etcd"}, {"name": "etcdctl", "value": f"{BIN}/etcdctl"},
            {"name": "peer_url", "value": member_peer_url(inv, me)},
+           {"name": "legacy_peer_url", "value": legacy_peer_url(inv, me)},
            _member_list_env("cluster"),
            {"name": "data", "value": ETCD_DATA}, {"name": "etcdutl", "value": f"{BIN}/etcdutl"},
            {"name": "restore", "value": ETCD_RESTORE},
@@ -226,7 +260,7 @@ def _etcd(inv: Inventory, plan: HostPlan) -> list[dict]:
     # --etcd-servers roll instead
     member_list = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(inv, MEMBER_LIST, "etcd"),
                    "data": {"cluster": ",".join(f"{m}={member_peer_url(inv, m)}" for m in members),
-                            "endpoints": ",".join(f"https://{m}.{svc}:{ETCD_PORT}" for m in members)}}
+                            "endpoints": ",".join(member_client_url(inv, m) for m in members)}}
     c = _container(inv, "etcd", "etcd", args, parts, command=["/bin/sh", f"{SCRIPTS}/{START_SCRIPT}"])
     c["env"] = env
     c["volumeMounts"] += [{"name": "data", "mountPath": ETCD_VOLUME},
@@ -250,7 +284,7 @@ def _etcd(inv: Inventory, plan: HostPlan) -> list[dict]:
            "spec": {"serviceName": ETCD_SERVICE, "replicas": inv.hosted.etcdReplicas,
                     "podManagementPolicy": "Parallel", "selector": _selector(inv, "etcd"), "template": template,
                     "volumeClaimTemplates": [claim]}}
-    out = [*parts.objects, script, member_list, headless, sts]
+    out = [*parts.objects, script, member_list, headless, *(member_service(inv, m) for m in members), sts]
     if inv.hosted.etcdReplicas > 1:
         # a drain takes one member at a time: a hosting node holding two must wait for the first
         # to run elsewhere (its volume is that node's with a local provisioner: until uncordoned)
@@ -262,11 +296,10 @@ def _etcd(inv: Inventory, plan: HostPlan) -> list[dict]:
 def _apiserver(inv: Inventory, plan: HostPlan, placement: Placement) -> list[dict]:
     ns, hosted = inv.hosted_namespace, inv.hosted
     assert hosted is not None
-    svc = f"{ETCD_SERVICE}.{ns}.svc"
     args = _replace(control.apiserver_flags(inv, virtual_host(inv)), {
         # the kubernetes Service's endpoint is the workers' balancer address (no reconciler)
         "--advertise-address": inv.balancer_address,
-        "--etcd-servers": ",".join(f"https://{m}.{svc}:{ETCD_PORT}" for m in member_names(inv)),
+        "--etcd-servers": ",".join(member_client_url(inv, m) for m in member_names(inv)),
         **sizing.AUDIT_FLAGS,
     })
     api = pod_parts(plan, API_UNIT, "kube-apiserver", ns, args, _labels(inv, "kube-apiserver"))

@@ -103,11 +103,13 @@ class HostedPlane(ControlPlane):
         return self._placement
 
     def wait_converged(self, ctx) -> list[str]:
-        from installer.host import hosting  # lazy: urllib3, for hosted tenants only
+        from installer.host import hosting, tenant_members  # lazy: urllib3, for hosted tenants only
         try:
             lines = hosting.wait_workloads(self.api(), self.namespace, self._workloads, ctx.options.wait_timeout,
                                            ctx.log)
-        except hosting.HostingError as e:
+            # every member now runs a certificate that names its Service: off the legacy URLs
+            lines += tenant_members.move_peer_urls(self.api(), ctx.inv, ctx.options.wait_timeout, ctx.log)
+        except (hosting.HostingError, EtcdOpError) as e:
             raise HostError(self.namespace, str(e)) from None
         return lines + self._isolation(ctx)
 
