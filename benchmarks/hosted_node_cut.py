@@ -49,7 +49,7 @@ from installer.lab import lab as lab_mod  # noqa: E402
 from installer.lab import net  # noqa: E402
 from installer.lab.model import LabPaths  # noqa: E402
 from tests import hostprobes  # noqa: E402 - probes run on the tenant's worker as transient units
-from tests.probeloop import Loop, admin_context, api, columns, when  # noqa: E402 - timed requests from here
+from tests.probeloop import Loop, admin_context, api, by_node, columns, when  # noqa: E402 - timed requests from here
 
 NAME, SUBNET = "bcut", "10.213.216.0/24"
 ANCHOR = "before: ~1 in 4 requests through the addresses that stayed up timed out for ~50 s (until NotReady)"
@@ -107,9 +107,7 @@ def main() -> None:  # noqa: PLR0915 - one scenario, told in order
         worker = doc["spec"]["hosts"][0]["name"]
         names = {h["address"]: h["name"] for h in hosting_doc["spec"]["hosts"]}
         pods = json.loads(run(*kubectl, "get", "pods", "-n", ns, "-o", "json").stdout)["items"]
-        on: dict[str, list[str]] = {}
-        for p in pods:
-            on.setdefault(p["spec"].get("nodeName") or "-", []).append(p["metadata"]["name"])
+        on = by_node(pods)
         leader = etcd_leader(kubectl, ns)
         victim_address = addresses[0] if args.victim == "first" else next(
             (a for a in addresses if leader in on.get(names[a], [])), addresses[0])

@@ -70,6 +70,15 @@ def api(ctx: ssl.SSLContext, url: str, method: str = "GET", body: dict | None = 
         return json.loads(r.read() or b"{}")
 
 
+def by_node(pods: list[dict]) -> dict[str, list[str]]:
+    """The names of ``pods`` (as the API lists them) by the node each runs on ("-": none yet):
+    how a fault's victim is chosen (a node with an apiserver replica and one etcd member)."""
+    out: dict[str, list[str]] = {}
+    for p in pods:
+        out.setdefault(p["spec"].get("nodeName") or "-", []).append(p["metadata"]["name"])
+    return out
+
+
 def within(rows: list[Row], start: float, end: float) -> list[Row]:
     """The rows of requests started in [start, end)."""
     return [r for r in rows if start <= r[0] < end]

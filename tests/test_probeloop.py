@@ -67,3 +67,11 @@ def test_the_admins_key_is_on_disk_only_while_loaded(tmp_path, monkeypatch):
     assert isinstance(probeloop.admin_context(pki), ssl.SSLContext)
     assert modes == [0o600]
     assert not list(scratch.iterdir())
+
+
+def test_by_node_groups_pods_by_the_node_they_run_on():
+    pods = [{"metadata": {"name": "etcd-0"}, "spec": {"nodeName": "w1"}},
+            {"metadata": {"name": "kube-apiserver-a"}, "spec": {"nodeName": "w1"}},
+            {"metadata": {"name": "etcd-1"}, "spec": {"nodeName": "w2"}},
+            {"metadata": {"name": "etcd-2"}, "spec": {}}]
+    assert probeloop.by_node(pods) == {"w1": ["etcd-0", "kube-apiserver-a"], "w2": ["etcd-1"], "-": ["etcd-2"]}

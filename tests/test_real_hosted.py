@@ -383,10 +383,7 @@ def test_draining_a_hosting_worker_keeps_the_tenant_api_answering(tenant: Tenant
     exposed address: every request answered (goal: 0 failed). The drained replica waits for its
     node (each exposed address serves its own node's replica: core/render/tenant_placement.py)
     and runs there again once uncordoned."""
-    pods = tenant.rc.get("pods", "-n", NS)["items"]
-    on = {}
-    for p in pods:
-        on.setdefault(p["spec"].get("nodeName"), []).append(p["metadata"]["name"])
+    on = probeloop.by_node(tenant.rc.get("pods", "-n", NS)["items"])
     node = next(n for n, names in sorted(on.items()) if any(x.startswith("kube-apiserver") for x in names)
                 and sum(x.startswith("etcd-") for x in names) <= 1)
     other = next(w for w in tenant.rc.workers if w != node)
@@ -1218,9 +1215,7 @@ def test_a_hosting_worker_cut_off_leaves_the_tenant_serving_through_the_other(te
     benchmarks/hosted_node_cut.py tells the same on 3 hosting workers."""
     tenant_b.join()       # its control plane runs on the same hosting workers
     rc = tenant.rc
-    on: dict[str, list[str]] = {}
-    for p in rc.get("pods", "-n", NS)["items"]:
-        on.setdefault(p["spec"].get("nodeName"), []).append(p["metadata"]["name"])
+    on = probeloop.by_node(rc.get("pods", "-n", NS)["items"])
     victim = next(n for n, names in sorted(on.items()) if any(x.startswith("kube-apiserver") for x in names)
                   and sum(x.startswith("etcd-") for x in names) == 1)
     other = next(w for w in rc.workers if w != victim)
