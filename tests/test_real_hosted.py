@@ -1169,13 +1169,15 @@ def member_count_changes(b: Tenant, state: Path) -> None:
     detail = [d for e in json.loads(out)["events"] if e["phase"] == "hosted" for d in e["detail"]]
     print(f"second tenant: etcd 3 -> 1 in {time.monotonic() - started:.0f} s\n" + "\n".join(detail[:2]))
     assert [d.split(" (")[0] for d in detail[:2]] == [
-        "removed etcd member etcd-2, its pod and its volume claim data-etcd-2",
-        "removed etcd member etcd-1, its pod and its volume claim data-etcd-1"], detail
+        "removed etcd member etcd-2, its pod, its Service and its volume claim data-etcd-2",
+        "removed etcd member etcd-1, its pod, its Service and its volume claim data-etcd-1"], detail
     members = json.loads(run_installer("etcd", "members", str(b.inventory), "--state", str(state), "--output",
                                       "json").stdout)
     assert [m["name"] for m in members] == ["etcd-0"], members
     claims = sorted(c["metadata"]["name"] for c in rc.get("pvc", "-n", "hp-tenant-b")["items"])
     assert claims == ["data-etcd-0"], claims
+    services = sorted(x["metadata"]["name"] for x in rc.get("services", "-n", "hp-tenant-b")["items"])
+    assert [x for x in services if x.startswith("etcd-")] == ["etcd-0"], services     # the members' own
     assert rc.kubectl("get", "pdb", "etcd", "-n", "hp-tenant-b", check=False).returncode != 0
     # etcd-0 never restarted for either change (the member list is a ConfigMap), and serves the data
     assert first_member() == member0
