@@ -656,7 +656,8 @@ EXPOSURE = {"etcd": ((), (2379, 2380)), "kube-apiserver": ((6443, 8132), (8133, 
 
 def test_a_pod_of_another_namespace_reaches_only_the_tenants_exposed_ports(tenant: Tenant):
     """An intruder pod on each hosting worker, in a namespace of its own, wearing the tenant's
-    apiserver labels, dials every port of every pod of the tenant at once: only the apiservers'
+    apiserver labels, dials every port of every pod of the tenant (and of each etcd member's
+    Service) at once: only the apiservers'
     secure port and the konnectivity agents' port answer (what the Service exposes anyway, TLS
     in front); etcd's client and peer ports, konnectivity's admin and health ports and the
     controllers' are dropped (timed out, not refused: the packets never got there). The ports
@@ -671,6 +672,12 @@ def test_a_pod_of_another_namespace_reaches_only_the_tenants_exposed_ports(tenan
         allowed, denied = EXPOSURE[p["metadata"]["labels"]["app.kubernetes.io/name"]]
         targets += [(p["metadata"]["name"], p["status"]["podIP"], port, port in allowed) for port in allowed + denied]
     assert {n.split("-")[0] for n, *_ in targets} == {"etcd", "kube"}, targets
+    # and each etcd member's own Service (its ClusterIP: the address a roll never changes),
+    # where an intruder would look first: dropped as the pods' are
+    members = [x for x in rc.get("services", "-n", NS)["items"] if x["metadata"]["name"].startswith("etcd-")]
+    assert len(members) == 3, [x["metadata"]["name"] for x in members]
+    targets += [(f"Service {x['metadata']['name']}", x["spec"]["clusterIP"], port, False)
+                for x in members for port in (2379, 2380)]
     print(f"\nthe tenant's pods by hosting worker: "
           f"{sorted((p['spec']['nodeName'], p['metadata']['name']) for p in pods)}")
     rc.kubectl("create", "namespace", "intruder")
