@@ -109,6 +109,27 @@ class Members:
         rows = [line.split(", ") for line in out.stdout.splitlines() if line.strip()]
         return {r[2]: (r[0], r[1]) for r in rows}
 
+    def listed_unstarted(self, name: str, url: str, via: str) -> None:
+        """``name``'s member removed and added again at ``url`` through ``via``, never started:
+        what a start that died between its member add and etcd leaves."""
+        old = self.members()[name][0]
+        assert self.ctl("member", "remove", old, endpoints=self.client[via]).returncode == 0
+        deadline = time.monotonic() + 60
+        while (added := self.ctl("member", "add", name, f"--peer-urls={url}",
+                                 endpoints=self.client[via])).returncode != 0:
+            # etcd refuses a change while a peer is just gone (strict reconfiguration check)
+            assert "unhealthy cluster" in added.stderr and time.monotonic() < deadline, added.stderr
+            time.sleep(1)
+
+    def all_started_with_the_answer(self, name: str) -> None:
+        """Every member started, and ``name`` alone (a serializable read) has the key written
+        before."""
+        final = self.members()
+        assert sorted(final) == list(NAMES) and all(s == "started" for _, s in final.values()), final
+        local = self.ctl("get", "/registry/answer", "--print-value-only", "--consistency=s",
+                         endpoints=self.client[name])
+        assert local.stdout.strip() == "42", (local.stdout, local.stderr)
+
     def stop_all(self) -> None:
         for n in list(self.procs):
             self.kill(n)
@@ -166,22 +187,11 @@ def test_a_member_whose_volume_is_lost_rejoins_and_nothing_is_lost(members):
     # the next start joins as it is listed (no second add)
     members.kill("cp1")
     shutil.rmtree(members.data("cp1"))
-    old = members.members()["cp1"][0]
-    assert members.ctl("member", "remove", old, endpoints=members.client["cp2"]).returncode == 0
-    deadline = time.monotonic() + 60
-    while (added := members.ctl("member", "add", "cp1", f"--peer-urls={members.peer['cp1']}",
-                                endpoints=members.client["cp2"])).returncode != 0:
-        # etcd refuses a change while a peer is just gone (strict reconfiguration check)
-        assert "unhealthy cluster" in added.stderr and time.monotonic() < deadline, added.stderr
-        time.sleep(1)
+    members.listed_unstarted("cp1", members.peer["cp1"], via="cp2")
     members.start("cp1")
     members.wait_healthy()
     assert "listed, never started: joining as it is listed" in members.log("cp1")
-    final = members.members()
-    assert sorted(final) == list(NAMES) and all(s == "started" for _, s in final.values()), final
-    local = members.ctl("get", "/registry/answer", "--print-value-only", "--consistency=s",
-                        endpoints=members.client["cp1"])
-    assert local.stdout.strip() == "42", (local.stdout, local.stderr)
+    members.all_started_with_the_answer("cp1")
 
 
 def test_a_member_listed_under_its_legacy_peer_url_is_found_by_it(members):
@@ -211,22 +221,12 @@ def test_a_member_listed_under_its_legacy_peer_url_is_found_by_it(members):
     members.kill("cp2")
     shutil.rmtree(members.data("cp2"))
     members.legacy["cp2"] = members.peer["cp2"]
-    old = members.members()["cp2"][0]
-    assert members.ctl("member", "remove", old, endpoints=members.client["cp1"]).returncode == 0
-    deadline = time.monotonic() + 60
-    while (added := members.ctl("member", "add", "cp2", f"--peer-urls={members.legacy['cp2']}",
-                                endpoints=members.client["cp1"])).returncode != 0:
-        assert "unhealthy cluster" in added.stderr and time.monotonic() < deadline, added.stderr
-        time.sleep(1)
+    members.listed_unstarted("cp2", members.legacy["cp2"], via="cp1")
     members.peer["cp2"] = members.peer["cp2"].replace("127.0.0.1", "localhost")
     members.start("cp2")
     members.wait_healthy()
     assert "listed, never started: joining as it is listed" in members.log("cp2")
-    final = members.members()
-    assert sorted(final) == list(NAMES) and all(s == "started" for _, s in final.values()), final
-    local = members.ctl("get", "/registry/answer", "--print-value-only", "--consistency=s",
-                        endpoints=members.client["cp2"])
-    assert local.stdout.strip() == "42", (local.stdout, local.stderr)
+    members.all_started_with_the_answer("cp2")
 
 
 def test_a_snapshot_handed_to_every_member_is_restored_in_place_by_their_next_start(members, tmp_path):
