@@ -1,9 +1,10 @@
 #!/bin/sh
 # Start one etcd member of a hosted control plane (docs/hosted.md): its pod may come back with
 # its volume, or with an empty one. Assigned before this: etcd and etcdctl (the binaries), member (its name),
-# peer_url (this member's; legacy_peer_url the one it had before the members' Services), cluster (every member, name=peer URL, for a first bootstrap), data
-# (the data directory), endpoints (the other members' client URLs, comma-separated), and the
-# client certificate etcdctl uses: cacert, cert, key; etcdutl and restore (the directory an
+# peer_url (this member's; legacy_peer_url the one it had before the members' Services),
+# cluster (every member, name=peer URL, for a first bootstrap), data (the data directory),
+# endpoints (the other members' client URLs, comma-separated), and the client certificate
+# etcdctl uses: cacert, cert, key; etcdutl and restore (the directory an
 # `etcd snapshot restore` leaves a snapshot and its cluster token in). The arguments are etcd's
 # other flags.
 #   - a restore waiting (restore/snapshot.db and restore/token): this member of a new cluster
