@@ -1174,6 +1174,16 @@ def test_a_hosting_worker_cut_off_leaves_the_tenant_serving_through_the_other(te
     on = probeloop.by_node(rc.get("pods", "-n", NS)["items"])
     victim = next(n for n, names in sorted(on.items()) if any(x.startswith("kube-apiserver") for x in names)
                   and sum(x.startswith("etcd-") for x in names) == 1)
+    # its member a follower: leadership moved off it first (CI of 6c035e9: the lost member led,
+    # 4 failures at the cut through the balancer and more after the return, the leader's case of
+    # hosted.md's "A lost hosting node", which benchmarks/hosted_node_cut.py --victim leader tells)
+    mine = next(x for x in on[victim] if x.startswith("etcd-"))
+    status = json.loads(rc.kubectl("-n", NS, "exec", mine, "--", "/bin/sh", "-c",
+                                   f"{ETCDCTL} endpoint status --cluster -w json").stdout)
+    ids = {e["Endpoint"].split("//")[1].split(".")[0]: e["Status"]["header"]["member_id"] for e in status}
+    if ids[mine] == status[0]["Status"]["leader"]:
+        to = next(i for n, i in sorted(ids.items()) if n != mine)
+        rc.kubectl("-n", NS, "exec", mine, "--", "/bin/sh", "-c", f"{ETCDCTL} move-leader {to:x}")
     other = next(w for w in rc.workers if w != victim)
     lost, up = rc.address(victim), rc.address(other)
     addresses = yaml.safe_load(tenant.inventory.read_text())["spec"]["controlPlane"]["hosted"]["expose"]["addresses"]
