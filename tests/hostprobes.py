@@ -95,6 +95,19 @@ def marked(cfg: Path, worker: str, server: str, since: float, state: str) -> flo
     return None
 
 
+def marks(cfg: Path, worker: str, since: float) -> list[str]:
+    """``worker``'s balancer's lines since ``since`` (unix time) that mark a server up or down
+    or say it runs on the unchecked backups, as "+<seconds after since> <the line's message>"."""
+    out = ssh(cfg, worker, f"journalctl -u {BALANCER} -o short-unix --no-pager --since=@{int(since) - 1}").stdout
+    found = []
+    for line in out.splitlines():
+        f = line.split(maxsplit=3)
+        if len(f) == 4 and f[0].replace(".", "", 1).isdigit() and float(f[0]) >= since and (
+                " is DOWN" in f[3] or " is UP" in f[3] or "Running on backup" in f[3]) and "[WARNING]" not in f[3]:
+            found.append(f"+{float(f[0]) - since:.1f} {f[3]}")
+    return found
+
+
 class Stop(NamedTuple):
     seconds: float          # from systemd's "Stopping" to its "Stopped"
     deadline: bool          # the apiserver said its HTTP server's shutdown ran out of time

@@ -22,7 +22,7 @@ from installer.core import components
 from installer.core.artifacts import ArtifactError, write_sums
 from installer.core.diff import HostChanges
 from installer.core.inventory import InventoryError, parse
-from installer.core.render.balancer import BALANCER_CONFIG, haproxy_config
+from installer.core.render.balancer import BALANCER_CONFIG, FALLBACK, haproxy_config, server_lines
 from installer.core.render.control import AUTHN_CONFIG
 from installer.core.render.manifests import bootstrap_objects, kubernetes_endpoints
 from installer.core.render.worker import BOOTSTRAP_KUBECONFIG, KUBELET_KUBECONFIG, HostFacts, render_worker
@@ -72,7 +72,10 @@ def test_a_worker_reaches_the_api_through_its_own_balancer(ha):
     cfg = plan.files[BALANCER_CONFIG].content.decode()
     assert cfg == haproxy_config(inv) and plan.files[BALANCER_CONFIG].restarts == (UNIT,)
     servers = [line.split()[1:] for line in cfg.splitlines() if line.strip().startswith("server ")]
-    assert servers == [[c["name"], f"{c['address']}:6443"] for c in CONTROLS]
+    # each checked, then each again as an unchecked backup: tried when every check fails
+    assert servers == ([[c["name"], f"{c['address']}:6443"] for c in CONTROLS]
+                       + [[f"{c['name']}{FALLBACK}", f"{c['address']}:6443", "backup", "no-check"] for c in CONTROLS])
+    assert "option allbackups" in cfg
     assert "bind 127.0.0.1:6443" in cfg and "bind 172.20.0.1:6443" in cfg
     assert "uri /readyz" in cfg and "verify required ca-file /etc/kubernetes/pki/ca.crt" in cfg
     assert "inter 1s fall 2 rise 1 on-marked-down shutdown-sessions" in cfg
@@ -178,7 +181,8 @@ def test_haproxy_and_socat_come_from_the_artifacts_or_are_asked_for(ha, tmp_path
 
 def test_the_real_haproxy_accepts_the_rendered_config(ha, tmp_path):
     """haproxy -c (the unit's ExecStartPre does the same) on the rendered config, its paths moved
-    under tmp_path; with the binary scripts/build-kubernetes made (CI has it)."""
+    under tmp_path, with no warning either (-dW); with the binary scripts/build-kubernetes made
+    (CI has it)."""
     artifacts = os.environ.get("HIDDENPLANE_TEST_ARTIFACTS")
     binary = Path(artifacts or "/nonexistent") / "haproxy"
     if not binary.is_file():
@@ -186,10 +190,11 @@ def test_the_real_haproxy_accepts_the_rendered_config(ha, tmp_path):
     ca = tmp_path / "ca.crt"
     ca.write_bytes(ha.plans["node2"].files["/etc/kubernetes/pki/ca.crt"].content)
     cfg = (haproxy_config(ha.inventory).replace("/etc/kubernetes/pki/ca.crt", str(ca))
-           .replace("/run/hiddenplane-api-balancer/", f"{tmp_path}/").replace("172.20.0.1", "127.0.0.1")
-           .replace("bind 127.0.0.1:6443\n", ""))
+           .replace("/run/hiddenplane-api-balancer/", f"{tmp_path}/").replace("bind 127.0.0.1:6443\n", "")
+           .replace("172.20.0.1:6443", f"127.0.0.1:{_free_port()}"))
     (tmp_path / "haproxy.cfg").write_text(cfg)
-    r = subprocess.run([str(binary), "-c", "-f", str(tmp_path / "haproxy.cfg")], capture_output=True, text=True)
+    r = subprocess.run([str(binary), "-c", "-dW", "-f", str(tmp_path / "haproxy.cfg")], capture_output=True,
+                       text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "static" in subprocess.run(["file", str(binary)], capture_output=True, text=True).stdout
 
@@ -299,6 +304,58 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _admin(tmp: Path, command: str) -> str:
+    """``command``'s answer on the admin socket of a balancer configured under ``tmp``."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(str(tmp / "admin.sock"))
+        s.sendall(command.encode() + b"\n")
+        return s.makefile().read()
+
+
+def _get(tmp: Path, front: int, path: str) -> str:
+    """GET ``path`` through the balancer on 127.0.0.1:``front`` on a new connection, the server
+    verified against ``tmp``/ca.crt: the answering server's name, or what went wrong."""
+    import ssl
+    client = ssl.create_default_context(cafile=str(tmp / "ca.crt"))
+    client.check_hostname = False
+    try:
+        with socket.create_connection(("127.0.0.1", front), timeout=10) as raw, client.wrap_socket(raw) as t:
+            t.sendall(f"GET {path} HTTP/1.1\r\nHost: kubernetes\r\nConnection: close\r\n\r\n".encode())
+            data = b""
+            while chunk := t.recv(4096):
+                data += chunk
+        return data.split(b"\r\n\r\n", 1)[1].decode() if data.split(b" ", 2)[1:2] == [b"200"] else f"bad: {data!r}"
+    except (OSError, ssl.SSLError) as e:
+        return f"failed: {e!r}"
+
+
+def _haproxy() -> Path:
+    """The haproxy binary scripts/build-kubernetes made (CI has it), or the test is skipped."""
+    binary = Path(os.environ.get("HIDDENPLANE_TEST_ARTIFACTS") or "/nonexistent") / "haproxy"
+    if not binary.is_file():
+        pytest.skip("no haproxy in $HIDDENPLANE_TEST_ARTIFACTS (scripts/build-kubernetes builds it)")
+    return binary
+
+
+def _configure(ha, tmp: Path, ca, servers: list[tuple[str, int]], balance: str = "balance leastconn",
+               fallback: bool = True) -> int:
+    """The rendered balancer config in ``tmp``/haproxy.cfg for ``servers`` (name, port on
+    127.0.0.1), ``ca`` in ``tmp``/ca.crt, its admin socket in ``tmp``; without the unchecked
+    ``fallback`` entries if asked. Returns the port it listens on."""
+    from cryptography.hazmat.primitives import serialization
+    (tmp / "ca.crt").write_bytes(ca[0].public_bytes(serialization.Encoding.PEM))
+    front = _free_port()
+    lines = [line for line in haproxy_config(ha.inventory).splitlines() if not line.startswith("    server ")]
+    lines += [line for line in server_lines([(n, "127.0.0.1", port) for n, port in servers])
+              if fallback or " backup " not in line]
+    cfg = ("\n".join(lines) + "\n").replace("/etc/kubernetes/pki/ca.crt", str(tmp / "ca.crt")).replace(
+        "/run/hiddenplane-api-balancer/", f"{tmp}/").replace("bind 127.0.0.1:6443\n", "").replace(
+        "172.20.0.1:6443", f"127.0.0.1:{front}").replace("balance leastconn", balance)
+    assert balance in cfg
+    (tmp / "haproxy.cfg").write_text(cfg)
+    return front
+
+
 def test_the_real_haproxy_never_marks_up_a_server_that_is_not_an_apiserver_of_the_cluster(ha, tmp_path):
     """Three servers answer /readyz 200 at the addresses the balancer checks: the apiserver (the
     cluster CA, the name 'kubernetes'), an imposter (the name 'kubernetes' under another CA),
@@ -322,7 +379,7 @@ def test_the_real_haproxy_never_marks_up_a_server_that_is_not_an_apiserver_of_th
     ca = tmp_path / "ca.crt"
     ca.write_bytes(cluster[0].public_bytes(serialization.Encoding.PEM))
     lines = [line for line in haproxy_config(ha.inventory).splitlines() if not line.startswith("    server ")]
-    lines += [f"    server {name} 127.0.0.1:{port}" for name, port in ports.items()]
+    lines += server_lines([(name, "127.0.0.1", port) for name, port in ports.items()])
     cfg = ("\n".join(lines) + "\n").replace("/etc/kubernetes/pki/ca.crt", str(ca)).replace(
         "/run/hiddenplane-api-balancer/", f"{tmp_path}/").replace("bind 127.0.0.1:6443\n", "").replace(
         "172.20.0.1:6443", f"127.0.0.1:{_free_port()}")
@@ -341,7 +398,7 @@ def test_the_real_haproxy_never_marks_up_a_server_that_is_not_an_apiserver_of_th
             out = s.makefile().read()
             s.close()
             seen.append({f[3]: f[5] for f in (line.split() for line in out.splitlines())
-                         if len(f) > 5 and f[1] == "apiservers"})
+                         if len(f) > 5 and f[1] == "apiservers" and not f[3].endswith(FALLBACK)})
     finally:
         proc.terminate()
         log = proc.communicate(timeout=10)[0]
@@ -395,6 +452,42 @@ def test_the_ctl_script_names_the_balancer_and_sends_the_commands(tmp_path):
     # shellcheck reads it in tests/test_lint.py
 
 
+@pytest.mark.parametrize("fallback", [True, False])
+def test_the_real_haproxy_still_tries_the_apiservers_when_every_check_fails(ha, tmp_path, fallback):
+    """Two apiservers behind the real haproxy with the rendered backend: one lost (nothing
+    answers at its address), the other failing /readyz (500) while it serves. Both are down by
+    their checks, and every request is still answered by the one that serves: each apiserver is
+    also an unchecked backup. Without those entries (``fallback`` False: the config before) the
+    balancer has no server and closes every connection unanswered, what a tenant worker's
+    kubelet saw in the CI of 4c772a4 while a hosting node was lost and its one replica left
+    failed two checks."""
+    binary = _haproxy()
+    ca = _pair("kubernetes-ca")
+    serving = _Apiserver(tmp_path, "serving", _pair("kube-apiserver", ca, ("kubernetes",)))
+    serving.ready = False
+    lost = _free_port()                               # nothing listens there: every connect fails
+    front = _configure(ha, tmp_path, ca, [("lost", lost), ("serving", serving.port)], fallback=fallback)
+    proc = subprocess.Popen([str(binary), "-db", "-f", str(tmp_path / "haproxy.cfg")], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        time.sleep(3)                                 # two checks of each failed: both down
+        states = {f[3]: f[5] for f in (line.split() for line in _admin(tmp_path, "show servers state apiservers")
+                                       .splitlines()) if len(f) > 5 and f[1] == "apiservers"}
+        answers = []
+        for _ in range(6):
+            answers.append(_get(tmp_path, front, "/"))
+            time.sleep(0.5)
+    finally:
+        proc.terminate()
+        log = proc.communicate(timeout=10)[0]
+        serving.close()
+    assert states["lost"] == "0" and states["serving"] == "0", (states, log[-2000:])   # 0: DOWN
+    if fallback:
+        assert answers == ["serving"] * 6, (answers, log[-2000:])
+    else:
+        assert all(a.startswith("failed") for a in answers), answers
+
+
 @pytest.mark.parametrize("leave", [True, False])
 def test_the_real_haproxy_keeps_a_request_in_flight_when_its_apiserver_left_before_stopping(
         ha, tmp_path, leave):
@@ -404,47 +497,19 @@ def test_the_real_haproxy_keeps_a_request_in_flight_when_its_apiserver_left_befo
     goes to the other apiserver, and ``back`` puts it in service again. Without the leave, the
     failed checks mark it down and shutdown-sessions cuts the request: what CI saw once in
     `certs renew`, and why the leave exists."""
-    import ssl
     import threading
 
-    from cryptography.hazmat.primitives import serialization
-    artifacts = os.environ.get("HIDDENPLANE_TEST_ARTIFACTS")
-    binary = Path(artifacts or "/nonexistent") / "haproxy"
-    if not binary.is_file():
-        pytest.skip("no haproxy in $HIDDENPLANE_TEST_ARTIFACTS (scripts/build-kubernetes builds it)")
+    binary = _haproxy()
     ca = _pair("kubernetes-ca")
     servers = {n: _Apiserver(tmp_path, n, _pair("kube-apiserver", ca, ("kubernetes",))) for n in ("cp", "other")}
-    (tmp_path / "ca.crt").write_bytes(ca[0].public_bytes(serialization.Encoding.PEM))
-    front = _free_port()
-    lines = [line for line in haproxy_config(ha.inventory).splitlines() if not line.startswith("    server ")]
     # cp first: "balance first" hands it every new connection while it is in service
-    lines += [f"    server {n} 127.0.0.1:{s.port}" for n, s in servers.items()]
-    cfg = ("\n".join(lines) + "\n").replace("/etc/kubernetes/pki/ca.crt", str(tmp_path / "ca.crt")).replace(
-        "/run/hiddenplane-api-balancer/", f"{tmp_path}/").replace("bind 127.0.0.1:6443\n", "").replace(
-        "172.20.0.1:6443", f"127.0.0.1:{front}").replace("balance leastconn", "balance first")
-    assert "balance first" in cfg
-    (tmp_path / "haproxy.cfg").write_text(cfg)
+    front = _configure(ha, tmp_path, ca, [(n, s.port) for n, s in servers.items()], "balance first")
 
     def admin(command: str) -> str:
-        with socket.socket(socket.AF_UNIX) as s:
-            s.connect(str(tmp_path / "admin.sock"))
-            s.sendall(command.encode() + b"\n")
-            return s.makefile().read()
-
-    client = ssl.create_default_context(cafile=str(tmp_path / "ca.crt"))
-    client.check_hostname = False
+        return _admin(tmp_path, command)
 
     def get(path: str) -> str:
-        """The answering server's name, or what went wrong."""
-        try:
-            with socket.create_connection(("127.0.0.1", front), timeout=10) as raw, client.wrap_socket(raw) as t:
-                t.sendall(f"GET {path} HTTP/1.1\r\nHost: kubernetes\r\nConnection: close\r\n\r\n".encode())
-                data = b""
-                while chunk := t.recv(4096):
-                    data += chunk
-            return data.split(b"\r\n\r\n", 1)[1].decode() if data.split(b" ", 2)[1:2] == [b"200"] else f"bad: {data!r}"
-        except (OSError, ssl.SSLError) as e:
-            return f"failed: {e!r}"
+        return _get(tmp_path, front, path)
 
     proc = subprocess.Popen([str(binary), "-db", "-f", str(tmp_path / "haproxy.cfg")], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)

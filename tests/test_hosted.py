@@ -60,7 +60,10 @@ def test_a_hosted_inventory_lists_workers_only_and_reaches_the_api_where_it_is_e
     assert inv.api_backends == [("api-0", "10.0.0.11", 30443), ("api-1", "10.0.0.12", 30443)]
     # the workers' balancer by default: the kubernetes Service's endpoint is its address
     assert inv.local_balancer and inv.worker_api_url == "https://127.0.0.1:6443"
-    assert server_lines(inv) == ["    server api-0 10.0.0.11:30443", "    server api-1 10.0.0.12:30443"]
+    assert server_lines(inv.api_backends) == [
+        "    server api-0 10.0.0.11:30443", "    server api-1 10.0.0.12:30443",
+        "    server api-0-anyway 10.0.0.11:30443 backup no-check",
+        "    server api-1-anyway 10.0.0.12:30443 backup no-check"]
     assert egress_mode(inv) == "konnectivity"
 
 

@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from installer.core.facts import LOCK
-from installer.core.render.balancer import ADMIN_SOCKET, CTL, SOCAT
+from installer.core.render.balancer import ADMIN_SOCKET, CTL, FALLBACK, SOCAT
 from installer.host.liveness import DEAD_AFTER
 from installer.host.ssh import Remote
 from installer.lab import net
@@ -52,10 +52,12 @@ def rc(real_cluster):
 
 
 def _servers_state(rc, worker: str) -> list[list[str]]:
-    """The worker's balancer's ``show servers state`` rows for the apiservers, asked on its
-    runtime API (root only) with the socat the installer ships for it."""
+    """The worker's balancer's ``show servers state`` rows for the apiservers' checked entries
+    (not their unchecked backups), asked on its runtime API (root only) with the socat the
+    installer ships for it."""
     out = rc.ssh(worker, f"echo 'show servers state apiservers' | {SOCAT} -t 5 - UNIX-CONNECT:{SOCKET}").stdout
-    return [f for f in (line.split() for line in out.splitlines()) if len(f) > 13 and f[1] == "apiservers"]
+    return [f for f in (line.split() for line in out.splitlines())
+            if len(f) > 13 and f[1] == "apiservers" and not f[3].endswith(FALLBACK)]
 
 
 def balancer_view(rc, worker: str) -> dict[str, str]:

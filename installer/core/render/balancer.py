@@ -11,6 +11,13 @@ failures, or at once when a connection to it fails, and then its connections are
 that watches move at once; up after 1 success.
 TCP is passed through: TLS stays end to end between the client and the apiserver.
 
+When every apiserver is down by its checks, the balancer still tries them all (each is also a
+``backup`` server without checks): an apiserver whose /readyz fails or answers late still serves
+most requests (reads from its watch cache), and a balancer with no server closes every client's
+connection unanswered. What set this (CI of 4c772a4): a hosted tenant's hosting node lost, and
+the one replica left failed two 1 s checks in a row on a busy hosting node; its readers straight
+to it saw nothing, the kubelet's reads through the balancer were closed.
+
 A planned apiserver restart does not wait for the checks: the installer first takes that
 apiserver out of every balancer (``hiddenplane-api-balancer-ctl leave``: drained, its checks
 paused, so nothing cuts the requests it still answers) and puts it back once it is ready
@@ -45,8 +52,16 @@ SETTLE_SECONDS = 2.0
 HARD_STOP_AFTER = "30s"
 
 
-def server_lines(inv: Inventory) -> list[str]:
-    return [f"    server {name} {_addr(address)}:{port}" for name, address, port in inv.api_backends]
+# the name of an apiserver's unchecked entry, tried only when every checked one is down
+FALLBACK = "-anyway"
+
+
+def server_lines(backends: list[tuple[str, str, int]]) -> list[str]:
+    """``backends`` (name, address, port; Inventory.api_backends) as the backend's servers: each
+    checked, then each again as an unchecked backup (the module's docstring says why)."""
+    return ([f"    server {name} {_addr(address)}:{port}" for name, address, port in backends]
+            + [f"    server {name}{FALLBACK} {_addr(address)}:{port} backup no-check"
+               for name, address, port in backends])
 
 
 def _addr(address: str) -> str:
@@ -87,6 +102,8 @@ def haproxy_config(inv: Inventory) -> str:
         "",
         f"backend {BACKEND}",
         "    balance leastconn",
+        # the backups all share the connections, not the first alone: one of them may be lost
+        "    option allbackups",
         "    option httpchk",
         "    http-check send meth GET uri /readyz ver HTTP/1.1 hdr Host kubernetes",
         "    http-check expect status 200",
@@ -97,7 +114,7 @@ def haproxy_config(inv: Inventory) -> str:
         # and a connection that fails marks it down at once, before its next checks do (a lost
         # host: the client's connection is retried on another apiserver after timeout connect)
         "observe layer4 error-limit 1 on-error mark-down",
-        *server_lines(inv),
+        *server_lines(inv.api_backends),
     ]
     return "\n".join(lines) + "\n"
 
