@@ -14,9 +14,9 @@ TCP is passed through: TLS stays end to end between the client and the apiserver
 When every apiserver is down by its checks, the balancer still tries them all (each is also a
 ``backup`` server without checks): an apiserver whose /readyz fails or answers late still serves
 most requests (reads from its watch cache), and a balancer with no server closes every client's
-connection unanswered. What set this (CI of 4c772a4): a hosted tenant's hosting node lost, and
-the one replica left failed two 1 s checks in a row on a busy hosting node; its readers straight
-to it saw nothing, the kubelet's reads through the balancer were closed.
+connection unanswered. What set this (CI of 4c772a4): a hosted tenant's hosting node lost; the
+kubelet's reads through the balancer were closed twice while reads straight to the one replica
+left all succeeded (that replica marked down on a busy hosting node: docs/ha.md).
 
 A planned apiserver restart does not wait for the checks: the installer first takes that
 apiserver out of every balancer (``hiddenplane-api-balancer-ctl leave``: drained, its checks
