@@ -312,6 +312,13 @@ def _admin(tmp: Path, command: str) -> str:
         return s.makefile().read()
 
 
+def _states(tmp: Path) -> dict[str, str]:
+    """server -> operational state (0 DOWN, 2 UP: HAProxy's management guide) of the balancer
+    configured under ``tmp``."""
+    return {f[3]: f[5] for f in (line.split() for line in _admin(tmp, "show servers state apiservers").splitlines())
+            if len(f) > 5 and f[1] == "apiservers"}
+
+
 def _get(tmp: Path, front: int, path: str) -> str:
     """GET ``path`` through the balancer on 127.0.0.1:``front`` on a new connection, the server
     verified against ``tmp``/ca.crt: the answering server's name, or what went wrong."""
@@ -392,13 +399,7 @@ def test_the_real_haproxy_never_marks_up_a_server_that_is_not_an_apiserver_of_th
         for _ in range(5):                      # then five check intervals
             time.sleep(1)
             assert proc.poll() is None, proc.communicate()[0]
-            s = socket.socket(socket.AF_UNIX)
-            s.connect(str(tmp_path / "admin.sock"))
-            s.sendall(b"show servers state apiservers\n")
-            out = s.makefile().read()
-            s.close()
-            seen.append({f[3]: f[5] for f in (line.split() for line in out.splitlines())
-                         if len(f) > 5 and f[1] == "apiservers" and not f[3].endswith(FALLBACK)})
+            seen.append({name: st for name, st in _states(tmp_path).items() if not name.endswith(FALLBACK)})
     finally:
         proc.terminate()
         log = proc.communicate(timeout=10)[0]
@@ -471,12 +472,12 @@ def test_the_real_haproxy_still_tries_the_apiservers_when_every_check_fails(ha, 
                             stderr=subprocess.STDOUT, text=True)
     try:
         time.sleep(3)                                 # two checks of each failed: both down
-        states = {f[3]: f[5] for f in (line.split() for line in _admin(tmp_path, "show servers state apiservers")
-                                       .splitlines()) if len(f) > 5 and f[1] == "apiservers"}
+        states = _states(tmp_path)
         answers = []
         for _ in range(6):
             answers.append(_get(tmp_path, front, "/"))
             time.sleep(0.5)
+        after = _states(tmp_path)
     finally:
         proc.terminate()
         log = proc.communicate(timeout=10)[0]
@@ -484,6 +485,9 @@ def test_the_real_haproxy_still_tries_the_apiservers_when_every_check_fails(ha, 
     assert states["lost"] == "0" and states["serving"] == "0", (states, log[-2000:])   # 0: DOWN
     if fallback:
         assert answers == ["serving"] * 6, (answers, log[-2000:])
+        # connections refused by the lost one's backup do not mark it down: with no checks,
+        # nothing would ever mark it up again (observe needs checks)
+        assert after[f"lost{FALLBACK}"] == "2" and after[f"serving{FALLBACK}"] == "2", after
     else:
         assert all(a.startswith("failed") for a in answers), answers
 
