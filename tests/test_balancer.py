@@ -22,7 +22,7 @@ from installer.core import components
 from installer.core.artifacts import ArtifactError, write_sums
 from installer.core.diff import HostChanges
 from installer.core.inventory import InventoryError, parse
-from installer.core.render.balancer import BALANCER_CONFIG, FALLBACK, haproxy_config, server_lines
+from installer.core.render.balancer import BALANCER_CONFIG, FALLBACK, HOSTED_READYZ, haproxy_config, server_lines
 from installer.core.render.control import AUTHN_CONFIG
 from installer.core.render.manifests import bootstrap_objects, kubernetes_endpoints
 from installer.core.render.worker import BOOTSTRAP_KUBECONFIG, KUBELET_KUBECONFIG, HostFacts, render_worker
@@ -77,7 +77,8 @@ def test_a_worker_reaches_the_api_through_its_own_balancer(ha):
                        + [[f"{c['name']}{FALLBACK}", f"{c['address']}:6443", "backup", "no-check"] for c in CONTROLS])
     assert "option allbackups" in cfg
     assert "bind 127.0.0.1:6443" in cfg and "bind 172.20.0.1:6443" in cfg
-    assert "uri /readyz" in cfg and "verify required ca-file /etc/kubernetes/pki/ca.crt" in cfg
+    # a control host's apiserver checked with its etcd member (it uses that one alone)
+    assert "uri /readyz ver" in cfg and "verify required ca-file /etc/kubernetes/pki/ca.crt" in cfg
     assert "inter 1s fall 2 rise 1 on-marked-down shutdown-sessions" in cfg
     # a new cluster CA (ca rotate) reloads the balancer, whose checks verify with it
     assert plan.files["/etc/kubernetes/pki/ca.crt"].restarts == ("kubelet.service", UNIT)
@@ -262,6 +263,7 @@ class _Apiserver:
         key.write_bytes(pair[1].private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                               serialization.NoEncryption()))
         self.ready = True
+        self.paths: list[str] = []                  # every path asked, in order
         self.errors: list[BaseException] = []
         outer = self
 
@@ -269,6 +271,7 @@ class _Apiserver:
             timeout = 30                            # a silent peer holds its thread this long at most
 
             def do_GET(self):                       # noqa: N802 - the stdlib's name
+                outer.paths.append(self.path)
                 if self.path == "/slow":
                     time.sleep(3)
                 code = 500 if self.path == "/readyz" and not outer.ready else 200
@@ -344,7 +347,7 @@ def _haproxy() -> Path:
     return binary
 
 
-def _configure(ha, tmp: Path, ca, servers: list[tuple[str, int]], balance: str = "balance leastconn",
+def _configure(inv, tmp: Path, ca, servers: list[tuple[str, int]], balance: str = "balance leastconn",
                fallback: bool = True) -> int:
     """The rendered balancer config in ``tmp``/haproxy.cfg for ``servers`` (name, port on
     127.0.0.1), ``ca`` in ``tmp``/ca.crt, its admin socket in ``tmp``; without the unchecked
@@ -352,7 +355,7 @@ def _configure(ha, tmp: Path, ca, servers: list[tuple[str, int]], balance: str =
     from cryptography.hazmat.primitives import serialization
     (tmp / "ca.crt").write_bytes(ca[0].public_bytes(serialization.Encoding.PEM))
     front = _free_port()
-    lines = [line for line in haproxy_config(ha.inventory).splitlines() if not line.startswith("    server ")]
+    lines = [line for line in haproxy_config(inv).splitlines() if not line.startswith("    server ")]
     lines += [line for line in server_lines([(n, "127.0.0.1", port) for n, port in servers])
               if fallback or " backup " not in line]
     cfg = ("\n".join(lines) + "\n").replace("/etc/kubernetes/pki/ca.crt", str(tmp / "ca.crt")).replace(
@@ -453,6 +456,29 @@ def test_the_ctl_script_names_the_balancer_and_sends_the_commands(tmp_path):
     # shellcheck reads it in tests/test_lint.py
 
 
+def test_the_real_haproxy_asks_a_hosted_tenants_replicas_readyz_without_etcd(tmp_path):
+    """A hosted tenant's balancer, rendered and run: its checks reach the replica as
+    ``HOSTED_READYZ``, the query whole (what the apiserver reads, not what our config reads),
+    and the replica is up on them."""
+    from .test_hosted import TENANT, parse
+    binary = _haproxy()
+    ca = _pair("kubernetes-ca")
+    replica = _Apiserver(tmp_path, "replica", _pair("kube-apiserver", ca, ("kubernetes",)))
+    _configure(parse(copy.deepcopy(TENANT), tmp_path), tmp_path, ca, [("api-0", replica.port)])
+    proc = subprocess.Popen([str(binary), "-db", "-f", str(tmp_path / "haproxy.cfg")], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        time.sleep(2.5)
+        states = _states(tmp_path)
+    finally:
+        proc.terminate()
+        log = proc.communicate(timeout=10)[0]
+        replica.close()
+    assert replica.paths and set(replica.paths) == {HOSTED_READYZ}, (replica.paths, log[-2000:])
+    assert HOSTED_READYZ == "/readyz?exclude=etcd&exclude=etcd-readiness"
+    assert states["api-0"] == "2", states
+
+
 @pytest.mark.parametrize("fallback", [True, False])
 def test_the_real_haproxy_still_tries_the_apiservers_when_every_check_fails(ha, tmp_path, fallback):
     """Two apiservers behind the real haproxy with the rendered backend: one lost (nothing
@@ -467,7 +493,7 @@ def test_the_real_haproxy_still_tries_the_apiservers_when_every_check_fails(ha, 
     serving = _Apiserver(tmp_path, "serving", _pair("kube-apiserver", ca, ("kubernetes",)))
     serving.ready = False
     lost = _free_port()                               # nothing listens there: every connect fails
-    front = _configure(ha, tmp_path, ca, [("lost", lost), ("serving", serving.port)], fallback=fallback)
+    front = _configure(ha.inventory, tmp_path, ca, [("lost", lost), ("serving", serving.port)], fallback=fallback)
     proc = subprocess.Popen([str(binary), "-db", "-f", str(tmp_path / "haproxy.cfg")], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
@@ -507,7 +533,7 @@ def test_the_real_haproxy_keeps_a_request_in_flight_when_its_apiserver_left_befo
     ca = _pair("kubernetes-ca")
     servers = {n: _Apiserver(tmp_path, n, _pair("kube-apiserver", ca, ("kubernetes",))) for n in ("cp", "other")}
     # cp first: "balance first" hands it every new connection while it is in service
-    front = _configure(ha, tmp_path, ca, [(n, s.port) for n, s in servers.items()], "balance first")
+    front = _configure(ha.inventory, tmp_path, ca, [(n, s.port) for n, s in servers.items()], "balance first")
 
     def admin(command: str) -> str:
         return _admin(tmp_path, command)

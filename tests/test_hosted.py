@@ -19,7 +19,7 @@ from installer.core.egress import egress_mode
 from installer.core.errors import InventoryError
 from installer.core.pki.specs import ETCD_CA, cert_specs
 from installer.core.render import control, pods, tenant
-from installer.core.render.balancer import server_lines
+from installer.core.render.balancer import HOSTED_READYZ, haproxy_config, server_lines
 from installer.host import kube_objects
 
 NS = "hp-tenant-a"
@@ -64,6 +64,8 @@ def test_a_hosted_inventory_lists_workers_only_and_reaches_the_api_where_it_is_e
         "    server api-0 10.0.0.11:30443", "    server api-1 10.0.0.12:30443",
         "    server api-0-anyway 10.0.0.11:30443 backup no-check",
         "    server api-1-anyway 10.0.0.12:30443 backup no-check"]
+    # its checks leave etcd's out (the replicas share every member: render/balancer.py)
+    assert f"uri {HOSTED_READYZ} ver" in haproxy_config(inv) and HOSTED_READYZ.startswith("/readyz?exclude=etcd&")
     assert egress_mode(inv) == "konnectivity"
 
 

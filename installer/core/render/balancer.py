@@ -18,6 +18,15 @@ connection unanswered. What set this (CI of 4c772a4): a hosted tenant's hosting 
 kubelet's reads through the balancer were closed twice while reads straight to the one replica
 left all succeeded (that replica marked down on a busy hosting node: docs/ha.md).
 
+A hosted tenant's balancers check ``/readyz`` without its etcd checks (``HOSTED_READYZ``): a
+control host's apiserver uses its own etcd member alone, so its etcd checks tell whether that
+apiserver can serve; a tenant's replicas share every member, and a replica's etcd checks fail
+for reasons the others share. With a hosting node lost, the one replica left answered 500 to
+3 of its checks in 10 s (its etcd client's health probe sent to the lost member): each time it
+was marked down and its requests in flight were cut (CI of a2cbb8f). A replica that cannot
+reach etcd still leaves: its pod is Ready only while its /readyz passes with etcd, and its
+address (``externalTrafficPolicy: Local``) forwards to Ready replicas only.
+
 A planned apiserver restart does not wait for the checks: the installer first takes that
 apiserver out of every balancer (``hiddenplane-api-balancer-ctl leave``: drained, its checks
 paused, so nothing cuts the requests it still answers) and puts it back once it is ready
@@ -52,6 +61,9 @@ SETTLE_SECONDS = 2.0
 HARD_STOP_AFTER = "30s"
 
 
+# what a hosted tenant's balancers ask its replicas (the module's docstring says why)
+HOSTED_READYZ = "/readyz?exclude=etcd&exclude=etcd-readiness"
+
 # the name of an apiserver's unchecked entry, tried only when every checked one is down
 FALLBACK = "-anyway"
 
@@ -66,6 +78,10 @@ def server_lines(backends: list[tuple[str, str, int]]) -> list[str]:
 
 def _addr(address: str) -> str:
     return f"[{address}]" if ":" in address else address
+
+
+def check_path(inv: Inventory) -> str:
+    return HOSTED_READYZ if inv.hosted else "/readyz"
 
 
 def haproxy_config(inv: Inventory) -> str:
@@ -105,7 +121,7 @@ def haproxy_config(inv: Inventory) -> str:
         # the backups all share the connections, not the first alone: one of them may be lost
         "    option allbackups",
         "    option httpchk",
-        "    http-check send meth GET uri /readyz ver HTTP/1.1 hdr Host kubernetes",
+        f"    http-check send meth GET uri {check_path(inv)} ver HTTP/1.1 hdr Host kubernetes",
         "    http-check expect status 200",
         # checks over TLS, the apiserver's certificate verified against the cluster CA and its
         # name 'kubernetes' (a SAN of every apiserver certificate); the data path stays TCP
