@@ -423,8 +423,14 @@ def test_a_validating_webhook_served_by_a_tenant_pod_is_called(tenant: Tenant, t
     ]
     for o in objects:
         tenant.kubectl("apply", "-f", "-", stdin=json.dumps(o))
-    wait_for("the webhook pod ready", lambda: any(c.get("ready") for c in tenant.get("pod", "webhook")["status"].get(
-        "containerStatuses", [])), timeout=300)
+    try:
+        wait_for("the webhook pod ready", lambda: any(c.get("ready") for c in tenant.get("pod", "webhook")[
+            "status"].get("containerStatuses", [])), timeout=300)
+    except BaseException:
+        # a local run of a667e16 met it once, cause unknown: what the pod and w4's images say
+        print(tenant.kubectl("describe", "pod", "webhook", check=False).stdout[-4000:])
+        print(tenant.rc.ssh("w4", "crictl images; journalctl -u kubelet --no-pager -n 40").stdout[-4000:])
+        raise
     config = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
               "metadata": {"name": "tenant-test"},
               "webhooks": [{"name": "configmaps.tenant-test.example", "admissionReviewVersions": ["v1"],
