@@ -488,6 +488,7 @@ def test_the_real_haproxy_still_tries_the_apiservers_when_every_check_fails(ha, 
     balancer has no server and closes every connection unanswered, what a tenant worker's
     kubelet saw in the CI of 4c772a4 while a hosting node was lost and its one replica left
     failed two checks."""
+    import ssl
     binary = _haproxy()
     ca = _pair("kubernetes-ca")
     serving = _Apiserver(tmp_path, "serving", _pair("kube-apiserver", ca, ("kubernetes",)))
@@ -504,6 +505,24 @@ def test_the_real_haproxy_still_tries_the_apiservers_when_every_check_fails(ha, 
             answers.append(_get(tmp_path, front, "/"))
             time.sleep(0.5)
         after = _states(tmp_path)
+        closed, back = False, {}
+        if fallback:
+            # a connection made on a backup (idle: the server would keep it 30 s) is closed once
+            # a checked server is up again, so that its client reconnects there
+            client = ssl.create_default_context(cafile=str(tmp_path / "ca.crt"))
+            client.check_hostname = False
+            held = client.wrap_socket(socket.create_connection(("127.0.0.1", front), timeout=10))
+            serving.ready = True
+            time.sleep(2.5)                           # a check passed: up
+            held.settimeout(3)
+            try:
+                closed = held.recv(1) == b""
+            except TimeoutError:                      # still open
+                closed = False
+            except (OSError, ssl.SSLError):
+                closed = True
+            held.close()
+            back = _states(tmp_path)
     finally:
         proc.terminate()
         log = proc.communicate(timeout=10)[0]
@@ -514,6 +533,7 @@ def test_the_real_haproxy_still_tries_the_apiservers_when_every_check_fails(ha, 
         # connections refused by the lost one's backup do not mark it down: with no checks,
         # nothing would ever mark it up again (observe needs checks)
         assert after[f"lost{FALLBACK}"] == "2" and after[f"serving{FALLBACK}"] == "2", after
+        assert back["serving"] == "2" and closed, (back, closed)
     else:
         assert all(a.startswith("failed") for a in answers), answers
 

@@ -127,6 +127,11 @@ def haproxy_config(inv: Inventory) -> str:
         # name 'kubernetes' (a SAN of every apiserver certificate); the data path stays TCP
         f"    default-server check check-ssl verify required ca-file {PKI_DIR}/ca.crt verifyhost kubernetes "
         f"check-sni kubernetes inter {CHECK_INTERVAL} fall {FALL} rise {RISE} on-marked-down shutdown-sessions "
+        # a connection made on an unchecked backup is never closed by a mark-down: it is closed
+        # once a checked server is up again, and its client reconnects there (CI of 61f8458: a
+        # kubelet's connection made on a backup while a snapshot restore restarted both
+        # replicas hung for minutes, its pods never started)
+        "on-marked-up shutdown-backup-sessions "
         # and a connection that fails marks it down at once, before its next checks do (a lost
         # host: the client's connection is retried on another apiserver after timeout connect)
         "observe layer4 error-limit 1 on-error mark-down",
