@@ -88,24 +88,26 @@ def longest_gap(found: list[Row], since: float) -> float:
 def marked(cfg: Path, worker: str, server: str, since: float, state: str) -> float | None:
     """Seconds from ``since`` (unix time) to ``worker``'s balancer marking ``server`` ``state``
     (UP or DOWN) in its journal."""
+    return next((t - since for t, message in _balancer_lines(cfg, worker, since)
+                 if f"apiservers/{server} is {state}" in message), None)
+
+
+def _balancer_lines(cfg: Path, worker: str, since: float) -> list[tuple[float, str]]:
+    """(unix time, message) of ``worker``'s balancer journal lines at or after ``since``."""
     out = ssh(cfg, worker, f"journalctl -u {BALANCER} -o short-unix --no-pager --since=@{int(since) - 1}").stdout
+    found = []
     for line in out.splitlines():
-        if f"apiservers/{server} is {state}" in line and float(line.split()[0]) >= since:
-            return float(line.split()[0]) - since
-    return None
+        f = line.split(maxsplit=3)
+        if len(f) == 4 and f[0].replace(".", "", 1).isdigit() and float(f[0]) >= since:
+            found.append((float(f[0]), f[3]))
+    return found
 
 
 def marks(cfg: Path, worker: str, since: float) -> list[str]:
     """``worker``'s balancer's lines since ``since`` (unix time) that mark a server up or down
     or say it runs on the unchecked backups, as "+<seconds after since> <the line's message>"."""
-    out = ssh(cfg, worker, f"journalctl -u {BALANCER} -o short-unix --no-pager --since=@{int(since) - 1}").stdout
-    found = []
-    for line in out.splitlines():
-        f = line.split(maxsplit=3)
-        if len(f) == 4 and f[0].replace(".", "", 1).isdigit() and float(f[0]) >= since and (
-                " is DOWN" in f[3] or " is UP" in f[3] or "Running on backup" in f[3]) and "[WARNING]" not in f[3]:
-            found.append(f"+{float(f[0]) - since:.1f} {f[3]}")
-    return found
+    return [f"+{t - since:.1f} {message}" for t, message in _balancer_lines(cfg, worker, since)
+            if any(k in message for k in (" is DOWN", " is UP", "Running on backup")) and "[WARNING]" not in message]
 
 
 class Stop(NamedTuple):
