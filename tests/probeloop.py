@@ -98,3 +98,18 @@ def when(rows: list[Row], cut_at: float, back_at: float) -> str:
     out = [f"r+{t - back_at:.1f}" if t >= back_at else f"c+{t - cut_at:.1f}" if t >= cut_at else f"b{t - cut_at:.1f}"
            for t, ok, _ in rows if not ok]
     return " ".join(out[:8]) + (" ..." if len(out) > 8 else "")
+
+
+def tcp_clients(proc_net_tcp: str, port: int) -> set[str]:
+    """The IPv4 addresses with an established connection to local ``port``, read from a
+    /proc/net/tcp dump (addresses as little-endian hex): which pods a member serves, read in
+    its own network namespace, where the Service's address is already translated."""
+    out = set()
+    for line in proc_net_tcp.splitlines()[1:]:
+        f = line.split()
+        if len(f) < 4 or f[3] != "01":                    # 01: ESTABLISHED
+            continue
+        local, remote = f[1].split(":"), f[2].split(":")
+        if int(local[1], 16) == port:
+            out.add(".".join(str(b) for b in reversed(bytes.fromhex(remote[0]))))
+    return out

@@ -200,11 +200,21 @@ def test_each_pods_secrets_hold_only_its_own_keys(rendered):
             assert not any(k.endswith(".key") or k.endswith(".conf") for k in o["data"]), o["metadata"]["name"]
 
 
-def test_the_api_dials_every_etcd_member_and_leaders_dial_the_service(rendered):
+def test_the_api_dials_its_nodes_etcd_member_first_and_leaders_dial_the_service(rendered):
     p, plan = rendered
     args = _by(plan, "Deployment", "kube-apiserver")["spec"]["template"]["spec"]["containers"][0]["args"]
     flags = dict(a.split("=", 1) for a in args)
-    assert flags["--etcd-servers"] == ",".join(f"https://etcd-{i}.{NS}.svc:2379" for i in range(3))
+    # one address, not every member: a replica's requests never wait on a lost node's member
+    assert flags["--etcd-servers"] == f"https://etcd-near.{NS}.svc:2379"
+    near = _by(plan, "Service", "etcd-near")["spec"]
+    assert near["trafficDistribution"] == "PreferSameNode" and near["type"] == "ClusterIP"
+    # ready members only (a learner, a member catching up: no client), and no peer port
+    assert not near.get("publishNotReadyAddresses") and [x["port"] for x in near["ports"]] == [2379]
+    assert near["selector"] == _by(plan, "StatefulSet", "etcd")["spec"]["selector"]["matchLabels"]
+    # the name the apiservers dial is in the one server certificate every member serves with
+    names = p.material.pair("etcd/server-hosted").cert.extensions.get_extension_for_class(
+        x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    assert f"etcd-near.{NS}.svc" in names
     assert flags["--advertise-address"] == p.inventory.balancer_address
     assert flags["--endpoint-reconciler-type"] == "none"
     assert flags["--egress-selector-config-file"]
@@ -230,8 +240,8 @@ def test_the_certificates_name_the_exposed_addresses_and_every_etcd_member(rende
 
 def test_each_etcd_member_is_reached_at_its_own_service_whose_address_never_changes(rendered):
     """A member's pod comes back from a roll with a new address the hosting cluster's DNS goes
-    on answering stale for up to 30 s; its Service's address never changes: peers, the
-    apiservers and the member's own advertised URLs name it. A member not ready yet is listed
+    on answering stale for up to 30 s; its Service's address never changes: peers and the
+    member's own advertised URLs name it. A member not ready yet is listed
     (its peers must reach it for it to become ready), and the Service selects that pod alone."""
     p, plan = rendered
     services = {o["metadata"]["name"]: o for o in plan.objects if o["kind"] == "Service"}
@@ -320,13 +330,14 @@ def test_another_etcd_member_count_restarts_no_member_and_is_planned_one_at_a_ti
     assert env["peer_url"]["value"] == "https://$(member)." + NS + ".svc:2380"
     assert env["legacy_peer_url"]["value"] == "https://$(member).etcd." + NS + ".svc:2380"
     assert [o["metadata"]["name"] for o in one.objects if o["kind"] == "Service" and o["metadata"]["name"] != "etcd"
-            and o["metadata"]["name"].startswith("etcd")] == ["etcd-0"]
+            and o["metadata"]["name"].startswith("etcd")] == ["etcd-0", "etcd-near"]
     assert env["cluster"]["valueFrom"]["configMapKeyRef"] == {"name": "etcd-members", "key": "cluster"}
 
     def servers(objs):
         args = _by(objs, "Deployment", "kube-apiserver")["spec"]["template"]["spec"]["containers"][0]["args"]
         return next(a for a in args if a.startswith("--etcd-servers="))
-    assert servers(one) == f"--etcd-servers=https://etcd-0.{NS}.svc:2379"
+    # the member count changes no apiserver flag: nothing of theirs restarts for it
+    assert servers(one) == servers(plan) == f"--etcd-servers=https://etcd-near.{NS}.svc:2379"
     assert [s.split(" (")[0] for s in tenant_members.count_steps(p.inventory, 1)] == [
         "add etcd-1 as a learner", "add etcd-2 as a learner"]
     assert [s.split(",")[0] for s in tenant_members.count_steps(inv1, 3)] == [

@@ -75,3 +75,15 @@ def test_by_node_groups_pods_by_the_node_they_run_on():
             {"metadata": {"name": "etcd-1"}, "spec": {"nodeName": "w2"}},
             {"metadata": {"name": "etcd-2"}, "spec": {}}]
     assert probeloop.by_node(pods) == {"w1": ["etcd-0", "kube-apiserver-a"], "w2": ["etcd-1"], "-": ["etcd-2"]}
+
+
+def test_tcp_clients_reads_the_established_peers_of_one_port():
+    dump = """  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 00000000:094B 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1
+   1: 0F0AA8C0:094B 0A0AA8C0:C350 01 00000000:00000000 00:00000000 00000000     0        0 2 1
+   2: 0100007F:094B 0100007F:D431 01 00000000:00000000 00:00000000 00000000     0        0 3 1
+   3: 0F0AA8C0:094C 0B0AA8C0:C351 01 00000000:00000000 00:00000000 00000000     0        0 4 1
+   4: 0F0AA8C0:094B 0C0AA8C0:C352 06 00000000:00000000 00:00000000 00000000     0        0 5 1
+"""
+    # the listener (0A), the peer port (094C) and a connection in TIME_WAIT (06) are no client
+    assert probeloop.tcp_clients(dump, 2379) == {"192.168.10.10", "127.0.0.1"}

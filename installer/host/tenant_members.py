@@ -13,9 +13,10 @@ Shrinking: the highest-numbered member is removed through a member that stays (e
 ready first), then the StatefulSet runs one replica fewer and the member's volume claim is
 deleted (a later grow must start that member empty, never on a removed member's data).
 
-Afterwards `apply` converges the objects as for any change: the StatefulSet's template names the
-new member list (each member restarts once, one at a time, as in any rolling update) and the
-apiservers' ``--etcd-servers`` roll. Interrupted, the next run resumes from the member list.
+Afterwards `apply` converges the objects as for any change: the member list ConfigMap, which each
+member's start reads (no member restarts for it). No apiserver restarts either: they dial the
+``etcd-near`` Service, which follows the ready members. Interrupted, the next run resumes from
+the member list.
 """
 
 from __future__ import annotations

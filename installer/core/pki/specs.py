@@ -95,6 +95,9 @@ HOSTED_ETCD = "hosted"
 # other certificate of the etcd CA as a peer (render/tenant.py, --peer-cert-allowed-cn)
 HOSTED_PEER_CN = "etcd-peer"
 ETCD_SERVICE = "etcd"
+# the apiservers' one etcd address: a Service that prefers its client's own node's member
+# (render/tenant.py, near_service)
+ETCD_NEAR = "etcd-near"
 
 
 def hosted_etcd_sans(namespace: str) -> tuple[frozenset[str], frozenset[str]]:
@@ -104,7 +107,8 @@ def hosted_etcd_sans(namespace: str) -> tuple[frozenset[str], frozenset[str]]:
     # headless Service too, which tenants applied before those Services still dial until apply
     # moves them
     members = [f"{ETCD_SERVICE}-{i}.{namespace}.svc" for i in range(max(ETCD_MEMBER_COUNTS))]
-    return _split_sans([*members, f"*.{svc}", svc, f"*.{ETCD_SERVICE}", "localhost", "127.0.0.1", "::1"])
+    return _split_sans([*members, f"{ETCD_NEAR}.{namespace}.svc", f"*.{svc}", svc, f"*.{ETCD_SERVICE}",
+                        "localhost", "127.0.0.1", "::1"])
 
 
 def etcd_member_sans(name: str, address: str) -> tuple[frozenset[str], frozenset[str]]:

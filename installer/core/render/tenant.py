@@ -22,7 +22,7 @@ from installer.core.inventory import HostSpec, Inventory
 from installer.core.inventory_hosted import API_SERVICE, hosted_images
 from installer.core.pki import issue
 from installer.core.pki.material import Material
-from installer.core.pki.specs import CLUSTER_CA, ETCD_SERVICE, HOSTED_ETCD, HOSTED_PEER_CN
+from installer.core.pki.specs import CLUSTER_CA, ETCD_NEAR, ETCD_SERVICE, HOSTED_ETCD, HOSTED_PEER_CN
 from installer.core.render import control
 from installer.core.render import tenant_sizing as sizing
 from installer.core.render.addons import konnectivity
@@ -108,6 +108,28 @@ def legacy_peer_url(inv: Inventory, member: str) -> str:
 
 def member_client_url(inv: Inventory, member: str) -> str:
     return f"https://{member_host(inv, member)}:{ETCD_PORT}"
+
+
+# The apiservers dial etcd at one Service that sends each new connection to a member on the
+# client's own hosting node when one is ready there, else to any ready member. Listing every
+# member instead, each replica's etcd client spread its requests over all of them (round robin),
+# so when a hosting node was cut off, the surviving replica's requests sent on its connection
+# to the lost member waited until gRPC's keepalive gave that connection up (10 s, not a flag of
+# the apiserver): 1-2 failed tenant requests per path at every cut (CI of a2cbb8f, dd2baaa), and
+# a few more after the return while the returning member caught up. The systemd mode learnt the
+# same (docs/ha.md: each apiserver uses its own host's member). The choice is made per
+# connection: an apiserver whose member left (a roll) stays on the member it reconnected to
+# until its next restart. Ready members only: a learner or a member catching up gets no client.
+
+def near_url(inv: Inventory) -> str:
+    return f"https://{ETCD_NEAR}.{inv.hosted_namespace}.svc:{ETCD_PORT}"
+
+
+def near_service(inv: Inventory) -> dict:
+    return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(inv, ETCD_NEAR, "etcd"),
+            "spec": {"type": "ClusterIP", "trafficDistribution": "PreferSameNode",
+                     "selector": _selector(inv, "etcd")["matchLabels"],
+                     "ports": [{"name": "client", "port": ETCD_PORT, "targetPort": ETCD_PORT}]}}
 
 
 def member_service(inv: Inventory, member: str) -> dict:
@@ -256,8 +278,8 @@ def _etcd(inv: Inventory, plan: HostPlan) -> list[dict]:
     script = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(inv, "etcd-start", "etcd"),
               "data": {START_SCRIPT: (SH_DIR / START_SCRIPT).read_text()}}
     # the member list, read by each start from here and not written into the pod template: a
-    # member count change (host/tenant_members.py) then restarts no member; the apiservers'
-    # --etcd-servers roll instead
+    # member count change (host/tenant_members.py) then restarts no member, and no apiserver
+    # either: they dial the near Service, which follows the ready members
     member_list = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(inv, MEMBER_LIST, "etcd"),
                    "data": {"cluster": ",".join(f"{m}={member_peer_url(inv, m)}" for m in members),
                             "endpoints": ",".join(member_client_url(inv, m) for m in members)}}
@@ -284,7 +306,8 @@ def _etcd(inv: Inventory, plan: HostPlan) -> list[dict]:
            "spec": {"serviceName": ETCD_SERVICE, "replicas": inv.hosted.etcdReplicas,
                     "podManagementPolicy": "Parallel", "selector": _selector(inv, "etcd"), "template": template,
                     "volumeClaimTemplates": [claim]}}
-    out = [*parts.objects, script, member_list, headless, *(member_service(inv, m) for m in members), sts]
+    out = [*parts.objects, script, member_list, headless, *(member_service(inv, m) for m in members),
+           near_service(inv), sts]
     if inv.hosted.etcdReplicas > 1:
         # a drain takes one member at a time: a hosting node holding two must wait for the first
         # to run elsewhere (its volume is that node's with a local provisioner: until uncordoned)
@@ -299,7 +322,7 @@ def _apiserver(inv: Inventory, plan: HostPlan, placement: Placement) -> list[dic
     args = _replace(control.apiserver_flags(inv, virtual_host(inv)), {
         # the kubernetes Service's endpoint is the workers' balancer address (no reconciler)
         "--advertise-address": inv.balancer_address,
-        "--etcd-servers": ",".join(member_client_url(inv, m) for m in member_names(inv)),
+        "--etcd-servers": near_url(inv),
         **sizing.AUDIT_FLAGS,
     })
     api = pod_parts(plan, API_UNIT, "kube-apiserver", ns, args, _labels(inv, "kube-apiserver"))
