@@ -625,12 +625,13 @@ def test_a_pod_of_another_namespace_reaches_only_the_tenants_exposed_ports(tenan
         allowed, denied = EXPOSURE[p["metadata"]["labels"]["app.kubernetes.io/name"]]
         targets += [(p["metadata"]["name"], p["status"]["podIP"], port, port in allowed) for port in allowed + denied]
     assert {n.split("-")[0] for n, *_ in targets} == {"etcd", "kube"}, targets
-    # and each etcd member's own Service (its ClusterIP: the address a roll never changes),
-    # where an intruder would look first: dropped as the pods' are
-    members = [x for x in rc.get("services", "-n", NS)["items"] if x["metadata"]["name"].startswith("etcd-")]
-    assert len(members) == 3, [x["metadata"]["name"] for x in members]
-    targets += [(f"Service {x['metadata']['name']}", x["spec"]["clusterIP"], port, False)
-                for x in members for port in (2379, 2380)]
+    # and each etcd member's own Service (its ClusterIP: the address a roll never changes) and
+    # the apiservers' etcd-near, where an intruder would look first: dropped as the pods' are
+    services = {x["metadata"]["name"]: x for x in rc.get("services", "-n", NS)["items"]
+                if x["metadata"]["name"].startswith("etcd-")}
+    assert sorted(services) == ["etcd-0", "etcd-1", "etcd-2", "etcd-near"], sorted(services)
+    targets += [(f"Service {name}", x["spec"]["clusterIP"], port, False)
+                for name, x in services.items() for port in ((2379,) if name == "etcd-near" else (2379, 2380))]
     print(f"\nthe tenant's pods by hosting worker: "
           f"{sorted((p['spec']['nodeName'], p['metadata']['name']) for p in pods)}")
     rc.kubectl("create", "namespace", "intruder")
@@ -1137,7 +1138,8 @@ def member_count_changes(b: Tenant, state: Path) -> None:
     claims = sorted(c["metadata"]["name"] for c in rc.get("pvc", "-n", "hp-tenant-b")["items"])
     assert claims == ["data-etcd-0"], claims
     services = sorted(x["metadata"]["name"] for x in rc.get("services", "-n", "hp-tenant-b")["items"])
-    assert [x for x in services if x.startswith("etcd-")] == ["etcd-0"], services     # the members' own
+    # the members' own, and the apiservers' one
+    assert [x for x in services if x.startswith("etcd-")] == ["etcd-0", "etcd-near"], services
     assert rc.kubectl("get", "pdb", "etcd", "-n", "hp-tenant-b", check=False).returncode != 0
     # etcd-0 never restarted for either change (the member list is a ConfigMap), and serves the data
     assert first_member() == member0
