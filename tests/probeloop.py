@@ -8,6 +8,7 @@ the fault's edges (before, at the fault, during it, after it).
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import ssl
@@ -100,16 +101,21 @@ def when(rows: list[Row], cut_at: float, back_at: float) -> str:
     return " ".join(out[:8]) + (" ..." if len(out) > 8 else "")
 
 
+
 def tcp_clients(proc_net_tcp: str, port: int) -> set[str]:
-    """The IPv4 addresses with an established connection to local ``port``, read from a
-    /proc/net/tcp dump (addresses as little-endian hex): which pods a member serves, read in
-    its own network namespace, where the Service's address is already translated."""
+    """The addresses with an established connection to local ``port``, read from a dump of
+    /proc/net/tcp and /proc/net/tcp6 (each 32-bit word little-endian hex; etcd listens on both
+    families at once, so IPv4 clients show in tcp6 as IPv4-mapped): which pods a member serves,
+    read in its own network namespace, where the Service's address is already translated."""
     out = set()
-    for line in proc_net_tcp.splitlines()[1:]:
+    for line in proc_net_tcp.splitlines():
         f = line.split()
-        if len(f) < 4 or f[3] != "01":                    # 01: ESTABLISHED
+        if len(f) < 4 or f[3] != "01" or ":" not in f[1]:      # 01: ESTABLISHED (and no header)
             continue
-        local, remote = f[1].split(":"), f[2].split(":")
-        if int(local[1], 16) == port:
-            out.add(".".join(str(b) for b in reversed(bytes.fromhex(remote[0]))))
+        (_, local_port), (remote, _) = f[1].split(":"), f[2].split(":")
+        if int(local_port, 16) != port:
+            continue
+        raw = b"".join(bytes.fromhex(remote[i:i + 8])[::-1] for i in range(0, len(remote), 8))
+        address = ipaddress.ip_address(raw)
+        out.add(str(getattr(address, "ipv4_mapped", None) or address))
     return out

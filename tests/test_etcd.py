@@ -39,7 +39,7 @@ import pytest
 import yaml
 
 from installer import api
-from installer.core.etcd_rules import EtcdOpError
+from installer.core.etcd_rules import RESTORE_REVISION_BUMP, EtcdOpError
 from installer.core.inventory import Inventory
 from installer.engine.planes.etcd_hosts import ETCDUTL, snapshot_info, snapshot_restore_argv, snapshot_status_argv
 from installer.host import probes
@@ -385,6 +385,8 @@ def test_snapshot_restored_with_the_rendered_etcdutl_commands(cluster, etcd, tmp
     assert saved.returncode == 0, saved.stderr
     for k, v in after.items():
         assert etcdctl(etcd, "put", k, v, **creds).returncode == 0
+    # the revision a client of the API last saw before the restore (a watch resumes after it)
+    seen = json.loads(etcdctl(etcd, "get", prefix, "--prefix", "-w", "json", **creds).stdout)["header"]["revision"]
 
     status = _run(_localized_etcdutl(cluster, snapshot_status_argv(str(snap)), lambda a: a))
     assert status.returncode == 0, status.stderr
@@ -414,3 +416,10 @@ def test_snapshot_restored_with_the_rendered_etcdutl_commands(cluster, etcd, tmp
         assert [(m["name"], m["peerURLs"]) for m in members] == \
             [(host.name, [f"https://{HOST_ADDRESS}:{ports[2380]}"])]
         assert etcdctl(member, "put", f"{prefix}/written-after-restore", "x", **creds).stdout.strip() == "OK"
+        # every revision a client held before is below the restored cluster's and compacted: a
+        # watch resumed from one is refused (the API's clients list again) instead of waiting,
+        # blind, until the revision passes it again
+        now = json.loads(etcdctl(member, "get", prefix, "--prefix", "-w", "json", **creds).stdout)["header"]
+        assert now["revision"] > RESTORE_REVISION_BUMP > seen, (now, seen)
+        watch = etcdctl(member, "watch", prefix, "--prefix", f"--rev={seen + 1}", **creds, timeout="5s")
+        assert "compacted" in watch.stdout + watch.stderr, (watch.returncode, watch.stdout, watch.stderr)

@@ -548,7 +548,7 @@ def test_the_restore_of_a_tenant_copies_before_it_stops_anything(rendered, tmp_p
 
     from installer.cli.main import cli
     from installer.host import podexec
-    p, _ = rendered
+    p, plan = rendered
     snap = tmp_path / "snap.db"
     snap.write_bytes(b"x")
     inv = tmp_path / "t.yaml"
@@ -561,6 +561,11 @@ def test_the_restore_of_a_tenant_copies_before_it_stops_anything(rendered, tmp_p
     at = [res.output.find(w) for w in order]
     assert -1 not in at and at == sorted(at), res.output
     assert "etcd-0, etcd-1, etcd-2" in res.output and "nothing is stopped yet" in res.output
+    # each member's start restores with the revision raised past every client's (etcd_rules)
+    from installer.core.etcd_rules import RESTORE_FLAGS
+    env = {e["name"]: e.get("value") for e in _by(plan, "StatefulSet", "etcd")["spec"]["template"]["spec"][
+        "containers"][0]["env"]}
+    assert env["restore_flags"] == "--bump-revision=1000000000 --mark-compacted" == " ".join(RESTORE_FLAGS)
     assert podexec.exit_code({"status": "Success"}) == 0
     assert podexec.exit_code({"status": "Failure", "reason": "NonZeroExitCode",
                               "details": {"causes": [{"reason": "ExitCode", "message": "3"}]}}) == 3

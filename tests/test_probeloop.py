@@ -85,5 +85,11 @@ def test_tcp_clients_reads_the_established_peers_of_one_port():
    3: 0F0AA8C0:094C 0B0AA8C0:C351 01 00000000:00000000 00:00000000 00000000     0        0 4 1
    4: 0F0AA8C0:094B 0C0AA8C0:C352 06 00000000:00000000 00:00000000 00000000     0        0 5 1
 """
-    # the listener (0A), the peer port (094C) and a connection in TIME_WAIT (06) are no client
-    assert probeloop.tcp_clients(dump, 2379) == {"192.168.10.10", "127.0.0.1"}
+    dump6 = """  sl  local_address                         remote_address                        st
+   0: 0000000000000000FFFF00002600F40A:094B 0000000000000000FFFF00002600F40A:D8C8 01 00000000:00000000
+   1: 0000000000000000FFFF00002600F40A:094B 0000000000000000FFFF00000100007F:A40E 01 00000000:00000000
+   2: 00000000000000000000000001000000:094B 00000000000000000000000001000000:A40F 01 00000000:00000000
+"""
+    # the listener (0A), the peer port (094C) and a connection in TIME_WAIT (06) are no client;
+    # an IPv4 client of a dual-stack listener is named as IPv4 (as on the lab: etcd's members)
+    assert probeloop.tcp_clients(dump + dump6, 2379) == {"192.168.10.10", "127.0.0.1", "10.244.0.38", "::1"}

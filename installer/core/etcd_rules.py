@@ -12,6 +12,15 @@ from installer.core.errors import InstallerError
 from installer.core.inventory import HostSpec
 from installer.core.render.control import ETCD_DATA_DIR, peer_url
 
+# A restored cluster's revision is the snapshot's, older than the resourceVersions the API's
+# clients hold: a kubelet's pod watch resumed from a later one got no event until the revision
+# passed it again (a tenant pod bound to a worker after a restore stayed Pending, no status, for
+# 5 min on the lab, 2026-12-07). The revision is raised past any a client can hold and what lies
+# below it marked compacted, so every watch from before the restore is told "too old" and lists
+# again: the restore Kubernetes documents (both flags are etcdutl 3.6's).
+RESTORE_REVISION_BUMP = 1_000_000_000
+RESTORE_FLAGS = (f"--bump-revision={RESTORE_REVISION_BUMP}", "--mark-compacted")
+
 
 class EtcdOpError(InstallerError):
     """An etcd operation could not be done (the message says which step)."""

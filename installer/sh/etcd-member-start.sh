@@ -5,7 +5,8 @@
 # cluster (every member, name=peer URL, for a first bootstrap), data (the data directory),
 # endpoints (the other members' client URLs, comma-separated), and the client certificate
 # etcdctl uses: cacert, cert, key; etcdutl and restore (the directory an
-# `etcd snapshot restore` leaves a snapshot and its cluster token in). The arguments are etcd's
+# `etcd snapshot restore` leaves a snapshot and its cluster token in), restore_flags (etcdutl's
+# other flags for it). The arguments are etcd's
 # other flags.
 #   - a restore waiting (restore/snapshot.db and restore/token): this member of a new cluster
 #     (every member, that token) is written from the snapshot, the data before it kept in
@@ -21,14 +22,18 @@
 #   - no data, the cluster answers without this member: added, then started (state existing).
 set -eu
 : "${etcd:?}" "${etcdctl:?}" "${member:?}" "${peer_url:?}" "${cluster:?}" "${data:?}" "${endpoints:?}"
-: "${cacert:?}" "${cert:?}" "${key:?}" "${etcdutl:?}" "${restore:?}" "${legacy_peer_url:?}"
+: "${cacert:?}" "${cert:?}" "${key:?}" "${etcdutl:?}" "${restore:?}" "${legacy_peer_url:?}" "${restore_flags:?}"
 
 if [ -f "$restore/snapshot.db" ] && [ -f "$restore/token" ]; then
   token=$(cat "$restore/token")
   echo "etcd-member-start: $member: restoring the snapshot in $restore (cluster token $token)" >&2
   rm -rf "$data.restoring"
+  # restore_flags: the revision raised past every client's (core/etcd_rules.py, RESTORE_FLAGS);
+  # flags without spaces, split into words on purpose
+  # shellcheck disable=SC2086
   "$etcdutl" snapshot restore "$restore/snapshot.db" --name="$member" --initial-cluster="$cluster" \
-    --initial-cluster-token="$token" --initial-advertise-peer-urls="$peer_url" --data-dir="$data.restoring"
+    --initial-cluster-token="$token" --initial-advertise-peer-urls="$peer_url" --data-dir="$data.restoring" \
+    $restore_flags
   rm -rf "$data.before-restore"
   if [ -e "$data" ]; then
     mv "$data" "$data.before-restore"

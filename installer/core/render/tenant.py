@@ -18,6 +18,7 @@ import json
 from dataclasses import dataclass, field
 
 from installer.core import components
+from installer.core.etcd_rules import RESTORE_FLAGS
 from installer.core.inventory import HostSpec, Inventory
 from installer.core.inventory_hosted import API_SERVICE, hosted_images
 from installer.core.pki import issue
@@ -271,7 +272,7 @@ def _etcd(inv: Inventory, plan: HostPlan) -> list[dict]:
            {"name": "legacy_peer_url", "value": legacy_peer_url(inv, me)},
            _member_list_env("cluster"),
            {"name": "data", "value": ETCD_DATA}, {"name": "etcdutl", "value": f"{BIN}/etcdutl"},
-           {"name": "restore", "value": ETCD_RESTORE},
+           {"name": "restore", "value": ETCD_RESTORE}, {"name": "restore_flags", "value": " ".join(RESTORE_FLAGS)},
            _member_list_env("endpoints"),
            {"name": "cacert", "value": f"{pki}/ca.crt"}, {"name": "cert", "value": f"{pki}/peer.crt"},
            {"name": "key", "value": f"{pki}/peer.key"}]

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from installer.core.components import CONTROL_UNITS, ETCD_UNIT, LOCAL_CONTROL_PORTS
-from installer.core.etcd_rules import EtcdOpError, Member, parse_members
+from installer.core.etcd_rules import RESTORE_FLAGS, EtcdOpError, Member, parse_members
 from installer.core.inventory import HostSpec, Inventory
 from installer.core.render.control import ETCD_DATA_DIR, ETCD_RESTORE_ASIDE, etcd_servers, initial_cluster, peer_url
 from installer.core.safefs import write_atomic
@@ -174,14 +174,14 @@ def restore_token(inv: Inventory, stamp: str) -> str:
 
 def snapshot_restore_argv(inv: Inventory, host: HostSpec, snapshot: str, stamp: str) -> list[str]:
     """Writes ``host``'s member of a new cluster (every control host, a new token) from
-    ``snapshot`` into the etcd data dir, which must not exist. Flags as ``--flag=value``, as in
-    the etcd unit."""
+    ``snapshot`` into the etcd data dir, which must not exist, its revision raised past every
+    client's (``RESTORE_FLAGS``). Flags as ``--flag=value``, as in the etcd unit."""
     return [ETCDUTL, "snapshot", "restore", snapshot,
             f"--name={host.name}",
             f"--initial-cluster={initial_cluster(inv.controls)}",
             f"--initial-cluster-token={restore_token(inv, stamp)}",
             f"--initial-advertise-peer-urls={peer_url(host.address)}",
-            f"--data-dir={ETCD_DATA_DIR}"]
+            f"--data-dir={ETCD_DATA_DIR}", *RESTORE_FLAGS]
 
 
 def _restore_script(inv: Inventory, host: HostSpec, snap: str, stamp: str) -> str:
