@@ -20,10 +20,12 @@ left all succeeded (that replica marked down on a busy hosting node: docs/ha.md)
 
 A hosted tenant's balancers check ``/readyz`` without its etcd checks (``HOSTED_READYZ``): a
 control host's apiserver uses its own etcd member alone, so its etcd checks tell whether that
-apiserver can serve; a tenant's replicas share every member, and a replica's etcd checks fail
-for reasons the others share. With a hosting node lost, the one replica left answered 500 to
-3 of its checks in 10 s (its etcd client's health probe sent to the lost member): each time it
-was marked down and its requests in flight were cut (CI of a2cbb8f). A replica that cannot
+apiserver can serve; a tenant's replicas' etcd checks fail for reasons they share (an election,
+a member roll). When every replica still used every member, with a hosting node lost, the one
+replica left answered 500 to 3 of its checks in 10 s (its etcd client's health probe sent to
+the lost member): each time it was marked down and its requests in flight were cut (CI of
+a2cbb8f). Each replica now uses its own node's member (render/tenant.py, near_service); what a
+check with etcd would cost in rolls is not measured yet (docs/hosted.md, "A lost hosting node"). A replica that cannot
 reach etcd still leaves: its pod is Ready only while its /readyz passes with etcd, and its
 address (``externalTrafficPolicy: Local``) forwards to Ready replicas only.
 
@@ -130,7 +132,8 @@ def haproxy_config(inv: Inventory) -> str:
         # a connection made on an unchecked backup is never closed by a mark-down: it is closed
         # once a checked server is up again, and its client reconnects there (CI of 61f8458: a
         # kubelet's connection made on a backup while a snapshot restore restarted both
-        # replicas hung for minutes, its pods never started)
+        # replicas was still there minutes later; its pods never started, which the restored
+        # revision explained since: core/etcd_rules.py, RESTORE_FLAGS)
         "on-marked-up shutdown-backup-sessions "
         # and a connection that fails marks it down at once, before its next checks do (a lost
         # host: the client's connection is retried on another apiserver after timeout connect)
