@@ -8,6 +8,7 @@ place (a new cluster: what was written after the snapshot is gone). Members run 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from installer.core.etcd_rules import RESTORE_FLAGS, RESTORE_REVISION_BUMP
 from installer.core.pki import issue
 from installer.core.pki.specs import ETCD_CA
 from installer.core.shellfiles import shell_file
@@ -60,7 +62,8 @@ class Members:
             cluster=",".join(f"{n}={self.peer[n]}" for n in NAMES),
             data=str(self.data(name)), endpoints=",".join(self.client.values()),
             cacert=str(self.pki / "ca.crt"), cert=str(self.pki / "client.crt"), key=str(self.pki / "client.key"),
-            etcdutl=str(self.bin / "etcdutl"), restore=str(self.restore(name)))
+            etcdutl=str(self.bin / "etcdutl"), restore=str(self.restore(name)),
+            restore_flags=" ".join(RESTORE_FLAGS))
         p = self.pki
         flags = [f"--listen-client-urls={self.client[name]}", f"--advertise-client-urls={self.client[name]}",
                  f"--listen-peer-urls={self.peer[name].replace('localhost', '127.0.0.1')}",
@@ -254,6 +257,9 @@ def test_a_snapshot_handed_to_every_member_is_restored_in_place_by_their_next_st
     assert all(not members.restore(n).exists() and (members.data(f"{n}.before-restore")).is_dir() for n in NAMES)
     got = members.ctl("get", "/registry/", "--prefix", "--keys-only")
     assert got.returncode == 0 and got.stdout.split() == ["/registry/before"], got.stdout
+    # the script's etcdutl raised the revision past every client's (etcd_rules.RESTORE_FLAGS)
+    header = json.loads(members.ctl("get", "/registry/before", "-w", "json").stdout)["header"]
+    assert header["revision"] > RESTORE_REVISION_BUMP, header
     after = members.members()
     assert sorted(after) == list(NAMES) and all(s == "started" for _, s in after.values()), after
     assert not set(old_ids.values()) & {i for i, _ in after.values()}, "a restored cluster has new member ids"

@@ -27,7 +27,8 @@ from collections.abc import Callable
 from installer.core.etcd_rules import EtcdOpError, Member
 from installer.core.inventory import Inventory
 from installer.core.pki.specs import ETCD_SERVICE
-from installer.core.render.tenant import legacy_peer_url, member_names, member_peer_url, member_service
+from installer.core.render.tenant import member_names, member_service
+from installer.core.render.tenant_etcd_names import legacy_peer_url, member_peer_url
 from installer.host.kube import STRATEGIC_MERGE, ApiClient, ApiError, rest, status_message
 from installer.host.kube_objects import apply_objects
 from installer.host.tenant_etcd import (
