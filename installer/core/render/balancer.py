@@ -25,9 +25,10 @@ a member roll). When every replica still used every member, with a hosting node 
 replica left answered 500 to 3 of its checks in 10 s (its etcd client's health probe sent to
 the lost member): each time it was marked down and its requests in flight were cut (CI of
 a2cbb8f). Each replica now uses its own node's member (render/tenant.py, near_service); what a
-check with etcd would cost in rolls is not measured yet (docs/hosted.md, "A lost hosting node"). A replica that cannot
-reach etcd still leaves: its pod is Ready only while its /readyz passes with etcd, and its
-address (``externalTrafficPolicy: Local``) forwards to Ready replicas only.
+check with etcd would cost in rolls is not measured yet (docs/hosted.md, "A lost hosting
+node"). A replica that cannot reach etcd still leaves: its pod is Ready only while its
+/readyz passes with etcd, and its address (``externalTrafficPolicy: Local``) forwards to Ready
+replicas only.
 
 A planned apiserver restart does not wait for the checks: the installer first takes that
 apiserver out of every balancer (``hiddenplane-api-balancer-ctl leave``: drained, its checks

@@ -32,6 +32,8 @@ from installer.core.render.kubeconfig import kubeconfig
 from installer.core.render.manifests import LABELS
 from installer.core.render.pods import INPUTS_ANNOTATION, PodParts, pod_parts
 from installer.core.render.tenant_etcd_names import (
+    ETCD_PORT,
+    PEER_PORT,
     legacy_peer_url,
     member_client_url,
     member_peer_url,
@@ -44,7 +46,6 @@ from installer.core.shellfiles import SH_DIR
 API_UNIT, CM_UNIT, SCHED_UNIT, ETCD_UNIT = components.units(
     "kube-apiserver", "kube-controller-manager", "kube-scheduler", "etcd")
 KONNECTIVITY_UNIT = konnectivity.UNIT
-ETCD_PORT, PEER_PORT = components.port("etcd", "client"), components.port("etcd", "peer")
 BIN = "/usr/local/bin"
 # etcd's volume; its data one level below, which etcd creates 0700 itself (a provisioner's
 # directory may be 0777, which etcd refuses)
