@@ -58,6 +58,53 @@ def test_every_component_of_the_default_versions_is_pinned():
         assert (c.pin_dir / "tools.go").read_text() == kb.tools_go(c)
 
 
+def test_the_cilium_components_are_pinned_with_their_replacements_said_why():
+    import cilium
+    for c in cilium.components():
+        mod = gomod(c.pin_dir)
+        assert {r["Path"]: r["Version"] for r in mod["Require"] if not r.get("Indirect")} == \
+            {m: c.version for m in c.modules}
+        assert (c.pin_dir / "tools.go").read_text() == kb.tools_go(c)
+        replaced = {r["Old"]["Path"]: r["New"] for r in mod.get("Replace") or []}
+        want = {m: ({"Path": to} if to.startswith("./") else {"Path": to.split()[0], "Version": to.split()[1]})
+                for m, to in c.replaces.items()}
+        assert replaced == want, c.name
+    agent = cilium.components()[0]
+    # the stand-in module holds one constant and says why
+    local = agent.pin_dir / "mcs-api-controllers"
+    assert sorted(p.name for p in local.iterdir()) == ["controllers.go", "go.mod"]
+    assert "module sigs.k8s.io/mcs-api/controllers" in (local / "go.mod").read_text()
+    # its files are part of the build key: a change to them is a new build
+    key = kb.build_key(agent, "go1.26.8")
+    original = (local / "controllers.go").read_text()
+    try:
+        (local / "controllers.go").write_text(original + "// changed\n")
+        assert kb.build_key(agent, "go1.26.8") != key
+    finally:
+        (local / "controllers.go").write_text(original)
+
+
+def test_the_cilium_chart_is_packed_like_helm_package_and_reproducibly(tmp_path):
+    import tarfile
+
+    import cilium
+    src = tmp_path / "src"
+    chart = src / "install/kubernetes/cilium"
+    (chart / "templates").mkdir(parents=True)
+    (chart / ".helmignore").write_text("# comment\n.git/\n*.tmpl\n*~\n")
+    for name, text in {"Chart.yaml": "name: cilium\n", "values.yaml": "a: 1\n", "values.yaml.tmpl": "x",
+                       "templates/ds.yaml": "kind: DaemonSet\n", "templates/ds.yaml~": "old",
+                       ".git/config": "x"}.items():
+        (chart / name).parent.mkdir(parents=True, exist_ok=True)
+        (chart / name).write_text(text)
+    one, two = cilium.chart_tgz(src), cilium.chart_tgz(src)
+    assert one == two
+    (tmp_path / "c.tgz").write_bytes(one)
+    with tarfile.open(tmp_path / "c.tgz") as tar:
+        assert sorted(tar.getnames()) == ["cilium/Chart.yaml", "cilium/templates/ds.yaml", "cilium/values.yaml"]
+        assert {m.mtime for m in tar.getmembers()} == {0}
+
+
 def test_kubernetes_staging_modules_are_all_pinned_from_the_upstream_go_mod():
     c = kb.kubernetes(versions.DEFAULT_KUBERNETES_VERSION)
     upstream, _ = kb.download_gomod("k8s.io/kubernetes", c.version, c.pin_dir)

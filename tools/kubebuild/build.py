@@ -48,6 +48,7 @@ sys.path.insert(0, str(ROOT))
 if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.insert(1, str(Path(__file__).resolve().parent))
 
+import cilium  # noqa: E402
 import e2e  # noqa: E402
 import sources  # noqa: E402
 from buildcache import (  # noqa: E402
@@ -195,6 +196,10 @@ def wrapper_gomod(c: Component, upstream: dict[str, str]) -> str:
         lines += ["", "// k8s.io/kubernetes requires these at v0.0.0 (not served) and replaces them with",
                   "// ./staging/...; the same code is published as v0.MINOR.PATCH", "replace ("]
         lines += [f"\t{m} => {m} v0.{minor}.{patch}" for m in staging] + [")"]
+    if c.replaces:
+        lines += ["", "// what the module proxy does not serve (tools/kubebuild says why, at the component)",
+                  "replace ("]
+        lines += [f"\t{m} => {to}" for m, to in sorted(c.replaces.items())] + [")"]
     return "\n".join(lines) + "\n"
 
 
@@ -243,7 +248,9 @@ def build_key(c: Component, gover: str) -> str:
                   json.dumps(c.binaries, sort_keys=True), *([json.dumps(c.tests, sort_keys=True)] if c.tests else []),
                   " ".join(c.ldflags(c.version)),
                   *((c.pin_dir / f).read_text() for f in ("go.mod", "go.sum")),
-                  *(f"{target}={(c.pin_dir / ours).read_text()}" for target, ours in sorted(c.overlays.items())))
+                  *(f"{target}={(c.pin_dir / ours).read_text()}" for target, ours in sorted(c.overlays.items())),
+                  *(f"{f.relative_to(c.pin_dir)}={f.read_text()}" for to in sorted(c.replaces.values())
+                    if to.startswith("./") for f in sorted((c.pin_dir / to).rglob("*")) if f.is_file()))
 
 
 class Heartbeat:
@@ -517,7 +524,7 @@ def install(dest: Path, built: list[Built]) -> dict[str, str]:
             if not (target.is_file() and sums.get(name) == cached[name] and sha256_file(target) == cached[name]):
                 tmp = dest / f".{name}.tmp"
                 shutil.copyfile(path, tmp)
-                tmp.chmod(0o644 if name.endswith((".tar", ".json")) else 0o755)
+                tmp.chmod(0o644 if name.endswith((".tar", ".json", ".tgz")) else 0o755)
                 tmp.rename(target)
             sums[name] = cached[name]
     write_sums(dest, sums)
@@ -536,7 +543,8 @@ def main(argv: list[str] | None = None) -> int:
                    "images, haproxy, socat, konnectivity, local-path-provisioner, kube-network-policies; "
                    "hosted: the images of a hosted control plane, local-path-provisioner's, "
                    "kube-network-policies' and the konnectivity-server binary; "
-                   "e2e: the conformance suite and its images, tools/kubebuild/e2e.py, never built by default)")
+                   "e2e: the conformance suite and its images, tools/kubebuild/e2e.py; "
+                   "cilium: cni: cilium's images, its chart and the helm CLI; these two never by default)")
     args = p.parse_args(argv)
     version = versions.DEFAULT_KUBERNETES_VERSION if args.version == "default" else args.version
     if versions.parse(version) is None:
@@ -548,9 +556,13 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--etcd: '{args.etcd}' is not vMAJOR.MINOR.PATCH")
     hosted = hosted_components()
     hosted_names = {c.name for c in hosted}
+    cilium_parts = cilium.components()
     components = [k8s, *others(args.etcd), *hosted]
     shipped_sources = ("haproxy", "socat")  # built from C, shipped to hosts (busybox is the e2e images')
     wanted = set(args.only) or {c.name for c in components} | {"images", "hosted", *shipped_sources}
+    components += cilium_parts      # only when named: --only cilium (its images, chart and helm)
+    if cilium.CILIUM in wanted:
+        wanted.add(cilium.HELM)
     unknown = wanted - {c.name for c in components} - {"images", "hosted", "e2e", *shipped_sources}
     if unknown:
         p.error(f"--only: unknown {', '.join(sorted(unknown))}")
@@ -579,7 +591,10 @@ def main(argv: list[str] | None = None) -> int:
         elif c.name in wanted or c.name in needed:
             b = build_component(c, gover)
             by_name[c.name] = b
-            if c.name == "konnectivity":
+            if c.name == cilium.CILIUM:
+                built += cilium.build_cilium(c, b, by_name.get("cni") or build_component(
+                    next(o for o in components if o.name == "cni"), gover))
+            elif c.name == "konnectivity":
                 # the server's binary is for control hosts (egress: konnectivity); the agent runs as a pod
                 built.append(replace(b, files={KONNECTIVITY_SERVER: b.files[KONNECTIVITY_SERVER]}))
             elif c.name in wanted and c.name not in ("coredns", "local-path-provisioner", NETPOL):

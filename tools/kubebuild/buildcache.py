@@ -79,6 +79,10 @@ class Component:
     # files built in place of a dependency's: "module:path in it" -> a file in the wrapper's
     # directory (tools/kubebuild/<name>-<version>) that says why (build.override_modules)
     overlays: dict[str, str] = field(default_factory=dict)
+    # replace lines of the wrapper module, each saying why: "module" -> "module version" (a
+    # version the proxy serves in place of one it does not) or "./dir" (a module of our own in
+    # the wrapper's directory, its files part of the build key)
+    replaces: dict[str, str] = field(default_factory=dict)
 
     @property
     def pin_dir(self) -> Path:
