@@ -509,11 +509,35 @@ def test_cilium_values_are_exactly_the_seed_settings(cilium):
         "kubeProxyReplacement": "false",
         "hubble": {"enabled": False},
         "envoy": {"enabled": False},
+        "l7Proxy": False,
+        "routingMode": "tunnel",
+        "tunnelProtocol": "vxlan",
         "bpf": {"preallocateMaps": False},
         "k8sServiceHost": inv.endpoint,
         "k8sServicePort": inv.spec.apiServer.port,
     }
     assert yaml.safe_load(cilium_values_yaml(inv)) == cilium_values(inv)
+
+
+def test_cilium_native_routing_and_the_users_values_merged_over_ours(example_doc, tmp_path):
+    doc = copy.deepcopy(example_doc)
+    doc["spec"]["network"].update(cni="cilium", cilium={
+        "routingMode": "native",
+        "values": {"bpf": {"mapDynamicSizeRatio": 0.01}, "operator": {"replicas": 1}, "l7Proxy": True}})
+    inv = api.validate(write_inventory(tmp_path, doc))
+    got = cilium_values(inv)
+    assert got["routingMode"] == "native" and got["autoDirectNodeRoutes"] is True
+    assert got["ipv4NativeRoutingCIDR"] == inv.spec.network.podCIDR and "tunnelProtocol" not in got
+    # a map into a map, key by key; anything else replaced
+    assert got["bpf"] == {"preallocateMaps": False, "mapDynamicSizeRatio": 0.01}
+    assert got["operator"] == {"replicas": 1} and got["l7Proxy"] is True
+
+
+def test_cilium_settings_without_cni_cilium_are_refused(example_doc, tmp_path):
+    doc = copy.deepcopy(example_doc)
+    doc["spec"]["network"]["cilium"] = {"routingMode": "native"}
+    with pytest.raises(Exception, match=r"spec.network.cilium: set, but spec.network.cni is not cilium"):
+        api.validate(write_inventory(tmp_path, doc))
 
 
 def test_helm_argv_is_local(cilium, tmp_path):

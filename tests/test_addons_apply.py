@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import os
 import re
 from pathlib import Path
@@ -258,8 +259,9 @@ def ctx_for(p, **options) -> Context:
 
 
 FAKE_HELM = """#!/bin/sh
-# records what the installer gave it, as it was at call time
+# records what the installer gave it, as it was at call time; no release is installed yet
 rec="$HELM_RECORD"
+if [ "$1" = history ]; then echo "Error: release: not found" >&2; exit 1; fi
 : > "$rec/argv"
 for a in "$@"; do printf '%s\\n' "$a" >> "$rec/argv"; done
 printf '%s' "$KUBECONFIG" > "$rec/env"
@@ -317,7 +319,8 @@ def test_phase_runs_helm_with_the_chart_values_and_a_private_kubeconfig(cilium, 
     argv = (fake_helm / "argv").read_text().splitlines()
     kc_path = (fake_helm / "env").read_text()
     assert argv[:7] == ["upgrade", "--install", "cilium", str(chart), "--namespace", "kube-system", "--values"]
-    assert argv[8:] == ["--kubeconfig", kc_path]
+    assert argv[8:] == ["--kubeconfig", kc_path, "--description",
+                        f"hiddenplane {CILIUM_CHART} sha256:{hashlib.sha256(chart.read_bytes()).hexdigest()}"]
     assert (fake_helm / "values").read_bytes() == cilium_values_yaml(cilium.inventory)
     assert (fake_helm / "mode").read_text().strip() == "600"
     # on no filesystem: an anonymous in-memory file helm inherited, named by its descriptor
@@ -340,7 +343,7 @@ def test_phase_reports_a_failing_helm(cilium, phase_api, fake_helm, chart, monke
 def test_missing_helm_is_a_clear_error_before_any_request(cilium, phase_api, chart, tmp_path, monkeypatch):
     fake, _ = phase_api
     monkeypatch.setenv("PATH", str(tmp_path))                # no helm there
-    with pytest.raises(InstallerError, match=r"`helm` is not on PATH: install Helm 3"):
+    with pytest.raises(InstallerError, match=r"neither the artifacts \(.*\) nor PATH has `helm`: install Helm 3"):
         ApplyAddons().run_host(ctx_for(cilium), "(api)")
     assert fake.requests == []
 

@@ -326,8 +326,10 @@ def test_a_failed_write_leaves_no_temporary_file(tmp_path):
 # --- no admin credential left in TMPDIR, even after SIGKILL -----------------------------------
 
 FAKE_HELM = r"""#!/bin/sh
-# records what it was given while the installer waits on it, then waits to be killed
+# records what it was given while the installer waits on it, then waits to be killed; no
+# release is installed yet
 rec="$HELM_RECORD"
+if [ "$1" = history ]; then echo "Error: release: not found" >&2; exit 1; fi
 prev=""
 for a in "$@"; do
   if [ "$prev" = "--kubeconfig" ]; then printf '%s' "$a" > "$rec/path"; cat "$a" > "$rec/kubeconfig"; fi
@@ -344,7 +346,7 @@ from pathlib import Path
 from installer import api
 from installer.engine.phases.apply_addons import run_helm
 p = api.prepare(sys.argv[1], sys.argv[2])
-run_helm(p.inventory, p.material, "https://127.0.0.1:6443", sys.argv[3], Path(sys.argv[4]))
+run_helm(p.inventory, p.material, "https://127.0.0.1:6443", sys.argv[3], Path(sys.argv[4]), "0" * 64)
 """
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from installer.actions.teardown_shell import CNI_NETNS, CONTAINERD_DATA, CONTAINERD_RUN, PRELUDE, exe_pids
 from installer.core import components, network
 from installer.core.facts import MANIFEST, STATE_DIR
+from installer.core.render.addons import cilium
 from installer.core.render.addons.netpol import NFT_TABLE as NETPOL_TABLE
 from installer.core.render.control import AUDIT_DIR
 from installer.core.render.files import BIN_DIR, SYSTEMD_DIR
@@ -27,7 +28,7 @@ KEPT_DATA = f"{STATE_DIR}/kept-data"    # what a teardown without data left behi
 RESTORED = f"{STATE_DIR}/restored"      # backups already moved back (an interrupted run resumes)
 LOG_DIR = posixpath.dirname(AUDIT_DIR)  # /var/log/kubernetes
 # chains the installed components add (kube-proxy, the kubelet, the CNI portmap plugin) and ours
-CHAIN_PREFIXES = ("KUBE-", "CNI-", network.MASQ_CHAIN)
+CHAIN_PREFIXES = ("KUBE-", "CNI-", network.MASQ_CHAIN, cilium.CHAIN_PREFIX)
 # what the kernel uses when no sysctl.d file sets the key (network namespaces start from these)
 KERNEL_DEFAULTS = {
     "net.bridge.bridge-nf-call-iptables": 1,
@@ -164,6 +165,8 @@ def _network_steps(t: Teardown) -> list[Step]:
             f"  nft delete table inet {NETPOL_TABLE} && say 'removed the nftables table inet {NETPOL_TABLE}'",
             "fi",
         )))
+    if worker:
+        out.append(_cilium_step())
     sysctl = ["# forwarding: back to the kernel default, then to what a remaining sysctl.d file says",
               f'if [ -e "$R"{q(SYSCTL_FILE)} ]; then']
     for key, value in KERNEL_DEFAULTS.items():
@@ -179,6 +182,40 @@ def _network_steps(t: Teardown) -> list[Step]:
             + ", ".join(f"{k}={v}" for k, v in KERNEL_DEFAULTS.items()) + " unless another sysctl.d file sets it",)
     out.append(Step(says if worker else (), tuple(sysctl)))
     return out
+
+
+def _cilium_step() -> Step:
+    """What Cilium's agent left (cni: cilium; nothing to do without it). After the containers:
+    the agent is dead, so unpinning its BPF objects detaches its programs (tcx links) for good."""
+    pins = " ".join(f'"$R"{q(p.removesuffix("*"))}*' if p.endswith("*") else f'"$R"{q(p)}'
+                    for p in cilium.HOST_BPF_PINS)
+    says = (f"remove Cilium's interfaces ({cilium.HOST_LINKS.replace('|', ', ')}), its pinned BPF objects "
+            f"({', '.join(cilium.HOST_BPF_PINS)}), {cilium.HOST_RUN} (its cgroup2 mount unmounted), "
+            + ", ".join(cilium.HOST_FILES) + f"; put back CNI configurations it renamed *{cilium.CNI_BACKUP_SUFFIX}")
+    return Step((says,), (
+        "# Cilium's, when cni: cilium left them (no-ops otherwise)",
+        "if has ip; then",
+        "  for l in $(ip -o link show | awk -F': ' '{print $2}' | sed 's/@.*//' "
+        f"| grep -E '^({cilium.HOST_LINKS})$'); do",
+        '    # a veth pair goes whole: its other end may be gone by the time it comes up',
+        '    if ip link show "$l" >/dev/null 2>&1 && ip link delete "$l" 2>/dev/null; then '
+        'say "removed the link $l"; fi',
+        "  done",
+        "fi",
+        f"for p in {pins}; do",
+        '  if [ -e "$p" ]; then rm -rf "$p" && say "removed the BPF pin ${p#"$R"}"; fi',
+        "done",
+        f'rmd {q("/sys/fs/bpf/tc/globals")}; rmd {q("/sys/fs/bpf/tc")}',
+        "awk '{print $5}' \"$R/proc/self/mountinfo\" 2>/dev/null "
+        f"| grep {q(f'^{cilium.HOST_RUN}/')} | sort -r | while read -r m; do",
+        '  if umount "$R$m" 2>/dev/null || umount -l "$R$m" 2>/dev/null; then say "unmounted $m"; fi',
+        "done",
+        f"rmtree {q(cilium.HOST_RUN)}",
+        *(f"rmf {q(f)}" for f in cilium.HOST_FILES),
+        f'for f in "$R"{q(posixpath.dirname(cilium.HOST_FILES[0]))}/*{cilium.CNI_BACKUP_SUFFIX}; do',
+        f'  if [ -e "$f" ]; then mv -f "$f" "${{f%{cilium.CNI_BACKUP_SUFFIX}}}" && say "put back ${{f#"$R"}}"; fi',
+        "done",
+    ))
 
 
 def _file_steps(t: Teardown) -> list[Step]:

@@ -50,6 +50,18 @@ class KubernetesSpec(StrictModel):
         description=f"Kubernetes release, vMAJOR.MINOR.PATCH, supported {versions.supported_range_text()}.")
 
 
+class CiliumSpec(StrictModel):
+    routingMode: Literal["tunnel", "native"] = Field(
+        "tunnel", description="tunnel: VXLAN between workers (Cilium's default; any network between them). "
+        "native: pod traffic routed as is between workers on one L2 network (autoDirectNodeRoutes); the "
+        "control hosts still reach pods only through konnectivity.")
+    values: dict = Field(
+        default_factory=dict, description="More Helm values, merged over the installer's (a map in a map "
+        "key by key; anything else replaced): e.g. capabilities a sandboxed worker cannot grant. The "
+        "installer's own settings (IPAM, kube-proxy kept, Envoy and Hubble off) are what this install "
+        "was built and tested with: change them at your own risk.")
+
+
 class NetworkSpec(StrictModel):
     podCIDR: CIDR = Field("10.244.0.0/16", description="Pod network; each worker gets a slice.")
     serviceCIDR: CIDR = Field("10.96.0.0/12",
@@ -63,6 +75,7 @@ class NetworkSpec(StrictModel):
     cni: Literal["routes", "cilium"] = Field(
         "routes", description="routes: bridge CNI with a pod CIDR per worker and static routes between "
         "hosts (no images needed); cilium: installed with Helm from the artifacts, no routes.")
+    cilium: CiliumSpec = Field(default_factory=CiliumSpec, description="With cni: cilium: its settings.")
     policy: Literal["none", "kube-network-policies"] = Field(
         "none", description="What enforces NetworkPolicy objects. none: nothing (cni: routes alone accepts "
         "policies and enforces none; Cilium enforces its own); kube-network-policies: an enforcer on every "

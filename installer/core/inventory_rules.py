@@ -82,6 +82,11 @@ def _network_problems(data: dict, hosts: list) -> list[str]:
         # Cilium's pod network is not routed from hosts that are not nodes
         out.append("spec.network.egress: 'routes' needs cni: routes; with cni: cilium the control hosts "
                    "cannot route to pods: use egress: konnectivity (the default with cilium)")
+    cil = net.get("cilium") if isinstance(net, dict) else None
+    if isinstance(cil, dict) and (cil.get("routingMode", "tunnel") != "tunnel" or cil.get("values")) \
+            and net.get("cni") != "cilium":
+        # (the defaults alone are what a dumped inventory holds: not a choice)
+        out.append("spec.network.cilium: set, but spec.network.cni is not cilium: remove it or set cni: cilium")
     return out
 
 

@@ -52,3 +52,9 @@ def apply_api_objects(ctx: Context, phase: str, objects: list[dict] | Callable[[
         if then is not None and not ctx.options.dry_run:
             changed += then(url)
     return Event(phase, "(api)", "changed" if changed else "unchanged", detail=changed)
+
+
+def with_api(ctx: Context, call: Callable[[str], list[str]]) -> list[str]:
+    """``call(url)`` with the API reachable at ``url`` (directly or through a tunnel)."""
+    with apireach.api_access(ctx.inv, ctx.remotes, ctx.material) as url:
+        return call(url)

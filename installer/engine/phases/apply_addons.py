@@ -15,7 +15,8 @@ directory with ``source: download``; listed in its ``SHA256SUMS``) and the value
 open), with an admin kubeconfig made for the call. It and the values are anonymous in-memory
 files (``memfd_create``, 0600) that helm inherits and opens as ``/proc/self/fd/N``
 (``--kubeconfig``, ``--values``, ``KUBECONFIG``): no admin credential is ever on disk, so
-none is left in /tmp when the installer is killed. ``helm`` must be on ``PATH``.
+none is left in /tmp when the installer is killed. ``helm`` is the artifacts directory's when
+its SHA256SUMS lists one (verified), else the one on ``PATH``.
 
 Skipping: like cluster-bootstrap this phase needs a real API, so ``--skip cluster-bootstrap``
 skips it too (the runner adds ``addons`` to the skipped phases); ``--only addons`` runs it alone
@@ -26,12 +27,15 @@ against a running apiserver it reads each object and lists only those that would
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 from pathlib import Path
 
-from installer.core.artifacts import ArtifactError, verify
+import yaml
+
+from installer.core.artifacts import ArtifactError, read_sums, verify
 from installer.core.errors import InstallerError
 from installer.core.inventory import Inventory
 from installer.core.pki import issue
@@ -39,6 +43,8 @@ from installer.core.pki.material import Material
 from installer.core.render.addons import (
     CILIUM_CHART,
     CILIUM_VERSION,
+    NAMESPACE,
+    RELEASE,
     addon_objects,
     cilium_chart,
     cilium_values_yaml,
@@ -46,7 +52,7 @@ from installer.core.render.addons import (
 )
 from installer.core.render.kubeconfig import kubeconfig
 from installer.core.tlsfiles import fd_path, memory_file
-from installer.engine.api_objects import apply_api_objects
+from installer.engine.api_objects import api_live, apply_api_objects, with_api
 from installer.engine.context import Context, Event
 from installer.engine.phases.base import Phase
 from installer.host.fetch import cache_dir
@@ -65,14 +71,22 @@ def chart_dir(inv: Inventory) -> Path:
     return Path(directory)
 
 
-def helm_prerequisites(inv: Inventory) -> tuple[str, Path]:
-    """The helm executable and the verified chart, or an InstallerError naming what to install
-    or where to put it."""
-    helm = shutil.which(HELM)
-    if helm is None:
-        raise InstallerError(f"cni: cilium is installed with the Helm CLI on this machine, and `{HELM}` is not "
-                             "on PATH: install Helm 3 (https://helm.sh/docs/intro/install/) and rerun")
-    chart = cilium_chart(chart_dir(inv))
+def helm_prerequisites(inv: Inventory) -> tuple[str, Path, str]:
+    """The helm executable, the verified chart and its digest, or an InstallerError naming what
+    to install or where to put it."""
+    directory = chart_dir(inv)
+    if HELM in read_sums(directory):
+        # scripts/build-kubernetes --only cilium puts one there: the one that was tested
+        try:
+            verify(directory, [HELM])
+        except ArtifactError as e:
+            raise InstallerError(f"cni: cilium: {directory / HELM} is not verified: {e}") from None
+        helm = str(directory / HELM)
+    elif (helm := shutil.which(HELM)) is None:
+        raise InstallerError(f"cni: cilium is installed with the Helm CLI on this machine, and neither the "
+                             f"artifacts ({directory}) nor PATH has `{HELM}`: install Helm 3 "
+                             "(https://helm.sh/docs/intro/install/) and rerun")
+    chart = cilium_chart(directory)
     if not chart.is_file():
         raise InstallerError(
             f"cni: cilium needs the Cilium chart {CILIUM_VERSION} as {chart} (the "
@@ -80,10 +94,10 @@ def helm_prerequisites(inv: Inventory) -> tuple[str, Path]:
             f"its SHA256SUMS: `helm pull cilium --repo https://helm.cilium.io --version {CILIUM_VERSION}` "
             f"gives {CILIUM_CHART}; put it there and add its line (sha256sum {CILIUM_CHART} >> SHA256SUMS)")
     try:
-        verify(chart.parent, [CILIUM_CHART])
+        digest = verify(chart.parent, [CILIUM_CHART])[CILIUM_CHART]
     except ArtifactError as e:
         raise InstallerError(f"cni: cilium: the chart {chart} is not verified: {e}") from None
-    return helm, chart
+    return helm, chart, digest
 
 
 def admin_kubeconfig(inv: Inventory, material: Material, server: str) -> bytes:
@@ -93,25 +107,61 @@ def admin_kubeconfig(inv: Inventory, material: Material, server: str) -> bytes:
                       client=material.pair("admin"))
 
 
-def run_helm(inv: Inventory, material: Material, server: str, helm: str, chart: Path) -> list[str]:
-    """``helm upgrade --install cilium`` against ``server``; returns the lines of the event."""
-    with memory_file(admin_kubeconfig(inv, material, server)) as kc_fd, \
-            memory_file(cilium_values_yaml(inv)) as values_fd:
+def run_helm(inv: Inventory, material: Material, server: str, helm: str, chart: Path, digest: str,
+             dry_run: bool = False) -> list[str]:
+    """``helm upgrade --install cilium`` against ``server`` unless the deployed release already has
+    this chart (by its digest, in the release's description) and these values: a second apply
+    makes no new revision. Returns the lines of the event (none when nothing changed)."""
+    values_yaml = cilium_values_yaml(inv)
+    description = f"hiddenplane {chart.name} sha256:{digest}"
+    with memory_file(admin_kubeconfig(inv, material, server)) as kc_fd, memory_file(values_yaml) as values_fd:
         # the same descriptor numbers in helm (pass_fds), where /proc/self is helm itself
         kc, values = fd_path(kc_fd), fd_path(values_fd)
-        argv = helm_argv(chart, values, kubeconfig=Path(kc), helm=helm)
         env = {**os.environ, "KUBECONFIG": kc}
-        try:
-            proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=HELM_TIMEOUT,
-                                  stdin=subprocess.DEVNULL, pass_fds=(kc_fd, values_fd))
-        except subprocess.TimeoutExpired:
-            raise InstallerError(f"helm upgrade --install cilium: no answer after {HELM_TIMEOUT:g}s") from None
-        except OSError as e:
-            raise InstallerError(f"{helm}: cannot run it: {e.strerror or e}") from None
-        if proc.returncode != 0:
-            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
-            raise InstallerError(f"helm upgrade --install cilium failed (exit {proc.returncode}):\n{tail}")
+        call = HelmCall(helm, env, (kc_fd, values_fd))
+        if call.deployed(RELEASE, NAMESPACE) == (description, yaml.safe_load(values_yaml)):
+            return []
+        if dry_run:
+            return [f"would run helm upgrade --install cilium {chart.name} --namespace {NAMESPACE}"]
+        call.run(helm_argv(chart, values, kubeconfig=Path(kc), helm=helm) + ["--description", description],
+                 "upgrade --install cilium")
         return [f"helm upgrade --install cilium {chart.name}"]
+
+
+class HelmCall:
+    """The helm CLI with one environment and the descriptors it inherits."""
+
+    def __init__(self, helm: str, env: dict[str, str], fds: tuple[int, ...]):
+        self.helm, self.env, self.fds = helm, env, fds
+
+    def run(self, argv: list[str], what: str, check: bool = True) -> subprocess.CompletedProcess:
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, env=self.env, timeout=HELM_TIMEOUT,
+                                  stdin=subprocess.DEVNULL, pass_fds=self.fds)
+        except subprocess.TimeoutExpired:
+            raise InstallerError(f"helm {what}: no answer after {HELM_TIMEOUT:g}s") from None
+        except OSError as e:
+            raise InstallerError(f"{self.helm}: cannot run it: {e.strerror or e}") from None
+        if check and proc.returncode != 0:
+            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
+            raise InstallerError(f"helm {what} failed (exit {proc.returncode}):\n{tail}")
+        return proc
+
+    def deployed(self, release: str, namespace: str) -> tuple[str, object] | None:
+        """The deployed revision's description and user values, or None (no release, or its
+        last revision is not deployed: failed, pending)."""
+        proc = self.run([self.helm, "history", release, "--namespace", namespace, "--max", "1", "-o", "json"],
+                        f"history {release}", check=False)
+        if proc.returncode != 0:
+            if "not found" in proc.stderr:
+                return None
+            raise InstallerError(f"helm history {release} failed (exit {proc.returncode}): {proc.stderr.strip()}")
+        last = (json.loads(proc.stdout) or [{}])[-1]
+        if last.get("status") != "deployed":
+            return None
+        got = self.run([self.helm, "get", "values", release, "--namespace", namespace, "-o", "json"],
+                       f"get values {release}")
+        return last.get("description", ""), json.loads(got.stdout or "null")
 
 
 class ApplyAddons(Phase):
@@ -124,11 +174,15 @@ class ApplyAddons(Phase):
     def run_host(self, ctx: Context, host: str) -> Event:
         inv = ctx.inv
         cilium = inv.spec.network.cni == "cilium"
-        helm, chart = helm_prerequisites(inv) if cilium else (None, None)
-        # Helm decides itself whether the release changes; report the call
-        then = (lambda url: run_helm(inv, ctx.material, url, helm, chart)) if cilium else None
+        helm, chart, digest = helm_prerequisites(inv) if cilium else (None, None, None)
+        then = (lambda url: run_helm(inv, ctx.material, url, helm, chart, digest)) if cilium else None
         ev = apply_api_objects(ctx, self.name, addon_objects(inv), "admin", then)
         if cilium and ctx.options.dry_run:
-            ev.action = "changed"
-            ev.detail.append(f"would run helm upgrade --install cilium {chart} --namespace kube-system")
+            # against a running apiserver: whether the release would change
+            lines = ([f"would run helm upgrade --install cilium {chart} --namespace {NAMESPACE}"]
+                     if not api_live(ctx) else
+                     with_api(ctx, lambda url: run_helm(inv, ctx.material, url, helm, chart, digest, dry_run=True)))
+            if lines:
+                ev.action = "changed"
+                ev.detail += lines
         return ev

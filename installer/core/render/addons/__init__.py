@@ -17,6 +17,8 @@ from installer.core.inventory import Inventory
 from installer.core.render.addons.cilium import (
     CILIUM_CHART,
     CILIUM_VERSION,
+    NAMESPACE,
+    RELEASE,
     cilium_chart,
     cilium_values,
     cilium_values_yaml,
@@ -37,7 +39,8 @@ from installer.core.render.addons.netpol import NETPOL_IMAGE, NETPOL_VERSION, ne
 
 __all__ = [
     "AGENT_IMAGE", "CILIUM_CHART", "CILIUM_VERSION", "COREDNS_IMAGE", "COREDNS_VERSION",
-    "KONNECTIVITY_VERSION", "NETPOL_IMAGE", "NETPOL_VERSION", "SERVER_BINARY", "addon_objects", "agent_objects",
+    "KONNECTIVITY_VERSION", "NAMESPACE", "NETPOL_IMAGE", "NETPOL_VERSION", "RELEASE", "SERVER_BINARY",
+    "addon_objects", "agent_objects",
     "apiserver_egress_flags", "cilium_chart", "cilium_values", "cilium_values_yaml", "coredns_objects",
     "corefile", "egress_mode", "egress_selector_config", "helm_argv", "netpol_objects", "render_konnectivity_server",
     "server_flags",

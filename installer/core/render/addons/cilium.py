@@ -22,21 +22,55 @@ import yaml
 
 from installer.core.inventory import Inventory
 
-CILIUM_VERSION = "1.18.3"
+CILIUM_VERSION = "1.20.2"
 CILIUM_CHART = f"cilium-{CILIUM_VERSION}.tgz"    # the name `helm package`/`helm pull` give it
+# what the chart renders with its default image settings (no digest): the archives
+# scripts/build-kubernetes --only cilium makes carry these names, imported on every worker
+IMAGES = {"agent": f"quay.io/cilium/cilium:v{CILIUM_VERSION}",
+          "operator": f"quay.io/cilium/operator-generic:v{CILIUM_VERSION}"}
 RELEASE = "cilium"
+# what the agent leaves on a worker, which a teardown removes (installer/actions/teardown_script.py;
+# the paths are the chart's defaults: cni.binPath, cni.confPath, bpf.root, cgroup.hostRoot)
+HOST_LINKS = r"cilium_[a-z0-9_]+|lxc_health|lxc[0-9a-f]{12}"   # its devices, the pods' host-side veths
+HOST_BPF_PINS = ("/sys/fs/bpf/cilium", "/sys/fs/bpf/tc/globals/cilium_*")   # unpinned, its programs detach
+HOST_RUN = "/run/cilium"                               # sockets, state; cgroupv2 is mounted below
+HOST_FILES = ("/etc/cni/net.d/05-cilium.conflist", "/opt/cni/bin/cilium-cni",
+              "/etc/sysctl.d/99-zzz-override_cilium.conf")
+CNI_BACKUP_SUFFIX = ".cilium_bak"     # the agent renames other CNI configurations so (cni.exclusive)
+CHAIN_PREFIX = "CILIUM_"
 NAMESPACE = "kube-system"
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")     # https:, oci:, file: ... (Path turns :// into :/)
 
 
 def cilium_values(inv: Inventory) -> dict:
-    """The Helm values: exactly these settings, everything else the chart's defaults."""
+    """The Helm values: these settings, ``spec.network.cilium.values`` merged over them, everything
+    else the chart's defaults."""
+    return merged(_ours(inv), inv.spec.network.cilium.values)
+
+
+def merged(base: dict, over: dict) -> dict:
+    """``over`` merged into ``base`` as Helm merges values files: a map into a map key by key,
+    anything else replaced."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _ours(inv: Inventory) -> dict:
+    net = inv.spec.network
+    routing = ({"routingMode": "native", "ipv4NativeRoutingCIDR": net.podCIDR, "autoDirectNodeRoutes": True}
+               if net.cilium.routingMode == "native" else {"routingMode": "tunnel", "tunnelProtocol": "vxlan"})
     return {
         "ipam": {"mode": "kubernetes"},
         # a string, like the chart's own default: its templates compare it with strings
         "kubeProxyReplacement": "false",
         "hubble": {"enabled": False},
         "envoy": {"enabled": False},
+        # no Envoy at all: the agent would start one for the first L7 rule (the images built
+        # here have none, tools/kubebuild/cilium.py); L7 policies are refused instead
+        "l7Proxy": False,
+        **routing,
         "bpf": {"preallocateMaps": False},
         # the agents reach the API directly: the kubernetes Service needs kube-proxy, which
         # needs the network Cilium is about to set up
