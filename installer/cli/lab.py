@@ -37,11 +37,14 @@ def lab():
 @click.option("--tenant-workers", type=click.IntRange(min=0), default=0, show_default=True,
               help="With --hosting: the last N workers are a hosted tenant's, not the hosting cluster's; its "
               "inventory is written too (docs/hosted.md's walkthrough).")
+@click.option("--cni", type=click.Choice(["routes", "cilium"]), default="routes", show_default=True,
+              help="The inventory's pod network. cilium: the nspawn workers may load BPF programs, get Cilium's "
+              "images (build them: scripts/build-kubernetes default DIR --only cilium) and the lab's Helm values.")
 @click.option("--tenant-inventory", "tenant_out", type=click.Path(dir_okay=False, path_type=Path),
               help="Where to write the tenant's inventory. Default: ./<name>.tenant.yaml")
 @domain_errors
 def up(name, controls, workers, vm_workers, subnet, inventory_out, artifacts, no_artifacts, hosting, tenant_workers,
-       tenant_out):
+       cni, tenant_out):
     """Boot the lab (idempotent: running hosts are kept)."""
     if no_artifacts and artifacts:
         raise click.UsageError("--artifacts and --no-artifacts exclude each other")
@@ -50,7 +53,8 @@ def up(name, controls, workers, vm_workers, subnet, inventory_out, artifacts, no
         if artifacts:
             click.echo(f"artifacts: {artifacts} (built by scripts/build-kubernetes; --no-artifacts for Debian's only)")
     out = lab_mod.up(name, controls, workers, vm_workers, subnet, inventory_out, log=click.echo,
-                     artifacts=artifacts, hosting=hosting, tenant_workers=tenant_workers, tenant_out=tenant_out)
+                     artifacts=artifacts, hosting=hosting, tenant_workers=tenant_workers, tenant_out=tenant_out,
+                     cni=cni)
     click.echo(f"lab {name} is up; inventory: {out}")
 
 

@@ -103,11 +103,14 @@ def fill(dest: Path, log=print) -> list[str]:
 WORKER_IMAGES = frozenset({"image-pause.tar", "image-coredns.tar", "image-busybox.tar"})
 
 
-def import_dir(src: Path, dest: Path, all_images: bool = False) -> list[str]:
+def import_dir(src: Path, dest: Path, all_images: bool = False,
+               extra_images: frozenset[str] = frozenset()) -> list[str]:
     """Copy every file ``src/SHA256SUMS`` lists into ``dest`` (of the image archives, only
-    WORKER_IMAGES unless ``all_images``: every worker is sent every archive), each verified
-    against it, and record them in ``dest``'s SHA256SUMS (replacing Debian's of the same name)."""
-    names = sorted(n for n in read_sums(src) if all_images or not n.endswith(".tar") or n in WORKER_IMAGES)
+    WORKER_IMAGES and ``extra_images`` unless ``all_images``: every worker is sent every archive),
+    each verified against it, and record them in ``dest``'s SHA256SUMS (replacing Debian's of the
+    same name)."""
+    names = sorted(n for n in read_sums(src)
+                   if all_images or not n.endswith(".tar") or n in WORKER_IMAGES | extra_images)
     if not names:
         raise LabError(f"--artifacts {src}: no {SUMS_FILE} listing any file")
     try:

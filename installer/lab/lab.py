@@ -20,6 +20,7 @@ import yaml
 
 from installer.core import versions
 from installer.core.inventory_fields import API_VERSION
+from installer.lab import cilium as lab_cilium
 from installer.lab import debian_artifacts, images, net, nspawn, seed, tenant, vm, vm_image
 from installer.lab.model import DEFAULT_SUBNET, LabError, LabHost, LabPaths, LabSpec
 from installer.lab.watch import ssh_banner, wait_ssh
@@ -45,8 +46,8 @@ def preflight(spec: LabSpec, paths: LabPaths) -> None:
         problems.append("the kernel has no overlay file system (modprobe overlay)")
     if paths.spec_file.exists():
         existing = load_spec(paths)
-        if (existing.controls, existing.workers, existing.vm_workers, existing.subnet) != \
-                (spec.controls, spec.workers, spec.vm_workers, spec.subnet):
+        if (existing.controls, existing.workers, existing.vm_workers, existing.subnet, existing.cni) != \
+                (spec.controls, spec.workers, spec.vm_workers, spec.subnet, spec.cni):
             problems.append(f"lab {spec.name} already exists as {describe(existing)}; "
                             f"run `installer lab down --name {spec.name}` first")
     elif net.link_exists(spec.bridge):
@@ -62,12 +63,14 @@ def preflight(spec: LabSpec, paths: LabPaths) -> None:
 
 def describe(spec: LabSpec) -> str:
     vms = f" ({spec.vm_workers} VM)" if spec.vm_workers else ""
-    return f"{spec.controls} control + {spec.workers} workers{vms} on {spec.subnet}"
+    cni = f", cni {spec.cni}" if spec.cni != "routes" else ""
+    return f"{spec.controls} control + {spec.workers} workers{vms} on {spec.subnet}{cni}"
 
 
 def load_spec(paths: LabPaths) -> LabSpec:
     data = json.loads(paths.spec_file.read_text())
-    return LabSpec.create(data["name"], data["controls"], data["workers"], data["vm_workers"], data["subnet"])
+    return LabSpec.create(data["name"], data["controls"], data["workers"], data["vm_workers"], data["subnet"],
+                          data.get("cni", "routes"))
 
 
 # --- up ------------------------------------------------------------------------------------
@@ -187,8 +190,9 @@ def _start_host(spec: LabSpec, paths: LabPaths, base: Path, h: LabHost, files, l
         return
     net.ensure_host_net(spec, h)
     pods = h.role == "worker"           # a worker runs a real kubelet, containerd and runc
-    root = nspawn.mount_root(base, host_dir, {**files, **nspawn.pod_host_files()} if pods else files,
-                             nspawn.POD_HOST_LINKS if pods else None)
+    bpf = pods and spec.cni == "cilium"
+    root = nspawn.mount_root(base, host_dir, {**files, **nspawn.pod_host_files(bpf)} if pods else files,
+                             nspawn.pod_host_links(bpf) if pods else None)
     binds = []
     if pods:
         # containerd's overlayfs snapshotter cannot work on an overlayfs root: give it a plain dir
@@ -201,21 +205,24 @@ def _start_host(spec: LabSpec, paths: LabPaths, base: Path, h: LabHost, files, l
             log(f"  {h.name}: stopping {len(leftover)} processes left from an earlier boot")
             nspawn.stop(host_dir)
         log(f"  {h.name}: booting ({h.address})")
-    nspawn.boot(h, host_dir, root, binds, pods=pods)
+    nspawn.boot(h, host_dir, root, binds, pods=pods, bpf=bpf)
 
 
 def up(name: str, controls: int = 1, workers: int = 2, vm_workers: int = 0, subnet: str | None = None,
        inventory_out: Path | None = None, log=print, artifacts: Path | None = None, hosting: bool = False,
-       tenant_workers: int = 0, tenant_out: Path | None = None) -> Path:
+       tenant_workers: int = 0, tenant_out: Path | None = None, cni: str = "routes") -> Path:
     """Boot the lab; ``artifacts``: a directory with a SHA256SUMS (e.g. from
     scripts/build-kubernetes) whose files are copied into the lab's artifacts, verified, over
     the Debian ones; ``hosting``: with the image archives of hosted control planes too (its
     cluster hosts tenants: docs/hosted.md), not only those its workers run themselves, and the
     hosting cluster's storage manifest beside the inventory; ``tenant_workers``: the last ones
-    are a hosted tenant's, whose inventory goes to ``tenant_out`` (lab/tenant.py)."""
+    are a hosted tenant's, whose inventory goes to ``tenant_out`` (lab/tenant.py); ``cni``: the
+    inventory's pod network (cilium: with the lab settings of lab/cilium.py)."""
     if tenant_workers and not hosting:
         raise LabError("--tenant-workers needs --hosting: a tenant's control plane runs in the lab's cluster")
-    spec = LabSpec.create(name, controls, workers, vm_workers, subnet or DEFAULT_SUBNET)
+    spec = LabSpec.create(name, controls, workers, vm_workers, subnet or DEFAULT_SUBNET, cni)
+    if cni != "routes" and (hosting or tenant_workers):
+        raise LabError("--cni cilium: not with --hosting (the hosting cluster's enforcer is for cni: routes)")
     if tenant_workers:
         tenant.split({"spec": {"hosts": [{"name": h.name, "role": h.role} for h in spec.hosts]}}, tenant_workers)
     paths = LabPaths.of(name)
@@ -232,8 +239,11 @@ def up(name: str, controls: int = 1, workers: int = 2, vm_workers: int = 0, subn
     paths.known_hosts.write_text("".join(seed.known_hosts_line(h, host_keys[h.name]) for h in spec.hosts))
     debian_artifacts.fill(paths.artifacts, log)
     if artifacts is not None:
-        names = debian_artifacts.import_dir(Path(artifacts), paths.artifacts, all_images=hosting)
+        names = debian_artifacts.import_dir(Path(artifacts), paths.artifacts, all_images=hosting,
+                                            extra_images=lab_cilium.IMAGES if cni == "cilium" else frozenset())
         log(f"artifacts: {len(names)} files from {artifacts}")
+    if cni == "cilium":
+        lab_cilium.check(paths.artifacts)
 
     _raise_inotify_limit(log)
     net.ensure_bridge(spec)
@@ -256,6 +266,8 @@ def up(name: str, controls: int = 1, workers: int = 2, vm_workers: int = 0, subn
 
     doc = inventory_doc(spec, paths, binaries_version(paths.artifacts), containerd_version(paths.artifacts),
                         hosting=hosting)
+    if cni == "cilium":
+        lab_cilium.configure(doc, spec)
     out = (inventory_out or Path.cwd() / f"{name}.inventory.yaml").resolve()
     copies: list[tuple[Path, Path]] = []      # (the user's file, the lab's copy): `down` removes it unchanged
     if tenant_workers:

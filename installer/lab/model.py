@@ -60,6 +60,9 @@ class LabHost:
         return f"ht-{self.lab}-{self.index}"
 
 
+LAB_CNIS = ("routes", "cilium")
+
+
 @dataclass(frozen=True)
 class LabSpec:
     name: str
@@ -68,11 +71,16 @@ class LabSpec:
     vm_workers: int = 0
     subnet: str = DEFAULT_SUBNET
     hosts: tuple[LabHost, ...] = field(default=(), compare=False)
+    # the pod network its inventory names: "cilium" also lets the nspawn workers load BPF
+    # programs (nspawn.BPF_HOST_ARGS) and sends them Cilium's images
+    cni: str = "routes"
 
     @staticmethod
     def create(name: str, controls: int = 1, workers: int = 2, vm_workers: int = 0,
-               subnet: str = DEFAULT_SUBNET) -> "LabSpec":
+               subnet: str = DEFAULT_SUBNET, cni: str = "routes") -> "LabSpec":
         problems = []
+        if cni not in LAB_CNIS:
+            problems.append(f"--cni: '{cni}': one of {', '.join(LAB_CNIS)}")
         if not LAB_NAME.match(name):
             problems.append(f"--name: '{name}' must be 1-8 lower-case letters or digits, starting with a "
                             "letter (it goes into network interface names)")
@@ -98,7 +106,7 @@ class LabSpec:
         for i in range(workers):
             kind = "vm" if i >= workers - vm_workers else "nspawn"
             hosts.append(LabHost(f"w{i + 1}", "worker", kind, controls + i, str(net[WORKER_BASE + i]), name))
-        return LabSpec(name, controls, workers, vm_workers, subnet, tuple(hosts))
+        return LabSpec(name, controls, workers, vm_workers, subnet, tuple(hosts), cni)
 
     @property
     def bridge(self) -> str:
