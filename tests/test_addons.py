@@ -510,6 +510,8 @@ def test_cilium_values_are_exactly_the_seed_settings(cilium):
         "hubble": {"enabled": False},
         "envoy": {"enabled": False},
         "l7Proxy": False,
+        "rollOutCiliumPods": True,
+        "operator": {"rollOutPods": True},
         "routingMode": "tunnel",
         "tunnelProtocol": "vxlan",
         "bpf": {"preallocateMaps": False},
@@ -530,7 +532,7 @@ def test_cilium_native_routing_and_the_users_values_merged_over_ours(example_doc
     assert got["ipv4NativeRoutingCIDR"] == inv.spec.network.podCIDR and "tunnelProtocol" not in got
     # a map into a map, key by key; anything else replaced
     assert got["bpf"] == {"preallocateMaps": False, "mapDynamicSizeRatio": 0.01}
-    assert got["operator"] == {"replicas": 1} and got["l7Proxy"] is True
+    assert got["operator"] == {"rollOutPods": True, "replicas": 1} and got["l7Proxy"] is True
 
 
 def test_cilium_settings_without_cni_cilium_are_refused(example_doc, tmp_path):

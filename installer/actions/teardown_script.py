@@ -192,6 +192,7 @@ def _cilium_step() -> Step:
     says = (f"remove Cilium's interfaces ({cilium.HOST_LINKS.replace('|', ', ')}), its pinned BPF objects "
             f"({', '.join(cilium.HOST_BPF_PINS)}), {cilium.HOST_RUN} (its cgroup2 mount unmounted), "
             + ", ".join(cilium.HOST_FILES) + f"; put back CNI configurations it renamed *{cilium.CNI_BACKUP_SUFFIX}")
+    says += "; the routes to other workers' pods it made in native routing (proto kernel, via a gateway)"
     return Step((says,), (
         "# Cilium's, when cni: cilium left them (no-ops otherwise)",
         "if has ip; then",
@@ -200,6 +201,13 @@ def _cilium_step() -> Step:
         '    # a veth pair goes whole: its other end may be gone by the time it comes up',
         '    if ip link show "$l" >/dev/null 2>&1 && ip link delete "$l" 2>/dev/null; then '
         'say "removed the link $l"; fi',
+        "  done",
+        "  # native routing's routes to the other workers' pod ranges: the kernel itself never makes",
+        "  # a route through a gateway, and Cilium marks these as the kernel's",
+        "  for f in 4 6; do",
+        "    ip -$f route show proto kernel 2>/dev/null | grep ' via ' | while read -r r; do",
+        '      eval "ip -$f route del $r" 2>/dev/null && say "removed the IPv$f route $r"',
+        "    done",
         "  done",
         "fi",
         f"for p in {pins}; do",

@@ -70,6 +70,11 @@ def _ours(inv: Inventory) -> dict:
         # no Envoy at all: the agent would start one for the first L7 rule (the images built
         # here have none, tools/kubebuild/cilium.py); L7 policies are refused instead
         "l7Proxy": False,
+        # a change of these values reaches the running agents and operators: the chart then
+        # stamps its ConfigMap's checksum on their pods (by default they keep the old settings
+        # until something restarts them; seen on the lab with tunnel -> native)
+        "rollOutCiliumPods": True,
+        "operator": {"rollOutPods": True},
         **routing,
         "bpf": {"preallocateMaps": False},
         # the agents reach the API directly: the kubernetes Service needs kube-proxy, which
