@@ -58,8 +58,8 @@ def test_a_cilium_worker_may_load_bpf_and_its_root_is_shared():
     assert nspawn.pod_host_links(bpf=True)[f"/etc/systemd/system/sysinit.target.wants/{unit.rsplit('/', 1)[1]}"] \
         == unit
     assert nspawn.pod_host_links() == nspawn.POD_HOST_LINKS
-    assert "--system-call-filter=bpf perf_event_open" in nspawn.BPF_HOST_ARGS
-    assert not set(nspawn.BPF_HOST_ARGS) & set(nspawn.POD_HOST_ARGS)
+    assert "--system-call-filter=bpf perf_event_open" in lab_cilium.BPF_HOST_ARGS
+    assert not set(lab_cilium.BPF_HOST_ARGS) & set(nspawn.POD_HOST_ARGS)
 
 
 def _sums(d, names):

@@ -22,6 +22,7 @@ import threading
 import time
 from pathlib import Path
 
+from installer.lab import cilium as lab_cilium
 from installer.lab.model import LabError, LabHost
 from installer.lab.seed import write_files
 
@@ -220,46 +221,16 @@ WantedBy=sysinit.target
 """
 
 
-# What Cilium's agent needs besides (a lab with --cni cilium, lab/cilium.py):
-# - the bpf and perf_event_open system calls, which nspawn's filter refuses (BPF objects are
-#   not namespaced): the agent loads its programs and maps, and reads its events ring;
-# - CAP_IPC_LOCK, which the agent's container asks for and runc cannot grant from a set that
-#   lacks it (CAP_SYS_MODULE and CAP_SYS_RESOURCE, which it asks for too, are left out of the
-#   lab's Helm values instead: no module is loaded, and this machine has no CAP_SYS_RESOURCE);
-# - what systemd gives a host outside a container and not inside one (BPF_HOST_UNIT): shared
-#   mount propagation (the chart mounts /sys/fs/bpf and /run/cilium/cgroupv2 into its pods with
-#   HostToContainer or Bidirectional propagation, which containerd refuses on a private mount)
-#   and a BPF file system at /sys/fs/bpf, which the kubelet must find (the chart's hostPath) and
-#   cannot create in nspawn's read-only /sys. Each worker mounts an instance of its own: the
-#   maps Cilium pins there are per node, and two workers share one kernel.
-BPF_HOST_ARGS = ("--system-call-filter=bpf perf_event_open", "--capability=CAP_IPC_LOCK")
-BPF_HOST_UNIT = """[Unit]
-Description=hiddenplane lab: shared mounts and /sys/fs/bpf (as systemd gives a host outside a container)
-DefaultDependencies=no
-Before=sysinit.target containerd.service kubelet.service
-
-[Service]
-Type=oneshot
-RemainAfterExit=yes
-ExecStart=/bin/mount --make-rshared /
-ExecStart=/bin/sh -c 'mountpoint -q /sys/fs/bpf || { mount -o remount,rw /sys && mkdir -p /sys/fs/bpf \
-&& mount -o remount,ro /sys && mount -t bpf bpf /sys/fs/bpf; }'
-
-[Install]
-WantedBy=sysinit.target
-"""
-
-
 def pod_host_files(bpf: bool = False) -> dict[str, tuple[bytes, int]]:
     """Seed files of a host that runs pods: the sysctl files and the unit remounting the
-    controllers (enabled by its symlink); ``bpf``: BPF_HOST_UNIT, too."""
+    controllers (enabled by its symlink); ``bpf``: lab/cilium.py's BPF_HOST_UNIT, too."""
     files = {f"{SYSCTL_FILES}/{k.replace('/', '.')}": (f"{v}\n".encode(), 0o444) for k, v in POD_HOST_SYSCTLS.items()}
     files["/etc/systemd/system/hiddenplane-lab-cgroup-rw.service"] = (CGROUP_RW_UNIT.encode(), 0o644)
     # a pod's process that ignores SIGTERM (a shell) would hold the host's shutdown for the
     # default 90 s; `lab down` kills what is left after its own timeout anyway
     files["/etc/systemd/system.conf.d/hiddenplane-lab.conf"] = (b"[Manager]\nDefaultTimeoutStopSec=10s\n", 0o644)
     if bpf:
-        files["/etc/systemd/system/hiddenplane-lab-bpf-host.service"] = (BPF_HOST_UNIT.encode(), 0o644)
+        files["/etc/systemd/system/hiddenplane-lab-bpf-host.service"] = (lab_cilium.BPF_HOST_UNIT.encode(), 0o644)
     return files
 
 
@@ -277,7 +248,7 @@ def pod_host_links(bpf: bool = False) -> dict[str, str]:
 def boot(host: LabHost, host_dir: Path, root: Path, binds: list[tuple[Path, str]] = (), *,
          pods: bool = False, bpf: bool = False) -> int:
     """Start the host's nspawn; ``pods``: with what a kubelet, containerd and runc need (above);
-    ``bpf``: and what Cilium's agent needs (BPF_HOST_ARGS)."""
+    ``bpf``: and what Cilium's agent needs (lab/cilium.py's BPF_HOST_ARGS)."""
     if (pid := pid_of(host_dir)) is not None:
         return pid
     cmd = ["systemd-nspawn", "-D", str(root), "--register=no", "--keep-unit", "-b",
@@ -288,7 +259,7 @@ def boot(host: LabHost, host_dir: Path, root: Path, binds: list[tuple[Path, str]
     if pods:
         cmd += POD_HOST_ARGS
     if bpf:
-        cmd += BPF_HOST_ARGS
+        cmd += lab_cilium.BPF_HOST_ARGS
     cmd += [f"--bind={src}:{dst}" for src, dst in binds]
     # /proc/sys/net is per network namespace: writable for the host's own forwarding and
     # bridge settings, harmless to the machine; the rest of /proc/sys stays read-only.
