@@ -275,6 +275,22 @@ def test_a_second_apply_changes_nothing(cil):
     assert plan.returncode == 0, plan.stdout[-3000:]
 
 
+# --- a worker removed and added back ------------------------------------------------------------
+
+def test_a_worker_removed_and_added_back(cil):
+    """`node remove` wipes Cilium's state off the host (the reset's teardown) and the operator
+    forgets the node; `node add` brings it back with a working agent."""
+    run_installer("node", "remove", str(cil.inventory), "w2", "--state", str(cil.state), "--yes")
+    assert [n["metadata"]["name"] for n in cil.get("nodes")["items"]] == ["w1"]
+    assert leftovers(cil, "w2") == {}
+    wait_for("w2's CiliumNode collected", lambda: "w2" not in
+             [n["metadata"]["name"] for n in cil.get("ciliumnodes")["items"]], timeout=300)
+    run_installer("node", "add", str(cil.inventory), "w2", "--state", str(cil.state), "--wait-timeout", WAIT)
+    wait_for("cilium Ready on both workers again", lambda: agents_ready(cil), timeout=600)
+    ip = web_and_client(cil, "back")
+    assert "back" in wait_for("pod to pod with w2 back", lambda: fetch(cil, "client", ip), timeout=120)
+
+
 # --- an upgrade keeps Cilium ----------------------------------------------------------------------
 
 def upgrade_inventory(c: RealCluster) -> Path:
