@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
+import json
 import os
 import re
 from pathlib import Path
@@ -261,7 +262,11 @@ def ctx_for(p, **options) -> Context:
 FAKE_HELM = """#!/bin/sh
 # records what the installer gave it, as it was at call time; no release is installed yet
 rec="$HELM_RECORD"
-if [ "$1" = history ]; then echo "Error: release: not found" >&2; exit 1; fi
+if [ "$1" = history ]; then
+  if [ -f "$rec/history" ]; then cat "$rec/history"; exit "${HELM_HISTORY_EXIT:-0}"; fi
+  echo "Error: release: not found" >&2; exit 1
+fi
+if [ "$1" = get ]; then cat "$rec/deployed-values"; exit 0; fi
 : > "$rec/argv"
 for a in "$@"; do printf '%s\\n' "$a" >> "$rec/argv"; done
 printf '%s' "$KUBECONFIG" > "$rec/env"
@@ -332,6 +337,61 @@ def test_phase_runs_helm_with_the_chart_values_and_a_private_kubeconfig(cilium, 
     fd = Path(f"/proc/self/fd/{kc_path.rsplit('/', 1)[1]}")     # here, the installer's: closed afterwards
     assert not (fd.is_symlink() and os.readlink(fd).startswith("/memfd:"))
     assert ev.action == "changed" and ev.detail[-1] == f"helm upgrade --install cilium {CILIUM_CHART}"
+
+
+def _deployed(rec: Path, chart: Path, values: object, status: str = "deployed") -> None:
+    """What the fake helm answers for the release: its last revision and its values."""
+    digest = hashlib.sha256(chart.read_bytes()).hexdigest()
+    (rec / "history").write_text(json.dumps([{"revision": 3, "status": status, "chart": "cilium-1.20.2",
+                                              "description": f"hiddenplane {chart.name} sha256:{digest}"}]))
+    (rec / "deployed-values").write_text(json.dumps(values))
+
+
+@pytest.fixture
+def live_api(monkeypatch):
+    """A dry run against a running apiserver (the plane says one runs): it reads what is there."""
+    from installer.engine import api_objects
+    from installer.engine.phases import apply_addons
+    for mod in (api_objects, apply_addons):
+        monkeypatch.setattr(mod, "api_live", lambda ctx: True)
+
+
+def test_a_release_with_this_chart_and_these_values_is_left_alone(cilium, phase_api, fake_helm, chart, live_api):
+    ApplyAddons().run_host(ctx_for(cilium), "(api)")          # the objects, and a first helm run
+    (fake_helm / "argv").unlink()
+    _deployed(fake_helm, chart, yaml.safe_load(cilium_values_yaml(cilium.inventory)))
+    again = ApplyAddons().run_host(ctx_for(cilium), "(api)")
+    assert again.action == "unchanged" and again.detail == [] and not (fake_helm / "argv").exists()
+    dry = ApplyAddons().run_host(ctx_for(cilium, dry_run=True), "(api)")
+    assert dry.action == "unchanged" and dry.detail == []
+
+
+@pytest.mark.parametrize("why", ["values", "chart", "failed"])
+def test_a_release_that_differs_is_upgraded(cilium, phase_api, fake_helm, chart, why, live_api):
+    ApplyAddons().run_host(ctx_for(cilium), "(api)")
+    (fake_helm / "argv").unlink()
+    values = yaml.safe_load(cilium_values_yaml(cilium.inventory))
+    if why == "values":
+        values = {**values, "l7Proxy": True}            # someone ran helm by hand
+    _deployed(fake_helm, chart, values, "failed" if why == "failed" else "deployed")
+    if why == "chart":
+        history = json.loads((fake_helm / "history").read_text())
+        history[0]["description"] = "hiddenplane cilium-1.20.2.tgz sha256:" + "0" * 64
+        (fake_helm / "history").write_text(json.dumps(history))
+    dry = ApplyAddons().run_host(ctx_for(cilium, dry_run=True), "(api)")
+    assert dry.detail == [f"would run helm upgrade --install cilium {CILIUM_CHART} --namespace kube-system"]
+    assert not (fake_helm / "argv").exists()
+    ev = ApplyAddons().run_host(ctx_for(cilium), "(api)")
+    assert ev.action == "changed" and ev.detail == [f"helm upgrade --install cilium {CILIUM_CHART}"]
+    assert (fake_helm / "argv").read_text().splitlines()[:2] == ["upgrade", "--install"]
+
+
+def test_a_history_that_cannot_be_read_stops_the_phase(cilium, phase_api, fake_helm, chart, monkeypatch):
+    _deployed(fake_helm, chart, {})
+    monkeypatch.setenv("HELM_HISTORY_EXIT", "1")
+    with pytest.raises(InstallerError, match=r"helm history cilium failed \(exit 1\)"):
+        ApplyAddons().run_host(ctx_for(cilium), "(api)")
+    assert not (fake_helm / "argv").exists()
 
 
 def test_phase_reports_a_failing_helm(cilium, phase_api, fake_helm, chart, monkeypatch):
