@@ -67,10 +67,9 @@ def missing(artifacts: Path | None) -> list[str]:
 
 def check(artifacts: Path | None) -> None:
     if gone := missing(artifacts):
-        where = artifacts or "the built artifacts"
-        raise LabError(f"--cni cilium: {where} has no {', '.join(gone)}: build them with "
-                       f"`scripts/build-kubernetes default {artifacts or 'DIR'} --only cilium` and pass "
-                       "--artifacts DIR")
+        raise LabError(f"--cni cilium: the lab's artifacts have no {', '.join(gone)}: build everything into one "
+                       "directory (`scripts/build-kubernetes default DIR`, then `scripts/build-kubernetes default "
+                       "DIR --only cilium`) and pass --artifacts DIR")
 
 
 def values(spec: LabSpec) -> dict:
