@@ -89,8 +89,9 @@ def helm_prerequisites(inv: Inventory) -> tuple[str, Path, str]:
         raise InstallerError(
             f"cni: cilium needs the Cilium chart {CILIUM_VERSION} as {chart} (the "
             f"{'artifacts' if inv.artifacts_dir() is not None else 'artifacts cache'} directory), listed in "
-            f"its SHA256SUMS: `helm pull cilium --repo https://helm.cilium.io --version {CILIUM_VERSION}` "
-            f"gives {CILIUM_CHART}; put it there and add its line (sha256sum {CILIUM_CHART} >> SHA256SUMS)")
+            f"its SHA256SUMS: `scripts/build-kubernetes default DIR --only cilium` builds it (with the images and "
+            f"helm), or `helm pull cilium --repo https://helm.cilium.io --version {CILIUM_VERSION}` gives "
+            f"{CILIUM_CHART}; put it there and add its line (sha256sum {CILIUM_CHART} >> SHA256SUMS)")
     try:
         digest = verify(chart.parent, [CILIUM_CHART])[CILIUM_CHART]
     except ArtifactError as e:
