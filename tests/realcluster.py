@@ -182,6 +182,16 @@ def start_upstream_dns(cluster_lab: Lab, address: str) -> None:
                    input=script, text=True, check=True, capture_output=True, timeout=60)
 
 
+def converge(lab: Lab, inventory: Path, state: Path, kubeconfig: Path, kubectl: str, label: str) -> RealCluster:
+    """The first ``installer apply`` of a lab's cluster, timed, and its admin kubeconfig."""
+    start = time.monotonic()
+    proc = run_installer("apply", str(inventory), "--state", str(state), "--output", "json", "--wait-timeout", WAIT)
+    seconds = time.monotonic() - start
+    run_installer("kubeconfig", str(inventory), "--state", str(state), "-o", str(kubeconfig))
+    print(f"\n{label}: apply {seconds:.0f} s")
+    return RealCluster(lab, inventory, state, kubeconfig, kubectl, json.loads(proc.stdout), seconds)
+
+
 REUSE = "HIDDENPLANE_REAL_REUSE"       # debugging: a kept lab's directory (with HIDDENPLANE_KEEP_REAL_LAB)
 
 
@@ -219,13 +229,7 @@ def real_cluster(tmp_path_factory, built_artifacts, kubectl) -> RealCluster:
         inventory.write_text(yaml.safe_dump(doc, sort_keys=False))
         start_upstream_dns(lab, cp1)
         state = tmp / "state"
-        start = time.monotonic()
-        proc = run_installer("apply", str(inventory), "--state", str(state), "--output", "json", "--wait-timeout", WAIT)
-        seconds = time.monotonic() - start
-        kubeconfig = tmp / "admin.kubeconfig"
-        run_installer("kubeconfig", str(inventory), "--state", str(state), "-o", str(kubeconfig))
-        print(f"\nreal cluster: apply {seconds:.0f} s")
-        yield RealCluster(lab, inventory, state, kubeconfig, kubectl, json.loads(proc.stdout), seconds)
+        yield converge(lab, inventory, state, tmp / "admin.kubeconfig", kubectl, "real cluster")
     finally:
         if not os.environ.get("HIDDENPLANE_KEEP_REAL_LAB"):
             lab_mod.down(NAME, log=lambda *_: None)

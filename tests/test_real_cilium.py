@@ -35,7 +35,7 @@ from installer.lab import lab as lab_mod
 
 from .builtfixtures import ROOT, UPGRADE_TO, _linked_dir, build, default_dir, e2e_dir, upgrade_artifacts_dir
 from .labfixtures import Lab, require_lab_tools, wait_for, write_ssh_config
-from .realcluster import OUTSIDE, WAIT, RealCluster, run_installer, start_upstream_dns
+from .realcluster import OUTSIDE, WAIT, RealCluster, converge, run_installer, start_upstream_dns
 
 ON_DEMAND = "HIDDENPLANE_CILIUM_LAB"
 pytestmark = [pytest.mark.lab, pytest.mark.real,
@@ -97,14 +97,7 @@ def cil(tmp_path_factory, kubectl):
         inventory.write_text(yaml.safe_dump(doc, sort_keys=False))
         with_e2e(paths.artifacts, inventory)
         start_upstream_dns(lab, cp1)
-        state, kubeconfig = tmp / "state", tmp / "admin.kubeconfig"
-        start = time.monotonic()
-        proc = run_installer("apply", str(inventory), "--state", str(state), "--output", "json",
-                             "--wait-timeout", WAIT)
-        seconds = time.monotonic() - start
-        run_installer("kubeconfig", str(inventory), "--state", str(state), "-o", str(kubeconfig))
-        print(f"\ncilium cluster: apply {seconds:.0f} s")
-        yield RealCluster(lab, inventory, state, kubeconfig, kubectl, json.loads(proc.stdout), seconds)
+        yield converge(lab, inventory, tmp / "state", tmp / "admin.kubeconfig", kubectl, "cilium cluster")
     finally:
         if not os.environ.get("HIDDENPLANE_KEEP_CILIUM_LAB"):
             lab_mod.down(NAME, log=lambda *_: None)

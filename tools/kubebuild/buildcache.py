@@ -12,6 +12,7 @@ key_of only hashes it, so changing key_of invalidates every cached build.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -21,7 +22,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from installer.core.artifacts import read_sums, write_sums
 from installer.core.digests import Digests
@@ -172,3 +173,25 @@ def cached(name: str, label: str, key: str, make: Callable[[Path], float | None]
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return Built(name, files, cached=False, seconds=time.monotonic() - start, peak_rss_mib=rss or 0.0)
+
+
+@contextlib.contextmanager
+def debian_tree(tmp: Path, prefix: str, packages: tuple[str, ...], what: str) -> Iterator[Path]:
+    """A Debian minbase tree (the lab's suite and mirror) with ``packages``, debootstrapped into a
+    scratch directory beside the cache entry ``tmp`` and removed on leaving; debootstrap's and
+    dpkg's logs are dropped. ``what`` names it in messages (the e2e images, the cilium image)."""
+    from installer.lab.images import DEBIAN_MIRROR
+    from installer.lab.model import DEBIAN_SUITE
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir=tmp.parent))
+    try:
+        log(f"==> {what}: debootstrap {DEBIAN_SUITE} minbase + {', '.join(packages)}")
+        proc = subprocess.run(["debootstrap", "--variant=minbase", f"--include={','.join(packages)}",
+                               DEBIAN_SUITE, str(root), DEBIAN_MIRROR], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"build-kubernetes: debootstrap for the {what} failed:\n"
+                             + "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-8:]))
+        for log_file in (root / "var/log").glob("*.log"):
+            log_file.unlink()
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -28,13 +28,10 @@ from __future__ import annotations
 import fnmatch
 import gzip
 import io
-import shutil
-import subprocess
 import tarfile
-import tempfile
 from pathlib import Path
 
-from buildcache import Built, Component, cached, download_gomod, key_of, log, sha256_file
+from buildcache import Built, Component, cached, debian_tree, download_gomod, key_of, log, sha256_file
 
 from installer.core.render.addons.cilium import CILIUM_CHART, CILIUM_VERSION, IMAGES
 
@@ -104,26 +101,14 @@ def _archives():
 def runtime_layer() -> Built:
     """Debian minbase with RUNTIME_PACKAGES, one layer (cached apart from the binaries: a new
     Cilium build does not debootstrap again)."""
-    from installer.lab.images import DEBIAN_MIRROR
     from installer.lab.model import DEBIAN_SUITE
 
     def make(tmp: Path) -> None:
-        root = Path(tempfile.mkdtemp(prefix="cilium-runtime-", dir=tmp.parent))
-        try:
-            log(f"==> cilium image: debootstrap {DEBIAN_SUITE} minbase + {', '.join(RUNTIME_PACKAGES)}")
-            proc = subprocess.run(["debootstrap", "--variant=minbase", f"--include={','.join(RUNTIME_PACKAGES)}",
-                                   DEBIAN_SUITE, str(root), DEBIAN_MIRROR], capture_output=True, text=True)
-            if proc.returncode != 0:
-                raise SystemExit("build-kubernetes: debootstrap for the cilium image failed:\n"
-                                 + "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-8:]))
+        with debian_tree(tmp, "cilium-runtime-", RUNTIME_PACKAGES, "cilium image") as root:
             if not (root / CLANG.lstrip("/")).is_file():
                 raise SystemExit(f"build-kubernetes: the cilium runtime has no {CLANG}")
             (root / "usr/local/bin/clang").symlink_to(CLANG)
-            for log_file in (root / "var/log").glob("*.log"):
-                log_file.unlink()
             (tmp / "layer-cilium-runtime.tar").write_bytes(_archives().tree_layer(root, RUNTIME_SKIP))
-        finally:
-            shutil.rmtree(root, ignore_errors=True)
 
     return cached("cilium-runtime-layer", "cilium-runtime-layer",
                   key_of(f"recipe={RECIPE}", DEBIAN_SUITE, " ".join(RUNTIME_PACKAGES), " ".join(RUNTIME_SKIP), CLANG),

@@ -21,11 +21,10 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import sources
-from buildcache import Built, Component, cached, download_gomod, key_of, log, sha256_file
+from buildcache import Built, Component, cached, debian_tree, download_gomod, key_of, log, sha256_file
 
 from installer.core.inventory_model import SANDBOX_IMAGE
 
@@ -85,18 +84,10 @@ def _archives():
 def debian_layer() -> Built:
     """A Debian (the lab's suite) minbase tree with BASE_PACKAGES and the image users, as one
     layer: the tools upstream's Alpine-based images give the tests."""
-    from installer.lab.images import DEBIAN_MIRROR
     from installer.lab.model import DEBIAN_SUITE
 
     def make(tmp: Path) -> None:
-        root = Path(tempfile.mkdtemp(prefix="e2e-base-", dir=tmp.parent))
-        try:
-            log(f"==> e2e images: debootstrap {DEBIAN_SUITE} minbase + {', '.join(BASE_PACKAGES)}")
-            proc = subprocess.run(["debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}",
-                                   DEBIAN_SUITE, str(root), DEBIAN_MIRROR], capture_output=True, text=True)
-            if proc.returncode != 0:
-                raise SystemExit("build-kubernetes: debootstrap for the e2e images failed:\n"
-                                 + "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-8:]))
+        with debian_tree(tmp, "e2e-base-", BASE_PACKAGES, "e2e images") as root:
             passwd, group = IMAGE_USERS
             with open(root / "etc/passwd", "a") as f:
                 f.write(passwd)
@@ -106,11 +97,7 @@ def debian_layer() -> Built:
             os_chown(root / "home/user-defined-in-image", 1000, 1000)
             _nginx_like_upstream(root)
             _busybox_applets(root)
-            for log_file in (root / "var/log").glob("*.log"):       # debootstrap's and dpkg's
-                log_file.unlink()
             (tmp / "layer-debian.tar").write_bytes(_archives().tree_layer(root, BASE_SKIP))
-        finally:
-            shutil.rmtree(root, ignore_errors=True)
 
     return cached("e2e-debian-layer", "e2e-debian-layer",
                   key_of(f"recipe={RECIPE}", "busybox applets", DEBIAN_SUITE, " ".join(BASE_PACKAGES),
