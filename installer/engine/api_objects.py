@@ -28,7 +28,8 @@ def apply_api_objects(ctx: Context, phase: str, objects: list[dict] | Callable[[
     nothing), or, before any apiserver runs, that every object would be applied. ``objects``
     may be a function of the API client (None before any apiserver runs) that reads what
     decides them. ``then(url)`` runs after the objects, with the API still reachable at ``url``
-    (not in a dry run); its lines join the event's. ``retired_bindings``: ClusterRoleBindings of
+    (in a dry run too, once an apiserver runs: it reads ``ctx.options.dry_run`` and only says
+    what it would do); its lines join the event's. ``retired_bindings``: ClusterRoleBindings of
     earlier releases, deleted when they exist."""
     from installer.host import kube, kube_objects  # lazy: runs that never reach the API skip urllib3 and the schemas
     version = ctx.inv.spec.kubernetes.version
@@ -49,12 +50,6 @@ def apply_api_objects(ctx: Context, phase: str, objects: list[dict] | Callable[[
             done = kube_objects.apply_objects(api, objects, version)
             changed = [f"{action} {kind} {name}" for kind, name, action in done if action != "unchanged"]
             changed += [f"deleted ClusterRoleBinding {b}" for b in retired_bindings if kube.delete_binding(api, b)]
-        if then is not None and not ctx.options.dry_run:
+        if then is not None:
             changed += then(url)
     return Event(phase, "(api)", "changed" if changed else "unchanged", detail=changed)
-
-
-def with_api(ctx: Context, call: Callable[[str], list[str]]) -> list[str]:
-    """``call(url)`` with the API reachable at ``url`` (directly or through a tunnel)."""
-    with apireach.api_access(ctx.inv, ctx.remotes, ctx.material) as url:
-        return call(url)
