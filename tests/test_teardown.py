@@ -307,6 +307,12 @@ case "@NAME@ $*" in
   "ip link delete cni0") rm -f "@STATE@/cni0";;
   "ip -4 route show proto 199") [ -e "@STATE@/routes" ] && echo "10.244.1.0/24 via 192.168.56.232 proto 199";;
   "ip -4 route flush proto 199") rm -f "@STATE@/routes";;
+  "ip -o link show") [ -e "@STATE@/cilium" ] && printf '%s\n' '7: cilium_host@cilium_net: <BROADCAST> mtu 1500' \
+      '9: lxc_health@if8: <UP> mtu 1500' '10: lxc0123456789ab@if9: <UP> mtu 1500' '11: lxcbr0: <UP> mtu 1500';;
+  "ip link show cilium_host"|"ip link show lxc_health"|"ip link show lxc0123456789ab")
+      [ -e "@STATE@/cilium" ] || exit 1;;
+  "ip -4 route show proto kernel") [ -e "@STATE@/cilium" ] && \
+      echo '10.244.1.0/24 via 10.0.0.2 dev a$(touch@IFS@@STATE@/pwned) proto kernel';;
   "iptables-save -t nat") [ -e "@STATE@/masq" ] && printf '%s\n' '*nat' ':POSTROUTING ACCEPT [0:0]' \
       ':HIDDENPLANE-MASQ - [0:0]' '-A POSTROUTING -j HIDDENPLANE-MASQ' '-A HIDDENPLANE-MASQ -j MASQUERADE' 'COMMIT';;
   "iptables -w -t nat -X HIDDENPLANE-MASQ") rm -f "@STATE@/masq";;
@@ -343,7 +349,8 @@ class Root:
 
     def exe(self, path: Path, text: str) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text.replace("@LOG@", str(self.log)).replace("@STATE@", str(self.state)))
+        text = text.replace("@LOG@", str(self.log)).replace("@STATE@", str(self.state))
+        path.write_text(text.replace("@IFS@", "${IFS}"))
         path.chmod(0o755)
 
     def put(self, path: str, content: bytes = b"x\n") -> Path:
@@ -531,6 +538,34 @@ def test_worker_script_for_real(worker_root, inv, plans):
     h.log.unlink()
     again = h.run()
     assert again.returncode == 0 and again.stdout == "" and h.calls() == []
+
+
+def test_cilium_leftovers_go_and_a_device_name_is_never_run(worker_root, inv, plans):
+    """What Cilium's agent left goes; a route through a device whose name holds $(...) (anyone
+    with CAP_NET_ADMIN in the host's network namespace names devices) is deleted by its words,
+    never evaluated: the reset runs as root."""
+    h = worker_root
+    h.installed(teardown.host_teardown(inv, WORKER, plans, data=True))
+    (h.state / "cilium").write_text("")
+    left = ["/etc/cni/net.d/05-cilium.conflist", "/opt/cni/bin/cilium-cni", "/etc/sysctl.d/99-zzz-override_cilium.conf",
+            "/run/cilium/cilium.sock", "/sys/fs/bpf/cilium/devices/eth0/links/x",
+            "/sys/fs/bpf/tc/globals/cilium_ct4_global"]
+    for f in left:
+        h.put(f)
+    h.put("/sys/fs/bpf/other-tool/map", b"not ours\n")
+    h.put("/etc/cni/net.d/10-admin.conflist.cilium_bak", b"the admin's\n")
+    r = h.run()
+    assert r.returncode == 0, r.stderr
+    calls = h.calls()
+    assert not (h.state / "pwned").exists(), calls
+    assert [c for c in calls if c.startswith("ip link delete")] == \
+        ["ip link delete cilium_host", "ip link delete lxc_health", "ip link delete lxc0123456789ab"]
+    dels = [c for c in calls if c.startswith("ip -4 route del")]
+    assert dels == ["ip -4 route del 10.244.1.0/24 via 10.0.0.2 dev a$(touch${IFS}" + str(h.state) + "/pwned) "
+                    "proto kernel"], dels
+    assert not any(h.exists(f) for f in left), [f for f in left if h.exists(f)]
+    assert not h.exists("/sys/fs/bpf/tc") and h.exists("/sys/fs/bpf/other-tool/map")
+    assert (h.r / "etc/cni/net.d/10-admin.conflist").read_bytes() == b"the admin's\n"
 
 
 def test_control_script_for_real_with_and_without_data(tmp_path, inv, plans):

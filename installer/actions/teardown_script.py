@@ -206,7 +206,13 @@ def _cilium_step() -> Step:
         "  # a route through a gateway, and Cilium marks these as the kernel's",
         "  for f in 4 6; do",
         "    ip -$f route show proto kernel 2>/dev/null | grep ' via ' | while read -r r; do",
-        '      eval "ip -$f route del $r" 2>/dev/null && say "removed the IPv$f route $r"',
+        "      # its words as they are, never evaluated: a device name may hold $(...) (anyone with",
+        "      # CAP_NET_ADMIN in the host's network namespace names devices)",
+        "      set -f",
+        "      # shellcheck disable=SC2086 # split into words on purpose, globbing off",
+        "      set -- $r",
+        "      set +f",
+        '      ip -$f route del "$@" 2>/dev/null && say "removed the IPv$f route $r"',
         "    done",
         "  done",
         "fi",
@@ -221,7 +227,10 @@ def _cilium_step() -> Step:
         f"rmtree {q(cilium.HOST_RUN)}",
         *(f"rmf {q(f)}" for f in cilium.HOST_FILES),
         f'for f in "$R"{q(posixpath.dirname(cilium.HOST_FILES[0]))}/*{cilium.CNI_BACKUP_SUFFIX}; do',
-        f'  if [ -e "$f" ]; then mv -f "$f" "${{f%{cilium.CNI_BACKUP_SUFFIX}}}" && say "put back ${{f#"$R"}}"; fi',
+        f'  o="${{f%{cilium.CNI_BACKUP_SUFFIX}}}"',
+        "  # recorded as restored, as rmf does: the removal of the CNI directory then keeps it",
+        '  if [ -e "$f" ] && mv -f "$f" "$o"; then say "put back ${o#"$R"}"; '
+        'printf "%s\\n" "${o#"$R"}" >> "$R$RESTORED"; fi',
         "done",
     ))
 
