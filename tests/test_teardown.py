@@ -315,6 +315,9 @@ case "@NAME@ $*" in
       echo '10.244.1.0/24 via 10.0.0.2 dev a$(touch@IFS@@STATE@/pwned) proto kernel';;
   "iptables-save -t nat") [ -e "@STATE@/masq" ] && printf '%s\n' '*nat' ':POSTROUTING ACCEPT [0:0]' \
       ':HIDDENPLANE-MASQ - [0:0]' '-A POSTROUTING -j HIDDENPLANE-MASQ' '-A HIDDENPLANE-MASQ -j MASQUERADE' 'COMMIT';;
+  "iptables -w -t nat -S POSTROUTING") [ -e "@STATE@/masq" ] && printf '%s\n' '-P POSTROUTING ACCEPT' \
+      '-A POSTROUTING -j HIDDENPLANE-MASQ';;
+  "iptables -w -t nat -S POSTROUTING 1") [ -e "@STATE@/masq" ] && echo '-A POSTROUTING -j HIDDENPLANE-MASQ';;
   "iptables -w -t nat -X HIDDENPLANE-MASQ") rm -f "@STATE@/masq";;
 esac
 exit 0
@@ -503,7 +506,7 @@ def test_worker_script_for_real(worker_root, inv, plans):
                        "/run/containerd/io.containerd.runtime.v2.task/k8s.io/t1/rootfs"]
     # network: bridge, route, masquerade jump and chain, forwarding back to the kernel default
     for c in ("ip link delete cni0", "ip -4 route flush proto 199",
-              "iptables -w -t nat -D POSTROUTING -j HIDDENPLANE-MASQ",
+              "iptables -w -t nat -D POSTROUTING 1",
               "iptables -w -t nat -F HIDDENPLANE-MASQ", "iptables -w -t nat -X HIDDENPLANE-MASQ"):
         assert c in calls, c
     assert (h.r / "proc/sys/net/ipv4/ip_forward").read_text() == "0\n"

@@ -128,16 +128,34 @@ chains() {
   t=$1; ipt=$2
   "$ipt-save" -t "$t" 2>/dev/null | sed -n 's/^:\([^ ]*\) .*/\1/p' | grep -E "^($PREFIXES)" || true
 }
+# rules of the other chains that jump to ours, as "CHAIN NUMBER", the last of each chain first
+# (a deletion then leaves the numbers still to come as they were). A rule goes by its number and
+# never by its text: the text carries what others wrote (a comment), which a shell must not read
+# as words. A jump to a chain is the rule's last words (iptables prints matches before the target,
+# and a jump has no options), so a comment that holds "-j KUBE-..." is not one.
+jumps() {
+  t=$1; ipt=$2
+  "$ipt-save" -t "$t" 2>/dev/null | sed -n 's/^:\([^ ]*\) .*/\1/p' | grep -Ev "^($PREFIXES)" | while read -r c; do
+    "$ipt" -w -t "$t" -S "$c" 2>/dev/null | grep -nE -- "$JUMP" | sed 's/:.*//' | sort -rn | while read -r i; do
+      printf '%s %s\n' "$c" $((i - 1))
+    done
+  done
+}
 clean_rules() {
   ipt=$1; fam=$2
+  JUMP=" -[jg] ($PREFIXES)[^ ]*\$"
   has "$ipt" && has "$ipt-save" || return 0
   for t in filter nat mangle raw; do
     ours=$(chains "$t" "$ipt")
     [ -n "$ours" ] || continue
-    "$ipt-save" -t "$t" 2>/dev/null | grep '^-A ' | grep -Ev "^-A ($PREFIXES)" \
-      | grep -E -- "-[jg] ($PREFIXES)" | sed 's/^-A //' | while read -r rule; do
-        eval "\"$ipt\" -w -t $t -D $rule" 2>/dev/null && say "removed $fam $t rule: $rule"
-      done
+    jumps "$t" "$ipt" | while read -r c n; do
+      rule=$("$ipt" -w -t "$t" -S "$c" "$n" 2>/dev/null) || continue
+      # still that jump, and one line (a comment cannot hide a second one in it)
+      [ "$(printf '%s\n' "$rule" | wc -l)" -eq 1 ] || continue
+      printf '%s\n' "$rule" | grep -qE -- "$JUMP" || continue
+      "$ipt" -w -t "$t" -D "$c" "$n" 2>/dev/null \
+        && say "removed $fam $t rule $n of $c: $(printf '%s' "${rule#-A "$c" }" | tr -c '[:print:]' '?')"
+    done
     for c in $ours; do "$ipt" -w -t "$t" -F "$c" 2>/dev/null; done
     for c in $ours; do "$ipt" -w -t "$t" -X "$c" 2>/dev/null && say "removed $fam $t chain $c"; done
     if [ "$t" = nat ] && has nft && "$ipt" -V 2>/dev/null | grep -q nf_tables \
