@@ -20,6 +20,19 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "inventory.example.yaml"
 
 
+@pytest.fixture(autouse=True)
+def _quiet_window(request):
+    """``@pytest.mark.quiet(lab)``: the test, its function fixtures included, in a quiet window of
+    that lab (tests/quiet.py)."""
+    mark = request.node.get_closest_marker("quiet")
+    if mark is None:
+        yield
+        return
+    from tests import quiet
+    with quiet.window(mark.args[0], request.node.name):
+        yield
+
+
 @pytest.fixture(scope="session")
 def example_doc() -> dict:
     return yaml.safe_load(EXAMPLE.read_text())

@@ -47,6 +47,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from . import hostprobes
 from .realcluster import BUSYBOX, INSTALLER, run_installer, wait_for
+from .realcluster import NAME as LAB
 
 pytestmark = [pytest.mark.lab, pytest.mark.real]
 
@@ -645,6 +646,7 @@ def web_w1(rc):
     return rc.get("pod", "web-w1")["status"]["podIP"]
 
 
+@pytest.mark.quiet(LAB)
 def test_certs_renew_keeps_the_cluster_working(rc, web_w1, tmp_path):
     inv = no_w2(rc)
     serial = x509.load_pem_x509_certificate(
@@ -704,6 +706,7 @@ def test_certs_renew_keeps_the_cluster_working(rc, web_w1, tmp_path):
     rc.kubectl("delete", "csr", name)
 
 
+@pytest.mark.quiet(LAB)
 def test_etcd_member_remove_and_add_with_the_api_serving(rc):
     inv, without_cp3 = no_w2(rc), rc.write_inventory("no-w2-cp3.inventory.yaml", drop=("w2", "cp3"))
     doc = yaml.safe_load(without_cp3.read_text())

@@ -35,6 +35,7 @@ from installer.lab import net
 
 from . import hostprobes
 from .realcluster import BUSYBOX, INSTALLER, run_installer, wait_for
+from .realcluster import NAME as LAB
 
 pytestmark = [pytest.mark.lab, pytest.mark.real]
 
@@ -224,6 +225,7 @@ def day2_with_cp1_down(rc, tmp: Path) -> list[tuple[tuple[str, ...], int, str]]:
     ]
 
 
+@pytest.mark.quiet(LAB)
 def test_losing_a_control_host_keeps_nodes_ready_and_workloads_scheduling(rc, tmp_path):
     cp1 = rc.lab.spec.host("cp1")
     web = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "ha-web"},

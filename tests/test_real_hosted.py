@@ -37,6 +37,7 @@ from . import hostprobes, probeloop
 from .builtfixtures import ETCD_FROM, UPGRADE_TO, e2e_dir, hosted_etcd_image, upgrade_artifacts_dir
 from .labfixtures import wait_for
 from .realcluster import BUSYBOX, ECHO_TIMEOUT, INSTALLER, RealCluster, echo_workload, run_installer
+from .realcluster import NAME as LAB
 from .test_real_cluster import _csr_for
 
 pytestmark = [pytest.mark.lab, pytest.mark.real]
@@ -705,9 +706,10 @@ def test_one_tenants_control_plane_measured(tenant: Tenant):
 
 # --- a neighbour that fills its etcd ------------------------------------------------------------------
 
-def _pods_as_they_run(rc: RealCluster, ns: str) -> dict[str, int]:
-    """pod UID -> its containers' restarts (an evicted or restarted pod changes it)."""
-    return {p["metadata"]["uid"]: sum(c.get("restartCount", 0) for c in p["status"].get("containerStatuses") or [])
+def _pods_as_they_run(rc: RealCluster, ns: str) -> dict[tuple[str, str], int]:
+    """(pod name, UID) -> its containers' restarts (an evicted or restarted pod changes it)."""
+    return {(p["metadata"]["name"], p["metadata"]["uid"]):
+            sum(c.get("restartCount", 0) for c in p["status"].get("containerStatuses") or [])
             for p in rc.get("pods", "-n", ns)["items"]}
 
 
@@ -728,12 +730,18 @@ def neighbour(tenant: Tenant, tmp_path_factory):
                                           "--only", "cluster-bootstrap", "--wait-timeout", "600", timeout=900))
     yield inventory, state, bg
     bg.wait(900)
-    # as the first tenant goes (its fixture): no budget of it left to hold the next tests' drains
-    rc = tenant.rc
+    _neighbour_gone(tenant.rc)
+
+
+def _neighbour_gone(rc: RealCluster) -> None:
+    """The neighbour removed as the first tenant goes (its fixture): no budget of it left to hold
+    the next tests' drains. Done by its last test too: its control plane idle beside the cut, the
+    drain and the tenant's upgrade took CPU from those tests' probes on 2 cores."""
     rc.kubectl("delete", "priorityclass", "hiddenplane-tenant-hp-tenant-c", "--ignore-not-found", check=False)
     remove_namespace(rc, "hp-tenant-c")
 
 
+@pytest.mark.quiet(LAB)
 def test_a_neighbour_that_fills_its_etcd_gets_its_own_nospace(tenant: Tenant, neighbour, tmp_path):
     """The neighbour's control plane (``neighbour``) written full through its own API: its writes
     fail with etcd's NOSPACE, `etcd members` says so and what to do, and the way out (deletes,
@@ -777,7 +785,8 @@ def test_a_neighbour_that_fills_its_etcd_gets_its_own_nospace(tenant: Tenant, ne
     assert "etcd-0: defragmented, " in out and "disarmed NOSPACE: etcd takes writes again" in out, out
     code, text = _https(configmaps, ca, pem, method="POST", body={"metadata": {"name": "after"}, "data": {"x": "1"}})
     assert code == 201, text[:300]
-    # (gone when the module ends, without a reset: ``neighbour``)
+    # its last test: gone now, without a reset (``neighbour``)
+    _neighbour_gone(rc)
 
 
 # --- a second tenant in the same hosting cluster; a tenant reset --------------------------------------
@@ -1168,6 +1177,7 @@ AT_CUT = 15.0       # the cut's first seconds, reported apart: where a replica's
 SETTLED = 30.0      # seconds after the tenant's pods are all Ready again from which nothing fails
 
 
+@pytest.mark.quiet(LAB)
 def test_a_hosting_worker_cut_off_leaves_the_tenant_serving_through_the_other(tenant: Tenant, tenant_b):
     """The hosting worker holding one etcd member and an apiserver replica of the tenant loses its
     link for two minutes (its bridge port down: a pulled cable, no RST, no ICMP), while requests
@@ -1310,6 +1320,7 @@ def test_a_hosting_worker_cut_off_leaves_the_tenant_serving_through_the_other(te
 
 # --- a hosting worker drained -------------------------------------------------------------------
 
+@pytest.mark.quiet(LAB)
 def test_draining_a_hosting_worker_keeps_the_tenant_api_answering(tenant: Tenant, tenant_b):
     """A hosting node running an apiserver replica (and at most one etcd member) is drained of the
     tenant's pods and brought back while a probe reads the tenant's API through the other
@@ -1365,6 +1376,7 @@ def test_draining_a_hosting_worker_keeps_the_tenant_api_answering(tenant: Tenant
     assert all(any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"]["conditions"]) for n in nodes)
 
 
+@pytest.mark.quiet(LAB)
 def test_certs_check_reads_the_tenants_certificates_and_renew_rolls_them(tenant: Tenant):
     """`certs check` reads the tenant's control-plane certificates where its pods do (its Secrets
     and ConfigMaps); `certs renew` of the apiserver's and etcd's serving certificates rolls
@@ -1504,7 +1516,15 @@ def api_probe(tenant: Tenant) -> Probe:
     return Probe(get)
 
 
-def test_the_tenant_upgrades_a_minor_under_probes(tenant: Tenant, tmp_path):
+@pytest.fixture(scope="module")
+def target_artifacts() -> Path:
+    """v1.37.2's artifacts, waited for (a new machine builds them beside the tests) before the
+    upgrade's quiet window, not inside it: module fixtures come before a test's own."""
+    return upgrade_artifacts_dir()
+
+
+@pytest.mark.quiet(LAB)
+def test_the_tenant_upgrades_a_minor_under_probes(tenant: Tenant, tmp_path, target_artifacts: Path):
     """`installer upgrade` of the tenant v1.36.5 -> v1.37.2 and its etcd ETCD_FROM -> the default:
     etcd's members roll one at a time, then the apiserver replicas, then the controller-manager
     and scheduler, then the workers one at a time; the tenant's API, probed
@@ -1513,7 +1533,6 @@ def test_the_tenant_upgrades_a_minor_under_probes(tenant: Tenant, tmp_path):
     import urllib.request
 
     rc = tenant.rc
-    target_artifacts = upgrade_artifacts_dir()
     # the hosting workers get the new control-plane images
     import_pinned(rc, [target_artifacts / image for image in CONTROL_IMAGES],
                   [hosted_images("registry.k8s.io", UPGRADE_TO, ETCD_TO)[c] for c in

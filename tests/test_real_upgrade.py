@@ -154,6 +154,7 @@ class ApiProber:
         self.thread.join()
 
 
+@pytest.mark.quiet(NAME)
 def test_0_an_etcd_patch_is_rolled_one_member_at_a_time_and_the_api_keeps_answering(up):
     from .builtfixtures import ETCD_FROM
     target, state = up.etcd_target, up.state
@@ -250,6 +251,7 @@ def test_2_a_not_ready_node_refuses_the_upgrade(up):
     assert versions_on_hosts(up)["cp1"] == f"Kubernetes {FROM}"
 
 
+@pytest.mark.quiet(NAME)
 def test_3_killed_in_the_worker_step_then_run_again_it_finishes_and_the_workload_kept_answering(up):
     start = time.monotonic()
     proc = subprocess.Popen([INSTALLER, "upgrade", str(up.target), "--state", str(up.state), "--wait-timeout", WAIT],

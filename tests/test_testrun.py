@@ -55,3 +55,37 @@ def test_a_fixture_waits_for_scripts_tests_background_build_and_fails_with_its_l
     (tmp_path / "upgrade.rc").write_text("1\n")
     with pytest.raises(pytest.fail.Exception, match=r"(?s)v0 .in the background. failed:\n.*exit status 1"):
         builtfixtures.wait_for_background_build("upgrade", "v0")
+
+
+def _hold(lock: str, lab: str, out: str) -> None:
+    import os
+    import time
+
+    from tests import quiet
+    os.environ[quiet.LOCK_ENV] = lock
+    with quiet.window(lab, f"holder {lab}"):
+        with open(out, "a") as f:
+            f.write(f"in {time.monotonic()}\n")
+        time.sleep(0.5)
+        with open(out, "a") as f:
+            f.write(f"out {time.monotonic()}\n")
+
+
+def test_quiet_windows_of_two_processes_take_turns(tmp_path):
+    """Two processes' windows (tests/quiet.py) never overlap, and each is logged; a lab this
+    machine has no cgroup for leaves the CPU weights alone."""
+    import multiprocessing
+
+    lock, out = tmp_path / "quiet.lock", tmp_path / "order"
+    procs = [multiprocessing.get_context("spawn").Process(target=_hold, args=(str(lock), f"none-{i}", str(out)))
+             for i in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    events = [line.split() for line in out.read_text().splitlines()]
+    assert [e[0] for e in events] == ["in", "out", "in", "out"], events
+    assert float(events[1][1]) <= float(events[2][1])
+    logged = (tmp_path / "quiet.lock.log").read_text().splitlines()
+    assert len(logged) == 2 and all("waited" in x and "held it" in x for x in logged), logged

@@ -126,6 +126,22 @@ def cgroup_dirs(host_dir: Path) -> list[Path]:
     return [m / CGROUP_DIR / lab / host for m in _cgroup_mounts()]
 
 
+DEFAULT_CPU_SHARES = 1024
+
+
+def lab_cpu_shares(lab: str, shares: int) -> int | None:
+    """Give every host of the lab ``lab`` together this CPU weight against the other labs (cgroup
+    v1 ``cpu.shares`` of ``hiddenplane/<lab>``; 1024 is the kernel's default, every lab's); the
+    weight it had, or None on a machine without that hierarchy or lab."""
+    for top in _cgroup_mounts():
+        f = top / CGROUP_DIR / lab / "cpu.shares"
+        if f.exists():
+            old = int(f.read_text())
+            f.write_text(f"{shares}\n")
+            return old
+    return None
+
+
 def _make_cgroups(host_dir: Path) -> list[Path]:
     dirs = cgroup_dirs(host_dir)
     for d in dirs:
