@@ -181,8 +181,10 @@ def test_readme_walkthrough_runs_verbatim(tmp_path, built_artifacts):
             start = time.monotonic()
             proc = run_line(line, work, env)
             seconds.append((time.monotonic() - start, line))
-            assert proc.returncode == 0, (f"{line}\nrc={proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\n"
-                                          f"stderr:\n{proc.stderr[-3000:]}")
+            # what failed first (a long report's failing check may sit above its last 3000 characters)
+            failing = "\n".join(x for x in proc.stdout.splitlines() if x.lstrip().startswith("✗"))
+            assert proc.returncode == 0, (f"{line}\nrc={proc.returncode}\nfailing:\n{failing}\n"
+                                          f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}")
             for pattern, check in PROMISES.items():
                 if pattern.search(line):
                     check(proc.stdout)

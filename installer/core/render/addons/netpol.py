@@ -30,6 +30,7 @@ NETPOL_VERSION = "v0.8.0"
 NETPOL_IMAGE = f"localhost/hiddenplane/kube-network-policies:{NETPOL_VERSION}-xtqueue"
 NETPOL_BINARY = "/bin/netpol"
 NAMESPACE = "kube-system"
+ENFORCER_CPU = "250m"             # its CPU request: _daemonset says why
 QUEUE = 100                      # the netfilter queue number (kube-proxy and the CNI use none)
 NFT_TABLE = "kube-network-policies"  # its nftables table (inet): its default name
 METRICS = "127.0.0.1:9080"
@@ -61,7 +62,13 @@ def _daemonset() -> dict:
         "args": ["--hostname-override=$(NODE_NAME)", f"--nfqueue-id={QUEUE}", "--disable-nri",
                  f"--metrics-bind-address={METRICS}", "--v=1"],
         "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
-        "resources": {"requests": {"cpu": "50m", "memory": "50Mi"}, "limits": {"memory": "200Mi"}},
+        # every new connection to a policed pod waits for its verdict, and a queue it does not
+        # drain drops them (fail closed): under contention it must not be the pod that waits.
+        # With 50m (a CPU weight of 51 beside the tenants' 50-100m pods) it stopped answering
+        # for about a minute on a busy 2-core lab node, 100-200 packets queued, 100-222 dropped
+        # (nfqueue_user_dropped), a tenant's API read timing out at 30 s (CI of 515ce1b's
+        # successor). 250m, as calico-node requests by default
+        "resources": {"requests": {"cpu": ENFORCER_CPU, "memory": "50Mi"}, "limits": {"memory": "200Mi"}},
         # nftables and the netfilter queue need CAP_NET_ADMIN in the node's network namespace
         "securityContext": {"privileged": False, "allowPrivilegeEscalation": False,
                             "readOnlyRootFilesystem": True,
