@@ -7,10 +7,10 @@ cores. Measured during the CI of 515ce1b's successor (2026-12-07, a fresh clone,
 running): a load average of 60 to 113, the kernel's CPU pressure ("some") 88-93 % over minutes,
 the real-cluster lab's hosts 127 % of a core and the upgrade lab's 64 % at one moment (their
 cgroups' cpuacct). Starved like that, a SYN-ACK, a TLS handshake or an etcd write waits seconds:
-the probes' timeouts, the balancers' 1 s connect timeout, leases. Two such tests at once, one in
-each process, failed together (the official CI of 515ce1b: the upgrade lab's etcd roll and the
-hosted tenant's tests, 5 failures, all in one half minute). Not the product: the same tests
-pass with the machine to themselves.
+the probes' timeouts, the balancers' 1 s connect timeout, leases. Two such tests ran at once,
+one in each process (the official CI of 515ce1b, 5 failures: the upgrade lab's two in one half
+minute of its etcd roll, beside the hosted module's three). The same tests pass when they do
+not overlap (docs/testing.md, "Root-caused").
 
 A window takes an exclusive lock shared by both processes (``HIDDENPLANE_QUIET_LOCK``, made by
 tools/testrun.py; without it, a run of one process, no lock), then gives its lab's hosts ten
