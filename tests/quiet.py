@@ -31,6 +31,14 @@ from installer.lab import nspawn
 
 LOCK_ENV = "HIDDENPLANE_QUIET_LOCK"
 SHARES = 10 * nspawn.DEFAULT_CPU_SHARES
+# this process's windows so far, (lab, start, end) in wall-clock seconds; the open one's end is
+# None: probes that outlive one test judge only what they saw inside windows (``within``)
+HELD: list[list] = []
+
+
+def within(lab: str, t: float) -> bool:
+    """Whether wall-clock time ``t`` fell in one of this process's windows of ``lab``."""
+    return any(w[0] == lab and w[1] <= t and (w[2] is None or t <= w[2]) for w in HELD)
 
 
 @contextmanager
@@ -43,9 +51,12 @@ def window(lab: str, label: str):
             fcntl.flock(lock, fcntl.LOCK_EX)
         got = time.monotonic()
         old = nspawn.lab_cpu_shares(lab, SHARES)
+        held = [lab, time.time(), None]
+        HELD.append(held)
         try:
             yield
         finally:
+            held[2] = time.time()
             if old is not None:
                 nspawn.lab_cpu_shares(lab, old)
             said = (f"{time.strftime('%H:%M:%S')} {label} (lab {lab}): waited {got - asked:.0f} s for the lock, "

